@@ -1,0 +1,14 @@
+"""The rules, one per module. `ALL_RULES` is the registry the scan and the CLI use."""
+
+from kvtrace.checks.base import Rule, ScanContext
+from kvtrace.checks.dropped_state import DroppedState
+from kvtrace.checks.pinned_state import PinnedState
+
+ALL_RULES: list[type[Rule]] = [PinnedState, DroppedState]
+
+
+def rule_by_id(rule_id: str) -> type[Rule] | None:
+    return next((r for r in ALL_RULES if r.id == rule_id), None)
+
+
+__all__ = ["ALL_RULES", "Rule", "ScanContext", "rule_by_id"]

@@ -1,0 +1,105 @@
+from __future__ import annotations
+
+from kvtrace.checks.base import Rule, Sample, ScanContext
+from kvtrace.checks.samples import STANDARD_BRANCHES, drain, sender
+from kvtrace.model import Evidence, Finding
+
+
+class PinnedState(Rule):
+    """A poll state that the drain loop always keeps and the backend's poll() never leaves.
+
+    What it does:
+        For each transfer backend and each non-terminal poll state S, reports S when (1) every
+        path through the drain loop with poll == S keeps the request in the queue (or raises),
+        (2) the poll() the backend really runs can return S, (3) that poll() never reads the
+        attribute its abort() writes, and (4) no timeout check is passed on the way to returning S.
+
+    Why it matters:
+        Such a request stays in the queue forever once the transfer stalls or is aborted: the
+        queue-length gauge (num_prefill_inflight_queue_reqs) sticks at 1 or more, the request's
+        KV cache and metadata buffer are never released, and its client never gets an answer.
+
+    Example:
+        A NIXL-style sender whose poll() returns WaitingForInput until its transfer finishes,
+        with an abort() that sets self.conclude_state which poll() never looks at.
+
+    Fix:
+        Make poll() return the abort state first (`if self.conclude_state is not None: return
+        self.conclude_state`), and check a bootstrap/waiting timeout for every non-terminal
+        state it can return, turning it into Failed.
+    """
+
+    id = "pinned-state"
+    name = "Pinned poll state"
+    severity = "error"
+
+    VALID = [
+        # poll() reads the abort state and times out while waiting.
+        Sample({
+            "disaggregation/prefill.py": drain(STANDARD_BRANCHES),
+            "disaggregation/good/conn.py": sender("Good", '''\
+        if self.conclude_state is not None:
+            return self.conclude_state
+        if time.time() - self.started > self.bootstrap_timeout:
+            return KVPoll.Failed
+        return self.mgr.status(self.room)'''),
+        }),
+    ]
+    INVALID = [
+        # poll() ignores conclude_state and has no timeout: WaitingForInput is pinned.
+        Sample({
+            "disaggregation/prefill.py": drain(STANDARD_BRANCHES),
+            "disaggregation/stuck/conn.py": sender("Stuck", '''\
+        if not self.mgr.sent(self.room):
+            return KVPoll.WaitingForInput
+        return KVPoll.Success'''),
+        }, expect=(("stuck", "WaitingForInput"),)),
+        # A timeout that only covers Bootstrapping leaves Transferring pinned.
+        Sample({
+            "disaggregation/prefill.py": drain(STANDARD_BRANCHES),
+            "disaggregation/partial/conn.py": sender("Partial", '''\
+        status = self.mgr.status(self.room)
+        if status == KVPoll.Bootstrapping:
+            if time.time() - self.started > self.bootstrap_timeout:
+                return KVPoll.Failed
+            return status
+        if status == KVPoll.Transferring:
+            return KVPoll.Transferring
+        return KVPoll.Success'''),
+        }, expect=(("partial", "Transferring"),)),
+    ]
+
+    def check(self, ctx: ScanContext) -> list[Finding]:
+        queue = ctx.queue
+        if queue.drain is None:
+            return []
+        findings = []
+        for state in ctx.domain.non_terminal:
+            fate = queue.fate(state)
+            if "kept" not in fate or "leaves" in fate or "dropped" in fate:
+                continue
+            keep_sites = sorted({(e.path, e.line) for events, outcome in queue.paths[state]
+                                 for e in events if e.kind == "keep"})
+            for analysis in ctx.senders:
+                b = analysis.backend
+                if b.poll is None or state not in b.returns or b.reads_abort_state:
+                    continue
+                if any(state in t.covers for t in b.timeouts):
+                    continue
+                abort_note = (f"never reads {b.abort_state} (written by abort())" if b.abort_state
+                              else "has no abort() state to read")
+                message = (
+                    f"{state} can pin {ctx.pack.queue} with the {b.name} backend: every path of the "
+                    f"drain loop keeps it, {b.sender}.poll() can return it, {abort_note}, "
+                    f"and no timeout check covers it"
+                )
+                evidence = [Evidence(s.path, s.line, f"entry: {s.function} appends to the queue") for s in ctx.entries]
+                drain = queue.drain
+                if drain.poll_line is not None:
+                    evidence.append(Evidence(drain.func.path, drain.poll_line, "poll: states read for the queue"))
+                evidence.append(Evidence(drain.func.path, drain.body.line(drain.loop), f"drain loop in {drain.func.qualname}"))
+                evidence += [Evidence(p, l, f"keep: {state} goes back into the queue") for p, l in keep_sites]
+                inherited = f" (inherited from {b.poll.inherited_from})" if b.poll.inherited_from else ""
+                evidence.append(Evidence(b.poll.path, b.poll.line, f"{b.sender}.poll(){inherited} returns {state}"))
+                findings.append(self.finding(message, b.poll.path, b.poll.line, b.name, state, evidence))
+        return findings

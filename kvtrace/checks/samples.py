@@ -1,0 +1,103 @@
+"""Building blocks for rule samples: a drain loop and a sender, in the pack's shapes.
+
+The harness (tests/test_rules.py) adds `base/conn.py` (the enum and the abstract sender) and
+`utils.py`, so a sample shows only what it is about.
+"""
+
+from __future__ import annotations
+
+SHARED_FILES = {
+    "disaggregation/base/conn.py": '''\
+from abc import ABC, abstractmethod
+
+
+class KVPoll:
+    Failed = 0
+    Bootstrapping = 1
+    WaitingForInput = 2
+    Transferring = 3
+    Success = 4
+
+
+class BaseKVSender(ABC):
+    @abstractmethod
+    def poll(self) -> KVPoll: ...
+
+    @abstractmethod
+    def abort(self): ...
+''',
+    "disaggregation/utils.py": '''\
+def poll_and_all_reduce(pollers, group):
+    return [int(p.poll()) for p in pollers]
+
+
+def prepare_abort(req, message):
+    req.finished_reason = message
+
+
+def release_kv_cache(req, tree_cache):
+    tree_cache.cache_finished_req(req)
+''',
+}
+
+
+def drain(branches: str) -> str:
+    """A prefill mixin whose drain loop body is `branches` (indented 12 spaces)."""
+    return f'''\
+from .base.conn import KVPoll
+from .utils import poll_and_all_reduce, prepare_abort, release_kv_cache
+
+
+class PrefillMixin:
+    def finish_batch(self, batch):
+        for req in batch.reqs:
+            self.disagg_prefill_inflight_queue.append(req)
+
+    def drain_inflight(self):
+        polls = poll_and_all_reduce(
+            [r.disagg_kv_sender for r in self.disagg_prefill_inflight_queue], self.group
+        )
+        undone_reqs = []
+        done_reqs = []
+        for req, poll in zip(self.disagg_prefill_inflight_queue, polls):
+{branches}
+        self.disagg_prefill_inflight_queue = undone_reqs
+'''
+
+
+STANDARD_BRANCHES = '''\
+            if poll in [KVPoll.WaitingForInput, KVPoll.Transferring]:
+                undone_reqs.append(req)
+            elif poll == KVPoll.Success:
+                release_kv_cache(req, self.tree_cache)
+                done_reqs.append(req)
+            elif poll == KVPoll.Failed:
+                release_kv_cache(req, self.tree_cache)
+                prepare_abort(req, "transfer failed")
+                done_reqs.append(req)
+            else:
+                undone_reqs.append(req)'''
+
+
+def sender(name: str, poll_body: str, extra: str = "") -> str:
+    """A backend sender class `<name>KVSender` whose poll() body is `poll_body` (8 spaces)."""
+    return f'''\
+import time
+
+from ..base.conn import BaseKVSender, KVPoll
+
+
+class {name}KVSender(BaseKVSender):
+    def __init__(self, mgr, room):
+        self.mgr = mgr
+        self.room = room
+        self.conclude_state = None
+        self.started = time.time()
+        self.bootstrap_timeout = 300
+
+    def poll(self) -> KVPoll:
+{poll_body}
+
+    def abort(self):
+        self.conclude_state = KVPoll.Failed
+{extra}'''

@@ -1,0 +1,22 @@
+"""Fetch stage: turn a target string into the files to analyse, locally or over SSH."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+from kvtrace.model import FetchLimits, FetchResult
+
+
+def fetch_target(text: str, limits: FetchLimits, ssh: dict[str, Any] | None = None,
+                 log: Callable[[str], None] | None = None) -> FetchResult:
+    from kvtrace.target import SshTarget, parse_target
+
+    target = parse_target(text)
+    if isinstance(target, SshTarget):
+        from kvtrace.fetch.ssh import SshOptions, fetch_ssh
+
+        return fetch_ssh(target, SshOptions(**(ssh or {})), limits, log)
+    from kvtrace.fetch.local import fetch_local
+
+    return fetch_local(Path(text), limits)

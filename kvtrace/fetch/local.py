@@ -1,0 +1,94 @@
+"""Fetch stage for a local path: read every `.py` file below it, bounded, without following
+symlinks out of the root (or around a loop)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from pathlib import Path
+
+from kvtrace.errors import InputError, LimitExceeded
+from kvtrace.model import FetchLimits, FetchResult, SourceFile
+
+
+def make_source_file(path: str, data: bytes) -> SourceFile:
+    return SourceFile(path=path, data=data, sha256=hashlib.sha256(data).hexdigest())
+
+
+def oversized_file(path: str, size: int, limits: FetchLimits) -> SourceFile:
+    """A file kept in the report (so nothing is lost silently) but not read."""
+    return SourceFile(
+        path=path,
+        data=b"",
+        sha256="",
+        status="too-large",
+        error=f"{size} bytes is over the per-file limit of {limits.max_file_bytes}",
+    )
+
+
+class Budget:
+    """Counts files and bytes against FetchLimits; shared by the local and SSH fetchers."""
+
+    def __init__(self, limits: FetchLimits, where: str) -> None:
+        self.limits = limits
+        self.where = where
+        self.files = 0
+        self.bytes = 0
+
+    def take(self, size: int) -> None:
+        self.files += 1
+        self.bytes += size
+        if self.files > self.limits.max_files:
+            raise LimitExceeded(
+                f"{self.where}: more than {self.limits.max_files} .py files; "
+                "point kvtrace at the disaggregation folder or raise --max-files"
+            )
+        if self.bytes > self.limits.max_total_bytes:
+            raise LimitExceeded(
+                f"{self.where}: more than {self.limits.max_total_bytes} bytes of .py files; "
+                "point kvtrace at the disaggregation folder or raise --max-total-bytes"
+            )
+
+
+def fetch_local(root: Path, limits: FetchLimits = FetchLimits()) -> FetchResult:
+    if not root.exists():
+        raise InputError(f"{root}: no such file or directory")
+    label = str(root)
+    if root.is_file():
+        if root.suffix != ".py":
+            raise InputError(f"{root}: not a directory or a .py file")
+        return FetchResult(target=label, files=[_read(root, root.name, limits, Budget(limits, label))])
+    budget = Budget(limits, label)
+    files: list[SourceFile] = []
+    real_root = root.resolve()
+    # os.walk does not follow directory symlinks by default, so a link loop cannot recurse.
+    for dirpath, dirnames, filenames in os.walk(root, onerror=None):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d != "__pycache__")
+        for name in sorted(filenames):
+            if not name.endswith(".py"):
+                continue
+            full = Path(dirpath) / name
+            if full.is_symlink():
+                target = full.resolve()
+                # A link that leaves the root (or dangles) is not part of the scanned tree.
+                if not target.is_file() or real_root not in target.parents:
+                    continue
+            rel = full.relative_to(root).as_posix()
+            files.append(_read(full, rel, limits, budget))
+    return FetchResult(target=label, files=files)
+
+
+def _read(full: Path, rel: str, limits: FetchLimits, budget: Budget) -> SourceFile:
+    try:
+        size = full.stat().st_size
+    except OSError as exc:
+        return SourceFile(rel, b"", "", status="unreadable", error=exc.strerror or str(exc))
+    if size > limits.max_file_bytes:
+        budget.take(0)
+        return oversized_file(rel, size, limits)
+    try:
+        data = full.read_bytes()
+    except OSError as exc:
+        return SourceFile(rel, b"", "", status="unreadable", error=exc.strerror or str(exc))
+    budget.take(len(data))
+    return make_source_file(rel, data)

@@ -1,0 +1,667 @@
+"""Path exploration over libcst function bodies.
+
+Given one concrete poll state (or none, for a sender's poll()), walk every path through a block
+of statements, following helper methods and module functions, and record what happens on each
+path as a sequence of events. Conditions on tracked values are decided or refined
+(==, !=, is, in, not in, and/or/not, truthiness); any other condition goes both ways.
+Identical path states are merged after every statement, so n independent unknown conditions
+that change nothing do not cost 2**n.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from typing import Callable, Iterable
+
+import libcst as cst
+
+from kvtrace.index import ClassInfo, FuncRef, Index
+from kvtrace.packs import Pack
+from kvtrace.states import FALSE, KEEP, NONE, OTHER, POLLS, REQ, TRUE, Domain, Val, refine
+
+MAX_PATHS = 4096  # per statement; past this the analysis says it is incomplete
+MAX_DEPTH = 12  # helper call depth
+
+EMPTY: Val = frozenset()
+
+
+@dataclass(frozen=True)
+class Event:
+    kind: str  # check, keep, done, requeue, release, abort, raise, helper, poll, timeout, abort-read
+    path: str
+    line: int
+    function: str
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class PathState:
+    env: tuple[tuple[str, Val], ...] = ()
+    attrs: tuple[tuple[str, Val], ...] = ()  # self.X assigned on this path
+    events: tuple[Event, ...] = ()
+    term: str | None = None  # continue, break, return, raise
+    ret: Val | None = None
+
+    def get(self, name: str) -> Val | None:
+        for key, value in self.env:
+            if key == name:
+                return value
+        return None
+
+    def bind(self, name: str, value: Val) -> "PathState":
+        env = tuple((k, v) for k, v in self.env if k != name) + ((name, value),)
+        return replace(self, env=tuple(sorted(env)))
+
+    def attr(self, name: str) -> Val | None:
+        for key, value in self.attrs:
+            if key == name:
+                return value
+        return None
+
+    def set_attr(self, name: str, value: Val) -> "PathState":
+        attrs = tuple((k, v) for k, v in self.attrs if k != name) + ((name, value),)
+        return replace(self, attrs=tuple(sorted(attrs)))
+
+    def emit(self, event: Event) -> "PathState":
+        return replace(self, events=self.events + (event,))
+
+
+@dataclass
+class Frame:
+    func: FuncRef
+    body: "CstBody"
+    cls: ClassInfo | None  # the class whose MRO `self.` resolves in
+
+
+@dataclass
+class CstBody:
+    node: cst.FunctionDef
+    line: Callable[[cst.CSTNode], int]
+
+
+@dataclass
+class Config:
+    """What one exploration tracks. `state` is the poll state of this run (drain mode)."""
+
+    index: Index
+    pack: Pack
+    domain: Domain
+    state: str | None = None
+    queue_attr: str | None = None
+    abort_attrs: frozenset[str] = frozenset()
+    attr_values: Callable[[str], Val] | None = None
+    truncated: list[str] = field(default_factory=list)
+
+
+_CODE = cst.Module(body=[])
+
+
+def code(node: cst.CSTNode) -> str:
+    return _CODE.code_for_node(node)
+
+
+def dotted(node: cst.CSTNode) -> str:
+    parts: list[str] = []
+    while isinstance(node, cst.Attribute):
+        parts.append(node.attr.value)
+        node = node.value
+    if isinstance(node, cst.Name):
+        parts.append(node.value)
+        return ".".join(reversed(parts))
+    if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "super":
+        parts.append("super()")
+        return ".".join(reversed(parts))
+    return ""
+
+
+def names_in(node: cst.CSTNode) -> set[str]:
+    """Every identifier and attribute name in an expression (for timeout detection)."""
+    found: set[str] = set()
+
+    class Collect(cst.CSTVisitor):
+        def visit_Name(self, n: cst.Name) -> None:
+            found.add(n.value)
+
+        def visit_Attribute(self, n: cst.Attribute) -> None:
+            found.add(n.attr.value)
+
+    node.visit(Collect())
+    return found
+
+
+def merge(paths: Iterable[PathState]) -> list[PathState]:
+    return list(dict.fromkeys(paths))
+
+
+class Explorer:
+    def __init__(self, config: Config):
+        self.c = config
+        self.stack: list[int] = []
+
+    # --- entry points ----------------------------------------------------------------------
+
+    def run_block(self, stmts: Iterable[cst.CSTNode], paths: list[PathState], frame: Frame) -> list[PathState]:
+        for stmt in stmts:
+            live = [p for p in paths if p.term is None]
+            if not live:
+                break
+            done = [p for p in paths if p.term is not None]
+            paths = done + self.stmt(stmt, live, frame)
+            paths = merge(paths)
+            if len(paths) > MAX_PATHS:
+                self.c.truncated.append(f"{frame.func.path}:{frame.body.line(stmt)}")
+                paths = paths[:MAX_PATHS]
+        return paths
+
+    def call_function(self, func: FuncRef, cls: ClassInfo | None, args: dict[str, Val], path: PathState,
+                      ) -> list[tuple[PathState, Val]]:
+        """Follow a call: run the callee on its own env, give back the caller's env + effects."""
+        cst_func = self.c.index.cst(func)
+        if cst_func is None or id(func.node) in self.stack or len(self.stack) >= MAX_DEPTH:
+            return [(path, self.c.domain.universe)]
+        frame = Frame(func, CstBody(cst_func.node, cst_func.line), cls)
+        start = PathState(env=tuple(sorted(args.items())), attrs=path.attrs, events=path.events)
+        self.stack.append(id(func.node))
+        try:
+            ends = self.run_block(function_body(cst_func.node), [start], frame)
+        finally:
+            self.stack.pop()
+        results = []
+        for end in ends:
+            back = replace(path, attrs=end.attrs, events=end.events)
+            if end.term == "raise":
+                results.append((replace(back, term="raise"), EMPTY))
+            else:
+                results.append((back, end.ret if end.ret is not None else frozenset({NONE})))
+        return _merge_pairs(results)
+
+    # --- statements ------------------------------------------------------------------------
+
+    def stmt(self, node: cst.CSTNode, paths: list[PathState], frame: Frame) -> list[PathState]:
+        if isinstance(node, cst.SimpleStatementLine):
+            for small in node.body:
+                live = [p for p in paths if p.term is None]
+                done = [p for p in paths if p.term is not None]
+                paths = done + self.small(small, live, frame)
+            return paths
+        if isinstance(node, cst.If):
+            return self.if_stmt(node, paths, frame)
+        if isinstance(node, (cst.For, cst.While)):
+            return self.loop(node, paths, frame)
+        if isinstance(node, cst.Try):
+            return self.try_stmt(node, paths, frame)
+        if isinstance(node, cst.With):
+            out = []
+            for path in paths:
+                for p, _ in self.eval_all([i.item for i in node.items], path, frame):
+                    out.append(p)
+            return self.run_block(node.body.body, merge(out), frame)
+        if isinstance(node, cst.Match):
+            out = []
+            for case in node.cases:
+                out.extend(self.run_block(case.body.body, paths, frame))
+            return out + paths if not any(_is_wildcard(c) for c in node.cases) else out
+        return paths  # nested def/class: not executed here
+
+    def small(self, node: cst.CSTNode, paths: list[PathState], frame: Frame) -> list[PathState]:
+        out: list[PathState] = []
+        for path in paths:
+            out.extend(self.small_one(node, path, frame))
+        return merge(out)
+
+    def small_one(self, node: cst.CSTNode, path: PathState, frame: Frame) -> list[PathState]:
+        line = frame.body.line(node)
+        fn = frame.func.qualname
+        if isinstance(node, cst.Expr):
+            return [p for p, _ in self.eval(node.value, path, frame)]
+        if isinstance(node, (cst.Assign, cst.AnnAssign)):
+            if node.value is None:
+                return [path]
+            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+            out = []
+            for p, value in self.eval(node.value, path, frame):
+                for target in targets:
+                    p = self.assign(target, value, p)
+                out.append(p)
+            return out
+        if isinstance(node, cst.AugAssign):
+            return [p for p, _ in self.eval(node.value, path, frame)]
+        if isinstance(node, cst.Return):
+            if node.value is None:
+                return [replace(path, term="return", ret=frozenset({NONE}))]
+            return [replace(p, term="return", ret=v) for p, v in self.eval(node.value, path, frame)]
+        if isinstance(node, cst.Raise):
+            return [replace(path.emit(Event("raise", frame.func.path, line, fn, "raise")), term="raise")]
+        if isinstance(node, cst.Assert):
+            out = []
+            for p, truth, about_poll in self.branch(node.test, path, frame):
+                if about_poll:
+                    p = p.emit(Event("check", frame.func.path, line, fn, "T" if truth else "F"))
+                if truth:
+                    out.append(p)
+                else:
+                    out.append(replace(p.emit(Event("raise", frame.func.path, line, fn, "assert")), term="raise"))
+            return out
+        if isinstance(node, cst.Continue):
+            return [replace(path, term="continue")]
+        if isinstance(node, cst.Break):
+            return [replace(path, term="break")]
+        return [path]
+
+    def assign(self, target: cst.CSTNode, value: Val, path: PathState) -> PathState:
+        if isinstance(target, cst.Name):
+            return path.bind(target.value, value)
+        if isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == "self":
+            return path.set_attr(target.attr.value, value)
+        if isinstance(target, (cst.Tuple, cst.List)):
+            for element in target.elements:
+                path = self.assign(element.value, self.c.domain.universe, path)
+        return path
+
+    def if_stmt(self, node: cst.If, paths: list[PathState], frame: Frame) -> list[PathState]:
+        line = frame.body.line(node.test)
+        yes: list[PathState] = []
+        no: list[PathState] = []
+        for path in paths:
+            for p, truth, about_poll in self.branch(node.test, path, frame):
+                if about_poll:
+                    p = p.emit(Event("check", frame.func.path, line, frame.func.qualname, "T" if truth else "F"))
+                (yes if truth else no).append(p)
+        out = self.run_block(node.body.body, merge(yes), frame) if yes else []
+        no = merge(no)
+        if node.orelse is None:
+            return out + no
+        if isinstance(node.orelse, cst.If):
+            return out + (self.if_stmt(node.orelse, no, frame) if no else [])
+        return out + (self.run_block(node.orelse.body.body, no, frame) if no else [])
+
+    def loop(self, node: cst.For | cst.While, paths: list[PathState], frame: Frame) -> list[PathState]:
+        """A nested loop runs its body zero or one time (enough for what a path can do)."""
+        entered: list[PathState] = []
+        if isinstance(node, cst.For):
+            for path in paths:
+                for p, _ in self.eval(node.iter, path, frame):
+                    entered.append(self.assign(node.target, self.c.domain.universe, p))
+            skipped = list(entered)
+        else:
+            skipped = []
+            for path in paths:
+                for p, truth, _ in self.branch(node.test, path, frame):
+                    (entered if truth else skipped).append(p)
+        body_out = self.run_block(node.body.body, merge(entered), frame) if entered else []
+        after = []
+        for p in body_out:
+            if p.term in ("continue", None):
+                after.append(replace(p, term=None))
+            elif p.term == "break":
+                after.append(replace(p, term=None))
+            else:
+                after.append(p)
+        normal = merge(skipped + [p for p in after])
+        if node.orelse is not None:
+            # The else clause runs when the loop was not broken; approximate with every normal exit.
+            normal = self.run_block(node.orelse.body.body, normal, frame)
+        return normal
+
+    def try_stmt(self, node: cst.Try, paths: list[PathState], frame: Frame) -> list[PathState]:
+        body_out = self.run_block(node.body.body, paths, frame)
+        out: list[PathState] = []
+        if node.handlers:
+            # A handler can run after an explicit raise, or after any call in the body failed:
+            # approximate the latter by the body's normal exits (effects included).
+            into_handler = [replace(p, term=None) for p in body_out if p.term in ("raise", None)]
+            for handler in node.handlers:
+                out.extend(self.run_block(handler.body.body, merge(into_handler), frame))
+        normal = [p for p in body_out if p.term is None]
+        other = [p for p in body_out if p.term not in (None, "raise")]
+        if node.orelse is not None:
+            normal = self.run_block(node.orelse.body.body, normal, frame)
+        raised = [] if node.handlers else [p for p in body_out if p.term == "raise"]
+        out = merge(out + normal + other + raised)
+        if node.finalbody is not None:
+            held = [(p, p.term) for p in out]
+            finished = []
+            for p, term in held:
+                for q in self.run_block(node.finalbody.body.body, [replace(p, term=None)], frame):
+                    finished.append(q if q.term is not None else replace(q, term=term))
+            out = merge(finished)
+        return out
+
+    # --- expressions -----------------------------------------------------------------------
+
+    def eval_all(self, nodes: list[cst.CSTNode], path: PathState, frame: Frame) -> list[tuple[PathState, list[Val]]]:
+        states: list[tuple[PathState, list[Val]]] = [(path, [])]
+        for node in nodes:
+            nxt = []
+            for p, values in states:
+                if p.term is not None:
+                    nxt.append((p, values + [EMPTY]))
+                    continue
+                for q, v in self.eval(node, p, frame):
+                    nxt.append((q, values + [v]))
+            states = nxt
+        return states
+
+    def eval(self, node: cst.CSTNode, path: PathState, frame: Frame) -> list[tuple[PathState, Val]]:
+        d = self.c.domain
+        if isinstance(node, cst.Name):
+            if node.value == "None":
+                return [(path, frozenset({NONE}))]
+            if node.value in ("True", "False"):
+                return [(path, frozenset({node.value}))]
+            value = path.get(node.value)
+            return [(path, value if value is not None else d.universe)]
+        if isinstance(node, cst.Attribute):
+            const = self.constant(node)
+            if const is not None:
+                return [(path, const)]
+            if isinstance(node.value, cst.Name) and node.value.value == "self":
+                return [(self.read_self_attr(node, path, frame), self.self_attr_value(node.attr.value, path))]
+            out = []
+            for p, _ in self.eval(node.value, path, frame):
+                out.append((p, d.universe))
+            return out
+        if isinstance(node, cst.Integer):
+            const = self.constant(node)
+            return [(path, const if const is not None else frozenset({OTHER}))]
+        if isinstance(node, cst.Call):
+            return self.call(node, path, frame)
+        if isinstance(node, cst.Subscript):
+            out = []
+            for p, container in self.eval(node.value, path, frame):
+                value = d.universe
+                if POLLS in container and self.c.state is not None:
+                    value = frozenset({self.c.state})
+                out.append((p, value))
+            return out
+        if isinstance(node, (cst.Comparison, cst.BooleanOperation)) or (
+                isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not)):
+            out = []
+            for p, truth, _ in self.branch(node, path, frame):
+                out.append((p, frozenset({TRUE if truth else FALSE})))
+            return _merge_pairs(out)
+        if isinstance(node, (cst.Tuple, cst.List, cst.Set)):
+            out = []
+            for p, values in self.eval_all([e.value for e in node.elements], path, frame):
+                out.append((p, frozenset().union(*values) if values else EMPTY))
+            return out
+        if isinstance(node, cst.Await):
+            return self.eval(node.expression, path, frame)
+        if isinstance(node, cst.IfExp):
+            out = []
+            for p, truth, _ in self.branch(node.test, path, frame):
+                out.extend(self.eval(node.body if truth else node.orelse, p, frame))
+            return out
+        if isinstance(node, (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString, cst.Float)):
+            return [(path, frozenset({OTHER}))]
+        # Anything else (lambdas, comprehensions, arithmetic...): evaluate calls inside for effects.
+        return self.eval_children_for_effects(node, path, frame)
+
+    def eval_children_for_effects(self, node: cst.CSTNode, path: PathState, frame: Frame) -> list[tuple[PathState, Val]]:
+        if isinstance(node, (cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)):
+            return [(path, self.c.domain.universe)]
+        children = [c for c in node.children if isinstance(c, cst.BaseExpression)]
+        paths = [(path, self.c.domain.universe)]
+        for child in children:
+            nxt = []
+            for p, _ in paths:
+                for q, _ in self.eval(child, p, frame):
+                    nxt.append((q, self.c.domain.universe))
+            paths = _merge_pairs(nxt)
+        return paths
+
+    def constant(self, node: cst.CSTNode) -> Val | None:
+        d = self.c.domain
+        if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name):
+            if node.value.value == d.enum and node.attr.value in d.members:
+                return frozenset({node.attr.value})
+        if isinstance(node, cst.Attribute) and dotted(node).endswith(f"{d.enum}.{node.attr.value}"):
+            if node.attr.value in d.members:
+                return frozenset({node.attr.value})
+        if isinstance(node, cst.Name):
+            if node.value == "None":
+                return frozenset({NONE})
+            if node.value in ("True", "False"):
+                return frozenset({node.value})
+        if isinstance(node, cst.Integer):
+            try:
+                member = d.member_for_int(int(node.evaluated_value))
+            except ValueError:
+                member = None
+            return frozenset({member}) if member else frozenset({OTHER})
+        if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus) and isinstance(node.expression, cst.Integer):
+            return frozenset({OTHER})
+        if isinstance(node, (cst.Tuple, cst.List, cst.Set)):
+            parts = [self.constant(e.value) for e in node.elements if not isinstance(e, cst.StarredElement)]
+            if any(isinstance(e, cst.StarredElement) for e in node.elements) or any(p is None for p in parts):
+                return None
+            return frozenset().union(*parts) if parts else EMPTY
+        if isinstance(node, (cst.SimpleString, cst.Float)):
+            return frozenset({OTHER})
+        return None
+
+    def read_self_attr(self, node: cst.Attribute, path: PathState, frame: Frame) -> PathState:
+        if node.attr.value in self.c.abort_attrs:
+            return path.emit(Event("abort-read", frame.func.path, frame.body.line(node), frame.func.qualname, node.attr.value))
+        return path
+
+    def self_attr_value(self, name: str, path: PathState) -> Val:
+        value = path.attr(name)
+        if value is not None:
+            return value
+        if self.c.attr_values is not None:
+            return self.c.attr_values(name)
+        return self.c.domain.universe
+
+    # --- conditions ------------------------------------------------------------------------
+
+    def branch(self, node: cst.CSTNode, path: PathState, frame: Frame) -> list[tuple[PathState, bool, bool]]:
+        """Every feasible (path, truth, decided-by-the-poll-value) for condition `node`."""
+        d = self.c.domain
+        if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
+            return [(p, not t, a) for p, t, a in self.branch(node.expression, path, frame)]
+        if isinstance(node, cst.BooleanOperation):
+            is_and = isinstance(node.operator, cst.And)
+            out = []
+            for p, t, a in self.branch(node.left, path, frame):
+                if t != is_and:  # short-circuit: `False and ...`, `True or ...`
+                    out.append((p, t, a))
+                else:
+                    out.extend((q, t2, a or a2) for q, t2, a2 in self.branch(node.right, p, frame))
+            return out
+        if isinstance(node, cst.Comparison):
+            return self.compare(node, path, frame)
+        # Truthiness of a value.
+        out = []
+        for p, value in self.eval(node, path, frame):
+            if p.term is not None:
+                out.append((p, False, False))
+                continue
+            about = bool(d.states(value)) and self._is_state_valued(value)
+            target = node.value if isinstance(node, cst.Name) else None
+            yes, no = value & d.truthy(), value & d.falsy()
+            if not value - {TRUE, FALSE, NONE} and value:  # a plain bool/None: exact
+                yes, no = value & {TRUE}, value & {FALSE, NONE}
+            for truth, part in ((True, yes), (False, no)):
+                if part:
+                    q = p.bind(target, part) if target and p.get(target) is not None else p
+                    out.append((q, truth, about and part != value))
+        return out
+
+    def _is_state_valued(self, value: Val) -> bool:
+        """A value narrower than 'anything' that holds enum members: the poll value or alike."""
+        return value != self.c.domain.universe
+
+    def compare(self, node: cst.Comparison, path: PathState, frame: Frame) -> list[tuple[PathState, bool, bool]]:
+        if len(node.comparisons) > 1:
+            # a < b < c  ==  a < b and b < c ; decide pairwise, unknown when not about tracked values.
+            first = node.comparisons[0]
+            left = cst.Comparison(left=node.left, comparisons=[first])
+            rest = cst.Comparison(left=first.comparator, comparisons=list(node.comparisons[1:]))
+            out = []
+            for p, t, a in self.compare(left, path, frame):
+                if not t:
+                    out.append((p, t, a))
+                else:
+                    out.extend((q, t2, a or a2) for q, t2, a2 in self.compare(rest, p, frame))
+            return out
+        comparison = node.comparisons[0]
+        op = _op(comparison.operator)
+        d = self.c.domain
+        if op in ("<", "<=", ">", ">="):
+            if any(self.c.pack.is_timeout_name(n) for n in names_in(node)):
+                line = frame.body.line(node)
+                path = path.emit(Event("timeout", frame.func.path, line, frame.func.qualname, code(node)))
+        out = []
+        for p, values in self.eval_all([node.left, comparison.comparator], path, frame):
+            if p.term is not None:
+                out.append((p, False, False))
+                continue
+            left, right = values
+            if op not in ("==", "!=", "is", "is not", "in", "not in"):
+                out.extend([(p, True, False), (p, False, False)])
+                continue
+            left_const = self.constant(node.left)
+            right_const = self.constant(comparison.comparator)
+            if op in ("in", "not in"):
+                if right_const is None:
+                    out.extend([(p, True, False), (p, False, False)])
+                    continue
+                tracked, tracked_node, constants = left, node.left, right_const
+            elif right_const is not None:
+                tracked, tracked_node, constants = left, node.left, right_const
+            elif left_const is not None:
+                tracked, tracked_node, constants = right, comparison.comparator, left_const
+            else:
+                out.extend([(p, True, False), (p, False, False)])
+                continue
+            if OTHER in constants:  # compared with something we cannot name: either way
+                out.extend([(p, True, False), (p, False, False)])
+                continue
+            yes, no = refine(op, tracked, constants)
+            about = bool(d.states(tracked)) and self._is_state_valued(tracked)
+            name = tracked_node.value if isinstance(tracked_node, cst.Name) else None
+            for truth, part in ((True, yes), (False, no)):
+                if not part:
+                    continue
+                q = p
+                if name is not None and p.get(name) is not None:
+                    q = p.bind(name, part)
+                elif _is_self_attr(tracked_node):
+                    q = p.set_attr(tracked_node.attr.value, part)
+                out.append((q, truth, about and (not yes or not no or self.c.state is not None)))
+        return out
+
+    # --- calls -----------------------------------------------------------------------------
+
+    def call(self, node: cst.Call, path: PathState, frame: Frame) -> list[tuple[PathState, Val]]:
+        d = self.c.domain
+        callee = dotted(node.func)
+        line = frame.body.line(node)
+        fn = frame.func.qualname
+        here = frame.func.path
+        arg_nodes = [a.value for a in node.args]
+        results: list[tuple[PathState, Val]] = []
+        # Evaluate the receiver chain (e.g. self.x.y()) for reads, then the arguments.
+        for p, values in self.eval_all(arg_nodes, path, frame):
+            if p.term is not None:
+                results.append((p, EMPTY))
+                continue
+            if isinstance(node.func, cst.Attribute) and not isinstance(node.func.value, cst.Name):
+                p = self.eval(node.func.value, p, frame)[0][0]
+            elif isinstance(node.func, cst.Attribute) and isinstance(node.func.value, cst.Name) \
+                    and node.func.value.value == "self":
+                pass
+            results.extend(self.call_with(node, callee, values, p, frame, line, fn, here))
+        return _merge_pairs(results)
+
+    def call_with(self, node: cst.Call, callee: str, values: list[Val], p: PathState, frame: Frame,
+                  line: int, fn: str, here: str) -> list[tuple[PathState, Val]]:
+        d = self.c.domain
+        method = callee.rsplit(".", 1)[-1] if callee else ""
+        receiver = callee.rsplit(".", 1)[0] if "." in callee else ""
+        has_req = any(REQ in v for v in values)
+        if method in ("append", "extend", "insert", "appendleft") and receiver and has_req:
+            recv_value = p.get(receiver) if "." not in receiver else None
+            if receiver.endswith(f"self.{self.c.queue_attr}") or (recv_value is not None and KEEP in recv_value):
+                return [(p.emit(Event("keep", here, line, fn, receiver)), frozenset({NONE}))]
+            kind = "done" if "." not in receiver else "requeue"
+            return [(p.emit(Event(kind, here, line, fn, receiver)), frozenset({NONE}))]
+        if callee and self.c.pack.is_release(callee):
+            return [(p.emit(Event("release", here, line, fn, callee)), d.universe)]
+        if callee and self.c.pack.is_abort(callee):
+            return [(p.emit(Event("abort", here, line, fn, callee)), d.universe)]
+        if callee and self.c.state is not None and self.c.pack.is_poll_call(callee):
+            return [(p.emit(Event("poll", here, line, fn, callee)), frozenset({self.c.state}))]
+        target, cls = self.resolve(callee, frame)
+        if target is None:
+            return [(p, d.universe)]
+        args = self.bind_args(target, node, values)
+        p = p.emit(Event("helper", here, line, fn, target.qualname))
+        return self.call_function(target, cls, args, p)
+
+    def resolve(self, callee: str, frame: Frame) -> tuple[FuncRef | None, ClassInfo | None]:
+        index = self.c.index
+        if callee.startswith("self.") and callee.count(".") == 1 and frame.cls is not None:
+            found = index.find_method(frame.cls, callee[5:])
+            return found, frame.cls
+        if callee.startswith("super().") and callee.count(".") == 1 and frame.func.owner is not None and frame.cls is not None:
+            mro = index.mro(frame.cls)
+            owner = frame.func.owner
+            after = mro[next((i for i, c in enumerate(mro) if c is owner), len(mro)) + 1:]
+            for c in after:
+                if callee[8:] in c.methods:
+                    return c.methods[callee[8:]], frame.cls
+            return None, None
+        if callee and "." not in callee:
+            return index.resolve_function(callee, frame.func.path), None
+        return None, None
+
+    def bind_args(self, target: FuncRef, node: cst.Call, values: list[Val]) -> dict[str, Val]:
+        params = [a.arg for a in target.node.args.posonlyargs + target.node.args.args]
+        if target.owner is not None and params and not _is_static(target):
+            params = params[1:]
+        universe = self.c.domain.universe
+        bound: dict[str, Val] = {p: universe for p in params}
+        bound.update({a.arg: universe for a in target.node.args.kwonlyargs})
+        positional = 0
+        for arg, value in zip(node.args, values):
+            if arg.star:
+                continue
+            if arg.keyword is not None:
+                bound[arg.keyword.value] = value
+            elif positional < len(params):
+                bound[params[positional]] = value
+                positional += 1
+        return bound
+
+
+def function_body(node: cst.FunctionDef) -> list[cst.CSTNode]:
+    body = node.body
+    if isinstance(body, cst.IndentedBlock):
+        return list(body.body)
+    return [body]  # `def f(): return x` on one line
+
+
+def _op(operator: cst.CSTNode) -> str:
+    return {
+        cst.Equal: "==", cst.NotEqual: "!=", cst.Is: "is", cst.IsNot: "is not", cst.In: "in",
+        cst.NotIn: "not in", cst.LessThan: "<", cst.LessThanEqual: "<=", cst.GreaterThan: ">",
+        cst.GreaterThanEqual: ">=",
+    }.get(type(operator), "?")
+
+
+def _is_self_attr(node: cst.CSTNode) -> bool:
+    return isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self"
+
+
+def _is_static(func: FuncRef) -> bool:
+    return any(getattr(d, "id", None) == "staticmethod" for d in func.node.decorator_list)
+
+
+def _is_wildcard(case: cst.MatchCase) -> bool:
+    return isinstance(case.pattern, cst.MatchAs) and case.pattern.pattern is None and case.guard is None
+
+
+def _merge_pairs(pairs: list[tuple[PathState, Val]]) -> list[tuple[PathState, Val]]:
+    return list(dict.fromkeys(pairs))

@@ -1,0 +1,201 @@
+"""Index stage: classes, bases and MRO across files, methods, module functions, imports.
+
+Built from the `ast` trees of the in-scope files; libcst bodies are produced on demand through
+`Index.cst(func)` and cached.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass, field
+
+from kvtrace.parse import CstFunction, ParsedModule, parse_function_cst
+
+
+@dataclass(eq=False)
+class FuncRef:
+    name: str
+    path: str
+    line: int
+    node: ast.FunctionDef | ast.AsyncFunctionDef = field(repr=False)
+    module: ParsedModule = field(repr=False)
+    owner: "ClassInfo | None" = None
+
+    @property
+    def qualname(self) -> str:
+        return f"{self.owner.name}.{self.name}" if self.owner else self.name
+
+
+@dataclass(eq=False)
+class ClassInfo:
+    name: str
+    path: str
+    line: int
+    base_names: list[str]
+    methods: dict[str, FuncRef]
+    node: ast.ClassDef = field(repr=False)
+    module: ParsedModule = field(repr=False)
+
+
+def dotted(node: ast.AST) -> str:
+    """`self.tree_cache.cache_finished_req` for an Attribute chain; '' when not a plain chain."""
+    parts: list[str] = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts))
+    if isinstance(node, ast.Call):
+        inner = dotted(node.func)
+        return f"{inner}()." + ".".join(reversed(parts)) if inner and parts else ""
+    return ""
+
+
+class Index:
+    def __init__(self, modules: list[ParsedModule]):
+        self.modules = {m.source.path: m for m in modules}
+        self.classes: dict[str, list[ClassInfo]] = {}
+        self.functions: dict[str, list[FuncRef]] = {}  # module-level functions by name
+        self.module_functions: dict[str, dict[str, FuncRef]] = {}
+        self.imports: dict[str, dict[str, str]] = {}  # path -> local name -> imported name
+        self._cst: dict[int, CstFunction | None] = {}
+        self._mro: dict[int, list[ClassInfo]] = {}
+        for module in modules:
+            self._add(module)
+
+    def _add(self, module: ParsedModule) -> None:
+        path = module.source.path
+        own: dict[str, FuncRef] = {}
+        imports: dict[str, str] = {}
+        for stmt in module.tree.body:
+            if isinstance(stmt, ast.ClassDef):
+                self._add_class(stmt, module)
+            elif isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                ref = FuncRef(stmt.name, path, stmt.lineno, stmt, module)
+                own[stmt.name] = ref
+                self.functions.setdefault(stmt.name, []).append(ref)
+            elif isinstance(stmt, ast.ImportFrom):
+                for alias in stmt.names:
+                    imports[alias.asname or alias.name] = alias.name
+        # Classes nested in `if TYPE_CHECKING:` / try blocks are rare in this code; top level is enough.
+        self.module_functions[path] = own
+        self.imports[path] = imports
+
+    def _add_class(self, stmt: ast.ClassDef, module: ParsedModule) -> None:
+        info = ClassInfo(
+            name=stmt.name,
+            path=module.source.path,
+            line=stmt.lineno,
+            base_names=[dotted(b).rsplit(".", 1)[-1] for b in stmt.bases if dotted(b)],
+            methods={},
+            node=stmt,
+            module=module,
+        )
+        for item in stmt.body:
+            if isinstance(item, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                info.methods[item.name] = FuncRef(item.name, module.source.path, item.lineno, item, module, info)
+        self.classes.setdefault(stmt.name, []).append(info)
+
+    # --- lookups -------------------------------------------------------------------------
+
+    def resolve_class(self, name: str, near: str | None = None) -> ClassInfo | None:
+        """A class by name, preferring one defined in the same file, then a unique one."""
+        candidates = self.classes.get(name, [])
+        if not candidates:
+            return None
+        if near is not None:
+            for c in candidates:
+                if c.path == near:
+                    return c
+        return candidates[0]
+
+    def mro(self, cls: ClassInfo) -> list[ClassInfo]:
+        """Python's C3 order over the classes in the tree (bases outside it are skipped)."""
+        if id(cls) not in self._mro:
+            self._mro[id(cls)] = self._compute_mro(cls)
+        return self._mro[id(cls)]
+
+    def _compute_mro(self, cls: ClassInfo) -> list[ClassInfo]:
+        order: list[ClassInfo] = []
+        seen: set[int] = set()
+
+        def visit(c: ClassInfo, depth: int) -> None:
+            if id(c) in seen or depth > 50:
+                return
+            seen.add(id(c))
+            order.append(c)
+            for base in c.base_names:
+                resolved = self.resolve_class(base, near=c.path)
+                if resolved is not None:
+                    visit(resolved, depth + 1)
+
+        visit(cls, 0)
+        return _c3_or(order, self, cls)
+
+    def find_method(self, cls: ClassInfo, name: str) -> FuncRef | None:
+        for c in self.mro(cls):
+            if name in c.methods:
+                return c.methods[name]
+        return None
+
+    def subclasses_of(self, base: str) -> list[ClassInfo]:
+        """Every class that has `base` somewhere in its ancestry (not `base` itself)."""
+        result = []
+        for infos in self.classes.values():
+            for info in infos:
+                if info.name != base and any(c.name == base for c in self.mro(info)[1:]):
+                    result.append(info)
+        return sorted(result, key=lambda c: (c.path, c.line))
+
+    def resolve_function(self, name: str, near: str) -> FuncRef | None:
+        """A module-level function called by bare name from file `near`."""
+        own = self.module_functions.get(near, {})
+        if name in own:
+            return own[name]
+        imported = self.imports.get(near, {}).get(name)
+        if imported is not None:
+            candidates = self.functions.get(imported, [])
+            if len(candidates) >= 1:
+                return candidates[0]
+        return None
+
+    def cst(self, func: FuncRef) -> CstFunction | None:
+        key = id(func.node)
+        if key not in self._cst:
+            self._cst[key] = parse_function_cst(func.module, func.node)
+        return self._cst[key]
+
+
+def _c3_or(fallback: list[ClassInfo], index: Index, cls: ClassInfo) -> list[ClassInfo]:
+    """Python's C3 MRO when it exists for the classes we can see, else the DFS order."""
+
+    def linearize(c: ClassInfo, depth: int) -> list[ClassInfo] | None:
+        if depth > 50:
+            return None
+        bases = [b for b in (index.resolve_class(n, near=c.path) for n in c.base_names) if b is not None]
+        seqs = []
+        for b in bases:
+            lin = linearize(b, depth + 1)
+            if lin is None:
+                return None
+            seqs.append(list(lin))
+        seqs.append(list(bases))
+        result = [c]
+        while True:
+            seqs = [s for s in seqs if s]
+            if not seqs:
+                return result
+            for seq in seqs:
+                head = seq[0]
+                if not any(head in s[1:] for s in seqs):
+                    break
+            else:
+                return None
+            result.append(head)
+            for s in seqs:
+                if s and s[0] is head:
+                    s.pop(0)
+
+    lin = linearize(cls, 0)
+    return lin if lin is not None else fallback

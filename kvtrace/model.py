@@ -1,0 +1,144 @@
+"""Plain data shared by every stage of a scan. No behaviour lives here.
+
+The pipeline is target -> fetch -> parse -> index -> graph -> checks -> report; each stage
+takes and returns the types below, so any stage can be read (and tested) on its own.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+SCHEMA = "kvtrace/1"
+
+FileStatus = Literal["ok", "syntax-error", "not-utf8", "too-large", "skipped", "unreadable"]
+Outcome = Literal["kept", "leaves", "raises", "dropped"]
+OUTCOME_ORDER: tuple[str, ...] = ("kept", "leaves", "raises", "dropped")
+
+
+@dataclass(frozen=True)
+class FetchLimits:
+    """Bounds on what a fetch may read; exceeding one is an input error, not a silent cut."""
+
+    max_file_bytes: int = 8 * 1024 * 1024
+    max_files: int = 20_000
+    max_total_bytes: int = 256 * 1024 * 1024
+
+
+@dataclass
+class SourceFile:
+    """One fetched file. `path` is relative to the scanned root, with '/' separators."""
+
+    path: str
+    data: bytes
+    sha256: str
+    status: FileStatus = "ok"
+    error: str | None = None
+    _text: str | None = field(default=None, repr=False)
+
+    @property
+    def text(self) -> str | None:
+        """The decoded text, or None when the bytes are not UTF-8 (status says so)."""
+        if self._text is None and self.status != "not-utf8":
+            try:
+                # utf-8-sig: a BOM is legal at the start of a Python file.
+                self._text = self.data.decode("utf-8-sig")
+            except UnicodeDecodeError as exc:
+                self.status = "not-utf8"
+                self.error = f"not UTF-8: byte {exc.start} ({exc.reason})"
+        return self._text
+
+
+@dataclass
+class FetchResult:
+    """What a fetch stage hands on: the label of the target and the files read."""
+
+    target: str
+    files: list[SourceFile]
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Evidence:
+    path: str
+    line: int
+    note: str
+
+
+@dataclass(frozen=True)
+class Site:
+    """A line of the release map: what happens to the queue at path:line."""
+
+    kind: str  # entry, poll, check, keep, done, release, abort, reassign, raise, gauge, requeue, helper
+    path: str
+    line: int
+    function: str
+    states: tuple[str, ...] = ()
+    note: str = ""
+
+
+@dataclass
+class StateFate:
+    fate: list[str]
+    evidence: list[Evidence]
+
+
+@dataclass
+class QueueReport:
+    name: str
+    drain: Evidence | None
+    sites: list[Site]
+    states: dict[str, StateFate]
+
+
+@dataclass(frozen=True)
+class PollRef:
+    path: str
+    line: int
+    inherited_from: str | None
+
+
+@dataclass(frozen=True)
+class TimeoutCheck:
+    path: str
+    line: int
+    covers: tuple[str, ...]
+
+
+@dataclass
+class Backend:
+    name: str
+    sender: str
+    path: str
+    line: int
+    poll: PollRef | None
+    returns: list[str]
+    reads_abort_state: bool
+    abort_state: str | None
+    timeouts: list[TimeoutCheck]
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Finding:
+    rule: str
+    severity: str
+    message: str
+    path: str
+    line: int
+    backend: str | None
+    state: str | None
+    evidence: list[Evidence]
+
+
+@dataclass
+class Report:
+    target: str
+    files: list[SourceFile]
+    queues: list[QueueReport]
+    backends: list[Backend]
+    findings: list[Finding]
+    root: str = ""  # the located disaggregation folder, relative to the target
+    enum: Evidence | None = None
+    problems: list[str] = field(default_factory=list)
+    schema: str = SCHEMA

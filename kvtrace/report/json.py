@@ -1,0 +1,76 @@
+"""The kvtrace/1 JSON contract. Field names and meanings are documented in README.md and in
+`kvtrace schema`; additions are backwards compatible, renames bump the schema version."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict
+from typing import Any
+
+from kvtrace.model import Evidence, Report
+
+
+def _evidence(items: list[Evidence]) -> list[dict[str, Any]]:
+    return [{"path": e.path, "line": e.line, "note": e.note} for e in items]
+
+
+def to_json_dict(report: Report) -> dict[str, Any]:
+    return {
+        "schema": report.schema,
+        "target": report.target,
+        "root": report.root,
+        "enum": asdict(report.enum) if report.enum else None,
+        "files": [
+            {"path": f.path, "sha256": f.sha256, "status": f.status, "error": f.error} for f in report.files
+        ],
+        "queues": [
+            {
+                "name": q.name,
+                "drain": asdict(q.drain) if q.drain else None,
+                "sites": [
+                    {"kind": s.kind, "path": s.path, "line": s.line, "function": s.function,
+                     "states": list(s.states), **({"note": s.note} if s.note else {})}
+                    for s in q.sites
+                ],
+                "states": {
+                    name: {"fate": fate.fate, "evidence": _evidence(fate.evidence)} for name, fate in q.states.items()
+                },
+            }
+            for q in report.queues
+        ],
+        "backends": [
+            {
+                "name": b.name,
+                "sender": b.sender,
+                "path": b.path,
+                "line": b.line,
+                "poll": asdict(b.poll) if b.poll else None,
+                "returns": b.returns,
+                "reads_abort_state": b.reads_abort_state,
+                "abort_state": b.abort_state,
+                "timeouts": [{"path": t.path, "line": t.line, "covers": list(t.covers)} for t in b.timeouts],
+                "notes": b.notes,
+            }
+            for b in report.backends
+        ],
+        "findings": [
+            {
+                "rule": f.rule,
+                "severity": f.severity,
+                "message": f.message,
+                "path": f.path,
+                "line": f.line,
+                "backend": f.backend,
+                "state": f.state,
+                "evidence": _evidence(f.evidence),
+            }
+            for f in report.findings
+        ],
+        "problems": report.problems,
+    }
+
+
+def render(reports: list[Report]) -> str:
+    """One report as an object; several (one per target) as a list of objects."""
+    data = [to_json_dict(r) for r in reports]
+    return json.dumps(data[0] if len(data) == 1 else data, indent=2) + "\n"

@@ -1,0 +1,131 @@
+"""JSON Schema (draft 2020-12) of the kvtrace/1 report; tests validate every report against it."""
+
+from __future__ import annotations
+
+from typing import Any
+
+_EVIDENCE = {
+    "type": "object",
+    "required": ["path", "line", "note"],
+    "properties": {"path": {"type": "string"}, "line": {"type": "integer", "minimum": 1}, "note": {"type": "string"}},
+    "additionalProperties": False,
+}
+_LOCATION = {
+    "type": ["object", "null"],
+    "required": ["path", "line"],
+    "properties": {"path": {"type": "string"}, "line": {"type": "integer", "minimum": 1}},
+}
+_STRINGS = {"type": "array", "items": {"type": "string"}}
+
+JSON_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": "https://kvtrace.invalid/schema/kvtrace-1.json",
+    "title": "kvtrace report (kvtrace/1)",
+    "description": "Paths are relative to the scanned target, with '/' separators; lines are 1-based.",
+    "type": "object",
+    "required": ["schema", "target", "files", "queues", "backends", "findings"],
+    "properties": {
+        "schema": {"const": "kvtrace/1"},
+        "target": {"type": "string", "description": "the target as given on the command line"},
+        "root": {"type": "string", "description": "the located package folder, relative to the target"},
+        "enum": {**_LOCATION, "description": "where the poll enum is defined"},
+        "files": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["path", "sha256", "status", "error"],
+                "properties": {
+                    "path": {"type": "string"},
+                    "sha256": {"type": "string"},
+                    "status": {"enum": ["ok", "syntax-error", "not-utf8", "too-large", "skipped", "unreadable"]},
+                    "error": {"type": ["string", "null"]},
+                },
+            },
+        },
+        "queues": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name", "sites", "states"],
+                "properties": {
+                    "name": {"type": "string"},
+                    "drain": {**_LOCATION, "description": "the drain loop's `for` line; note = its function"},
+                    "sites": {
+                        "type": "array",
+                        "items": {
+                            "type": "object",
+                            "required": ["kind", "path", "line", "function", "states"],
+                            "properties": {
+                                "kind": {"enum": ["entry", "poll", "check", "keep", "done", "requeue", "release",
+                                                  "abort", "reassign", "raise", "gauge", "helper"]},
+                                "path": {"type": "string"},
+                                "line": {"type": "integer", "minimum": 1},
+                                "function": {"type": "string"},
+                                "states": {**_STRINGS, "description": "states that reach the site (checks: that take the true branch)"},
+                                "note": {"type": "string"},
+                            },
+                        },
+                    },
+                    "states": {
+                        "type": "object",
+                        "additionalProperties": {
+                            "type": "object",
+                            "required": ["fate", "evidence"],
+                            "properties": {
+                                "fate": {"type": "array", "items": {"enum": ["kept", "leaves", "raises", "dropped"]}},
+                                "evidence": {"type": "array", "items": _EVIDENCE},
+                            },
+                        },
+                    },
+                },
+            },
+        },
+        "backends": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["name", "sender", "poll", "returns", "reads_abort_state", "timeouts"],
+                "properties": {
+                    "name": {"type": "string", "description": "the backend's folder"},
+                    "sender": {"type": "string"},
+                    "path": {"type": "string"},
+                    "line": {"type": "integer"},
+                    "poll": {
+                        "type": ["object", "null"],
+                        "required": ["path", "line", "inherited_from"],
+                        "properties": {"path": {"type": "string"}, "line": {"type": "integer"},
+                                       "inherited_from": {"type": ["string", "null"]}},
+                    },
+                    "returns": _STRINGS,
+                    "reads_abort_state": {"type": "boolean"},
+                    "abort_state": {"type": ["string", "null"]},
+                    "timeouts": {
+                        "type": "array",
+                        "items": {"type": "object", "required": ["path", "line", "covers"],
+                                  "properties": {"path": {"type": "string"}, "line": {"type": "integer"},
+                                                 "covers": _STRINGS}},
+                    },
+                    "notes": _STRINGS,
+                },
+            },
+        },
+        "findings": {
+            "type": "array",
+            "items": {
+                "type": "object",
+                "required": ["rule", "severity", "message", "path", "line", "backend", "state", "evidence"],
+                "properties": {
+                    "rule": {"type": "string"},
+                    "severity": {"enum": ["error", "warning", "note"]},
+                    "message": {"type": "string"},
+                    "path": {"type": "string"},
+                    "line": {"type": "integer", "minimum": 1},
+                    "backend": {"type": ["string", "null"]},
+                    "state": {"type": ["string", "null"]},
+                    "evidence": {"type": "array", "items": _EVIDENCE},
+                },
+            },
+        },
+        "problems": _STRINGS,
+    },
+}

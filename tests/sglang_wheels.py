@@ -1,0 +1,49 @@
+"""Real SGLang for tests: released wheels from PyPI, downloaded at test time into a cache
+outside the repository (never committed), unpacked down to what kvtrace scans."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+QUEUE = "disagg_prefill_inflight_queue"
+CACHE = Path(os.environ.get("KVTRACE_WHEEL_CACHE", Path.home() / ".cache" / "kvtrace-tests"))
+
+
+def wheel(version: str) -> Path:
+    folder = CACHE / "wheels"
+    folder.mkdir(parents=True, exist_ok=True)
+    found = sorted(folder.glob(f"sglang-{version}-*.whl"))
+    if not found:
+        subprocess.run(
+            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--disable-pip-version-check",
+             f"sglang=={version}", "-d", str(folder)],
+            check=True, timeout=900,
+        )
+        found = sorted(folder.glob(f"sglang-{version}-*.whl"))
+    assert found, f"pip download sglang=={version} produced no wheel"
+    return found[0]
+
+
+def sglang_tree(version: str) -> Path:
+    """`<cache>/trees/<version>/sglang/srt/...`: the disaggregation package plus every other srt
+    file that mentions the queue (scheduler loops, metrics), as in an installed package."""
+    root = CACHE / "trees" / version
+    marker = root / ".complete"
+    if marker.exists():
+        return root
+    with zipfile.ZipFile(wheel(version)) as archive:
+        for info in archive.infolist():
+            name = info.filename
+            if not name.startswith("sglang/srt/") or not name.endswith(".py"):
+                continue
+            data = archive.read(info)
+            if name.startswith("sglang/srt/disaggregation/") or QUEUE.encode() in data:
+                target = root / name
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(data)
+    marker.write_text("ok")
+    return root

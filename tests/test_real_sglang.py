@@ -1,0 +1,180 @@
+"""kvtrace on released SGLang wheels (downloaded at test time, cached outside the repo).
+
+The expected fates below were verified by reading each version's
+`sglang/srt/disaggregation/prefill.py` and the senders' `conn.py`; the reasoning is written next
+to each expectation. The release-map test compares against an independent grep + ast reading.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from pathlib import Path
+
+import pytest
+
+from kvtrace.scan import scan_path
+from tests.sglang_wheels import QUEUE, sglang_tree
+
+PREFILL = "sglang/srt/disaggregation/prefill.py"
+
+# The grep patterns of ../shared/background.md, and the site kind each must show up as.
+GREP_PATTERNS: list[tuple[str, set[str]]] = [
+    (r"polls\s*=\s*poll_and_all_reduce", {"poll"}),
+    (r"\bundone_reqs\.append\(", {"keep"}),
+    (r"(?<!un)done_reqs\.append\(", {"done"}),
+    (r"\brelease_kv_cache\(|\.cache_finished_req\(", {"release"}),
+    (r"\bprepare_abort\(", {"abort"}),
+    (rf"self\.{QUEUE}\s*=[^=]", {"reassign"}),
+    (rf"self\.{QUEUE}\.append\(", {"entry"}),
+    (r"KVPoll\.\w+", {"check", "raise"}),
+]
+
+
+@pytest.fixture(scope="module", params=["0.4.6.post5", "0.5.2", "0.5.23"])
+def release(request: pytest.FixtureRequest) -> tuple[str, Path]:
+    return request.param, sglang_tree(request.param)
+
+
+def _functions_of_the_queue(tree: ast.Module) -> list[ast.FunctionDef]:
+    """The drain method and every method of prefill.py it calls through self, transitively."""
+    methods = {n.name: n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
+    drain = next(
+        f for f in methods.values()
+        if any(isinstance(n, ast.Assign) and any(isinstance(t, ast.Attribute) and t.attr == QUEUE for t in n.targets)
+               for n in ast.walk(f))
+        and any(isinstance(n, ast.For) and QUEUE in ast.unparse(n.iter) for n in ast.walk(f))
+    )
+    todo, seen = [drain], {drain.name}
+    while todo:
+        func = todo.pop()
+        for node in ast.walk(func):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "self" \
+                    and node.func.attr in methods and node.func.attr not in seen:
+                seen.add(node.func.attr)
+                todo.append(methods[node.func.attr])
+    return [methods[name] for name in seen]
+
+
+def _statement_start(tree: ast.Module, line: int) -> int:
+    """The first line of the innermost statement containing `line` (multi-line conditions)."""
+    best = None
+    for node in ast.walk(tree):
+        if isinstance(node, ast.stmt) and node.lineno <= line <= (node.end_lineno or node.lineno):
+            header_end = node.body[0].lineno - 1 if hasattr(node, "body") and isinstance(node.body, list) and node.body else node.end_lineno
+            if line <= (header_end or line) and (best is None or node.lineno >= best.lineno):
+                best = node
+    return best.lineno if best is not None else line
+
+
+def test_release_map_has_every_grep_hit(release: tuple[str, Path]) -> None:
+    version, root = release
+    report = scan_path(root)
+    text = (root / PREFILL).read_text()
+    tree = ast.parse(text)
+    functions = _functions_of_the_queue(tree)
+    in_scope = [(f.lineno, f.end_lineno) for f in functions]
+    sites = {(s.line, s.kind) for s in report.queues[0].sites if s.path == PREFILL}
+    missing = []
+    checked = 0
+    for number, line in enumerate(text.splitlines(), start=1):
+        for pattern, kinds in GREP_PATTERNS:
+            if not re.search(pattern, line) or line.lstrip().startswith("#"):
+                continue
+            anywhere = kinds & {"entry", "reassign"}
+            if not anywhere and not any(a <= number <= b for a, b in in_scope):
+                continue
+            if kinds == {"check", "raise"} and not re.search(r"\b(if|elif|assert|in|==|!=)\b|^\s*KVPoll\.\w+,?\s*$", line):
+                continue  # a KVPoll name that is not part of a condition (a return, an argument)
+            start = _statement_start(tree, number)
+            checked += 1
+            if not any((start, kind) in sites or (number, kind) in sites for kind in kinds):
+                missing.append(f"{PREFILL}:{number} ({'/'.join(sorted(kinds))}): {line.strip()}")
+    print(f"{version}: {checked} grep hits compared")
+    assert checked >= 8, f"the grep found too little in {version} to compare"
+    assert not missing, "release map misses grep hits:\n" + "\n".join(missing)
+
+
+# state -> fate, per version; why, from reading the code:
+EXPECTED_FATES = {
+    # if poll in [WaitingForInput, Transferring]: keep / elif Success: done / elif Failed: done,
+    # no else: Bootstrapping falls through every branch and is dropped from the queue.
+    "0.4.6.post5": {
+        "Failed": ["leaves"], "Bootstrapping": ["dropped"], "WaitingForInput": ["kept"],
+        "Transferring": ["kept"], "Success": ["leaves"],
+    },
+    # A PP branch keeps any rid not in rids_to_check (so every state can be kept), then asserts
+    # the state is Success or Failed (so non-terminal states can raise); the final `else: assert
+    # False` makes Bootstrapping raise.
+    "0.5.2": {
+        "Failed": ["kept", "leaves"], "Bootstrapping": ["kept", "raises"],
+        "WaitingForInput": ["kept", "raises"], "Transferring": ["kept", "raises"],
+        "Success": ["kept", "leaves"],
+    },
+    # PP branch keeps everything not yet in consensus; the pending-bootstrap branch calls
+    # handle_pending_bootstrap(req, poll): Failed -> handle_bootstrap_failure (release, abort)
+    # and leaves; Bootstrapping -> False, then optimistic_release_and_requeue (release, requeue)
+    # or kept; WaitingForInput -> an assert on finalize_bootstrap (can raise) or kept;
+    # Transferring/Success -> RuntimeError. The main chain ends in `else: raise RuntimeError`
+    # (Bootstrapping raises there).
+    "0.5.23": {
+        "Failed": ["kept", "leaves"], "Bootstrapping": ["kept", "leaves", "raises"],
+        "WaitingForInput": ["kept", "raises"], "Transferring": ["kept", "raises"],
+        "Success": ["kept", "leaves", "raises"],
+    },
+}
+
+# (backend, state) pinned-state findings, per version; why:
+EXPECTED_PINS = {
+    # No sender has abort() or a timeout. NIXL's poll returns WaitingForInput until every
+    # transfer handle is DONE; Mooncake's returns whatever the manager's request_status holds
+    # (any state); the fake sender returns WaitingForInput until send() was called.
+    "0.4.6.post5": {("fake", "WaitingForInput"), ("mooncake", "WaitingForInput"),
+                    ("mooncake", "Transferring"), ("nixl", "WaitingForInput")},
+    # Mooncake (and Ascend, which inherits its poll) read conclude_state; NIXL's poll returns
+    # kv_mgr.check_status(...) (any state) before the transfer is sent and never reads an abort
+    # state; the fake sender has no abort and no timeout.
+    "0.5.2": {("fake", "WaitingForInput"), ("nixl", "Bootstrapping"), ("nixl", "WaitingForInput"),
+              ("nixl", "Transferring")},
+    # Every sender reads conclude_state (CommonKVSender._poll_with_status, FakeKVSender.poll).
+    "0.5.23": set(),
+}
+
+
+def test_state_fates_and_findings(release: tuple[str, Path]) -> None:
+    version, root = release
+    report = scan_path(root)
+    fates = {state: fate.fate for state, fate in report.queues[0].states.items()}
+    assert fates == EXPECTED_FATES[version]
+    pins = {(f.backend, f.state) for f in report.findings if f.rule == "pinned-state"}
+    assert pins == EXPECTED_PINS[version]
+    dropped = {f.state for f in report.findings if f.rule == "dropped-state"}
+    assert dropped == ({"Bootstrapping"} if version == "0.4.6.post5" else set())
+    assert all(f.status == "ok" for f in report.files)
+
+
+def test_backends_resolve_inherited_poll() -> None:
+    report = scan_path(sglang_tree("0.5.23"))
+    backends = {b.name: b for b in report.backends}
+    assert {"ascend", "fake", "mooncake", "mori", "nixl"} <= set(backends)
+    nixl = backends["nixl"]
+    # NixlKVSender does not define poll(): it runs CommonKVSender.poll in common/conn.py.
+    assert nixl.poll is not None and nixl.poll.inherited_from == "CommonKVSender"
+    assert nixl.poll.path == "sglang/srt/disaggregation/common/conn.py"
+    source = (sglang_tree("0.5.23") / nixl.poll.path).read_text().splitlines()
+    assert source[nixl.poll.line - 1].strip().startswith("def poll(")
+    assert nixl.reads_abort_state and nixl.abort_state == "conclude_state"
+    # _check_bootstrap_timeout is only called under `if status == KVPoll.Bootstrapping`.
+    assert [t.covers for t in nixl.timeouts] == [("Bootstrapping",)]
+    # The fake sender checks its waiting timeout while nothing was sent (WaitingForInput).
+    assert [t.covers for t in backends["fake"].timeouts] == [("WaitingForInput",)]
+
+
+def test_gauge_and_entry_sites_outside_the_package() -> None:
+    report = scan_path(sglang_tree("0.5.23"))
+    gauges = [s for s in report.queues[0].sites if s.kind == "gauge"]
+    assert gauges, "the metrics reporter's QueueCount.from_reqs / len() of the queue was not found"
+    for site in gauges:
+        line = (sglang_tree("0.5.23") / site.path).read_text().splitlines()[site.line - 1]
+        assert QUEUE in line or "from_reqs" in line or "len(" in line
