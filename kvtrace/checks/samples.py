@@ -41,8 +41,9 @@ def release_kv_cache(req, tree_cache):
 }
 
 
-def drain(branches: str) -> str:
-    """A prefill mixin whose drain loop body is `branches` (indented 12 spaces)."""
+def drain(branches: str, methods: str = "") -> str:
+    """A prefill mixin whose drain loop body is `branches` (indented 12 spaces), followed by
+    `methods` (more methods of the mixin, indented 4 spaces)."""
     return f'''\
 from .base.conn import KVPoll
 from .utils import poll_and_all_reduce, prepare_abort, release_kv_cache
@@ -62,7 +63,7 @@ class PrefillMixin:
         for req, poll in zip(self.disagg_prefill_inflight_queue, polls):
 {branches}
         self.disagg_prefill_inflight_queue = undone_reqs
-'''
+{methods}'''
 
 
 STANDARD_BRANCHES = '''\
