@@ -43,12 +43,15 @@ def is_abstract(func: FuncRef) -> bool:
     return False
 
 
-def analyse_backends(index: Index, pack: Pack, domain: Domain, root: str) -> list[SenderAnalysis]:
+def analyse_backends(index: Index, pack: Pack, domain: Domain, root: str, problems: list[str]) -> list[SenderAnalysis]:
     results = []
     for cls in index.subclasses_of(pack.sender_base):
         if matches(cls.name, pack.exclude_classes):
             continue
-        results.append(analyse_sender(index, pack, domain, cls, root))
+        try:
+            results.append(analyse_sender(index, pack, domain, cls, root))
+        except RecursionError:
+            problems.append(f"{cls.name}.{pack.poll_method}() is nested too deeply to analyse ({cls.path}:{cls.line})")
     return results
 
 

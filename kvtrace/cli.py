@@ -115,7 +115,7 @@ def scan(
         _write(reports, output_format, output, no_map)
     if failed:
         raise typer.Exit(EXIT_INPUT)
-    if any(f.status != "ok" for r in reports for f in r.files):
+    if any(f.status != "ok" for r in reports for f in r.files) or any(r.problems for r in reports):
         raise typer.Exit(EXIT_INCOMPLETE)
     raise typer.Exit(EXIT_FINDINGS if any(r.findings for r in reports) else EXIT_CLEAN)
 

@@ -12,7 +12,9 @@ from kvtrace.backends import analyse_backends
 from kvtrace.checks import ALL_RULES, ScanContext
 from kvtrace.errors import InputError
 from kvtrace.fetch.local import fetch_local
-from kvtrace.graph import analyse_queue, find_enum
+import networkx as nx
+
+from kvtrace.graph import QueueAnalysis, analyse_queue, find_enum, static_sites
 from kvtrace.index import Index
 from kvtrace.model import (
     OUTCOME_ORDER,
@@ -80,15 +82,20 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None) -> Report:
     if enum is None:
         raise InputError(f"{fetched.target}: `class {pack.enum}` was found but could not be read (see file errors)")
     domain, enum_evidence = enum
-    queue = analyse_queue(index, pack, domain)
-    senders = analyse_backends(index, pack, domain, root)
+    problems: list[str] = []
+    try:
+        queue = analyse_queue(index, pack, domain)
+    except RecursionError:
+        # Pathologically nested code: say so rather than guess (the scan is marked incomplete).
+        problems.append("the drain loop is nested too deeply to analyse")
+        queue = QueueAnalysis(None, nx.DiGraph(), {}, static_sites(index, pack))
+    senders = analyse_backends(index, pack, domain, root, problems)
     entries = [s for s in queue.static_sites if s.kind == "entry"]
     ctx = ScanContext(pack, domain, index, queue, senders, entries)
     findings = [f for rule in ALL_RULES for f in rule().check(ctx)]
     findings.sort(key=lambda f: (f.path, f.line, f.rule, f.backend or "", f.state or ""))
-    problems = []
-    if queue.drain is None:
-        problems.append(f"no drain loop found: no function both iterates self.{pack.queue} and reassigns it")
+    if queue.drain is None and not any(s.kind == "entry" for s in queue.static_sites):
+        problems.append(f"self.{pack.queue} is neither filled nor drained in this tree")
     if queue.truncated:
         problems.append("path limit reached (results may be incomplete) at " + ", ".join(queue.truncated))
     return Report(
@@ -101,6 +108,20 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None) -> Report:
         enum=enum_evidence,
         problems=problems,
     )
+
+
+def _helpers_with_effects(site_states: dict[tuple[str, str, int], tuple[str, set[str], str]]) -> set[str]:
+    """Functions that (directly or through the helpers they call) act on the request."""
+    effectful = {function for (kind, _, _), (function, _, _) in site_states.items() if kind != "helper"}
+    calls = [(function, detail) for (kind, _, _), (function, _, detail) in site_states.items() if kind == "helper"]
+    changed = True
+    while changed:
+        changed = False
+        for caller, callee in calls:
+            if callee in effectful and caller not in effectful:
+                effectful.add(caller)
+                changed = True
+    return effectful
 
 
 def _queue_report(pack: Pack, members: tuple[str, ...], queue) -> QueueReport:
@@ -128,9 +149,10 @@ def _queue_report(pack: Pack, members: tuple[str, ...], queue) -> QueueReport:
     drain = queue.drain
     if drain is not None and drain.poll_line is not None:
         sites.append(Site("poll", drain.func.path, drain.poll_line, drain.func.qualname))
+    relevant = _helpers_with_effects(site_states)
     for (kind, path, line), (function, reached, detail) in site_states.items():
-        if kind == "helper" and (drain is None or function != drain.func.qualname):
-            continue  # deeper helper calls show through the effects they have, not as rows
+        if kind == "helper" and detail not in relevant:
+            continue  # a helper that does nothing to the request is not part of the map
         note = detail if kind not in ("check",) else ""
         sites.append(Site(kind, path, line, function, tuple(sorted(reached, key=order.get)), note))
     unique = {(s.kind, s.path, s.line): s for s in sites}

@@ -3,8 +3,9 @@
 from kvtrace.checks.base import Rule, ScanContext
 from kvtrace.checks.dropped_state import DroppedState
 from kvtrace.checks.pinned_state import PinnedState
+from kvtrace.checks.undrained_queue import UndrainedQueue
 
-ALL_RULES: list[type[Rule]] = [PinnedState, DroppedState]
+ALL_RULES: list[type[Rule]] = [PinnedState, DroppedState, UndrainedQueue]
 
 
 def rule_by_id(rule_id: str) -> type[Rule] | None:
