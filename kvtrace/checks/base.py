@@ -5,14 +5,16 @@ from __future__ import annotations
 
 import inspect
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
-from kvtrace.backends import SenderAnalysis
-from kvtrace.graph import QueueAnalysis
-from kvtrace.index import Index
 from kvtrace.model import Evidence, Finding, Site
-from kvtrace.packs import Pack
-from kvtrace.states import Domain
+
+if TYPE_CHECKING:  # the rules' docs and samples load without the analysis stack (fast `explain`)
+    from kvtrace.backends import SenderAnalysis
+    from kvtrace.graph import QueueAnalysis
+    from kvtrace.index import Index
+    from kvtrace.packs import Pack
+    from kvtrace.states import Domain
 
 
 @dataclass

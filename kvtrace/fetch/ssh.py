@@ -129,7 +129,7 @@ def _quiet_paramiko() -> None:
 def _load_config(options: SshOptions) -> paramiko.SSHConfig:
     if options.ssh_config is not None:
         path = Path(options.ssh_config).expanduser()
-        if not path.is_file():
+        if not path.exists() or path.is_dir():  # /dev/null is fine: `ssh -F /dev/null`
             raise RemoteError(f"ssh config {options.ssh_config}: no such file")
     else:
         path = Path("~/.ssh/config").expanduser()
@@ -427,6 +427,7 @@ class _Fetch:
         self.label = label
         self.where = where
         self.path = path
+        self.shown = path if path.isprintable() else repr(path)  # error text stays one line
         self.limits = limits
         self.read_timeout = read_timeout
         self.log = log
@@ -543,12 +544,12 @@ class _Fetch:
     def _raise_for_status(self, status: int, err: str) -> None:
         if status == 3:
             if "ermission denied" in err:
-                raise RemoteError(f"{self.where}: {self.path}: permission denied")
-            raise RemoteError(f"{self.where}: {self.path}: no such file or directory on the remote host")
+                raise RemoteError(f"{self.where}: {self.shown}: permission denied")
+            raise RemoteError(f"{self.where}: {self.shown}: no such file or directory on the remote host")
         if status == 4:
-            raise RemoteError(f"{self.where}: {self.path}: permission denied")
+            raise RemoteError(f"{self.where}: {self.shown}: permission denied")
         if status == 5:
-            raise RemoteError(f"{self.where}: {self.path}: not a directory or a .py file")
+            raise RemoteError(f"{self.where}: {self.shown}: not a directory or a .py file")
 
     def _name_ok(self, name: str, notes: list[str]) -> bool:
         try:
@@ -581,9 +582,9 @@ class _Fetch:
         try:
             top = sftp.stat(self.path)
         except FileNotFoundError:
-            raise RemoteError(f"{self.where}: {self.path}: no such file or directory on the remote host") from None
+            raise RemoteError(f"{self.where}: {self.shown}: no such file or directory on the remote host") from None
         except PermissionError:
-            raise RemoteError(f"{self.where}: {self.path}: permission denied") from None
+            raise RemoteError(f"{self.where}: {self.shown}: permission denied") from None
         mode = top.st_mode or 0
         notes: list[str] = []
         if stat.S_ISREG(mode) and self.path.endswith(".py"):
@@ -594,7 +595,7 @@ class _Fetch:
                 collected.add(name, sf)
             return collected.finish()
         if not stat.S_ISDIR(mode):
-            raise RemoteError(f"{self.where}: {self.path}: not a directory or a .py file")
+            raise RemoteError(f"{self.where}: {self.shown}: not a directory or a .py file")
         collected = _Collected(self, sftp.normalize(self.path), notes)
         pending = [""]
         while pending:
@@ -604,7 +605,7 @@ class _Fetch:
                 entries = _listdir_bytes(sftp, full_dir)
             except PermissionError:
                 if not rel_dir:
-                    raise RemoteError(f"{self.where}: {self.path}: permission denied") from None
+                    raise RemoteError(f"{self.where}: {self.shown}: permission denied") from None
                 notes.append(f"{self.where}: cannot list {rel_dir}/: permission denied")
                 continue
             for raw, attr in entries:

@@ -75,7 +75,8 @@ def render(report: Report, console: Console, show_map: bool = True) -> None:
         poll = f"{b.poll.path}:{b.poll.line}" if b.poll else "-"
         if b.poll and b.poll.inherited_from:
             poll += f" (from {b.poll.inherited_from})"
-        abort = ("yes" if b.reads_abort_state else "no") + (f" ({b.abort_state})" if b.abort_state else "")
+        abort = (f"yes ({b.abort_state})" if b.reads_abort_state else
+                 f"no (abort() writes {b.abort_state})" if b.abort_state else "no (no abort state)")
         timeouts = "; ".join(f"line {t.line}: {', '.join(t.covers) or 'no state'}" for t in b.timeouts) or "none"
         backends.add_row(b.name, b.sender, poll, ", ".join(b.returns), abort, timeouts)
     console.print(backends)
