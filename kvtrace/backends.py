@@ -45,6 +45,7 @@ def is_abstract(func: FuncRef) -> bool:
 
 def analyse_backends(index: Index, pack: Pack, domain: Domain, root: str, problems: list[str]) -> list[SenderAnalysis]:
     results = []
+    _ASSIGNED.clear()
     for cls in index.subclasses_of(pack.sender_base):
         if matches(cls.name, pack.exclude_classes):
             continue
@@ -139,18 +140,38 @@ def _abort_attributes(index: Index, domain: Domain, cls: ClassInfo, abort: FuncR
     return frozenset(attrs)
 
 
+_ASSIGNED: dict[int, dict[str, set[str]]] = {}
+
+
+def _assigned_in_class(cls: ClassInfo, domain: Domain) -> dict[str, set[str]]:
+    """self.<attr> -> the values the class's own methods assign to it (one walk per class)."""
+    key = id(cls.node)
+    if key not in _ASSIGNED:
+        table: dict[str, set[str]] = {}
+        for func in cls.methods.values():
+            for node in ast.walk(func.node):
+                if isinstance(node, ast.Assign):
+                    targets = node.targets
+                elif isinstance(node, ast.AnnAssign) and node.value is not None:
+                    targets = [node.target]
+                else:
+                    continue
+                for t in targets:
+                    if _self_attr(t):
+                        table.setdefault(t.attr, set()).update(_constant_tokens(node.value, domain))
+        _ASSIGNED[key] = table
+    return _ASSIGNED[key]
+
+
 def _attribute_values(index: Index, domain: Domain, cls: ClassInfo, attr: str) -> Val:
     """Every value any method of the class (and its bases) assigns to self.<attr>."""
     values: set[str] = set()
     found = False
     for c in index.mro(cls):
-        for func in c.methods.values():
-            for node in ast.walk(func.node):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target] if isinstance(node, ast.AnnAssign) and node.value is not None else []
-                for t in targets:
-                    if _self_attr(t) and t.attr == attr:
-                        found = True
-                        values |= _constant_tokens(node.value, domain)
+        assigned = _assigned_in_class(c, domain).get(attr)
+        if assigned is not None:
+            found = True
+            values |= assigned
     return frozenset(values) if found else domain.universe
 
 

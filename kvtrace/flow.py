@@ -210,7 +210,6 @@ class Explorer:
         return merge(out)
 
     def small_one(self, node: cst.CSTNode, path: PathState, frame: Frame) -> list[PathState]:
-        line = frame.body.line(node)
         fn = frame.func.qualname
         if isinstance(node, cst.Expr):
             return [p for p, _ in self.eval(node.value, path, frame)]
@@ -231,16 +230,17 @@ class Explorer:
                 return [replace(path, term="return", ret=frozenset({NONE}))]
             return [replace(p, term="return", ret=v) for p, v in self.eval(node.value, path, frame)]
         if isinstance(node, cst.Raise):
-            return [replace(path.emit(Event("raise", frame.func.path, line, fn, "raise")), term="raise")]
+            return [replace(path.emit(Event("raise", frame.func.path, frame.body.line(node), fn, "raise")), term="raise")]
         if isinstance(node, cst.Assert):
             out = []
             for p, truth, about_poll in self.branch(node.test, path, frame):
                 if about_poll:
-                    p = p.emit(Event("check", frame.func.path, line, fn, "T" if truth else "F"))
+                    p = p.emit(Event("check", frame.func.path, frame.body.line(node), fn, "T" if truth else "F"))
                 if truth:
                     out.append(p)
                 else:
-                    out.append(replace(p.emit(Event("raise", frame.func.path, line, fn, "assert")), term="raise"))
+                    out.append(replace(p.emit(Event("raise", frame.func.path, frame.body.line(node), fn, "assert")),
+                                       term="raise"))
             return out
         if isinstance(node, cst.Continue):
             return [replace(path, term="continue")]
@@ -259,12 +259,12 @@ class Explorer:
         return path
 
     def if_stmt(self, node: cst.If, paths: list[PathState], frame: Frame) -> list[PathState]:
-        line = frame.body.line(node.test)
         yes: list[PathState] = []
         no: list[PathState] = []
         for path in paths:
             for p, truth, about_poll in self.branch(node.test, path, frame):
                 if about_poll:
+                    line = frame.body.line(node.test)
                     p = p.emit(Event("check", frame.func.path, line, frame.func.qualname, "T" if truth else "F"))
                 (yes if truth else no).append(p)
         out = self.run_block(node.body.body, merge(yes), frame) if yes else []
@@ -557,7 +557,6 @@ class Explorer:
     def call(self, node: cst.Call, path: PathState, frame: Frame) -> list[tuple[PathState, Val]]:
         d = self.c.domain
         callee = dotted(node.func)
-        line = frame.body.line(node)
         fn = frame.func.qualname
         here = frame.func.path
         arg_nodes = [a.value for a in node.args]
@@ -572,32 +571,36 @@ class Explorer:
             elif isinstance(node.func, cst.Attribute) and isinstance(node.func.value, cst.Name) \
                     and node.func.value.value == "self":
                 pass
-            results.extend(self.call_with(node, callee, values, p, frame, line, fn, here))
+            results.extend(self.call_with(node, callee, values, p, frame, fn, here))
         return _merge_pairs(results)
 
     def call_with(self, node: cst.Call, callee: str, values: list[Val], p: PathState, frame: Frame,
-                  line: int, fn: str, here: str) -> list[tuple[PathState, Val]]:
+                  fn: str, here: str) -> list[tuple[PathState, Val]]:
         d = self.c.domain
+
+        def line() -> int:  # positions cost a libcst pass over the function: only when needed
+            return frame.body.line(node)
+
         method = callee.rsplit(".", 1)[-1] if callee else ""
         receiver = callee.rsplit(".", 1)[0] if "." in callee else ""
         has_req = any(REQ in v for v in values)
         if method in ("append", "extend", "insert", "appendleft") and receiver and has_req:
             recv_value = p.get(receiver) if "." not in receiver else None
             if receiver.endswith(f"self.{self.c.queue_attr}") or (recv_value is not None and KEEP in recv_value):
-                return [(p.emit(Event("keep", here, line, fn, receiver)), frozenset({NONE}))]
+                return [(p.emit(Event("keep", here, line(), fn, receiver)), frozenset({NONE}))]
             kind = "done" if "." not in receiver else "requeue"
-            return [(p.emit(Event(kind, here, line, fn, receiver)), frozenset({NONE}))]
+            return [(p.emit(Event(kind, here, line(), fn, receiver)), frozenset({NONE}))]
         if callee and self.c.pack.is_release(callee):
-            return [(p.emit(Event("release", here, line, fn, callee)), d.universe)]
+            return [(p.emit(Event("release", here, line(), fn, callee)), d.universe)]
         if callee and self.c.pack.is_abort(callee):
-            return [(p.emit(Event("abort", here, line, fn, callee)), d.universe)]
+            return [(p.emit(Event("abort", here, line(), fn, callee)), d.universe)]
         if callee and self.c.state is not None and self.c.pack.is_poll_call(callee):
-            return [(p.emit(Event("poll", here, line, fn, callee)), frozenset({self.c.state}))]
+            return [(p.emit(Event("poll", here, line(), fn, callee)), frozenset({self.c.state}))]
         target, cls = self.resolve(callee, frame)
         if target is None:
             return [(p, d.universe)]
         args = self.bind_args(target, node, values)
-        p = p.emit(Event("helper", here, line, fn, target.qualname))
+        p = p.emit(Event("helper", here, line(), fn, target.qualname))
         return self.call_function(target, cls, args, p)
 
     def resolve(self, callee: str, frame: Frame) -> tuple[FuncRef | None, ClassInfo | None]:

@@ -17,7 +17,7 @@ from kvtrace.flow import Config, CstBody, Event, Explorer, Frame, PathState, dot
 from kvtrace.index import ClassInfo, FuncRef, Index
 from kvtrace.index import dotted as ast_dotted
 from kvtrace.model import OUTCOME_ORDER, Evidence, Site
-from kvtrace.packs import Pack
+from kvtrace.packs import Pack, matches
 from kvtrace.states import KEEP, POLLS, REQ, Domain
 
 ROOT = ("root",)
@@ -262,34 +262,40 @@ def static_sites(index: Index, pack: Pack) -> list[Site]:
     """Entry appends, reassignments and gauge reads of the queue anywhere in scope (from ast)."""
     sites: list[Site] = []
     for module in index.modules.values():
-        text = module.source.text or ""
-        if pack.queue not in text:
+        if pack.queue not in (module.source.text or ""):
             continue
+        path = module.source.path
+        # One walk that remembers each node's parent and enclosing function.
+        stack: list[tuple[ast.AST, ast.AST | None, str]] = [(module.tree, None, "<module>")]
         parents: dict[int, ast.AST] = {}
-        functions: dict[int, str] = {}
-        _annotate(module.tree, None, "<module>", parents, functions)
-        for node in ast.walk(module.tree):
-            where = functions.get(id(node), "<module>")
-            path = module.source.path
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        while stack:
+            node, parent, where = stack.pop()
+            if parent is not None:
+                parents[id(node)] = parent
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                where = node.name if where == "<module>" or "." in where else f"{where}.{node.name}"
+            elif isinstance(node, ast.ClassDef):
+                where = node.name
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
                 recv = node.func.value
-                if node.func.attr in ("append", "extend", "insert", "appendleft") and isinstance(recv, ast.Attribute) and recv.attr == pack.queue:
+                if node.func.attr in ("append", "extend", "insert", "appendleft") \
+                        and isinstance(recv, ast.Attribute) and recv.attr == pack.queue:
                     sites.append(Site("entry", path, node.lineno, where))
-            if isinstance(node, (ast.Assign, ast.AnnAssign)):
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 if any(isinstance(t, ast.Attribute) and t.attr == pack.queue for t in targets):
                     sites.append(Site("reassign", path, node.lineno, where))
-            if isinstance(node, ast.Call) and any(_mentions_queue(a, pack.queue) for a in node.args):
+            if isinstance(node, ast.Call) and pack.gauge_calls and pack.queue in _source(module, node) \
+                    and any(_mentions_queue(a, pack.queue) for a in node.args):
                 callee = ast_dotted(node.func)
-                if callee and pack.gauge_calls and _matches(callee, pack.gauge_calls) and _is_stored(node, parents):
+                if callee and matches(callee, pack.gauge_calls) and _is_stored(node, parents):
                     sites.append(Site("gauge", path, node.lineno, where, note=callee))
-    return sites
+            stack.extend((child, node, where) for child in ast.iter_child_nodes(node))
+    return sorted(sites, key=lambda s: (s.path, s.line, s.kind))
 
 
-def _matches(callee: str, patterns: tuple[str, ...]) -> bool:
-    from kvtrace.packs import matches
-
-    return matches(callee, patterns)
+def _source(module, node: ast.AST) -> str:
+    return "\n".join(module.lines[node.lineno - 1 : (node.end_lineno or node.lineno)])
 
 
 def _is_stored(node: ast.AST, parents: dict[int, ast.AST]) -> bool:
@@ -300,18 +306,3 @@ def _is_stored(node: ast.AST, parents: dict[int, ast.AST]) -> bool:
             break
         node, parent = parent, parents.get(id(parent))
     return isinstance(parent, (ast.Assign, ast.AnnAssign, ast.AugAssign, ast.Return, ast.keyword, ast.Call, ast.Dict))
-
-
-def _annotate(node: ast.AST, parent: ast.AST | None, where: str, parents: dict[int, ast.AST], functions: dict[int, str]) -> None:
-    stack = [(node, parent, where)]
-    while stack:
-        n, p, w = stack.pop()
-        if p is not None:
-            parents[id(n)] = p
-        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            w = n.name if w == "<module>" else f"{w}.{n.name}" if "." not in w else n.name
-        if isinstance(n, ast.ClassDef):
-            w = n.name
-        functions[id(n)] = w
-        for child in ast.iter_child_nodes(n):
-            stack.append((child, n, w))

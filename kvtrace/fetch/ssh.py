@@ -465,7 +465,7 @@ class _Fetch:
                 self.log(f"ssh: exec gave no kvtrace stream (exit {status}; {_first_line(err)}); using SFTP")
                 return None
             root_real = stream.token().decode("utf-8", "surrogateescape")
-            oversize: dict[str, int] = {}
+            oversize: dict[str, int | None] = {}
             notes: list[str] = []
             while True:
                 ls_line = stream.token()
@@ -687,6 +687,8 @@ class _Collected:
                 why = "a loop" if resolved == "" else "outside the root or not a fetched .py file"
                 self.fetch.log(f"ssh: symlink {rel} -> {self.symlinks[rel]} not followed ({why})")
         files = sorted(self.files.values(), key=lambda f: walk_order(f.path))
+        for note in self.notes:
+            self.fetch.log(f"ssh: note: {note}")
         return FetchResult(target=self.fetch.label, files=files, notes=self.notes)
 
     def _follow(self, rel: str) -> str | None:

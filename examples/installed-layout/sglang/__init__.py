@@ -1,0 +1,3 @@
+"""SGLang, laid out as an installed package (kvtrace fixture "installed-layout")."""
+
+__version__ = "0.0.0+kvtrace.fixture"
