@@ -94,6 +94,7 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None) -> Report:
     ctx = ScanContext(pack, domain, index, queue, senders, entries)
     findings = [f for rule in ALL_RULES for f in rule().check(ctx)]
     findings.sort(key=lambda f: (f.path, f.line, f.rule, f.backend or "", f.state or ""))
+    problems.extend(fetched.notes)
     if queue.drain is None and not any(s.kind == "entry" for s in queue.static_sites):
         problems.append(f"self.{pack.queue} is neither filled nor drained in this tree")
     if queue.truncated:

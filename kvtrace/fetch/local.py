@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import stat
 from pathlib import Path
 
 from kvtrace.errors import InputError, LimitExceeded
@@ -60,22 +61,57 @@ def fetch_local(root: Path, limits: FetchLimits = FetchLimits()) -> FetchResult:
         return FetchResult(target=label, files=[_read(root, root.name, limits, Budget(limits, label))])
     budget = Budget(limits, label)
     files: list[SourceFile] = []
+    notes: list[str] = []
     real_root = root.resolve()
+
+    def unreadable_dir(error: OSError) -> None:
+        notes.append(f"skipped unreadable directory {error.filename}: {error.strerror}")
+
     # os.walk does not follow directory symlinks by default, so a link loop cannot recurse.
-    for dirpath, dirnames, filenames in os.walk(root, onerror=None):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and d != "__pycache__")
+    for dirpath, dirnames, filenames in os.walk(root, onerror=unreadable_dir):
+        dirnames[:] = sorted(d for d in dirnames if not _pruned(d))
         for name in sorted(filenames):
             if not name.endswith(".py"):
                 continue
             full = Path(dirpath) / name
-            if full.is_symlink():
-                target = full.resolve()
-                # A link that leaves the root (or dangles) is not part of the scanned tree.
-                if not target.is_file() or real_root not in target.parents:
-                    continue
             rel = full.relative_to(root).as_posix()
+            if not _printable_name(rel):
+                notes.append(f"skipped a file whose name is not UTF-8: {rel.encode('utf-8', 'surrogateescape')!r}")
+                continue
+            if full.is_symlink() and not _link_stays_inside(full, real_root):
+                continue
+            try:
+                regular = stat.S_ISREG(full.stat().st_mode)
+            except OSError:
+                regular = True  # let _read report it as unreadable
+            if not regular:
+                continue  # a FIFO or device named *.py would block or mislead
             files.append(_read(full, rel, limits, budget))
-    return FetchResult(target=label, files=files)
+    return FetchResult(target=label, files=files, notes=notes)
+
+
+def _pruned(directory: str) -> bool:
+    return directory.startswith(".") or directory == "__pycache__"
+
+
+def _printable_name(rel: str) -> bool:
+    try:
+        rel.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _link_stays_inside(link: Path, real_root: Path) -> bool:
+    """A symlinked file is read only if it ends at a regular .py file inside the scanned tree
+    (not in a skipped folder): the same set the SSH fetch can see."""
+    try:
+        target = link.resolve(strict=True)
+    except (OSError, RuntimeError):  # dangling, or a loop
+        return False
+    if real_root not in target.parents or not target.is_file() or target.suffix != ".py":
+        return False
+    return not any(_pruned(part) for part in target.relative_to(real_root).parts[:-1])
 
 
 def _read(full: Path, rel: str, limits: FetchLimits, budget: Budget) -> SourceFile:
