@@ -4,16 +4,8 @@ from kvtrace.checks.base import Rule, Sample, ScanContext
 from kvtrace.checks.samples import STANDARD_BRANCHES, drain, sender
 from kvtrace.model import Evidence, Finding
 
-_CHAIN_WITHOUT_ELSE = '''\
-            if poll in [KVPoll.WaitingForInput, KVPoll.Transferring]:
-                undone_reqs.append(req)
-            elif poll == KVPoll.Success:
-                release_kv_cache(req, self.tree_cache)
-                done_reqs.append(req)
-            elif poll == KVPoll.Failed:
-                release_kv_cache(req, self.tree_cache)
-                prepare_abort(req, "transfer failed")
-                done_reqs.append(req)'''
+# The standard chain with its final `else` cut off: Bootstrapping falls through every branch.
+_CHAIN_WITHOUT_ELSE = STANDARD_BRANCHES.rsplit("\n            else:", 1)[0]
 
 _HEALTHY_SENDER = '''\
         if self.conclude_state is not None:
