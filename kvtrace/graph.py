@@ -88,7 +88,7 @@ def _all_functions(index: Index) -> list[FuncRef]:
             funcs.extend(info.methods.values())
     for refs in index.functions.values():
         funcs.extend(refs)
-    return sorted(funcs, key=lambda f: (f.path, f.line))
+    return sorted(funcs, key=lambda f: (not index.in_root(f.path), f.path, f.line))
 
 
 def find_drains(index: Index, pack: Pack) -> list[Drain]:

@@ -53,7 +53,10 @@ def dotted(node: ast.AST) -> str:
 
 
 class Index:
-    def __init__(self, modules: list[ParsedModule]):
+    def __init__(self, modules: list[ParsedModule], root: str = ""):
+        # Files in the located package win over same-named definitions elsewhere in scope.
+        self.root = root
+        modules = sorted(modules, key=lambda m: (not self.in_root(m.source.path), m.source.path))
         self.modules = {m.source.path: m for m in modules}
         self.classes: dict[str, list[ClassInfo]] = {}
         self.functions: dict[str, list[FuncRef]] = {}  # module-level functions by name
@@ -98,6 +101,9 @@ class Index:
         self.classes.setdefault(stmt.name, []).append(info)
 
     # --- lookups -------------------------------------------------------------------------
+
+    def in_root(self, path: str) -> bool:
+        return not self.root or path.startswith(self.root + "/")
 
     def resolve_class(self, name: str, near: str | None = None) -> ClassInfo | None:
         """A class by name, preferring one defined in the same file, then a unique one."""

@@ -6,6 +6,8 @@ takes and returns the types below, so any stage can be read (and tested) on its 
 
 from __future__ import annotations
 
+import io
+import tokenize
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -41,11 +43,13 @@ class SourceFile:
         """The decoded text, or None when the bytes are not UTF-8 (status says so)."""
         if self._text is None and self.status != "not-utf8":
             try:
-                # utf-8-sig: a BOM is legal at the start of a Python file.
-                self._text = self.data.decode("utf-8-sig")
-            except UnicodeDecodeError as exc:
+                # Python's own rule (PEP 263): UTF-8, a BOM, or a `coding:` cookie in line 1 or 2.
+                encoding, _ = tokenize.detect_encoding(io.BytesIO(self.data).readline)
+                self._text = self.data.decode(encoding)
+            except (UnicodeDecodeError, SyntaxError, LookupError) as exc:
                 self.status = "not-utf8"
-                self.error = f"not UTF-8: byte {exc.start} ({exc.reason})"
+                where = f"byte {exc.start} ({exc.reason})" if isinstance(exc, UnicodeDecodeError) else str(exc)
+                self.error = f"not UTF-8 and no usable coding cookie: {where}"
         return self._text
 
 

@@ -77,7 +77,7 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None) -> Report:
     root = locate_package(files, pack, fetched.target)
     in_scope = [f for f in files if (root == "" or f.path.startswith(root + "/")) or pack.queue in (f.text or "")]
     modules = [m for m in (parse_module(f) for f in in_scope) if m is not None]
-    index = Index(modules)
+    index = Index(modules, root)
     enum = find_enum(index, pack)
     if enum is None:
         raise InputError(f"{fetched.target}: `class {pack.enum}` was found but could not be read (see file errors)")
