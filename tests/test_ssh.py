@@ -5,6 +5,7 @@ Without /usr/sbin/sshd these tests skip locally and FAIL when the CI env var is 
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import socket
@@ -511,3 +512,40 @@ def test_remote_scan_matches_local(sshd: SshdServer) -> None:
         local.pop("target", None)
         remote.pop("target", None)
         assert remote == local, tree_dir.name
+
+
+# --- the command line over SSH ----------------------------------------------------------------
+
+
+def _cli(*args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kvtrace", *args], capture_output=True, text=True, timeout=300,
+                          cwd=EXAMPLES.parent)
+
+
+def _ssh_flags(server: SshdServer, known_hosts: Path | None = None) -> list[str]:
+    return ["--ssh-config", str(server.ssh_config), "--known-hosts", str(known_hosts or server.known_hosts),
+            "-i", str(server.client_key)]
+
+
+def test_cli_remote_scan_of_a_real_release_matches_local(sshd: SshdServer) -> None:
+    from tests.sglang_wheels import sglang_tree
+
+    release = sglang_tree("0.4.6.post5")
+    local = _cli("scan", str(release), "--format", "json")
+    remote = _cli("scan", f"{sshd.user}@{sshd.host}:{sshd.port}:{release}", "--format", "json", *_ssh_flags(sshd))
+    assert remote.returncode == local.returncode == 1, remote.stderr
+    local_data, remote_data = json.loads(local.stdout), json.loads(remote.stdout)
+    assert remote_data.pop("target") == f"{sshd.user}@{sshd.host}:{sshd.port}:{release}"
+    local_data.pop("target")
+    assert remote_data == local_data
+    assert any(f["backend"] == "nixl" and f["state"] == "WaitingForInput" for f in remote_data["findings"])
+
+
+def test_cli_unknown_host_is_one_clear_line(sshd: SshdServer, tmp_path: Path) -> None:
+    empty = tmp_path / "known_hosts"
+    empty.write_text("")
+    result = _cli("scan", f"ssh://{sshd.user}@{sshd.host}:{sshd.port}{EXAMPLES / 'healthy'}", *_ssh_flags(sshd, empty))
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("kvtrace: error:") and "--accept-new-host-key" in lines[0]
+    assert empty.read_text() == ""  # nothing trusted without being asked
