@@ -23,11 +23,13 @@ MAX_PATHS = 4096  # per statement; past this the analysis says it is incomplete
 MAX_DEPTH = 12  # helper call depth
 
 EMPTY: Val = frozenset()
+# Events that describe a path but are not rows of the release map.
+NOT_SITES = frozenset({"timeout", "abort-read", "log"})
 
 
 @dataclass(frozen=True)
 class Event:
-    kind: str  # check, keep, done, requeue, release, abort, raise, helper, poll, timeout, abort-read
+    kind: str  # check, keep, done, requeue, release, abort, raise, helper, poll, timeout, abort-read, log
     path: str
     line: int
     function: str
@@ -592,6 +594,8 @@ class Explorer:
             return [(p.emit(Event(kind, here, line(), fn, receiver)), frozenset({NONE}))]
         if callee and self.c.pack.is_release(callee):
             return [(p.emit(Event("release", here, line(), fn, callee)), d.universe)]
+        if callee and self.c.pack.is_log(callee):
+            return [(p.emit(Event("log", here, line(), fn, callee)), frozenset({NONE}))]
         if callee and self.c.pack.is_abort(callee):
             return [(p.emit(Event("abort", here, line(), fn, callee)), d.universe)]
         if callee and self.c.state is not None and self.c.pack.is_poll_call(callee):

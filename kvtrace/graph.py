@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import libcst as cst
 import networkx as nx
 
-from kvtrace.flow import Config, CstBody, Event, Explorer, Frame, PathState, dotted
+from kvtrace.flow import NOT_SITES, Config, CstBody, Event, Explorer, Frame, PathState, dotted
 from kvtrace.index import ClassInfo, FuncRef, Index
 from kvtrace.index import dotted as ast_dotted
 from kvtrace.model import OUTCOME_ORDER, Evidence, Site
@@ -239,7 +239,7 @@ def _add_paths(graph: nx.DiGraph, state: str, state_paths: list[tuple[list[Event
     for events, outcome in state_paths:
         previous = ROOT
         for e in events:
-            if e.kind in ("timeout", "abort-read"):
+            if e.kind in NOT_SITES:
                 continue
             node = (e.kind, e.path, e.line)
             graph.add_node(node, kind=e.kind, path=e.path, line=e.line, function=e.function)

@@ -29,6 +29,7 @@ class Pack:
     terminal: tuple[str, ...]
     release_calls: tuple[str, ...]
     abort_calls: tuple[str, ...]
+    log_calls: tuple[str, ...]
     sender_base: str
     exclude_classes: tuple[str, ...]
     poll_method: str
@@ -44,6 +45,9 @@ class Pack:
 
     def is_abort(self, callee: str) -> bool:
         return matches(callee, self.abort_calls)
+
+    def is_log(self, callee: str) -> bool:
+        return matches(callee, self.log_calls)
 
     def is_timeout_name(self, text: str) -> bool:
         return matches(text.lower(), self.timeout_names)
@@ -106,6 +110,7 @@ def _from_dict(data: dict, source: str) -> Pack:
         terminal=strings("enum", "terminal"),
         release_calls=strings("effects", "release_calls"),
         abort_calls=strings("effects", "abort_calls"),
+        log_calls=strings("effects", "log_calls", []),
         sender_base=str(get("backends", "sender_base")),
         exclude_classes=strings("backends", "exclude_classes", []),
         poll_method=str(get("backends", "poll_method", "poll")),

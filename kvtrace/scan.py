@@ -14,6 +14,7 @@ from kvtrace.errors import InputError
 from kvtrace.fetch.local import fetch_local
 import networkx as nx
 
+from kvtrace.flow import NOT_SITES
 from kvtrace.graph import QueueAnalysis, analyse_queue, find_enum, static_sites
 from kvtrace.index import Index
 from kvtrace.model import (
@@ -133,7 +134,7 @@ def _queue_report(pack: Pack, members: tuple[str, ...], queue) -> QueueReport:
         evidence: dict[tuple[str, int], str] = {}
         for events, outcome in queue.paths.get(state, []):
             for e in events:
-                if e.kind in ("timeout", "abort-read"):
+                if e.kind in NOT_SITES:
                     continue
                 key = (e.kind, e.path, e.line)
                 entry = site_states.setdefault(key, (e.function, set(), e.detail))

@@ -78,8 +78,9 @@ class PinnedState(Rule):
             fate = queue.fate(state)
             if "kept" not in fate or "leaves" in fate or "dropped" in fate:
                 continue
-            keep_sites = sorted({(e.path, e.line) for events, outcome in queue.paths[state]
-                                 for e in events if e.kind == "keep"})
+            keep_paths = [events for events, outcome in queue.paths[state] if outcome == "kept"]
+            keep_sites = sorted({(e.path, e.line) for events in keep_paths for e in events if e.kind == "keep"})
+            silent = not any(e.kind == "log" for events in keep_paths for e in events)
             for analysis in ctx.senders:
                 b = analysis.backend
                 if b.poll is None or state not in b.returns or b.reads_abort_state:
@@ -90,8 +91,10 @@ class PinnedState(Rule):
                               else "has no abort() state to read")
                 message = (
                     f"{state} can pin {ctx.pack.queue} with the {b.name} backend: every path of the "
-                    f"drain loop keeps it, {b.sender}.poll() can return it, {abort_note}, "
+                    f"drain loop keeps it{' (or raises)' if 'raises' in fate else ''}, "
+                    f"{b.sender}.poll() can return it, {abort_note}, "
                     f"and no timeout check covers it"
+                    + ("; the loop logs nothing when it keeps it, so only the queue gauge shows it" if silent else "")
                 )
                 evidence = [Evidence(s.path, s.line, f"entry: {s.function} appends to the queue") for s in ctx.entries]
                 drain = queue.drain
