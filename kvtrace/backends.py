@@ -119,7 +119,10 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
 
 
 def _abort_attributes(index: Index, domain: Domain, cls: ClassInfo, abort: FuncRef) -> frozenset[str]:
-    """`self.X` attributes that abort() (or a self method it calls) sets to an enum member."""
+    """`self.X` attributes that abort() (or a self method it calls) assigns: the abort state.
+
+    Usually one attribute set to the failed member (`self.conclude_state = KVPoll.Failed`), but a
+    flag (`self.aborted = True`) that poll() turns into Failed is the same mechanism."""
     attrs: set[str] = set()
     seen: set[int] = set()
     todo = [abort]
@@ -129,9 +132,9 @@ def _abort_attributes(index: Index, domain: Domain, cls: ClassInfo, abort: FuncR
             continue
         seen.add(id(func.node))
         for node in ast.walk(func.node):
-            if isinstance(node, ast.Assign):
-                for t in node.targets:
-                    if _self_attr(t) and _is_member(node.value, domain):
+            if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
+                for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                    if _self_attr(t):
                         attrs.add(t.attr)
             if isinstance(node, ast.Call) and _self_attr(node.func):
                 callee = index.find_method(cls, node.func.attr)
