@@ -557,23 +557,20 @@ class Explorer:
     # --- calls -----------------------------------------------------------------------------
 
     def call(self, node: cst.Call, path: PathState, frame: Frame) -> list[tuple[PathState, Val]]:
-        d = self.c.domain
         callee = dotted(node.func)
         fn = frame.func.qualname
         here = frame.func.path
-        arg_nodes = [a.value for a in node.args]
+        # The receiver first (`self.sender().poll()`, `self.conclude_state.name`), then the arguments.
+        receivers = [(path, EMPTY)]
+        if isinstance(node.func, cst.Attribute) and not isinstance(node.func.value, cst.Name):
+            receivers = self.eval(node.func.value, path, frame)
         results: list[tuple[PathState, Val]] = []
-        # Evaluate the receiver chain (e.g. self.x.y()) for reads, then the arguments.
-        for p, values in self.eval_all(arg_nodes, path, frame):
-            if p.term is not None:
-                results.append((p, EMPTY))
-                continue
-            if isinstance(node.func, cst.Attribute) and not isinstance(node.func.value, cst.Name):
-                p = self.eval(node.func.value, p, frame)[0][0]
-            elif isinstance(node.func, cst.Attribute) and isinstance(node.func.value, cst.Name) \
-                    and node.func.value.value == "self":
-                pass
-            results.extend(self.call_with(node, callee, values, p, frame, fn, here))
+        for start, _ in receivers:
+            for p, values in self.eval_all([a.value for a in node.args], start, frame):
+                if p.term is not None:
+                    results.append((p, EMPTY))
+                else:
+                    results.extend(self.call_with(node, callee, values, p, frame, fn, here))
         return _merge_pairs(results)
 
     def call_with(self, node: cst.Call, callee: str, values: list[Val], p: PathState, frame: Frame,
