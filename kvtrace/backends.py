@@ -46,8 +46,13 @@ def is_abstract(func: FuncRef) -> bool:
 def analyse_backends(index: Index, pack: Pack, domain: Domain, root: str, problems: list[str]) -> list[SenderAnalysis]:
     results = []
     _ASSIGNED.clear()
-    for cls in index.subclasses_of(pack.sender_base):
-        if matches(cls.name, pack.exclude_classes):
+    senders = [c for c in index.subclasses_of(pack.sender_base) if not matches(c.name, pack.exclude_classes)]
+    for cls in senders:
+        # An intermediate class that a sender of the same backend builds on is not a backend
+        # of its own: the class that extends it is what the backend creates.
+        folder = backend_name(cls.path, root)
+        if any(other is not cls and backend_name(other.path, root) == folder and cls in index.mro(other)[1:]
+               for other in senders):
             continue
         try:
             results.append(analyse_sender(index, pack, domain, cls, root))

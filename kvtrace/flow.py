@@ -10,6 +10,7 @@ that change nothing do not cost 2**n.
 
 from __future__ import annotations
 
+import ast
 from dataclasses import dataclass, field, replace
 from typing import Callable, Iterable
 
@@ -199,10 +200,7 @@ class Explorer:
                     out.append(p)
             return self.run_block(node.body.body, merge(out), frame)
         if isinstance(node, cst.Match):
-            out = []
-            for case in node.cases:
-                out.extend(self.run_block(case.body.body, paths, frame))
-            return out + paths if not any(_is_wildcard(c) for c in node.cases) else out
+            return self.match_stmt(node, paths, frame)
         return paths  # nested def/class: not executed here
 
     def small(self, node: cst.CSTNode, paths: list[PathState], frame: Frame) -> list[PathState]:
@@ -276,6 +274,64 @@ class Explorer:
         if isinstance(node.orelse, cst.If):
             return out + (self.if_stmt(node.orelse, no, frame) if no else [])
         return out + (self.run_block(node.orelse.body.body, no, frame) if no else [])
+
+    def match_stmt(self, node: cst.Match, paths: list[PathState], frame: Frame) -> list[PathState]:
+        """Cases in order; a value pattern (`case KVPoll.A | KVPoll.B:`) splits the subject's
+        values like `in`, a wildcard takes the rest, anything else goes both ways."""
+        out: list[PathState] = []
+        pending: list[tuple[PathState, Val]] = []
+        for path in paths:
+            pending.extend(self.eval(node.subject, path, frame))
+        subject = node.subject.value if isinstance(node.subject, cst.Name) else None
+        universe = self.c.domain.universe
+        for case in node.cases:
+            entering: list[PathState] = []
+            rest: list[tuple[PathState, Val]] = []
+            constants = self.pattern_values(case.pattern, frame)
+            for p, value in pending:
+                if p.term is not None:
+                    out.append(p)
+                    continue
+                if constants is None:  # a pattern kvtrace cannot evaluate
+                    yes, no = value, value
+                else:
+                    yes, no = refine("in", value, constants)
+                about = bool(self.c.domain.states(value)) and self._is_state_valued(value)
+                for part, target in ((yes, entering), (no, None)):
+                    if not part:
+                        continue
+                    q = p.bind(subject, part) if subject and p.get(subject) is not None else p
+                    if target is None:
+                        rest.append((q, part))
+                        continue
+                    if about:
+                        q = q.emit(Event("check", frame.func.path, frame.body.line(case), frame.func.qualname, "T"))
+                    if isinstance(case.pattern, cst.MatchAs) and case.pattern.name is not None:
+                        q = q.bind(case.pattern.name.value, part)
+                    if case.guard is not None:
+                        rest.append((q, part))  # a guard can fail: the next cases still see the value
+                        guarded = [g for g, truth, _ in self.branch(case.guard, q, frame) if truth]
+                        target.extend(guarded)
+                    else:
+                        target.append(q)
+            if entering:
+                out.extend(self.run_block(case.body.body, merge(entering), frame))
+            pending = _merge_pairs(rest)
+        out.extend(p for p, _ in pending)  # no case matched: falls through
+        return merge(out)
+
+    def pattern_values(self, pattern: cst.MatchPattern, frame: Frame) -> Val | None:
+        """The values a pattern matches: a set of tokens, the universe for `_`/a capture, or None."""
+        if isinstance(pattern, cst.MatchAs):
+            return self.c.domain.universe if pattern.pattern is None else self.pattern_values(pattern.pattern, frame)
+        if isinstance(pattern, cst.MatchValue):
+            return self.constant(pattern.value, frame)
+        if isinstance(pattern, cst.MatchSingleton):
+            return self.constant(pattern.value, frame)
+        if isinstance(pattern, cst.MatchOr):
+            parts = [self.pattern_values(e.pattern, frame) for e in pattern.patterns]
+            return None if any(p is None for p in parts) else frozenset().union(*parts)
+        return None
 
     def loop(self, node: cst.For | cst.While, paths: list[PathState], frame: Frame) -> list[PathState]:
         """A nested loop runs its body zero or one time (enough for what a path can do)."""
@@ -352,6 +408,8 @@ class Explorer:
             if node.value in ("True", "False"):
                 return [(path, frozenset({node.value}))]
             value = path.get(node.value)
+            if value is None:
+                value = self.constant(node, frame) if node.value not in self.local_names(frame) else None
             return [(path, value if value is not None else d.universe)]
         if isinstance(node, cst.Attribute):
             const = self.constant(node)
@@ -412,7 +470,8 @@ class Explorer:
             paths = _merge_pairs(nxt)
         return paths
 
-    def constant(self, node: cst.CSTNode) -> Val | None:
+    def constant(self, node: cst.CSTNode, frame: Frame | None = None) -> Val | None:
+        """The exact set of values of a constant expression (members, None, literals), else None."""
         d = self.c.domain
         if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name):
             if node.value.value == d.enum and node.attr.value in d.members:
@@ -425,6 +484,8 @@ class Explorer:
                 return frozenset({NONE})
             if node.value in ("True", "False"):
                 return frozenset({node.value})
+            if frame is not None and node.value not in self.local_names(frame):
+                return self.module_constant(node.value, frame)
         if isinstance(node, cst.Integer):
             try:
                 member = d.member_for_int(int(node.evaluated_value))
@@ -434,13 +495,29 @@ class Explorer:
         if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus) and isinstance(node.expression, cst.Integer):
             return frozenset({OTHER})
         if isinstance(node, (cst.Tuple, cst.List, cst.Set)):
-            parts = [self.constant(e.value) for e in node.elements if not isinstance(e, cst.StarredElement)]
+            parts = [self.constant(e.value, frame) for e in node.elements if not isinstance(e, cst.StarredElement)]
             if any(isinstance(e, cst.StarredElement) for e in node.elements) or any(p is None for p in parts):
                 return None
             return frozenset().union(*parts) if parts else EMPTY
         if isinstance(node, (cst.SimpleString, cst.Float)):
             return frozenset({OTHER})
         return None
+
+    def local_names(self, frame: Frame) -> set[str]:
+        """Names the function binds itself (parameters and assignments): never module constants."""
+        cached = getattr(frame, "_locals", None)
+        if cached is None:
+            node = frame.func.node
+            cached = {a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs}
+            cached |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+            frame._locals = cached  # type: ignore[attr-defined]
+        return cached
+
+    def module_constant(self, name: str, frame: Frame) -> Val | None:
+        value = self.c.index.module_constant(name, frame.func.path)
+        if value is None:
+            return None
+        return ast_constant(value, self.c.domain)
 
     def read_self_attr(self, node: cst.Attribute, path: PathState, frame: Frame) -> PathState:
         if node.attr.value in self.c.abort_attrs:
@@ -523,8 +600,8 @@ class Explorer:
             if op not in ("==", "!=", "is", "is not", "in", "not in"):
                 out.extend([(p, True, False), (p, False, False)])
                 continue
-            left_const = self.constant(node.left)
-            right_const = self.constant(comparison.comparator)
+            left_const = self.constant(node.left, frame)
+            right_const = self.constant(comparison.comparator, frame)
             if op in ("in", "not in"):
                 if right_const is None:
                     out.extend([(p, True, False), (p, False, False)])
@@ -640,6 +717,33 @@ class Explorer:
         return bound
 
 
+def ast_constant(value: ast.expr, domain: Domain) -> Val | None:
+    """Tokens of an `ast` constant: a member (`KVPoll.X`), an int, None/bools, or a tuple/list/set
+    of those; None when the expression is not constant."""
+    if isinstance(value, ast.Constant):
+        if value.value is None:
+            return frozenset({NONE})
+        if isinstance(value.value, bool):
+            return frozenset({str(value.value)})
+        if isinstance(value.value, int):
+            member = domain.member_for_int(value.value)
+            return frozenset({member}) if member else frozenset({OTHER})
+        return frozenset({OTHER})
+    if isinstance(value, ast.Attribute) and value.attr in domain.members and (
+            isinstance(value.value, ast.Name) and value.value.id == domain.enum
+            or isinstance(value.value, ast.Attribute) and value.value.attr == domain.enum):
+        return frozenset({value.attr})
+    if isinstance(value, (ast.Tuple, ast.List, ast.Set)):
+        parts = [ast_constant(e, domain) for e in value.elts]
+        if any(p is None for p in parts):
+            return None
+        return frozenset().union(*parts) if parts else EMPTY
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in ("frozenset", "set", "tuple", "list") \
+            and len(value.args) == 1:
+        return ast_constant(value.args[0], domain)
+    return None
+
+
 def function_body(node: cst.FunctionDef) -> list[cst.CSTNode]:
     body = node.body
     if isinstance(body, cst.IndentedBlock):
@@ -661,10 +765,6 @@ def _is_self_attr(node: cst.CSTNode) -> bool:
 
 def _is_static(func: FuncRef) -> bool:
     return any(getattr(d, "id", None) == "staticmethod" for d in func.node.decorator_list)
-
-
-def _is_wildcard(case: cst.MatchCase) -> bool:
-    return isinstance(case.pattern, cst.MatchAs) and case.pattern.pattern is None and case.guard is None
 
 
 def _merge_pairs(pairs: list[tuple[PathState, Val]]) -> list[tuple[PathState, Val]]:

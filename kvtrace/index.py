@@ -62,6 +62,7 @@ class Index:
         self.functions: dict[str, list[FuncRef]] = {}  # module-level functions by name
         self.module_functions: dict[str, dict[str, FuncRef]] = {}
         self.imports: dict[str, dict[str, str]] = {}  # path -> local name -> imported name
+        self.constants: dict[str, dict[str, ast.expr]] = {}  # path -> module-level NAME = <expr>
         self._cst: dict[int, CstFunction | None] = {}
         self._mro: dict[int, list[ClassInfo]] = {}
         for module in modules:
@@ -71,6 +72,7 @@ class Index:
         path = module.source.path
         own: dict[str, FuncRef] = {}
         imports: dict[str, str] = {}
+        constants: dict[str, ast.expr] = {}
         for stmt in module.tree.body:
             if isinstance(stmt, ast.ClassDef):
                 self._add_class(stmt, module)
@@ -81,9 +83,21 @@ class Index:
             elif isinstance(stmt, ast.ImportFrom):
                 for alias in stmt.names:
                     imports[alias.asname or alias.name] = alias.name
+            elif isinstance(stmt, (ast.Assign, ast.AnnAssign)) and stmt.value is not None:
+                targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+                for t in targets:
+                    if isinstance(t, ast.Name):
+                        constants[t.id] = stmt.value
         # Classes nested in `if TYPE_CHECKING:` / try blocks are rare in this code; top level is enough.
         self.module_functions[path] = own
         self.imports[path] = imports
+        # A name assigned more than once at module level is not a constant.
+        counts: dict[str, int] = {}
+        for stmt in module.tree.body:
+            for t in getattr(stmt, "targets", [getattr(stmt, "target", None)]):
+                if isinstance(t, ast.Name):
+                    counts[t.id] = counts.get(t.id, 0) + 1
+        self.constants[path] = {k: v for k, v in constants.items() if counts.get(k) == 1}
 
     def _add_class(self, stmt: ast.ClassDef, module: ParsedModule) -> None:
         info = ClassInfo(
@@ -164,6 +178,18 @@ class Index:
             candidates = self.functions.get(imported, [])
             if len(candidates) >= 1:
                 return candidates[0]
+        return None
+
+    def module_constant(self, name: str, near: str) -> ast.expr | None:
+        """The value of a module-level constant used by bare name in file `near` (or imported)."""
+        own = self.constants.get(near, {})
+        if name in own:
+            return own[name]
+        imported = self.imports.get(near, {}).get(name)
+        if imported is not None:
+            found = [c[imported] for c in self.constants.values() if imported in c]
+            if len(found) == 1:
+                return found[0]
         return None
 
     def cst(self, func: FuncRef) -> CstFunction | None:
