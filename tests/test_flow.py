@@ -114,6 +114,23 @@ CASES: dict[str, tuple[str | tuple[str, str], dict[str, list[str]], str]] = {
         return self.ping(req, poll)
 '''), {F: ["kept", "leaves"], B: ["kept", "leaves"], W: ["kept", "leaves"],
                              T: ["kept", "leaves"], S: ["leaves"]}, ""),
+    "match-case-value-patterns": ('''\
+            match poll:
+                case KVPoll.WaitingForInput | KVPoll.Transferring:
+                    undone_reqs.append(req)
+                case KVPoll.Success if req.streamed:
+                    done_reqs.append(req)
+                case KVPoll.Failed:
+                    prepare_abort(req, "failed")
+                case _:
+                    raise RuntimeError(poll)''', {F: ["leaves"], B: ["raises"], W: ["kept"], T: ["kept"], S: ["leaves", "raises"]}, ""),
+    "module-level-constant-tuple": ('''\
+            if poll in IN_FLIGHT:
+                undone_reqs.append(req)
+            elif poll not in FINISHED:
+                raise RuntimeError(poll)
+            else:
+                done_reqs.append(req)''', {F: ["leaves"], B: ["raises"], W: ["kept"], T: ["kept"], S: ["leaves"]}, ""),
     "poll-value-stored-in-another-name": ('''\
             state = poll
             finished = state in (KVPoll.Success, KVPoll.Failed)
@@ -128,7 +145,11 @@ CASES: dict[str, tuple[str | tuple[str, str], dict[str, list[str]], str]] = {
 def test_fates(name: str, tmp_path: Path) -> None:
     code, expected, rule = CASES[name]
     branches, methods = code if isinstance(code, tuple) else (code, "")
-    report = scan_path(write_tree(tmp_path, {"disaggregation/prefill.py": drain(branches, methods), **SENDER}))
+    source = drain(branches, methods)
+    if "IN_FLIGHT" in branches:  # module-level constants, defined after the imports
+        source = source.replace("\n\nclass PrefillMixin", "\nIN_FLIGHT = (KVPoll.WaitingForInput, KVPoll.Transferring)\n"
+                                "FINISHED = frozenset({KVPoll.Success, KVPoll.Failed})\n\n\nclass PrefillMixin")
+    report = scan_path(write_tree(tmp_path, {"disaggregation/prefill.py": source, **SENDER}))
     assert all(f.status == "ok" for f in report.files), [(f.path, f.error) for f in report.files]
     fates = {state: fate.fate for state, fate in report.queues[0].states.items()}
     assert fates == expected
