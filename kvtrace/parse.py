@@ -11,6 +11,7 @@ Two parsers, each where it is strong:
 from __future__ import annotations
 
 import ast
+import warnings
 from dataclasses import dataclass, field
 from functools import cached_property
 
@@ -35,7 +36,10 @@ def parse_module(source: SourceFile) -> ParsedModule | None:
     if text is None:  # not UTF-8: SourceFile.text already set status and error
         return None
     try:
-        tree = ast.parse(text, filename=source.path)
+        with warnings.catch_warnings():
+            # CPython warns about odd escapes etc. in code it still accepts: not ours to print.
+            warnings.simplefilter("ignore")
+            tree = ast.parse(text, filename=source.path)
     except SyntaxError as exc:
         source.status = "syntax-error"
         source.error = f"line {exc.lineno}: {exc.msg}"

@@ -1,0 +1,1777 @@
+"""Generated fixture trees for the property tests: a small IR, its renderer, hypothesis strategies.
+
+Two kinds of programs are generated, both rendered as files of a `disaggregation/` package:
+
+* drain loops (`DrainProgram`): the body of `for req, poll in zip(self.disagg_prefill_inflight_queue,
+  polls):` in `prefill.py`, built from if/elif/else over the poll value (==, !=, is, is not, in,
+  not in over tuples, lists and sets, `and`/`or`/`not`, an alias `state = poll`), conditions on
+  free flags, continue, break, return, raise, assert, try/except around a call that may fail,
+  appends to the kept list, the finished list and another list of self, release and abort calls,
+  neutral statements (one named like a release that matches no pattern), and helper methods of
+  self (with or without the poll value as a parameter, positional or keyword, returning a bool
+  used in a condition or called for their effects); optionally `match` and module-level tuples;
+* sender trees (`SenderTree`): `BaseKVSender` in base/conn.py, an optional `CommonKVSender` in
+  common/conn.py and one concrete `<Folder>KVSender` per backend folder (optionally through an
+  intermediate class), with poll() in the base class, overrides (with and without
+  `super().poll()`), abort() writing an abort attribute (a KVPoll member or a bool, directly or in
+  a helper), reads of that attribute (direct or through a helper a backend may override), timeout
+  checks (inline, inverted, in a helper, on elapsed time or a deadline, any clock) and
+  flag-dependent reshaping of the status (holding Success as Transferring, a missing room, ...).
+
+Invariants the oracle relies on (and checks where it can; see oracle.py):
+
+* Every flag is a distinct attribute name, and each site that reads one is executed at most once
+  per iteration of the drain loop (each helper is called from exactly one site; there are no inner
+  loops; a call that may fail is always the last statement of a try body, see FailCall). So every syntactic path is feasible for some flag assignment, which is what makes the
+  oracle's "set of outcomes over all flag assignments" comparable with kvtrace's "both branches of
+  a condition that is not about the poll value are possible".
+* Sender shapes are restricted so that kvtrace's static notions coincide with the executed ones:
+  abort() assigns exactly one attribute of self; a poll() that reads it does so before any return
+  and then returns a terminal state; a timeout comparison's true side returns `KVPoll.Failed`
+  at once; no other comparison names a timeout or a deadline; the manager the oracle fakes never
+  changes its answer and ignores update_status (the "room already cleared" case of the background
+  notes). See `SenderTree` below and oracle.sender_verdicts.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Union
+
+from hypothesis import HealthCheck, assume, settings
+from hypothesis import strategies as st
+
+# The poll enum of every generated tree, in the order of its values.
+STATES: tuple[str, ...] = ("Failed", "Bootstrapping", "WaitingForInput", "Transferring", "Success")
+TERMINAL: tuple[str, ...] = ("Success", "Failed")
+NON_TERMINAL: tuple[str, ...] = tuple(s for s in STATES if s not in TERMINAL)
+OUTCOMES: tuple[str, ...] = ("kept", "leaves", "raises", "dropped")
+
+DRAIN_CLASS = "SchedulerDisaggregationPrefillMixin"
+DRAIN_METHOD = "process_disagg_prefill_inflight_queue"
+QUEUE_ATTR = "disagg_prefill_inflight_queue"
+KEEP_LIST = "undone_reqs"
+DONE_LIST = "done_reqs"
+
+# ---------------------------------------------------------------------------------------------
+# Example budgets and hypothesis settings (applied per test with @settings(parent=...), never
+# loaded globally, so other hypothesis tests in the session keep their own settings).
+
+SLOW = os.environ.get("KVTRACE_SLOW", "") not in ("", "0")
+# Multiplies every example count (e.g. 1.5 on a fast CI runner, 0.3 for a quick local run).
+SCALE = float(os.environ.get("KVTRACE_PROPERTY_SCALE", "1") or 1)
+
+
+def budget(ci: int, slow: int) -> settings:
+    """Settings for one property: `ci` examples by default (derandomized, no database, so a CI
+    run is reproducible), `slow` examples with KVTRACE_SLOW=1 (random, with the database).
+    Both are scaled by KVTRACE_PROPERTY_SCALE."""
+    ci, slow = max(1, round(ci * SCALE)), max(1, round(slow * SCALE))
+    common = dict(
+        deadline=None,
+        suppress_health_check=[
+            HealthCheck.too_slow,
+            HealthCheck.data_too_large,
+            HealthCheck.filter_too_much,
+        ],
+        print_blob=True,
+    )
+    if SLOW:
+        return settings(max_examples=slow, **common)
+    return settings(max_examples=ci, derandomize=True, database=None, **common)
+
+
+# ---------------------------------------------------------------------------------------------
+# Drain-loop IR
+
+
+@dataclass(frozen=True)
+class PollTest:
+    """A condition on the poll value; `op` in ==, !=, is, is not, in, not in."""
+
+    op: str
+    states: tuple[str, ...]
+    container: str = "tuple"  # in / not in: tuple | list | set | const (a module-level tuple)
+    reverse: bool = False  # ==, !=: `KVPoll.X == poll`
+    var: str | None = None  # compare this alias of the poll value (DrainProgram.alias)
+
+
+@dataclass(frozen=True)
+class FlagTest:
+    """A condition on a free flag: an attribute of `req` or `self` nothing else reads.
+
+    The oracle's fakes answer a flag with None or ANY (truthy, equal to everything), so every
+    shape below can go both ways."""
+
+    owner: str  # req | self
+    name: str
+    shape: str  # truthy | not | is None | is not None | eq | ne | poll_eq (`poll == req.<flag>`)
+
+
+@dataclass(frozen=True)
+class CallTest:
+    """`self.<helper>(req[, poll])` used as a condition (its return value)."""
+
+    helper: "Helper"
+    negate: bool = False
+
+
+@dataclass(frozen=True)
+class NotTest:
+    operand: "Cond"
+
+
+@dataclass(frozen=True)
+class BoolTest:
+    op: str  # and | or
+    operands: tuple["Cond", ...]
+
+
+Cond = Union[PollTest, FlagTest, CallTest, NotTest, BoolTest]
+
+
+@dataclass(frozen=True)
+class Keep:
+    """`undone_reqs.append(req)`: the list assigned back to the queue."""
+
+
+@dataclass(frozen=True)
+class Done:
+    """`done_reqs.append(req)`."""
+
+
+@dataclass(frozen=True)
+class Release:
+    kind: str  # see RELEASE_KINDS
+
+
+@dataclass(frozen=True)
+class Abort:
+    kind: str = "plain"  # plain | status
+
+
+@dataclass(frozen=True)
+class Neutral:
+    kind: str  # see NEUTRAL_KINDS
+
+
+@dataclass(frozen=True)
+class Continue:
+    pass
+
+
+@dataclass(frozen=True)
+class Break:
+    pass
+
+
+@dataclass(frozen=True)
+class Return:
+    """`return done_reqs` inside the drain loop (the queue is not reassigned)."""
+
+
+@dataclass(frozen=True)
+class Raise:
+    kind: str = "runtime"  # runtime | value
+
+
+@dataclass(frozen=True)
+class Assert:
+    cond: Cond
+
+
+@dataclass(frozen=True)
+class If:
+    cond: Cond
+    body: tuple["Stmt", ...]
+    orelse: tuple["Stmt", ...] = ()  # a single If here renders as elif
+
+
+@dataclass(frozen=True)
+class Call:
+    """`self.<helper>(req[, poll])` as a statement (return value ignored)."""
+
+    helper: "Helper"
+
+
+@dataclass(frozen=True)
+class HReturn:
+    """`return <value>` inside a helper: True, False, None (bare return) or a condition."""
+
+    value: Union[bool, None, Cond]
+
+
+@dataclass(frozen=True)
+class Requeue:
+    """`self.waiting_queue.append(req)`: another list than the queue (leaves)."""
+
+
+@dataclass(frozen=True)
+class FailCall:
+    """`req.disagg_kv_sender.<name>()`, which raises or not (a free flag). Only ever the last
+    statement of a try body, whose handler catches it: kvtrace takes an unknown call as not
+    raising, and routes a try body's normal exits to its handlers, which is exact exactly then."""
+
+    name: str
+
+
+@dataclass(frozen=True)
+class Try:
+    """try: <body> except Exception as exc: <handler>"""
+
+    body: tuple["Stmt", ...]
+    handler: tuple["Stmt", ...]
+
+
+@dataclass(frozen=True)
+class Match:
+    """match <poll>: case KVPoll.A | KVPoll.B: ... [case _: ...] (optional feature "match")."""
+
+    arms: tuple[tuple[tuple[str, ...], tuple["Stmt", ...]], ...]
+    default: tuple["Stmt", ...] | None = None
+
+
+Stmt = Union[
+    Keep, Done, Requeue, Release, Abort, Neutral, Continue, Break, Return, Raise, Assert, If, Call, HReturn, FailCall, Try, Match
+]
+
+
+@dataclass(frozen=True)
+class Helper:
+    name: str
+    poll_param: str | None  # None: (self, req); else the parameter that receives the poll value
+    keyword: bool  # the call passes the poll value by keyword
+    body: tuple[Stmt, ...]
+
+
+@dataclass(frozen=True)
+class DrainProgram:
+    body: tuple[Stmt, ...]
+    # `for req in done_reqs: maybe_release_metadata_buffer(...)` after the drain loop: releases
+    # outside the loop must not count for the loop's iterations.
+    post_loop_release: bool = False
+    empty_guard: bool = True  # `if len(self.<queue>) == 0: return []` before polling
+    alias: str | None = None  # `<alias> = poll` first in the loop; PollTest.var may use it
+
+
+RELEASE_KINDS = ("release_kv_cache", "cache_finished_req", "metadata_buffer", "allocator_free")
+NEUTRAL_KINDS = ("log", "set_reason", "send_chunk", "release_lock")
+FLAG_SHAPES = ("truthy", "not", "is None", "is not None", "eq", "ne")
+FAIL_CALLS = ("failure_exception", "raise_if_failed", "check_transfer_error")
+POLL_ALIASES = ("state", "status", "poll_state")
+
+REQ_FLAGS = (
+    "pending_bootstrap",
+    "return_routed_experts",
+    "is_retracted",
+    "is_chunked",
+    "return_logprob",
+    "grammar_ready",
+    "bootstrap_failed",
+    "session_closed",
+)
+SELF_FLAGS = (
+    "enable_overlap",
+    "is_last_pp_rank",
+    "optimistic_prefill",
+    "enable_metrics",
+    "defer_release",
+    "waiting_queue_full",
+)
+HELPER_NAMES = (
+    "_handle_pending_bootstrap",
+    "_handle_transfer_failure",
+    "_finish_transfer",
+    "_check_consensus",
+    "_maybe_requeue",
+    "_conclude",
+)
+POLL_PARAMS = ("poll", "state", "status")
+
+TERMINATORS = (Continue, Break, Return, Raise)
+
+# Attributes the oracle's fakes define; flags must never use these names.
+RESERVED_REQ_ATTRS = frozenset({"disagg_kv_sender", "rid", "metadata_buffer_index", "finished_reason"})
+RESERVED_SELF_ATTRS = frozenset(
+    {QUEUE_ATTR, "tree_cache", "group", "req_to_metadata_buffer_idx_allocator", "send_kv_chunk", "release_lock", "waiting_queue"}
+)
+
+
+# ---------------------------------------------------------------------------------------------
+# Rendering
+
+
+class _Out:
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def emit(self, indent: int, text: str) -> None:
+        self.lines.append("    " * indent + text)
+
+    def text(self) -> str:
+        return "\n".join(self.lines) + "\n"
+
+
+def _state_ref(state: str) -> str:
+    return f"KVPoll.{state}"
+
+
+def render_cond(cond: Cond, pollvar: str | None) -> str:
+    """Render a condition; the result is always safe to embed as an operand (parenthesised)."""
+    if isinstance(cond, PollTest):
+        assert pollvar is not None, "poll test without a poll variable in scope"
+        pollvar = cond.var or pollvar
+        if cond.op in ("in", "not in"):
+            items = ", ".join(_state_ref(s) for s in cond.states)
+            if cond.container == "const":
+                coll = const_name(cond.states)
+            elif cond.container == "list":
+                coll = f"[{items}]"
+            elif cond.container == "set" and cond.states:
+                coll = "{" + items + "}"
+            elif len(cond.states) == 1:
+                coll = f"({items},)"
+            else:
+                coll = f"({items})"
+            return f"{pollvar} {cond.op} {coll}"
+        (state,) = cond.states
+        if cond.reverse:
+            return f"{_state_ref(state)} {cond.op} {pollvar}"
+        return f"{pollvar} {cond.op} {_state_ref(state)}"
+    if isinstance(cond, FlagTest):
+        ref = f"{cond.owner}.{cond.name}"
+        return {
+            "truthy": ref,
+            "not": f"not {ref}",
+            "is None": f"{ref} is None",
+            "is not None": f"{ref} is not None",
+            "eq": f'{ref} == "prefill_complete"',
+            "ne": f'{ref} != "prefill_complete"',
+            "poll_eq": f"{pollvar} == {ref}",
+        }[cond.shape]
+    if isinstance(cond, CallTest):
+        call = render_call(cond.helper, pollvar)
+        return f"not {call}" if cond.negate else call
+    if isinstance(cond, NotTest):
+        return f"not ({render_cond(cond.operand, pollvar)})"
+    if isinstance(cond, BoolTest):
+        return f" {cond.op} ".join(f"({render_cond(c, pollvar)})" for c in cond.operands)
+    raise TypeError(cond)
+
+
+def const_name(states: tuple[str, ...]) -> str:
+    return "_POLL_SET_" + ("_".join(s.upper() for s in states) or "EMPTY")
+
+
+def render_call(helper: Helper, pollvar: str | None) -> str:
+    if helper.poll_param is None:
+        return f"self.{helper.name}(req)"
+    assert pollvar is not None
+    if helper.keyword:
+        return f"self.{helper.name}(req, {helper.poll_param}={pollvar})"
+    return f"self.{helper.name}(req, {pollvar})"
+
+
+def _render_block(out: _Out, stmts: tuple[Stmt, ...], indent: int, pollvar: str | None) -> None:
+    if not stmts:
+        out.emit(indent, "pass")
+        return
+    for stmt in stmts:
+        _render_stmt(out, stmt, indent, pollvar)
+
+
+def _render_stmt(out: _Out, s: Stmt, indent: int, pollvar: str | None) -> None:
+    if isinstance(s, Keep):
+        out.emit(indent, f"{KEEP_LIST}.append(req)")
+    elif isinstance(s, Done):
+        out.emit(indent, f"{DONE_LIST}.append(req)")
+    elif isinstance(s, Requeue):
+        out.emit(indent, "self.waiting_queue.append(req)")
+    elif isinstance(s, FailCall):
+        out.emit(indent, f"req.disagg_kv_sender.{s.name}()")
+    elif isinstance(s, Try):
+        out.emit(indent, "try:")
+        _render_block(out, s.body, indent + 1, pollvar)
+        out.emit(indent, "except Exception as exc:")
+        out.emit(indent + 1, 'logger.debug("transfer error: %s", exc)')
+        _render_block(out, s.handler, indent + 1, pollvar)
+    elif isinstance(s, Match):
+        out.emit(indent, f"match {pollvar}:")
+        for states, block in s.arms:
+            out.emit(indent + 1, "case " + " | ".join(_state_ref(x) for x in states) + ":")
+            _render_block(out, block, indent + 2, pollvar)
+        if s.default is not None:
+            out.emit(indent + 1, "case _:")
+            _render_block(out, s.default, indent + 2, pollvar)
+    elif isinstance(s, Release):
+        out.emit(
+            indent,
+            {
+                "release_kv_cache": "release_kv_cache(req, self.tree_cache)",
+                "cache_finished_req": "self.tree_cache.cache_finished_req(req)",
+                "metadata_buffer": "maybe_release_metadata_buffer(req, self.req_to_metadata_buffer_idx_allocator)",
+                "allocator_free": "self.req_to_metadata_buffer_idx_allocator.free(req.metadata_buffer_index)",
+            }[s.kind],
+        )
+    elif isinstance(s, Abort):
+        if s.kind == "status":
+            out.emit(indent, 'prepare_abort(req, "KV transfer failed", status_code=500)')
+        else:
+            out.emit(indent, 'prepare_abort(req, "KV transfer failed")')
+    elif isinstance(s, Neutral):
+        out.emit(
+            indent,
+            {
+                "log": 'logger.debug("request %s polled", req.rid)',
+                "set_reason": "req.finished_reason = None",
+                "send_chunk": "self.send_kv_chunk(req, last_chunk=True)",
+                # Named like a release but matching none of the pack's release patterns.
+                "release_lock": "self.release_lock(req)",
+            }[s.kind],
+        )
+    elif isinstance(s, Continue):
+        out.emit(indent, "continue")
+    elif isinstance(s, Break):
+        out.emit(indent, "break")
+    elif isinstance(s, Return):
+        out.emit(indent, f"return {DONE_LIST}")
+    elif isinstance(s, Raise):
+        if s.kind == "value":
+            out.emit(indent, 'raise ValueError("inconsistent transfer state")')
+        else:
+            shown = "{" + pollvar + "}" if pollvar else "?"
+            out.emit(indent, f'raise RuntimeError(f"Unexpected poll state {shown} for req {{req.rid}}")')
+    elif isinstance(s, Assert):
+        out.emit(indent, f"assert {render_cond(s.cond, pollvar)}")
+    elif isinstance(s, If):
+        out.emit(indent, f"if {render_cond(s.cond, pollvar)}:")
+        _render_block(out, s.body, indent + 1, pollvar)
+        orelse = s.orelse
+        while len(orelse) == 1 and isinstance(orelse[0], If):
+            inner = orelse[0]
+            out.emit(indent, f"elif {render_cond(inner.cond, pollvar)}:")
+            _render_block(out, inner.body, indent + 1, pollvar)
+            orelse = inner.orelse
+        if orelse:
+            out.emit(indent, "else:")
+            _render_block(out, orelse, indent + 1, pollvar)
+    elif isinstance(s, Call):
+        out.emit(indent, render_call(s.helper, pollvar))
+    elif isinstance(s, HReturn):
+        if s.value is None:
+            out.emit(indent, "return")
+        elif s.value is True or s.value is False:
+            out.emit(indent, f"return {s.value}")
+        else:
+            out.emit(indent, f"return {render_cond(s.value, pollvar)}")
+    else:
+        raise TypeError(s)
+
+
+def iter_helpers(stmts: tuple[Stmt, ...]):
+    """Every helper reachable from `stmts`, depth first, in source order (each exactly once:
+    helpers are never shared between call sites)."""
+    for s in stmts:
+        yield from _helpers_of_stmt(s)
+
+
+def _helpers_of_cond(c: Cond):
+    if isinstance(c, CallTest):
+        yield c.helper
+        yield from iter_helpers(c.helper.body)
+    elif isinstance(c, NotTest):
+        yield from _helpers_of_cond(c.operand)
+    elif isinstance(c, BoolTest):
+        for o in c.operands:
+            yield from _helpers_of_cond(o)
+
+
+def child_blocks(s: Stmt) -> list[tuple[Stmt, ...]]:
+    if isinstance(s, If):
+        return [s.body, s.orelse]
+    if isinstance(s, Try):
+        return [s.body, s.handler]
+    if isinstance(s, Match):
+        return [b for _, b in s.arms] + ([s.default] if s.default is not None else [])
+    return []
+
+
+def _helpers_of_stmt(s: Stmt):
+    if isinstance(s, If):
+        yield from _helpers_of_cond(s.cond)
+    for block in child_blocks(s):
+        yield from iter_helpers(block)
+    if isinstance(s, Assert):
+        yield from _helpers_of_cond(s.cond)
+    elif isinstance(s, HReturn) and s.value not in (None, True, False):
+        yield from _helpers_of_cond(s.value)
+    elif isinstance(s, Call):
+        yield s.helper
+        yield from iter_helpers(s.helper.body)
+
+
+def _walk_stmts(stmts: tuple[Stmt, ...]):
+    """Statements of a body, nested blocks included (not helpers' bodies)."""
+    for s in stmts:
+        yield s
+        for block in child_blocks(s):
+            yield from _walk_stmts(block)
+
+
+def iter_conds(stmts: tuple[Stmt, ...]):
+    """Every condition (and sub-condition) in `stmts` and the helpers they call."""
+    for s in _walk_stmts(stmts):
+        top = []
+        if isinstance(s, (If, Assert)):
+            top.append(s.cond)
+        elif isinstance(s, HReturn) and s.value not in (None, True, False):
+            top.append(s.value)
+        elif isinstance(s, Call):
+            yield from iter_conds(s.helper.body)
+        for c in top:
+            yield from _sub_conds(c)
+
+
+def _sub_conds(c: Cond):
+    yield c
+    if isinstance(c, CallTest):
+        yield from iter_conds(c.helper.body)
+    elif isinstance(c, NotTest):
+        yield from _sub_conds(c.operand)
+    elif isinstance(c, BoolTest):
+        for o in c.operands:
+            yield from _sub_conds(o)
+
+
+def render_prefill(program: DrainProgram) -> str:
+    out = _Out()
+    out.lines += [
+        '"""Prefill side of PD disaggregation (generated by kvtrace\'s property tests)."""',
+        "",
+        "from __future__ import annotations",
+        "",
+        "import logging",
+        "from typing import List",
+        "",
+        "from .base.conn import KVPoll",
+        "from .utils import (",
+        "    maybe_release_metadata_buffer,",
+        "    poll_and_all_reduce,",
+        "    prepare_abort,",
+        "    release_kv_cache,",
+        ")",
+        "",
+        "logger = logging.getLogger(__name__)",
+        "",
+    ]
+    consts = {}
+    for c in iter_conds(program.body):
+        if isinstance(c, PollTest) and c.container == "const":
+            consts[const_name(c.states)] = c.states
+    for name, states in consts.items():
+        items = ", ".join(_state_ref(x) for x in states)
+        out.lines.append(f"{name} = ({items}{',' if len(states) == 1 else ''})")
+    out.lines += [
+        "",
+        "",
+        f"class {DRAIN_CLASS}:",
+        f"    def {DRAIN_METHOD}(self) -> List:",
+    ]
+    if program.empty_guard:
+        out.emit(2, f"if len(self.{QUEUE_ATTR}) == 0:")
+        out.emit(3, "return []")
+        out.emit(0, "")
+    out.emit(2, f"{DONE_LIST} = []")
+    out.emit(2, "polls = poll_and_all_reduce(")
+    out.emit(3, f"[req.disagg_kv_sender for req in self.{QUEUE_ATTR}],")
+    out.emit(3, "self.group,")
+    out.emit(2, ")")
+    out.emit(2, f"{KEEP_LIST}: List = []")
+    out.emit(2, f"for req, poll in zip(self.{QUEUE_ATTR}, polls):")
+    if program.alias:
+        out.emit(3, f"{program.alias} = poll")
+    _render_block(out, program.body, 3, "poll")
+    out.emit(0, "")
+    if program.post_loop_release:
+        out.emit(2, f"for req in {DONE_LIST}:")
+        out.emit(3, "maybe_release_metadata_buffer(req, self.req_to_metadata_buffer_idx_allocator)")
+        out.emit(0, "")
+    out.emit(2, f"self.{QUEUE_ATTR} = {KEEP_LIST}")
+    out.emit(2, f"return {DONE_LIST}")
+    for helper in iter_helpers(program.body):
+        out.emit(0, "")
+        params = "self, req" if helper.poll_param is None else f"self, req, {helper.poll_param}: KVPoll"
+        returns_value = any(isinstance(s, HReturn) and s.value is not None for s in _walk_stmts(helper.body))
+        out.emit(1, f"def {helper.name}({params}){' -> bool' if returns_value else ''}:")
+        _render_block(out, helper.body, 2, helper.poll_param)
+    return out.text()
+
+
+BASE_CONN = '''\
+"""Base classes of the KV transfer (generated by kvtrace's property tests)."""
+
+from abc import ABC, abstractmethod
+
+
+class KVPoll:
+    Failed = 0
+    Bootstrapping = 1
+    WaitingForInput = 2
+    Transferring = 3
+    Success = 4
+
+
+class BaseKVSender(ABC):
+    @abstractmethod
+    def poll(self) -> KVPoll:
+        ...
+
+    @abstractmethod
+    def abort(self):
+        ...
+'''
+
+UTILS = '''\
+"""Helpers of the disaggregation package (generated by kvtrace's property tests)."""
+
+
+def poll_and_all_reduce(pollers, group):
+    # A single rank: the all-reduce (minimum over the group) is the identity.
+    return [poller.poll() for poller in pollers]
+
+
+def release_kv_cache(req, tree_cache):
+    tree_cache.cache_finished_req(req)
+
+
+def maybe_release_metadata_buffer(req, allocator):
+    if req.metadata_buffer_index is not None:
+        allocator.free(req.metadata_buffer_index)
+
+
+def prepare_abort(req, error_message, status_code=None):
+    req.finished_reason = (error_message, status_code)
+'''
+
+
+# ---------------------------------------------------------------------------------------------
+# Sender IR
+#
+# Assumptions that make kvtrace's static "way out" equal to the executed one (the generator
+# only builds senders that satisfy them):
+#  A1 abort() assigns exactly one attribute of self (the abort state); nothing else in abort()
+#     assigns self attributes.
+#  A2 a poll() that reads an abort attribute does so before any return (first statement, or
+#     right after the status is obtained) and, when the attribute is set, returns a terminal
+#     state at once.
+#  A3 the true side of every timeout comparison returns KVPoll.Failed at once; the comparison is
+#     reached with the same inputs before and after the clock moves, so "a path returning S
+#     passes through it" is the same as "once the clock is past it, S turns into Failed".
+#  A4 no other comparison (<, <=, >, >=) names a timeout or a deadline.
+#  A5 the manager never changes its answer by itself and ignores update_status (the room was
+#     already cleared), so only the sender's own state can end a transfer.
+
+STATE_ATTRS = ("conclude_state", "_final_state")  # None until concluded; abort sets Failed
+BOOL_ATTRS = ("aborted", "_abort_requested")  # False until abort sets True
+TIMEOUT_FORMS = ("elapsed_ge", "elapsed_gt", "rev_lt", "rev_le", "deadline", "deadline_rev", "elapsed_var")
+CLOCKS = ("time", "monotonic", "perf_counter")
+TIMEOUT_ATTRS = ("bootstrap_timeout", "waiting_timeout")
+MGR_FLAGS = (
+    "staging_outstanding",
+    "defer_decode_allocation",
+    "room_missing",
+    "reports_transfer_latency",
+    "is_dummy_cp_rank",
+    "use_staging",
+)
+BACKEND_FOLDERS = ("mooncake", "nixl", "ascend", "mori", "mock", "tcp")
+READ_HELPERS = ("_concluded", "_is_aborted")
+TIMEOUT_HELPERS = ("_check_bootstrap_timeout", "_check_waiting_timeout")
+
+
+@dataclass(frozen=True)
+class Timeout:
+    form: str  # TIMEOUT_FORMS; "inverted" comparisons are chosen by `inverted`
+    clock: str
+    attr: str
+    inverted: bool = False  # `if <not expired>: return status` then `return KVPoll.Failed`
+
+
+@dataclass(frozen=True)
+class AbortRead:
+    attr: str
+    via_helper: str | None = None
+    position: str = "top"  # top | after_source
+
+
+@dataclass(frozen=True)
+class SStep:
+    """One statement group of poll() after the status is known."""
+
+    kind: str  # timeout | timeout_helper | hold | missing | neutral | cache
+    guard: tuple[str, ...] = ()  # timeout: only when status is one of these (() = always)
+    guard_form: str = "eq"  # eq | in | list
+    timeout: Timeout | None = None
+    helper: str | None = None  # timeout_helper: the method called
+    flag: str = ""
+    attr: str = ""  # cache: the state attribute; timeout: also set this attr to Failed ("" = no)
+    record: bool = False  # timeout: call kv_mgr.record_failure first
+
+
+@dataclass(frozen=True)
+class PollDef:
+    source: str  # check_status | super
+    read: AbortRead | None
+    steps: tuple[SStep, ...]
+
+
+@dataclass(frozen=True)
+class AbortDef:
+    attr: str
+    record: bool = True
+    update: bool = False
+    via: str | None = None  # abort() calls self.<via>(), which assigns the attribute
+
+
+@dataclass(frozen=True)
+class HelperDef:
+    name: str
+    role: str  # read | timeout
+    attr: str = ""  # read: the attribute read
+    timeout: Timeout | None = None
+    disabled: bool = False  # read: `return False`; timeout: `return None`
+
+
+@dataclass(frozen=True)
+class SenderClass:
+    name: str
+    parent: str  # BaseKVSender | CommonKVSender
+    has_init: bool
+    poll: PollDef | None
+    abort: AbortDef | None
+    helpers: tuple[HelperDef, ...] = ()
+    # The body lives in an intermediate class of the backend file, the backend only inherits:
+    # "" (none), "Base" (`Base<Folder>Sender`, excluded by the pack) or "_" (`_<Folder>Base`).
+    intermediate: str = ""
+
+
+@dataclass(frozen=True)
+class SenderTree:
+    common: SenderClass | None
+    backends: tuple[tuple[str, SenderClass], ...]
+
+
+def _cmp(timeout: Timeout) -> tuple[list[str], str]:
+    """(statements before, comparison) that is true when the timeout has expired, or not
+    expired when `timeout.inverted`."""
+    now = f"time.{timeout.clock}()"
+    elapsed = f"{now} - self.init_time"
+    a = f"self.{timeout.attr}"
+    inv = timeout.inverted
+    form = timeout.form
+    if form == "elapsed_ge":
+        return [], f"{elapsed} {'<' if inv else '>='} {a}"
+    if form == "elapsed_gt":
+        return [], f"{elapsed} {'<=' if inv else '>'} {a}"
+    if form == "rev_lt":
+        return [], f"{a} {'>=' if inv else '<'} {elapsed}"
+    if form == "rev_le":
+        return [], f"{a} {'>' if inv else '<='} {elapsed}"
+    if form == "deadline":
+        return [], f"{now} {'<=' if inv else '>'} self.transfer_deadline"
+    if form == "deadline_rev":
+        return [], f"self.transfer_deadline {'>' if inv else '<='} {now}"
+    if form == "elapsed_var":
+        return [f"elapsed = {elapsed}"], f"elapsed {'<' if inv else '>='} {a}"
+    raise ValueError(form)
+
+
+def _guard(step: SStep) -> str:
+    if len(step.guard) == 1 and step.guard_form == "eq":
+        return f"status == {_state_ref(step.guard[0])}"
+    items = ", ".join(_state_ref(s) for s in step.guard)
+    if step.guard_form == "list":
+        return f"status in [{items}]"
+    return f"status in ({items},)" if len(step.guard) == 1 else f"status in ({items})"
+
+
+def _render_read(out: _Out, read: AbortRead, indent: int) -> None:
+    if read.via_helper:
+        # Always Failed: a backend may override the helper to look at another attribute.
+        out.emit(indent, f"if self.{read.via_helper}():")
+        out.emit(indent + 1, "return KVPoll.Failed")
+    elif read.attr in STATE_ATTRS:
+        out.emit(indent, f"if self.{read.attr} is not None:")
+        out.emit(indent + 1, f"return self.{read.attr}")
+    else:
+        out.emit(indent, f"if self.{read.attr}:")
+        out.emit(indent + 1, "return KVPoll.Failed")
+
+
+def _render_step(out: _Out, step: SStep, indent: int) -> None:
+    if step.kind == "timeout":
+        assert step.timeout is not None
+        i = indent
+        if step.guard:
+            out.emit(i, f"if {_guard(step)}:")
+            i += 1
+        pre, cmp = _cmp(step.timeout)
+        for line in pre:
+            out.emit(i, line)
+        out.emit(i, f"if {cmp}:")
+        if step.timeout.inverted:
+            out.emit(i + 1, "return status")
+            fail_indent = i
+        else:
+            fail_indent = i + 1
+        if step.record:
+            out.emit(fail_indent, 'self.kv_mgr.record_failure(self.bootstrap_room, "timed out")')
+        if step.attr:
+            out.emit(fail_indent, f"self.{step.attr} = KVPoll.Failed")
+        out.emit(fail_indent, "return KVPoll.Failed")
+    elif step.kind == "timeout_helper":
+        i = indent
+        if step.guard:
+            out.emit(i, f"if {_guard(step)}:")
+            i += 1
+        out.emit(i, f"timeout_status = self.{step.helper}()")
+        out.emit(i, "if timeout_status is not None:")
+        out.emit(i + 1, "return timeout_status")
+    elif step.kind == "hold":
+        out.emit(indent, f"if status == KVPoll.Success and self.kv_mgr.{step.flag}:")
+        out.emit(indent + 1, "return KVPoll.Transferring")
+    elif step.kind == "missing":
+        out.emit(indent, f"if self.kv_mgr.{step.flag}:")
+        out.emit(indent + 1, "status = KVPoll.Failed")
+    elif step.kind == "neutral":
+        out.emit(indent, f"if self.kv_mgr.{step.flag}:")
+        out.emit(indent + 1, 'logger.debug("room %s: %s", self.bootstrap_room, status)')
+    elif step.kind == "cache":
+        out.emit(indent, "if status in (KVPoll.Success, KVPoll.Failed):")
+        out.emit(indent + 1, f"self.{step.attr} = status")
+    else:
+        raise ValueError(step.kind)
+
+
+def _render_helper(out: _Out, h: HelperDef) -> None:
+    out.emit(0, "")
+    if h.role == "read":
+        out.emit(1, f"def {h.name}(self) -> bool:")
+        if h.disabled:
+            out.emit(2, "return False")
+        elif h.attr in STATE_ATTRS:
+            out.emit(2, f"return self.{h.attr} is not None")
+        else:
+            out.emit(2, f"return bool(self.{h.attr})")
+        return
+    out.emit(1, f"def {h.name}(self):")
+    if h.disabled or h.timeout is None:
+        out.emit(2, "return None")
+        return
+    pre, cmp = _cmp(h.timeout)
+    for line in pre:
+        out.emit(2, line)
+    out.emit(2, f"if {cmp}:")
+    if h.timeout.inverted:
+        out.emit(3, "return None")
+        out.emit(2, 'logger.warning("room %s timed out", self.bootstrap_room)')
+        out.emit(2, "return KVPoll.Failed")
+    else:
+        out.emit(3, 'logger.warning("room %s timed out", self.bootstrap_room)')
+        out.emit(3, "return KVPoll.Failed")
+        out.emit(2, "return None")
+
+
+def render_sender_class(cls: SenderClass) -> list[str]:
+    out = _Out()
+    out.emit(0, f"class {cls.name}({cls.parent}):")
+    if cls.has_init:
+        out.emit(1, "def __init__(self, mgr, bootstrap_room):")
+        out.emit(2, "self.kv_mgr = mgr")
+        out.emit(2, "self.bootstrap_room = bootstrap_room")
+        for a in STATE_ATTRS:
+            out.emit(2, f"self.{a} = None")
+        for a in BOOL_ATTRS:
+            out.emit(2, f"self.{a} = False")
+        out.emit(2, "self.init_time = time.time()")
+        out.emit(2, "self.bootstrap_timeout = 300")
+        out.emit(2, "self.waiting_timeout = 600")
+        out.emit(2, "self.transfer_deadline = time.monotonic() + 900")
+    if cls.poll is not None:
+        p = cls.poll
+        if cls.has_init:
+            out.emit(0, "")
+        out.emit(1, "def poll(self) -> KVPoll:")
+        if p.read and p.read.position == "top":
+            _render_read(out, p.read, 2)
+        if p.source == "super":
+            out.emit(2, "status = super().poll()")
+        else:
+            out.emit(2, "status = self.kv_mgr.check_status(self.bootstrap_room)")
+        if p.read and p.read.position == "after_source":
+            _render_read(out, p.read, 2)
+        for step in p.steps:
+            _render_step(out, step, 2)
+        out.emit(2, "return status")
+    if cls.abort is not None:
+        a = cls.abort
+        if cls.has_init or cls.poll is not None:
+            out.emit(0, "")
+        out.emit(1, "def abort(self):")
+        if a.record:
+            out.emit(2, 'self.kv_mgr.record_failure(self.bootstrap_room, "Aborted by AbortReq.")')
+        if a.update:
+            out.emit(2, "self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Failed)")
+        value = "KVPoll.Failed" if a.attr in STATE_ATTRS else "True"
+        if a.via:
+            out.emit(2, f"self.{a.via}()")
+            out.emit(0, "")
+            out.emit(1, f"def {a.via}(self):")
+        out.emit(2, f"self.{a.attr} = {value}")
+    for h in cls.helpers:
+        _render_helper(out, h)
+    if not (cls.has_init or cls.poll or cls.abort or cls.helpers):
+        out.emit(1, "pass")
+    return out.lines
+
+
+def render_common(cls: SenderClass) -> str:
+    head = [
+        '"""Shared sender code of the transfer backends (generated by kvtrace\'s property tests)."""',
+        "",
+        "import logging",
+        "import time",
+        "",
+        "from ..base.conn import BaseKVSender, KVPoll",
+        "",
+        "logger = logging.getLogger(__name__)",
+        "",
+        "",
+    ]
+    return "\n".join(head + render_sender_class(cls)) + "\n"
+
+
+def render_backend(folder: str, cls: SenderClass) -> str:
+    head = [
+        f'"""The {folder} transfer backend (generated by kvtrace\'s property tests)."""',
+        "",
+        "import logging",
+        "import time",
+        "",
+        "from ..base.conn import BaseKVSender, KVPoll",
+    ]
+    if cls.parent == "CommonKVSender":
+        head.append("from ..common.conn import CommonKVSender")
+    head += ["", "logger = logging.getLogger(__name__)", "", ""]
+    if cls.intermediate:
+        base = intermediate_name(folder, cls.intermediate)
+        body = render_sender_class(dataclasses.replace(cls, name=base))
+        tail = ["", "", f"class {cls.name}({base}):", "    pass"]
+        return "\n".join(head + body + tail) + "\n"
+    return "\n".join(head + render_sender_class(cls)) + "\n"
+
+
+def intermediate_name(folder: str, kind: str) -> str:
+    return f"Base{folder.capitalize()}Sender" if kind == "Base" else f"_{folder.capitalize()}Base"
+
+
+# ---------------------------------------------------------------------------------------------
+# Default halves of a tree (so a drain tree has a backend and a sender tree has a drain loop)
+
+DEFAULT_DRAIN = DrainProgram(
+    body=(
+        If(
+            PollTest("in", ("WaitingForInput", "Transferring"), container="list"),
+            (Keep(),),
+            (
+                If(
+                    PollTest("==", ("Success",)),
+                    (Release("release_kv_cache"), Done()),
+                    (
+                        If(
+                            PollTest("==", ("Failed",)),
+                            (Release("release_kv_cache"), Abort(), Done()),
+                            (Raise(),),
+                        ),
+                    ),
+                ),
+            ),
+        ),
+    )
+)
+
+DEFAULT_SENDERS = SenderTree(
+    common=None,
+    backends=(
+        (
+            "mock",
+            SenderClass(
+                name="MockKVSender",
+                parent="BaseKVSender",
+                has_init=True,
+                poll=PollDef("check_status", AbortRead("conclude_state"), ()),
+                abort=AbortDef("conclude_state"),
+            ),
+        ),
+    ),
+)
+
+
+def class_name_for(folder: str) -> str:
+    return folder.capitalize() + "KVSender"
+
+
+def render_tree(drain: DrainProgram | None = None, senders: SenderTree | None = None) -> dict[str, str]:
+    """The files of a fixture tree, relative to its root."""
+    drain = drain if drain is not None else DEFAULT_DRAIN
+    senders = senders if senders is not None else DEFAULT_SENDERS
+    files = {
+        "disaggregation/__init__.py": "",
+        "disaggregation/base/__init__.py": "",
+        "disaggregation/base/conn.py": BASE_CONN,
+        "disaggregation/utils.py": UTILS,
+        "disaggregation/prefill.py": render_prefill(drain),
+    }
+    if senders.common is not None:
+        files["disaggregation/common/__init__.py"] = ""
+        files["disaggregation/common/conn.py"] = render_common(senders.common)
+    for folder, cls in senders.backends:
+        files[f"disaggregation/{folder}/__init__.py"] = ""
+        files[f"disaggregation/{folder}/conn.py"] = render_backend(folder, cls)
+    return files
+
+
+def write_files(root: Path, files: dict[str, str | bytes]) -> Path:
+    for rel, content in files.items():
+        path = root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        if isinstance(content, bytes):
+            path.write_bytes(content)
+        else:
+            path.write_text(content, encoding="utf-8")
+    return root
+
+
+def write_tree(root: Path, drain: DrainProgram | None = None, senders: SenderTree | None = None) -> Path:
+    return write_files(root, render_tree(drain, senders))
+
+
+def tree_digest(files: dict[str, str | bytes]) -> str:
+    h = hashlib.sha256()
+    for rel in sorted(files):
+        content = files[rel]
+        h.update(rel.encode())
+        h.update(b"\0")
+        h.update(content if isinstance(content, bytes) else content.encode())
+        h.update(b"\0")
+    return h.hexdigest()[:12]
+
+
+# ---------------------------------------------------------------------------------------------
+# Strategies: drain loops
+
+MAX_DEPTH = 3
+MAX_FLAGS = 9
+MAX_HELPERS = 4
+MAX_HELPER_NESTING = 2
+
+
+@dataclass
+class _Budget:
+    flags: int = 0
+    helpers: int = 0
+    used_names: set = field(default_factory=set)
+
+
+@dataclass(frozen=True)
+class _Ctx:
+    kind: str  # loop | helper
+    pollvar: str | None
+    depth: int
+    nesting: int  # helper nesting level (0 = drain loop)
+    features: frozenset
+    alias: str | None = None  # another name of the poll value in this scope
+
+
+ALL_FEATURES = frozenset(
+    {
+        "flags",  # conditions on free flags
+        "helpers",  # helper methods of self
+        "boolops",  # and / or / not
+        "break",
+        "return",
+        "assert",
+        "neutral",
+        "post_loop",
+        "effects_before_raise",  # a release/append can precede a raise on the same path
+        "requeue",  # self.waiting_queue.append(req)
+        "try",  # try: ...; req.disagg_kv_sender.<fails>() except Exception: ...
+        "alias",  # state = poll, then conditions on state
+        "poll_eq_flag",  # poll == req.<flag>: a comparison with the poll value that is not about it
+        "module_const",  # `poll in _POLL_SET_X` with a module-level tuple
+        "match",  # `match poll: case KVPoll.A | KVPoll.B: ...`
+    }
+)
+# Shapes within the brief's definitions that kvtrace answers otherwise (so far), on only when
+# asked for (KVTRACE_FEATURES=+name). Empty today: module_const, match (drain loops) and
+# private_intermediate (senders) were here until kvtrace 04b138b; see README.md.
+OPTIONAL_FEATURES: frozenset = frozenset()
+
+
+def features_from_env(default: frozenset = ALL_FEATURES, env: str = "KVTRACE_FEATURES") -> frozenset:
+    """KVTRACE_FEATURES="+match,-try" adds/removes generator features for a run."""
+    features = set(default)
+    for item in filter(None, (x.strip() for x in os.environ.get(env, "").split(","))):
+        name = item.lstrip("+-")
+        if name not in ALL_FEATURES | OPTIONAL_FEATURES | SENDER_FEATURES | SENDER_OPTIONAL_FEATURES:
+            raise ValueError(f"{env}: unknown feature {name!r}")
+        (features.discard if item.startswith("-") else features.add)(name)
+    return frozenset(features)
+
+
+def _pick(draw, options: list[tuple[int, object]]):
+    """Weighted choice that shrinks towards the first option."""
+    options = [(w, o) for w, o in options if w > 0]
+    total = sum(w for w, _ in options)
+    n = draw(st.integers(0, total - 1))
+    for w, o in options:
+        if n < w:
+            return o
+        n -= w
+    raise AssertionError
+
+
+def _unique(budget_: _Budget, base: str) -> str:
+    name, n = base, 2
+    while name in budget_.used_names:
+        name = f"{base}_{n}"
+        n += 1
+    budget_.used_names.add(name)
+    return name
+
+
+def _draw_flag(draw, ctx: _Ctx, b: _Budget) -> FlagTest:
+    owner = draw(st.sampled_from(("req", "self")))
+    pool = REQ_FLAGS if owner == "req" else SELF_FLAGS
+    name = _unique(b, draw(st.sampled_from(pool)))
+    b.flags += 1
+    shapes = FLAG_SHAPES + (("poll_eq",) if ctx.pollvar is not None and "poll_eq_flag" in ctx.features else ())
+    shape = draw(st.sampled_from(shapes))
+    return FlagTest(owner, name, shape)
+
+
+def poll_test_for(draw, states: frozenset, ctx: _Ctx | None = None) -> Cond:
+    """Some rendering of "the poll value is one of `states`"."""
+    cond = _poll_test_for(draw, states, ctx)
+    if ctx is not None and ctx.alias and draw(st.booleans()):
+        cond = _with_var(cond, ctx.alias)
+    return cond
+
+
+def _with_var(cond: Cond, var: str) -> Cond:
+    if isinstance(cond, PollTest):
+        return dataclasses.replace(cond, var=var)
+    if isinstance(cond, BoolTest):
+        return BoolTest(cond.op, tuple(_with_var(c, var) for c in cond.operands))
+    return cond
+
+
+def _poll_test_for(draw, states: frozenset, ctx: _Ctx | None) -> Cond:
+    inside = tuple(s for s in STATES if s in states)
+    outside = tuple(s for s in STATES if s not in states)
+    order = draw(st.permutations(inside)) if inside else ()
+    out_order = draw(st.permutations(outside)) if outside else ()
+    forms = [(3, "in")]
+    if len(inside) == 1:
+        forms += [(4, "=="), (1, "is"), (1, "rev")]
+    if len(outside) == 1:
+        forms += [(2, "!="), (1, "is not")]
+    if outside:
+        forms += [(2, "not in")]
+    if len(inside) == 2:
+        forms += [(1, "or")]
+    if len(outside) == 2:
+        forms += [(1, "and")]
+    form = _pick(draw, forms)
+    containers = ("tuple", "list", "set") + (("const",) if ctx is not None and "module_const" in ctx.features else ())
+    container = draw(st.sampled_from(containers))
+    if form == "in":
+        return PollTest("in", tuple(order), container)
+    if form == "==":
+        return PollTest("==", inside)
+    if form == "is":
+        return PollTest("is", inside)
+    if form == "rev":
+        return PollTest("==", inside, reverse=True)
+    if form == "!=":
+        return PollTest("!=", outside, reverse=draw(st.booleans()))
+    if form == "is not":
+        return PollTest("is not", outside)
+    if form == "not in":
+        return PollTest("not in", tuple(out_order), container)
+    if form == "or":
+        return BoolTest("or", tuple(PollTest("==", (s,)) for s in order))
+    if form == "and":
+        return BoolTest("and", tuple(PollTest("!=", (s,)) for s in out_order))
+    raise AssertionError(form)
+
+
+def _draw_poll_test(draw, ctx: _Ctx | None = None) -> Cond:
+    k = draw(st.integers(0, 5))
+    chosen = draw(st.permutations(STATES))[:k]
+    if k == 0 and draw(st.booleans()):
+        # `poll in ()` / `poll not in ()`: legal, and always False / True.
+        return PollTest(draw(st.sampled_from(("in", "not in"))), (), "tuple")
+    if k == 0:
+        chosen = draw(st.permutations(STATES))[:1]
+    return poll_test_for(draw, frozenset(chosen), ctx)
+
+
+def _can_flag(ctx: _Ctx, b: _Budget) -> bool:
+    return "flags" in ctx.features and b.flags < MAX_FLAGS
+
+
+def _can_helper(ctx: _Ctx, b: _Budget) -> bool:
+    return "helpers" in ctx.features and b.helpers < MAX_HELPERS and ctx.nesting < MAX_HELPER_NESTING
+
+
+def _can_cond(ctx: _Ctx, b: _Budget) -> bool:
+    return ctx.pollvar is not None or _can_flag(ctx, b) or _can_helper(ctx, b)
+
+
+def _draw_cond(draw, ctx: _Ctx, b: _Budget, allow_bool: bool = True) -> Cond:
+    options = []
+    if ctx.pollvar is not None:
+        options.append((6, "poll"))
+    if _can_flag(ctx, b):
+        options.append((3, "flag"))
+    if _can_helper(ctx, b):
+        options.append((2, "helper"))
+    if allow_bool and "boolops" in ctx.features and ctx.depth < MAX_DEPTH and (
+        ctx.pollvar is not None or MAX_FLAGS - b.flags >= 3
+    ):
+        options.append((1, "not"))
+        options.append((2, "bool"))
+    if not options:
+        # Out of flags inside a helper without the poll value: one flag over the (soft) budget.
+        options.append((1, "flag"))
+    kind = _pick(draw, options)
+    if kind == "poll":
+        return _draw_poll_test(draw, ctx)
+    if kind == "flag":
+        return _draw_flag(draw, ctx, b)
+    if kind == "helper":
+        return CallTest(_draw_helper(draw, ctx, b, returns_bool=True), negate=draw(st.booleans()))
+    inner = dataclasses.replace(ctx, depth=ctx.depth + 1)
+    if kind == "not":
+        return NotTest(_draw_cond(draw, inner, b, allow_bool=False))
+    op = draw(st.sampled_from(("and", "or")))
+    n = draw(st.integers(2, 3))
+    return BoolTest(op, tuple(_draw_cond(draw, inner, b, allow_bool=False) for _ in range(n)))
+
+
+def _draw_helper(draw, ctx: _Ctx, b: _Budget, returns_bool: bool) -> Helper:
+    b.helpers += 1
+    name = _unique(b, draw(st.sampled_from(HELPER_NAMES)))
+    takes_poll = ctx.pollvar is not None and draw(st.integers(0, 3)) > 0
+    param = draw(st.sampled_from(POLL_PARAMS)) if takes_poll else None
+    keyword = takes_poll and draw(st.integers(0, 3)) == 0
+    hctx = _Ctx("helper", param, 0, ctx.nesting + 1, ctx.features, None)
+    if param is not None and draw(st.booleans()):
+        body = _draw_dispatch(draw, hctx, b, returns_bool)
+    else:
+        body = _draw_block(draw, hctx, b, 1, 3, returns_bool=returns_bool)
+    return Helper(name, param, keyword, body)
+
+
+def _draw_simple(draw, ctx: _Ctx, b: _Budget, returns_bool: bool) -> Stmt:
+    """A statement without nested blocks."""
+    f = ctx.features
+    options: list[tuple[int, object]] = []
+    if ctx.kind == "loop":
+        options += [(6, "keep"), (4, "done"), (3, "continue")]
+        if "break" in f:
+            options.append((1, "break"))
+        if "return" in f:
+            options.append((1, "return"))
+    else:
+        options += [(5 if returns_bool else 2, "hreturn")]
+    options += [(4, "release"), (2, "abort"), (2, "raise")]
+    if "requeue" in f:
+        options.append((1, "requeue"))
+    if "assert" in f and _can_cond(ctx, b):
+        options.append((1, "assert"))
+    if "neutral" in f:
+        options.append((1, "neutral"))
+    if _can_helper(ctx, b):
+        options.append((2 if ctx.nesting == 0 else 1, "call"))
+    kind = _pick(draw, options)
+    if kind == "keep":
+        return Keep()
+    if kind == "done":
+        return Done()
+    if kind == "requeue":
+        return Requeue()
+    if kind == "continue":
+        return Continue()
+    if kind == "break":
+        return Break()
+    if kind == "return":
+        return Return()
+    if kind == "release":
+        return Release(draw(st.sampled_from(RELEASE_KINDS)))
+    if kind == "abort":
+        return Abort(draw(st.sampled_from(("plain", "status"))))
+    if kind == "raise":
+        return Raise(draw(st.sampled_from(("runtime", "value"))))
+    if kind == "assert":
+        return Assert(_draw_cond(draw, ctx, b))
+    if kind == "neutral":
+        return Neutral(draw(st.sampled_from(NEUTRAL_KINDS)))
+    if kind == "call":
+        return Call(_draw_helper(draw, ctx, b, returns_bool=False))
+    if kind == "hreturn":
+        return _draw_hreturn(draw, ctx, b, returns_bool)
+    raise AssertionError(kind)
+
+
+def _draw_hreturn(draw, ctx: _Ctx, b: _Budget, returns_bool: bool) -> HReturn:
+    if not returns_bool:
+        return HReturn(None)
+    options = [(3, True), (3, False), (1, None)]
+    if ctx.pollvar is not None:
+        options.append((2, "poll"))
+    if _can_flag(ctx, b):
+        options.append((2, "flag"))
+    v = _pick(draw, options)
+    if v == "poll":
+        return HReturn(_draw_poll_test(draw, ctx))
+    if v == "flag":
+        return HReturn(_draw_flag(draw, ctx, b))
+    return HReturn(v)
+
+
+def _draw_block(draw, ctx: _Ctx, b: _Budget, lo: int, hi: int, returns_bool: bool = False) -> tuple[Stmt, ...]:
+    n = draw(st.integers(lo, hi))
+    out: list[Stmt] = []
+    for _ in range(n):
+        compound = ctx.depth < MAX_DEPTH and draw(st.integers(0, 2 + 2 * ctx.depth + 2 * ctx.nesting)) == 0
+        kinds = []
+        if compound and _can_cond(ctx, b):
+            kinds.append((6, "if"))
+        if compound and "try" in ctx.features and _can_flag(ctx, b):
+            kinds.append((1, "try"))
+        if compound and "match" in ctx.features and ctx.pollvar is not None:
+            kinds.append((2, "match"))
+        kind = _pick(draw, kinds) if kinds else "simple"
+        if kind == "if":
+            s: Stmt = _draw_if(draw, ctx, b, returns_bool)
+        elif kind == "try":
+            s = _draw_try(draw, ctx, b, returns_bool)
+        elif kind == "match":
+            s = _draw_match(draw, ctx, b, returns_bool)
+        else:
+            s = _draw_simple(draw, ctx, b, returns_bool)
+        out.append(s)
+        if isinstance(s, TERMINATORS) or isinstance(s, HReturn):
+            break
+    return tuple(out)
+
+
+def _draw_if(draw, ctx: _Ctx, b: _Budget, returns_bool: bool) -> If:
+    cond = _draw_cond(draw, ctx, b)
+    inner = dataclasses.replace(ctx, depth=ctx.depth + 1)
+    body = _draw_block(draw, inner, b, 1, 3, returns_bool)
+    shape = draw(st.integers(0, 2))
+    if shape == 0:
+        orelse: tuple[Stmt, ...] = ()
+    elif shape == 1 or not _can_cond(ctx, b):
+        orelse = _draw_block(draw, inner, b, 1, 3, returns_bool)
+    else:
+        orelse = (_draw_if(draw, inner, b, returns_bool),)
+    return If(cond, body, orelse)
+
+
+def _draw_try(draw, ctx: _Ctx, b: _Budget, returns_bool: bool) -> Try:
+    inner = dataclasses.replace(ctx, depth=ctx.depth + 1)
+    body = list(_draw_block(draw, inner, b, 0, 2, returns_bool))
+    if not body or not isinstance(body[-1], TERMINATORS + (HReturn,)):
+        # Every normal exit of the body goes through a call that may raise (see FailCall).
+        b.flags += 1
+        body.append(FailCall(_unique(b, draw(st.sampled_from(FAIL_CALLS)))))
+    handler = _draw_block(draw, inner, b, 1, 2, returns_bool)
+    return Try(tuple(body), handler)
+
+
+def _draw_match(draw, ctx: _Ctx, b: _Budget, returns_bool: bool) -> Match:
+    n_arms = draw(st.integers(1, 3))
+    assignment = [draw(st.integers(0, n_arms)) for _ in STATES]
+    arms = []
+    for i in range(n_arms):
+        states = tuple(s for s, a in zip(STATES, assignment) if a == i)
+        if states:
+            arms.append((tuple(draw(st.permutations(states))), _arm_block(draw, ctx, b, returns_bool)))
+    default = _arm_block(draw, ctx, b, returns_bool) if draw(st.booleans()) or not arms else None
+    return Match(tuple(arms), default)
+
+
+def _arm_block(draw, ctx: _Ctx, b: _Budget, returns_bool: bool) -> tuple[Stmt, ...]:
+    return _draw_block(draw, dataclasses.replace(ctx, depth=ctx.depth + 1), b, 1, 3, returns_bool)
+
+
+def _draw_dispatch(draw, ctx: _Ctx, b: _Budget, returns_bool: bool) -> tuple[Stmt, ...]:
+    """An if/elif/.../else chain that splits the poll values into arms (SGLang's main shape)."""
+    n_arms = draw(st.integers(1, 4))
+    assignment = [draw(st.integers(0, n_arms)) for _ in STATES]
+    arms = []
+    for i in range(n_arms):
+        states = frozenset(s for s, a in zip(STATES, assignment) if a == i)
+        if states:
+            arms.append(states)
+    rest_states = frozenset(s for s, a in zip(STATES, assignment) if a == n_arms)
+    if not arms:
+        arms = [rest_states]
+        rest_states = frozenset()
+    tail: tuple[Stmt, ...]
+    if rest_states or draw(st.booleans()):
+        # The else arm: SGLang raises on an unexpected state; generated code does anything.
+        if draw(st.integers(0, 2)) == 0:
+            tail = (Raise(),)
+        else:
+            tail = _arm_block(draw, ctx, b, returns_bool)
+    else:
+        tail = ()
+    chain: tuple[Stmt, ...] = tail
+    for states in reversed(arms):
+        cond = poll_test_for(draw, states, ctx)
+        chain = (If(cond, _arm_block(draw, ctx, b, returns_bool), chain),)
+    return chain
+
+
+def _draw_early_exit(draw, ctx: _Ctx, b: _Budget) -> If:
+    """`if <flag>: ...; continue` before the dispatch (PP consensus, pending bootstrap, ...)."""
+    cond = _draw_flag(draw, ctx, b) if _can_flag(ctx, b) else _draw_cond(draw, ctx, b)
+    inner = dataclasses.replace(ctx, depth=ctx.depth + 1)
+    body = list(_draw_block(draw, inner, b, 1, 3))
+    if not body or not isinstance(body[-1], TERMINATORS):
+        body.append(Continue())
+    return If(cond, tuple(body), ())
+
+
+@st.composite
+def drain_programs(draw, features: frozenset = ALL_FEATURES) -> DrainProgram:
+    b = _Budget()
+    alias = draw(st.sampled_from(POLL_ALIASES)) if "alias" in features and draw(st.integers(0, 3)) == 0 else None
+    ctx = _Ctx("loop", "poll", 0, 0, features, alias)
+    shape = _pick(draw, [(4, "dispatch"), (3, "free"), (2, "prefixed")])
+    body: list[Stmt] = []
+    if shape == "free":
+        body += _draw_block(draw, ctx, b, 1, 5)
+    else:
+        if shape == "prefixed":
+            for _ in range(draw(st.integers(1, 2))):
+                body.append(_draw_early_exit(draw, ctx, b))
+        body += _draw_dispatch(draw, ctx, b, returns_bool=False)
+        if draw(st.integers(0, 3)) == 0:
+            body += _draw_block(draw, ctx, b, 1, 2)
+    post = "post_loop" in features and draw(st.integers(0, 3)) == 0
+    program = DrainProgram(tuple(body), post_loop_release=post, empty_guard=draw(st.integers(0, 4)) > 0, alias=alias)
+    if "effects_before_raise" not in features:
+        from .oracle import interpret_drain  # the IR interpreter; oracle.py imports this module
+
+        verdict = interpret_drain(program)
+        assume(
+            not any(
+                p.raised and (p.in_keep or p.in_done or p.in_other or p.effects)
+                for paths in verdict.paths.values()
+                for p in paths
+            )
+        )
+    return program
+
+
+# ---------------------------------------------------------------------------------------------
+# Strategies: senders
+
+
+def _draw_abort(draw, abort_attrs: tuple[str, ...], features: frozenset) -> AbortDef:
+    via = None
+    if "abort_helper" in features and draw(st.integers(0, 3)) == 0:
+        via = draw(st.sampled_from(("_mark_aborted", "_set_failed")))
+    return AbortDef(draw(st.sampled_from(abort_attrs)), draw(st.booleans()), draw(st.booleans()), via)
+
+
+def _draw_timeout(draw, inverted_ok: bool) -> Timeout:
+    form = draw(st.sampled_from(TIMEOUT_FORMS))
+    return Timeout(
+        form=form,
+        clock=draw(st.sampled_from(CLOCKS)),
+        attr=draw(st.sampled_from(TIMEOUT_ATTRS)),
+        inverted=inverted_ok and draw(st.integers(0, 2)) == 0,
+    )
+
+
+def _draw_guard(draw) -> tuple[tuple[str, ...], str]:
+    choice = draw(st.integers(0, 4))
+    if choice == 0:
+        return (), "eq"
+    if choice <= 2:
+        return ("Bootstrapping",), draw(st.sampled_from(("eq", "in", "list")))
+    k = draw(st.integers(1, 3))
+    states = tuple(draw(st.permutations(NON_TERMINAL))[:k])
+    return states, draw(st.sampled_from(("in", "list")))
+
+
+def _draw_poll_def(
+    draw, source: str, helpers: dict, used_flags: set, no_hold: bool = False, abort_attrs: tuple = STATE_ATTRS + BOOL_ATTRS
+) -> PollDef:
+    read = None
+    if draw(st.integers(0, 3)) > 0:
+        attr = draw(st.sampled_from(abort_attrs))
+        via = None
+        if draw(st.integers(0, 2)) == 0:
+            via = draw(st.sampled_from(READ_HELPERS))
+            helpers[via] = HelperDef(via, "read", attr=attr)
+        read = AbortRead(attr, via, draw(st.sampled_from(("top", "after_source"))))
+    steps: list[SStep] = []
+    for _ in range(draw(st.integers(0, 4))):
+        kind = _pick(
+            draw,
+            [(4, "timeout"), (2, "timeout_helper"), (0 if no_hold else 2, "hold"), (1, "missing"), (1, "neutral"), (1, "cache")],
+        )
+        if kind in ("hold", "missing", "neutral"):
+            base = draw(st.sampled_from(MGR_FLAGS))
+            name, n = base, 2
+            while name in used_flags:
+                name, n = f"{base}_{n}", n + 1
+            used_flags.add(name)
+            steps.append(SStep(kind, flag=name))
+        elif kind == "cache":
+            steps.append(SStep("cache", attr=draw(st.sampled_from(STATE_ATTRS))))
+        elif kind == "timeout":
+            guard, gform = _draw_guard(draw)
+            t = _draw_timeout(draw, inverted_ok=bool(guard))
+            fail_attr = draw(st.sampled_from(("",) + STATE_ATTRS)) if not t.inverted else ""
+            steps.append(SStep("timeout", guard, gform, t, attr=fail_attr, record=draw(st.booleans())))
+        else:
+            guard, gform = _draw_guard(draw)
+            name = draw(st.sampled_from(TIMEOUT_HELPERS))
+            if name not in helpers:
+                helpers[name] = HelperDef(name, "timeout", timeout=_draw_timeout(draw, inverted_ok=True))
+            steps.append(SStep("timeout_helper", guard, gform, helper=name))
+    # A cached Success read back at the top of a later poll would bypass a "hold" that turned it
+    # into Transferring: a transient Transferring kvtrace cannot tell from a pinned one. So the
+    # cache comes after every hold of the same poll (SGLang's order), see also sender_trees.
+    steps.sort(key=lambda step: step.kind == "cache")
+    return PollDef(source, read, tuple(steps))
+
+
+SENDER_FEATURES = frozenset(
+    {
+        "abort_helper",  # abort() calls a self method that assigns the abort attribute
+        "intermediate",  # the backend's body sits in a `Base<Folder>Sender` class of its file
+        "bool_abort",  # abort() sets `self.aborted = True` (not a KVPoll member); poll() reads it
+        "private_intermediate",  # ... or in `_<Folder>Base`, which is not a backend either
+    }
+)
+SENDER_OPTIONAL_FEATURES: frozenset = frozenset()  # see OPTIONAL_FEATURES
+
+
+@st.composite
+def sender_trees(draw, features: frozenset = SENDER_FEATURES) -> SenderTree:
+    attrs = STATE_ATTRS + (BOOL_ATTRS if "bool_abort" in features else ())
+    tree = _sender_tree(draw, attrs, features)
+    return tree
+
+
+def _sender_tree(draw, abort_attrs: tuple[str, ...], features: frozenset = frozenset()) -> SenderTree:
+    used_flags: set = set()
+    common = None
+    common_helpers: dict = {}
+    if draw(st.integers(0, 2)) > 0:
+        poll = _draw_poll_def(draw, "check_status", common_helpers, used_flags, abort_attrs=abort_attrs) if draw(st.integers(0, 3)) > 0 else None
+        abort = _draw_abort(draw, abort_attrs, features) if draw(st.integers(0, 3)) > 0 else None
+        common = SenderClass("CommonKVSender", "BaseKVSender", True, poll, abort, tuple(common_helpers.values()))
+    folders = draw(st.lists(st.sampled_from(BACKEND_FOLDERS), min_size=1, max_size=3, unique=True))
+    backends = []
+    for folder in folders:
+        helpers: dict = {}
+        on_common = common is not None and draw(st.integers(0, 3)) > 0
+        parent = "CommonKVSender" if on_common else "BaseKVSender"
+        has_poll_above = on_common and common.poll is not None
+        has_abort_above = on_common and common.abort is not None
+        poll = None
+        if not has_poll_above or draw(st.booleans()):
+            source = "super" if has_poll_above and draw(st.booleans()) else "check_status"
+            common_caches = has_poll_above and any(step.kind == "cache" for step in common.poll.steps)
+            poll = _draw_poll_def(
+                draw, source, helpers, used_flags, no_hold=source == "super" and common_caches, abort_attrs=abort_attrs
+            )
+        abort = None
+        if not has_abort_above or draw(st.integers(0, 2)) == 0:
+            abort = _draw_abort(draw, abort_attrs, features)
+        if on_common:
+            # Override some helpers of the common class (dynamic dispatch through self).
+            for h in common_helpers.values():
+                if h.name not in helpers and draw(st.integers(0, 3)) == 0:
+                    if h.role == "read":
+                        alt = draw(st.sampled_from(("disabled",) + abort_attrs))
+                        helpers[h.name] = HelperDef(h.name, "read", attr="" if alt == "disabled" else alt, disabled=alt == "disabled")
+                    elif draw(st.booleans()):
+                        helpers[h.name] = HelperDef(h.name, "timeout", disabled=True)
+                    else:
+                        helpers[h.name] = HelperDef(h.name, "timeout", timeout=_draw_timeout(draw, inverted_ok=True))
+        kinds = [""] + (["Base"] if "intermediate" in features else []) + (["_"] if "private_intermediate" in features else [])
+        intermediate = draw(st.sampled_from(kinds)) if draw(st.integers(0, 3)) == 0 else ""
+        backends.append(
+            (
+                folder,
+                SenderClass(class_name_for(folder), parent, not on_common, poll, abort, tuple(helpers.values()), intermediate),
+            )
+        )
+    return SenderTree(common, tuple(backends))
+
+
+# ---------------------------------------------------------------------------------------------
+# IR <-> JSON (regression fixtures keep the IR next to the rendered tree, for reading)
+
+
+def to_jsonable(obj):
+    if dataclasses.is_dataclass(obj):
+        d = {"_": type(obj).__name__}
+        for f in dataclasses.fields(obj):
+            d[f.name] = to_jsonable(getattr(obj, f.name))
+        return d
+    if isinstance(obj, (tuple, list)):
+        return [to_jsonable(x) for x in obj]
+    if isinstance(obj, frozenset):
+        return sorted(obj)
+    return obj
+
+
+def ir_json(obj) -> str:
+    return json.dumps(to_jsonable(obj), indent=1, sort_keys=True)
+
+
+# ---------------------------------------------------------------------------------------------
+# Hand-built programs in SGLang's shapes (written for kvtrace, not copied from SGLang); the
+# property tests run them as @examples before the generated ones.
+
+SHAPE_CLASSIC = DEFAULT_DRAIN  # keep W/T, release+done on Success, release+abort+done on Failed, raise otherwise
+
+SHAPE_PENDING = DrainProgram(
+    body=(
+        If(
+            FlagTest("self", "check_consensus", "is not None"),
+            (
+                If(FlagTest("req", "consensus_missing", "truthy"), (Keep(), Continue())),
+                If(PollTest("not in", ("Success", "Failed")), (Keep(), Continue())),
+            ),
+        ),
+        If(
+            FlagTest("req", "pending_bootstrap", "truthy"),
+            (
+                If(
+                    CallTest(
+                        Helper(
+                            "_handle_pending_bootstrap",
+                            "poll",
+                            False,
+                            (
+                                If(
+                                    PollTest("==", ("Failed",)),
+                                    (Release("release_kv_cache"), Abort(), HReturn(False)),
+                                    (
+                                        If(
+                                            PollTest("==", ("Bootstrapping",)),
+                                            (HReturn(False),),
+                                            (
+                                                If(
+                                                    PollTest("==", ("WaitingForInput",)),
+                                                    (
+                                                        If(FlagTest("req", "force_retry", "truthy"), (HReturn(False),)),
+                                                        HReturn(True),
+                                                    ),
+                                                    (Raise(),),
+                                                ),
+                                            ),
+                                        ),
+                                    ),
+                                ),
+                            ),
+                        )
+                    ),
+                    (Neutral("send_chunk"), Keep()),
+                    (
+                        If(
+                            BoolTest("and", (PollTest("==", ("Bootstrapping",)), FlagTest("self", "waiting_queue_full", "truthy"))),
+                            (Release("release_kv_cache"), Release("allocator_free")),
+                            (If(PollTest("!=", ("Failed",)), (Keep(),)),),
+                        ),
+                    ),
+                ),
+                Continue(),
+            ),
+        ),
+        If(
+            PollTest("in", ("WaitingForInput", "Transferring"), container="list"),
+            (Keep(),),
+            (
+                If(
+                    PollTest("==", ("Success",)),
+                    (Neutral("set_reason"), Release("release_kv_cache"), Done()),
+                    (
+                        If(
+                            PollTest("==", ("Failed",)),
+                            (
+                                Call(Helper("_handle_transfer_failure", None, False, (Release("release_kv_cache"), Abort()))),
+                                Done(),
+                            ),
+                            (Raise(),),
+                        ),
+                    ),
+                ),
+            ),
+        ),
+    ),
+    post_loop_release=True,
+)
+
+# A NIXL-like sender (never reads what abort() writes, no timeout) next to a Mooncake-like one
+# (reads it first, and a bootstrap timeout in a helper of the shared base class).
+SHAPE_SENDERS = SenderTree(
+    common=SenderClass(
+        "CommonKVSender",
+        "BaseKVSender",
+        True,
+        PollDef(
+            "check_status",
+            AbortRead("conclude_state"),
+            (
+                SStep("hold", flag="staging_outstanding"),
+                SStep("timeout_helper", ("Bootstrapping",), "eq", helper="_check_bootstrap_timeout"),
+                SStep("cache", attr="conclude_state"),
+            ),
+        ),
+        AbortDef("conclude_state", record=True, update=True),
+        (HelperDef("_check_bootstrap_timeout", "timeout", timeout=Timeout("elapsed_var", "time", "bootstrap_timeout", inverted=True)),),
+    ),
+    backends=(
+        ("mooncake", SenderClass("MooncakeKVSender", "CommonKVSender", False, None, None)),
+        (
+            "nixl",
+            SenderClass(
+                "NixlKVSender",
+                "CommonKVSender",
+                False,
+                PollDef("check_status", None, (SStep("missing", flag="room_missing"),)),
+                None,
+            ),
+        ),
+    ),
+)

@@ -1,0 +1,779 @@
+"""The verdict oracle: what a fixture tree really does, found by running it.
+
+Drain loops (`drain_verdict`): the tree's `prefill.py` is imported as a package from the tree's
+folder, the scheduler method is called with one queued request whose sender polls to each KVPoll
+state in turn, and what happens to that request is recorded. Conditions that are not about the
+poll value read flags (attributes of the fake `req` or `self` that nothing else defines); every
+flag is a free input that answers None or ANY (truthy, equal to everything). The oracle walks
+every assignment of the flags actually read, depth first (a run is a path), so a state's fate is
+the set of outcomes over all paths. A flag read twice on one path is reported in
+`DrainVerdict.correlated` (kvtrace treats two reads as independent, execution does not; the
+generator never produces it, the property tests assert it).
+
+Outcomes, per path, as kvtrace defines them (first match wins):
+  raises   an exception (raise, failed assert) escaped the iteration, whatever happened before
+           it (the queue is never reassigned; see RAISE_WINS);
+  kept     the request is in the list assigned back to the queue (`undone_reqs`), or the drain
+           method returned inside the loop before reassigning the queue;
+  leaves   not kept, and appended to another list (`done_reqs`, `self.<other>`) or a
+           release/abort call happened during the loop's iteration (helpers included; calls after
+           the loop do not count);
+  dropped  none of the above.
+
+Senders (`sender_verdicts`): every concrete `*KVSender` subclass of BaseKVSender in a backend
+folder is constructed with a fake manager (whose check_status answers a fixed state and whose
+update_status/record_failure change nothing) and a fake clock (injected as the module-level
+`time` of every module of the tree). For each manager state and flag assignment the oracle polls
+once (the state S the sender is driven to), then either calls abort() or moves the clock past
+every timeout, and polls N more times: the sender has a way out for S if some such run reaches
+Success or Failed.
+
+`interpret_drain` is a second, independent oracle over the generator's IR (no rendering, no
+fakes); the self-check tests compare the two path by path.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import importlib
+import importlib.machinery
+import importlib.util
+import inspect
+import itertools
+import logging
+import sys
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from . import gen
+from .gen import DONE_LIST, DRAIN_METHOD, KEEP_LIST, OUTCOMES, QUEUE_ATTR, STATES, TERMINAL
+
+# If True, an exception escaping the iteration is `raises` whatever happened before it (what
+# kvtrace's graph.outcome_of does: an append or a release before the raise does not count, the
+# queue is never reassigned). If False, the outcome list read top-down: `kept`/`leaves` first.
+RAISE_WINS = True
+MAX_PATHS = 1 << 12
+POLLS_AFTER = 3  # polls after abort() / after the clock moved
+CLOCK_START = 1000.0
+CLOCK_FAR = 1e12
+EXPECTED_EXCEPTIONS = (RuntimeError, ValueError, AssertionError)
+
+
+class OracleError(Exception):
+    """The tree did something the oracle cannot judge (a bug in the generator or the oracle)."""
+
+
+def classify(in_keep: bool, returned_in_loop: bool, in_done: bool, effects, raised) -> str:
+    if RAISE_WINS and raised:
+        return "raises"
+    if in_keep or returned_in_loop:
+        return "kept"
+    if in_done or effects:
+        return "leaves"
+    if raised:
+        return "raises"
+    return "dropped"
+
+
+def sort_outcomes(outcomes) -> list[str]:
+    seen = set(outcomes)
+    unknown = seen - set(OUTCOMES)
+    if unknown:
+        raise OracleError(f"unknown outcomes {sorted(unknown)}")
+    return [o for o in OUTCOMES if o in seen]
+
+
+# ---------------------------------------------------------------------------------------------
+# Free flags and the depth-first walk over their values
+
+
+class _Any:
+    """A flag value that is truthy and equal to everything (the other value is None)."""
+
+    def __bool__(self) -> bool:
+        return True
+
+    def __eq__(self, other) -> bool:
+        return True
+
+    def __ne__(self, other) -> bool:
+        return False
+
+    def __hash__(self) -> int:
+        return 1
+
+    def __repr__(self) -> str:
+        return "ANY"
+
+
+ANY = _Any()
+FLAG_VALUES = (None, ANY)
+
+
+class Chooser:
+    """Answers flag reads along one path; `prefix` fixes the first choices."""
+
+    def __init__(self, prefix: list[int]) -> None:
+        self.prefix = prefix
+        self.trace: list[int] = []
+        self.names: list[str] = []
+        self.values: dict[str, int] = {}
+        self.correlated: set[str] = set()
+        self._in_call: set[str] = set()
+
+    def new_call(self) -> None:
+        """Start of a call (sender polls): a flag read again in a later call keeps its value."""
+        self._in_call = set()
+
+    def value(self, key: str):
+        if key in self.values:
+            if key in self._in_call:
+                self.correlated.add(key)
+            self._in_call.add(key)
+            return FLAG_VALUES[self.values[key]]
+        i = len(self.trace)
+        c = self.prefix[i] if i < len(self.prefix) else 0
+        self.trace.append(c)
+        self.names.append(key)
+        self.values[key] = c
+        self._in_call.add(key)
+        return FLAG_VALUES[c]
+
+    def assignment(self) -> tuple[tuple[str, int], ...]:
+        return tuple(zip(self.names, self.trace))
+
+
+def explore(run, max_paths: int = MAX_PATHS):
+    """Call run(chooser) once per path; yields (chooser, result)."""
+    prefix: list[int] = []
+    for _ in range(max_paths):
+        ch = Chooser(prefix)
+        result = run(ch)
+        yield ch, result
+        t = ch.trace
+        i = len(t) - 1
+        while i >= 0 and t[i] == 1:
+            i -= 1
+        if i < 0:
+            return
+        prefix = t[:i] + [1]
+    raise OracleError(f"more than {max_paths} paths")
+
+
+# ---------------------------------------------------------------------------------------------
+# Loading a tree
+
+
+_counter = itertools.count()
+
+
+class LoadedTree:
+    def __init__(self, root: Path, pkg: str) -> None:
+        self.root = root
+        self.pkg = pkg
+        self.disagg = root / "disaggregation"
+
+    def module(self, rel: str):
+        return importlib.import_module(f"{self.pkg}.{rel}")
+
+    def modules(self):
+        return [m for name, m in list(sys.modules.items()) if name == self.pkg or name.startswith(self.pkg + ".")]
+
+    def kvpoll(self):
+        return self.module("base.conn").KVPoll
+
+    def state_names(self) -> dict[int, str]:
+        kv = self.kvpoll()
+        return {getattr(kv, s): s for s in STATES}
+
+
+@contextmanager
+def load_tree(root: Path):
+    """Import `<root>/disaggregation` as a fresh package (relative imports work); forget it after."""
+    pkg = f"_kvtrace_oracle_{next(_counter)}"
+    disagg = Path(root) / "disaggregation"
+    if not disagg.is_dir():
+        raise OracleError(f"{root}: no disaggregation folder")
+    spec = importlib.machinery.ModuleSpec(pkg, None, is_package=True)
+    spec.submodule_search_locations = [str(disagg)]
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[pkg] = module
+    # The tree's module loggers are children of this one: keep their warnings off stderr.
+    logging.getLogger(pkg).setLevel(logging.CRITICAL + 1)
+    old_dont_write = sys.dont_write_bytecode
+    sys.dont_write_bytecode = True  # never leave __pycache__ in a regression fixture
+    try:
+        yield LoadedTree(Path(root), pkg)
+    finally:
+        sys.dont_write_bytecode = old_dont_write
+        for name in [n for n in sys.modules if n == pkg or n.startswith(pkg + ".")]:
+            del sys.modules[name]
+        for key in [k for k in sys.path_importer_cache if str(k).startswith(str(disagg))]:
+            del sys.path_importer_cache[key]
+
+
+# ---------------------------------------------------------------------------------------------
+# Drain loops
+
+
+@dataclass(frozen=True)
+class PathRecord:
+    state: str
+    flags: tuple[tuple[str, int], ...]
+    outcome: str
+    # In the list assigned back to the queue; False (not observed) when the method returned
+    # inside the loop, which is `kept` whatever the list holds.
+    in_keep: bool
+    in_done: bool
+    in_other: bool  # appended to another list of self (self.waiting_queue)
+    returned_in_loop: bool
+    effects: tuple[str, ...]
+    raised: str | None
+
+
+@dataclass
+class DrainVerdict:
+    fates: dict[str, list[str]]
+    paths: dict[str, list[PathRecord]]
+    correlated: set[str] = field(default_factory=set)
+
+    def summary(self) -> str:
+        lines = []
+        for state in STATES:
+            lines.append(f"{state}: {self.fates[state]}")
+            for p in self.paths[state]:
+                flags = ", ".join(f"{k}={'ANY' if v else 'None'}" for k, v in p.flags) or "-"
+                extra = []
+                if p.effects:
+                    extra.append("effects=" + "+".join(p.effects))
+                if p.raised:
+                    extra.append("raised=" + p.raised)
+                if p.in_keep:
+                    extra.append("in undone_reqs")
+                if p.in_done:
+                    extra.append("in done_reqs")
+                if p.in_other:
+                    extra.append("in self.waiting_queue")
+                if p.returned_in_loop:
+                    extra.append("returned in loop")
+                lines.append(f"    [{flags}] -> {p.outcome} {' '.join(extra)}")
+        return "\n".join(lines)
+
+
+def _loop_lines(source: str) -> tuple[int, int]:
+    """First and last line of the drain loop's body."""
+    tree = ast.parse(source)
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name == DRAIN_METHOD:
+            for inner in ast.walk(node):
+                if (
+                    isinstance(inner, ast.For)
+                    and isinstance(inner.iter, ast.Call)
+                    and QUEUE_ATTR in ast.unparse(inner.iter)
+                ):
+                    return inner.body[0].lineno, inner.end_lineno or inner.body[-1].lineno
+    raise OracleError(f"no `for ... in zip(self.{QUEUE_ATTR}, ...)` in {DRAIN_METHOD}")
+
+
+def _find_drain_class(module):
+    for obj in vars(module).values():
+        if inspect.isclass(obj) and obj.__module__ == module.__name__ and DRAIN_METHOD in vars(obj):
+            return obj
+    raise OracleError(f"no class defines {DRAIN_METHOD}")
+
+
+class _Events:
+    """Release/abort calls made while the drain frame is inside its loop body."""
+
+    def __init__(self, code, lo: int, hi: int) -> None:
+        self.code, self.lo, self.hi = code, lo, hi
+        self.items: list[str] = []
+
+    def recorder(self, kind: str):
+        def record(*args, **kwargs):
+            f = sys._getframe(1)
+            while f is not None:
+                if f.f_code is self.code:
+                    if self.lo <= f.f_lineno <= self.hi:
+                        self.items.append(kind)
+                    return None
+                f = f.f_back
+            return None
+
+        return record
+
+
+class _Obj:
+    """A plain object carrying recorder methods."""
+
+    def __init__(self, **methods) -> None:
+        self.__dict__.update(methods)
+
+
+class FakeReq:
+    def __init__(self, chooser: Chooser, sender) -> None:
+        self.__dict__["_chooser"] = chooser
+        self.disagg_kv_sender = sender
+        self.rid = "rid-0"
+        self.metadata_buffer_index = 3
+        self.finished_reason = None
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self.__dict__["_chooser"].value(f"req.{name}")
+
+    def __repr__(self) -> str:
+        return "FakeReq(rid-0)"
+
+
+class KVTransferError(RuntimeError):
+    pass
+
+
+class _FakeSender:
+    """The request's sender: poll() answers the state under test; any other method (the
+    generator's FailCall sites, one name each) raises KVTransferError or not, a free flag."""
+
+    def __init__(self, value, chooser: Chooser) -> None:
+        self.value = value
+        self._chooser = chooser
+
+    def poll(self):
+        return self.value
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        chooser = self.__dict__["_chooser"]
+
+        def method(*args, **kwargs):
+            if chooser.value(f"sender.{name}") is ANY:
+                raise KVTransferError(f"{name} failed")
+
+        return method
+
+
+def _scheduler_class(drain_cls):
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self.__dict__["_chooser"].value(f"self.{name}")
+
+    return type("FakeScheduler", (drain_cls,), {"__getattr__": __getattr__})
+
+
+def drain_verdict(root: Path) -> DrainVerdict:
+    """Run the drain loop of the tree at `root` for every state and every flag assignment."""
+    root = Path(root)
+    source = (root / "disaggregation" / "prefill.py").read_text(encoding="utf-8")
+    lo, hi = _loop_lines(source)
+    with load_tree(root) as tree:
+        prefill = tree.module("prefill")
+        kvpoll = tree.kvpoll()
+        drain_cls = _find_drain_class(prefill)
+        method = vars(drain_cls)[DRAIN_METHOD]
+        code = method.__code__
+        sched_cls = _scheduler_class(drain_cls)
+        fates: dict[str, list[str]] = {}
+        paths: dict[str, list[PathRecord]] = {}
+        correlated: set[str] = set()
+        for state in STATES:
+            value = getattr(kvpoll, state)
+
+            def run(ch: Chooser, value=value, state=state) -> PathRecord:
+                events = _Events(code, lo, hi)
+                prefill.poll_and_all_reduce = lambda pollers, group=None, *a, **k: [p.poll() for p in pollers]
+                prefill.release_kv_cache = events.recorder("release_kv_cache")
+                prefill.maybe_release_metadata_buffer = events.recorder("metadata_buffer")
+                prefill.prepare_abort = events.recorder("abort")
+                req = FakeReq(ch, _FakeSender(value, ch))
+                sched = object.__new__(sched_cls)
+                queue = [req]
+                sched.__dict__.update(
+                    _chooser=ch,
+                    group=None,
+                    tree_cache=_Obj(cache_finished_req=events.recorder("cache_finished_req")),
+                    req_to_metadata_buffer_idx_allocator=_Obj(free=events.recorder("allocator_free")),
+                    send_kv_chunk=lambda *a, **k: None,
+                    release_lock=lambda *a, **k: None,
+                    waiting_queue=[],
+                )
+                sched.__dict__[QUEUE_ATTR] = queue
+                raised = None
+                in_keep = in_done = returned = False
+                try:
+                    result = method(sched)
+                except EXPECTED_EXCEPTIONS as exc:
+                    if isinstance(exc, RecursionError):
+                        raise OracleError("recursion in a generated drain loop") from exc
+                    raised = type(exc).__name__
+                    loc = _frame_locals(exc, code)
+                    in_keep = any(r is req for r in loc.get(KEEP_LIST) or ())
+                    in_done = any(r is req for r in loc.get(DONE_LIST) or ())
+                except Exception as exc:  # pragma: no cover - a generator or oracle bug
+                    raise OracleError(f"{state}: unexpected {type(exc).__name__}: {exc}") from exc
+                else:
+                    final = sched.__dict__[QUEUE_ATTR]
+                    if final is queue:
+                        returned = True  # returned inside the loop: the queue was not reassigned
+                    else:
+                        in_keep = any(r is req for r in final)
+                    in_done = any(r is req for r in (result or ()))
+                effects = tuple(events.items)
+                in_other = any(r is req for r in sched.__dict__["waiting_queue"])
+                outcome = classify(in_keep, returned, in_done or in_other, effects, raised)
+                return PathRecord(state, (), outcome, in_keep, in_done, in_other, returned, effects, raised)
+
+            records = []
+            for ch, rec in explore(run):
+                records.append(_with_flags(rec, ch.assignment()))
+                correlated |= ch.correlated
+            paths[state] = records
+            fates[state] = sort_outcomes(r.outcome for r in records)
+        return DrainVerdict(fates, paths, correlated)
+
+
+def _with_flags(rec: PathRecord, flags) -> PathRecord:
+    return dataclasses.replace(rec, flags=flags)
+
+
+def _frame_locals(exc: BaseException, code) -> dict:
+    tb = exc.__traceback__
+    found = {}
+    while tb is not None:
+        if tb.tb_frame.f_code is code:
+            found = dict(tb.tb_frame.f_locals)
+        tb = tb.tb_next
+    return found
+
+
+# ---------------------------------------------------------------------------------------------
+# The IR interpreter (a second oracle, over gen's IR)
+
+
+class _Stop(Exception):
+    """continue / break: the iteration ends."""
+
+
+class _Ret(Exception):
+    """return inside the drain loop."""
+
+
+class _Raised(Exception):
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+
+
+class _HRet(Exception):
+    def __init__(self, value) -> None:
+        self.value = value
+
+
+_RELEASE_EFFECT = {
+    "release_kv_cache": "release_kv_cache",
+    "cache_finished_req": "cache_finished_req",
+    "metadata_buffer": "metadata_buffer",
+    "allocator_free": "allocator_free",
+}
+
+
+class _IREnv:
+    def __init__(self, state: str, ch: Chooser) -> None:
+        self.state = state
+        self.ch = ch
+        self.keep = False
+        self.done = False
+        self.other = False
+        self.effects: list[str] = []
+
+
+def _truth(cond, env: _IREnv, pollvar_bound: bool):
+    if isinstance(cond, gen.PollTest):
+        assert pollvar_bound
+        v = env.state
+        if cond.op in ("==", "is"):
+            return v == cond.states[0]
+        if cond.op in ("!=", "is not"):
+            return v != cond.states[0]
+        if cond.op == "in":
+            return v in cond.states
+        if cond.op == "not in":
+            return v not in cond.states
+        raise AssertionError(cond.op)
+    if isinstance(cond, gen.FlagTest):
+        val = env.ch.value(f"{cond.owner}.{cond.name}")
+        return {
+            "truthy": val is ANY,
+            "not": val is None,
+            "is None": val is None,
+            "is not None": val is ANY,
+            "eq": val is ANY,
+            "ne": val is None,
+            "poll_eq": val is ANY,
+        }[cond.shape]
+    if isinstance(cond, gen.CallTest):
+        r = bool(_call(cond.helper, env))
+        return (not r) if cond.negate else r
+    if isinstance(cond, gen.NotTest):
+        return not _truth(cond.operand, env, pollvar_bound)
+    if isinstance(cond, gen.BoolTest):
+        if cond.op == "and":
+            return all(_truth(c, env, pollvar_bound) for c in cond.operands)  # all() short-circuits
+        return any(_truth(c, env, pollvar_bound) for c in cond.operands)
+    raise TypeError(cond)
+
+
+def _call(helper: gen.Helper, env: _IREnv):
+    try:
+        _block(helper.body, env, helper.poll_param is not None)
+    except _HRet as r:
+        return r.value
+    return None
+
+
+def _block(stmts, env: _IREnv, pollvar_bound: bool) -> None:
+    for s in stmts:
+        if isinstance(s, gen.Keep):
+            env.keep = True
+        elif isinstance(s, gen.Done):
+            env.done = True
+        elif isinstance(s, gen.Requeue):
+            env.other = True
+        elif isinstance(s, gen.FailCall):
+            if env.ch.value(f"sender.{s.name}") is ANY:
+                raise _Raised("KVTransferError")
+        elif isinstance(s, gen.Try):
+            try:
+                _block(s.body, env, pollvar_bound)
+            except _Raised:
+                _block(s.handler, env, pollvar_bound)
+        elif isinstance(s, gen.Match):
+            for states, block in s.arms:
+                if env.state in states:
+                    _block(block, env, pollvar_bound)
+                    break
+            else:
+                if s.default is not None:
+                    _block(s.default, env, pollvar_bound)
+        elif isinstance(s, gen.Release):
+            env.effects.append(_RELEASE_EFFECT[s.kind])
+        elif isinstance(s, gen.Abort):
+            env.effects.append("abort")
+        elif isinstance(s, gen.Neutral):
+            pass
+        elif isinstance(s, (gen.Continue, gen.Break)):
+            raise _Stop()
+        elif isinstance(s, gen.Return):
+            raise _Ret()
+        elif isinstance(s, gen.Raise):
+            raise _Raised("ValueError" if s.kind == "value" else "RuntimeError")
+        elif isinstance(s, gen.Assert):
+            if not _truth(s.cond, env, pollvar_bound):
+                raise _Raised("AssertionError")
+        elif isinstance(s, gen.If):
+            if _truth(s.cond, env, pollvar_bound):
+                _block(s.body, env, pollvar_bound)
+            else:
+                _block(s.orelse, env, pollvar_bound)
+        elif isinstance(s, gen.Call):
+            _call(s.helper, env)
+        elif isinstance(s, gen.HReturn):
+            if s.value is None or s.value is True or s.value is False:
+                raise _HRet(s.value)
+            raise _HRet(_truth(s.value, env, pollvar_bound))
+        else:
+            raise TypeError(s)
+
+
+def interpret_drain(program: gen.DrainProgram) -> DrainVerdict:
+    fates: dict[str, list[str]] = {}
+    paths: dict[str, list[PathRecord]] = {}
+    correlated: set[str] = set()
+    for state in STATES:
+
+        def run(ch: Chooser, state=state) -> PathRecord:
+            env = _IREnv(state, ch)
+            raised = None
+            returned = False
+            try:
+                _block(program.body, env, True)
+            except _Stop:
+                pass
+            except _Ret:
+                returned = True
+                env.keep = False  # not observable by execution (see PathRecord.in_keep)
+            except _Raised as r:
+                raised = r.kind
+            effects = tuple(env.effects)
+            outcome = classify(env.keep, returned, env.done or env.other, effects, raised)
+            return PathRecord(state, (), outcome, env.keep, env.done, env.other, returned, effects, raised)
+
+        records = []
+        for ch, rec in explore(run):
+            records.append(_with_flags(rec, ch.assignment()))
+            correlated |= ch.correlated
+        paths[state] = records
+        fates[state] = sort_outcomes(r.outcome for r in records)
+    return DrainVerdict(fates, paths, correlated)
+
+
+# ---------------------------------------------------------------------------------------------
+# Senders
+
+
+class FakeClock:
+    """Stands in for the `time` module of every module of a loaded tree."""
+
+    def __init__(self, now: float = CLOCK_START) -> None:
+        self.now = now
+
+    def time(self) -> float:
+        return self.now
+
+    monotonic = perf_counter = time
+
+    def sleep(self, seconds: float) -> None:
+        self.now += seconds
+
+
+class FakeManager:
+    """A KV manager whose answer never changes and that ignores updates (assumption A5)."""
+
+    def __init__(self, status, chooser: Chooser) -> None:
+        self.__dict__["_status"] = status
+        self.__dict__["_chooser"] = chooser
+
+    def check_status(self, room):
+        return self.__dict__["_status"]
+
+    def update_status(self, room, status, *a, **k) -> None:
+        return None
+
+    def record_failure(self, room, reason, *a, **k) -> None:
+        return None
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self.__dict__["_chooser"].value(f"kv_mgr.{name}")
+
+
+@dataclass
+class SenderVerdict:
+    backend: str  # the folder
+    sender: str  # the class name
+    returns: set[str]  # every state poll() returned in any run
+    driven: set[str]  # states the first poll of a fresh sender returned
+    abort_ok: dict[str, bool]  # S -> some run polled S, then after abort() a terminal state
+    timeout_ok: dict[str, bool]  # S -> some run polled S, then after the clock moved a terminal state
+    correlated: set[str] = field(default_factory=set)
+
+    def way_out(self, state: str) -> bool:
+        return self.abort_ok.get(state, False) or self.timeout_ok.get(state, False)
+
+    def summary(self) -> str:
+        rows = [f"{self.backend} ({self.sender}): returns {sorted(self.returns)}"]
+        for s in sorted(self.driven - set(TERMINAL)):
+            rows.append(f"    {s}: after abort -> {self.abort_ok.get(s)}, after timeout -> {self.timeout_ok.get(s)}")
+        return "\n".join(rows)
+
+
+def find_senders(tree: LoadedTree) -> list[tuple[str, type]]:
+    """(folder, class) of every concrete sender, the way kvtrace's pack defines backends."""
+    base = tree.module("base.conn").BaseKVSender
+    found = []
+    for folder in sorted(p.name for p in tree.disagg.iterdir() if p.is_dir() and (p / "conn.py").is_file()):
+        if folder == "base":
+            continue
+        module = tree.module(f"{folder}.conn")
+        for obj in vars(module).values():
+            if (
+                inspect.isclass(obj)
+                and obj.__module__ == module.__name__
+                and issubclass(obj, base)
+                and obj.__name__.endswith("KVSender")
+                and not obj.__name__.startswith(("Base", "Common"))
+                and not inspect.isabstract(obj)
+            ):
+                found.append((folder, obj))
+    return found
+
+
+def sender_verdicts(root: Path) -> dict[str, SenderVerdict]:
+    out: dict[str, SenderVerdict] = {}
+    with load_tree(Path(root)) as tree:
+        kvpoll = tree.kvpoll()
+        names = tree.state_names()
+        clock = FakeClock()
+        senders = find_senders(tree)  # imports every backend module
+        for module in tree.modules():
+            if getattr(module, "time", None) is not None and getattr(module.time, "__name__", "") == "time":
+                module.time = clock
+
+        def name_of(value) -> str:
+            try:
+                return names[value]
+            except (KeyError, TypeError):
+                raise OracleError(f"poll() returned {value!r}, not a KVPoll member") from None
+
+        for folder, cls in senders:
+            returns: set[str] = set()
+            driven: set[str] = set()
+            abort_ok: dict[str, bool] = {}
+            timeout_ok: dict[str, bool] = {}
+            correlated: set[str] = set()
+            for mode in ("abort", "timeout"):
+                for state in STATES:
+                    status = getattr(kvpoll, state)
+
+                    def run(ch: Chooser, status=status, mode=mode):
+                        try:
+                            clock.now = CLOCK_START
+                            sender = cls(FakeManager(status, ch), 7)
+                            clock.now = CLOCK_START + 1
+                            ch.new_call()
+                            first = name_of(sender.poll())
+                            if mode == "abort":
+                                sender.abort()
+                            else:
+                                clock.now = CLOCK_FAR
+                            later = []
+                            for _ in range(POLLS_AFTER):
+                                ch.new_call()
+                                later.append(name_of(sender.poll()))
+                        except OracleError:
+                            raise
+                        except Exception as exc:
+                            raise OracleError(f"{folder}: {type(exc).__name__}: {exc}") from exc
+                        return first, later
+
+                    for ch, (first, later) in explore(run):
+                        correlated |= ch.correlated
+                        driven.add(first)
+                        returns.add(first)
+                        returns.update(later)
+                        ok = any(s in TERMINAL for s in later)
+                        table = abort_ok if mode == "abort" else timeout_ok
+                        table[first] = table.get(first, False) or ok
+            out[folder] = SenderVerdict(folder, cls.__name__, returns, driven, abort_ok, timeout_ok, correlated)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# kvtrace's side, in the oracle's terms
+
+
+def kvtrace_fates(report) -> dict[str, list[str]]:
+    queue = report.queues[0]
+    return {state: list(queue.states[state].fate) for state in STATES if state in queue.states}
+
+
+def kvtrace_way_out(backend, state: str) -> bool:
+    return bool(backend.reads_abort_state) or any(state in t.covers for t in backend.timeouts)
+
+
+def kvtrace_timeout_covers(backend, state: str) -> bool:
+    return any(state in t.covers for t in backend.timeouts)
