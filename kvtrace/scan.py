@@ -143,8 +143,10 @@ def _queue_report(pack: Pack, members: tuple[str, ...], queue) -> QueueReport:
                 note = {"T": "check: true", "F": "check: false"}.get(e.detail, f"{e.kind}: {e.detail}") \
                     if e.kind == "check" else f"{e.kind}: {e.detail}" if e.detail else e.kind
                 evidence.setdefault((e.path, e.line), note)
-            if queue.drain is not None and not events:
-                evidence.setdefault((queue.drain.func.path, queue.drain.body.line(queue.drain.loop)), f"falls through: {outcome}")
+            if queue.drain is not None and outcome == "dropped":
+                # Nothing marks where a dropped request goes: point at the loop it falls out of.
+                loop = (queue.drain.func.path, queue.drain.body.line(queue.drain.loop))
+                evidence[loop] = "dropped: no keep, done, release or abort on this path"
         fate = queue.fate(state) if queue.drain is not None else []
         states[state] = StateFate(fate, [Evidence(p, l, n) for (p, l), n in sorted(evidence.items())])
     sites: list[Site] = list(queue.static_sites)
