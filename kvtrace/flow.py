@@ -37,33 +37,37 @@ class Event:
     detail: str = ""
 
 
+Bindings = tuple[tuple[str, Val], ...]
+
+
+def _lookup(bindings: Bindings, name: str) -> Val | None:
+    return next((value for key, value in bindings if key == name), None)
+
+
+def _with(bindings: Bindings, name: str, value: Val) -> Bindings:
+    return tuple(sorted([(k, v) for k, v in bindings if k != name] + [(name, value)]))
+
+
 @dataclass(frozen=True)
 class PathState:
-    env: tuple[tuple[str, Val], ...] = ()
-    attrs: tuple[tuple[str, Val], ...] = ()  # self.X assigned on this path
+    env: Bindings = ()
+    attrs: Bindings = ()  # self.X assigned on this path
     events: tuple[Event, ...] = ()
     term: str | None = None  # continue, break, return, raise
     ret: Val | None = None
 
+    # env and attrs are sorted tuples of (name, value) so that equal paths hash equal and merge.
     def get(self, name: str) -> Val | None:
-        for key, value in self.env:
-            if key == name:
-                return value
-        return None
+        return _lookup(self.env, name)
 
     def bind(self, name: str, value: Val) -> "PathState":
-        env = tuple((k, v) for k, v in self.env if k != name) + ((name, value),)
-        return replace(self, env=tuple(sorted(env)))
+        return replace(self, env=_with(self.env, name, value))
 
     def attr(self, name: str) -> Val | None:
-        for key, value in self.attrs:
-            if key == name:
-                return value
-        return None
+        return _lookup(self.attrs, name)
 
     def set_attr(self, name: str, value: Val) -> "PathState":
-        attrs = tuple((k, v) for k, v in self.attrs if k != name) + ((name, value),)
-        return replace(self, attrs=tuple(sorted(attrs)))
+        return replace(self, attrs=_with(self.attrs, name, value))
 
     def emit(self, event: Event) -> "PathState":
         return replace(self, events=self.events + (event,))
