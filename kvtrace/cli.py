@@ -30,6 +30,16 @@ app = typer.Typer(
 )
 
 
+class FailOn(str, Enum):
+    error = "error"
+    warning = "warning"
+    note = "note"
+    never = "never"
+
+
+SEVERITY_RANK = {"note": 0, "warning": 1, "error": 2, "never": 3}
+
+
 class OutputFormat(str, Enum):
     text = "text"
     json = "json"
@@ -76,6 +86,8 @@ def scan(
     max_files: Annotated[int, typer.Option("--max-files", help="Refuse trees with more .py files.")] = FetchLimits.max_files,
     max_total_bytes: Annotated[int, typer.Option("--max-total-bytes", help="Refuse trees with more bytes of .py.")] = FetchLimits.max_total_bytes,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show fetch steps and timings on stderr.")] = False,
+    fail_on: Annotated[FailOn, typer.Option("--fail-on",
+        help="Exit 1 only for findings of this severity or worse (never: report, exit 0).")] = FailOn.note,
 ) -> None:
     """Scan one or more targets and report pinned and dropped poll states, per backend."""
     from kvtrace.fetch import fetch_target
@@ -117,7 +129,9 @@ def scan(
         raise typer.Exit(EXIT_INPUT)
     if any(f.status != "ok" for r in reports for f in r.files) or any(r.problems for r in reports):
         raise typer.Exit(EXIT_INCOMPLETE)
-    raise typer.Exit(EXIT_FINDINGS if any(r.findings for r in reports) else EXIT_CLEAN)
+    threshold = SEVERITY_RANK[fail_on.value]
+    failing = any(SEVERITY_RANK.get(f.severity, 0) >= threshold for r in reports for f in r.findings)
+    raise typer.Exit(EXIT_FINDINGS if failing else EXIT_CLEAN)
 
 
 def _write(reports: list[Report], fmt: OutputFormat, output: Path | None, no_map: bool) -> None:

@@ -121,3 +121,11 @@ def test_rules_and_explain() -> None:
 
 def test_unknown_rules_pack_is_exit_2() -> None:
     assert_one_line_error(kvtrace("scan", "examples/healthy", "--rules", "nope"), "unknown rules pack")
+
+
+def test_fail_on_threshold() -> None:
+    # dropped-else has errors (pinned-state) and a warning (dropped-state).
+    assert kvtrace("scan", "examples/dropped-else", "--fail-on", "error").returncode == 1
+    assert kvtrace("scan", "examples/dropped-else", "--fail-on", "never").returncode == 0
+    # helper-methods has one error only: a warning threshold still fails, "never" does not.
+    assert kvtrace("scan", "examples/helper-methods", "--fail-on", "warning").returncode == 1
