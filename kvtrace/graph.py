@@ -157,8 +157,16 @@ def _bind_loop_target(target: cst.BaseExpression, it: cst.BaseExpression, queue:
         return
     if isinstance(it, cst.Call) and dotted(it.func) == "zip":
         if isinstance(target, (cst.Tuple, cst.List)):
-            for element, arg in zip(target.elements, it.args):
+            pairs = list(zip(target.elements, it.args))
+            for element, arg in pairs:
                 _bind_loop_target(element.value, arg.value, queue, poll_vars, initial)
+            # zip(queue, values): the sequence zipped with the queue holds one poll value per
+            # request, however it was computed (a helper, a comprehension, a renamed call).
+            if len(pairs) == 2 and not any(role == "@state" for role in initial.values()):
+                for element, arg in pairs:
+                    if isinstance(element.value, cst.Name) and element.value.value not in initial \
+                            and not any(isinstance(n, cst.Attribute) and n.attr.value == queue for n in _walk(arg.value)):
+                        initial[element.value.value] = "@state"
         return
     if isinstance(target, cst.Name):
         if any(isinstance(n, cst.Attribute) and n.attr.value == queue for n in _walk(it)):

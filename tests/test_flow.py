@@ -141,6 +141,16 @@ CASES: dict[str, tuple[str | tuple[str, str], dict[str, list[str]], str]] = {
 }
 
 
+def test_poll_values_from_any_sequence_zipped_with_the_queue(tmp_path: Path) -> None:
+    """The poll list may come from a helper or a comprehension rather than a known poll call."""
+    source = drain(CASES["not-equal"][0]).replace(
+        "polls = poll_and_all_reduce(", "polls = self.gather_states(")
+    assert "gather_states" in source
+    report = scan_path(write_tree(tmp_path, {"disaggregation/prefill.py": source, **SENDER}))
+    fates = {state: fate.fate for state, fate in report.queues[0].states.items()}
+    assert fates == CASES["not-equal"][1]
+
+
 @pytest.mark.parametrize("name", sorted(CASES))
 def test_fates(name: str, tmp_path: Path) -> None:
     code, expected, rule = CASES[name]
