@@ -287,7 +287,6 @@ class Explorer:
         for path in paths:
             pending.extend(self.eval(node.subject, path, frame))
         subject = node.subject.value if isinstance(node.subject, cst.Name) else None
-        universe = self.c.domain.universe
         for case in node.cases:
             entering: list[PathState] = []
             rest: list[tuple[PathState, Val]] = []

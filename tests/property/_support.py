@@ -13,8 +13,6 @@ once the bug it shows is understood (fixed, or the test marked as a known limita
 
 from __future__ import annotations
 
-import importlib
-import importlib.util
 import json
 import os
 import shutil

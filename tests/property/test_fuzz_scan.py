@@ -10,7 +10,6 @@ status "ok". A few CLI runs check the exit codes on top.
 from __future__ import annotations
 
 import ast
-import importlib.util
 import json
 import subprocess
 import sys
