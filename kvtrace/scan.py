@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 from kvtrace.backends import analyse_backends
-from kvtrace.checks import ALL_RULES, ScanContext
+from kvtrace.rules import ALL_RULES, ScanContext
 from kvtrace.errors import InputError
 from kvtrace.fetch.local import fetch_local
 import networkx as nx

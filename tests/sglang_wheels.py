@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import zipfile
 from pathlib import Path
 
@@ -18,11 +19,16 @@ def wheel(version: str) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     found = sorted(folder.glob(f"sglang-{version}-*.whl"))
     if not found:
-        subprocess.run(
-            [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--disable-pip-version-check",
-             f"sglang=={version}", "-d", str(folder)],
-            check=True, timeout=900,
-        )
+        # Download beside the cache and rename into it, so that concurrent test runs never see
+        # a half-written wheel.
+        with tempfile.TemporaryDirectory(dir=folder) as staging:
+            subprocess.run(
+                [sys.executable, "-m", "pip", "download", "--no-deps", "--quiet", "--disable-pip-version-check",
+                 f"sglang=={version}", "-d", staging],
+                check=True, timeout=900,
+            )
+            for downloaded in Path(staging).glob(f"sglang-{version}-*.whl"):
+                os.replace(downloaded, folder / downloaded.name)
         found = sorted(folder.glob(f"sglang-{version}-*.whl"))
     assert found, f"pip download sglang=={version} produced no wheel"
     return found[0]

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtrace.checks.samples import drain
+from kvtrace.rules.samples import drain
 from kvtrace.scan import scan_path
 from tests.test_rules import write_tree
 

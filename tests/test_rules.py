@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from kvtrace.checks import ALL_RULES, rule_by_id
-from kvtrace.checks.base import Rule, Sample
-from kvtrace.checks.samples import SHARED_FILES
+from kvtrace.rules import ALL_RULES, rule_by_id
+from kvtrace.rules.base import Rule, Sample
+from kvtrace.rules.samples import SHARED_FILES
 from kvtrace.scan import scan_path
 
 CASES = [

@@ -6,7 +6,7 @@ import json
 from typing import Any
 
 from kvtrace import __version__
-from kvtrace.checks import ALL_RULES
+from kvtrace.rules import ALL_RULES
 from kvtrace.model import Evidence, Report
 
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"

@@ -1,4 +1,4 @@
-"""Rules packs: the TOML files in rules/ that name what the engine looks for.
+"""Rules packs: the TOML files beside this module that name what the engine looks for.
 
 The engine knows no SGLang names; a pack says which queue, which poll calls, which enum and
 which calls release or abort a request. A new engine or queue is a new pack.
@@ -58,7 +58,7 @@ def matches(text: str, patterns: tuple[str, ...]) -> bool:
 
 
 def available_packs() -> list[str]:
-    folder = resources.files("kvtrace.rules")
+    folder = resources.files("kvtrace.packs")
     return sorted(p.name[: -len(".toml")] for p in folder.iterdir() if p.name.endswith(".toml"))
 
 
@@ -73,7 +73,7 @@ def load_pack(name_or_path: str | None = None) -> Pack:
             raise InputError(f"rules pack {path}: {exc.strerror or exc}") from None
         source = str(path)
     else:
-        resource = resources.files("kvtrace.rules") / f"{name_or_path}.toml"
+        resource = resources.files("kvtrace.packs") / f"{name_or_path}.toml"
         if not resource.is_file():
             known = ", ".join(available_packs())
             raise InputError(f"unknown rules pack {name_or_path!r} (bundled: {known})")

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from kvtrace.checks.base import Rule, Sample, ScanContext
-from kvtrace.checks.samples import STANDARD_BRANCHES, drain, sender
+from kvtrace.rules.base import Rule, Sample, ScanContext
+from kvtrace.rules.samples import STANDARD_BRANCHES, drain, sender
 from kvtrace.model import Evidence, Finding
 
 
