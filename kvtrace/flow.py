@@ -18,14 +18,16 @@ import libcst as cst
 
 from kvtrace.index import ClassInfo, FuncRef, Index
 from kvtrace.packs import Pack
-from kvtrace.states import FALSE, KEEP, NONE, OTHER, POLLS, REQ, TRUE, Domain, Val, refine
+from kvtrace.states import ABSENT, FALSE, KEEP, NONE, NOW, OTHER, POLLS, REQ, TRUE, Domain, Val, refine
 
 MAX_PATHS = 4096  # per statement; past this the analysis says it is incomplete
 MAX_DEPTH = 12  # helper call depth
 
 EMPTY: Val = frozenset()
 # Events that describe a path but are not rows of the release map.
-NOT_SITES = frozenset({"timeout", "abort-read", "log"})
+NOT_SITES = frozenset({"timeout", "abort-read", "log", "attr-write", "table-read", "table-default", "table-store",
+                       "table-clear", "table-absent", "table-raise"})
+TABLE = "@table"  # attribute key of this room's entry in the manager's status table
 
 
 @dataclass(frozen=True)
@@ -78,6 +80,20 @@ class Frame:
     func: FuncRef
     body: "CstBody"
     cls: ClassInfo | None  # the class whose MRO `self.` resolves in
+    # Whose attributes `self.X` are: "" for the object under analysis, MANAGER for the manager
+    # behind it. PathState.attrs keys are prefix + name, so both live on one path.
+    prefix: str = ""
+    # The name that holds the object: "self", or a module function's parameter given `self`.
+    self_name: str = "self"
+
+    def is_self(self, node: cst.CSTNode) -> bool:
+        return isinstance(node, cst.Name) and node.value == self.self_name
+
+    def is_self_attr(self, node: cst.CSTNode) -> bool:
+        return isinstance(node, cst.Attribute) and self.is_self(node.value)
+
+
+MANAGER = "@mgr."  # attribute-key prefix of the manager object reached from a sender
 
 
 @dataclass
@@ -98,6 +114,13 @@ class Config:
     abort_attrs: frozenset[str] = frozenset()
     attr_values: Callable[[str], Val] | None = None
     truncated: list[str] = field(default_factory=list)
+    # Functions the analysis had to enter but libcst could not parse: the scan is incomplete.
+    unparsed: set[str] = field(default_factory=set)
+    # Sender mode: the manager behind the sender and its status table (an attribute of it).
+    manager: ClassInfo | None = None
+    table: str | None = None
+    clock_far: bool = False  # the clock is past every deadline: timeout comparisons are decided
+    record_writes: bool = False  # emit an attr-write event for every self.X = ... (abort() runs)
 
 
 _CODE = cst.Module(body=[])
@@ -161,12 +184,14 @@ class Explorer:
         return paths
 
     def call_function(self, func: FuncRef, cls: ClassInfo | None, args: dict[str, Val], path: PathState,
-                      ) -> list[tuple[PathState, Val]]:
+                      prefix: str = "", self_name: str = "self") -> list[tuple[PathState, Val]]:
         """Follow a call: run the callee on its own env, give back the caller's env + effects."""
         cst_func = self.c.index.cst(func)
+        if cst_func is None:
+            self.c.unparsed.add(f"{func.path}:{func.line} {func.qualname}")
         if cst_func is None or id(func.node) in self.stack or len(self.stack) >= MAX_DEPTH:
             return [(path, self.c.domain.universe)]
-        frame = Frame(func, CstBody(cst_func.node, cst_func.line), cls)
+        frame = Frame(func, CstBody(cst_func.node, cst_func.line), cls, prefix, self_name)
         start = PathState(env=tuple(sorted(args.items())), attrs=path.attrs, events=path.events)
         self.stack.append(id(func.node))
         try:
@@ -224,7 +249,7 @@ class Explorer:
             out = []
             for p, value in self.eval(node.value, path, frame):
                 for target in targets:
-                    p = self.assign(target, value, p)
+                    p = self.assign(target, value, p, frame)
                 out.append(p)
             return out
         if isinstance(node, cst.AugAssign):
@@ -246,21 +271,92 @@ class Explorer:
                     out.append(replace(p.emit(Event("raise", frame.func.path, frame.body.line(node), fn, "assert")),
                                        term="raise"))
             return out
+        if isinstance(node, cst.Del):
+            targets = [e.value for e in node.target.elements] if isinstance(node.target, (cst.Tuple, cst.List)) else [node.target]
+            for target in targets:
+                if isinstance(target, cst.Subscript) and self.is_table(target.value, frame):
+                    present, absent = self.table_split(path)
+                    line = frame.body.line(node)
+                    out = []
+                    if present is not None:
+                        out.append(present.set_attr(TABLE, frozenset({ABSENT})).emit(
+                            Event("table-clear", frame.func.path, line, fn, code(node))))
+                    if absent is not None:
+                        out.append(replace(absent.emit(Event("table-raise", frame.func.path, line, fn, code(node))), term="raise"))
+                    return out
+            return [path]
         if isinstance(node, cst.Continue):
             return [replace(path, term="continue")]
         if isinstance(node, cst.Break):
             return [replace(path, term="break")]
         return [path]
 
-    def assign(self, target: cst.CSTNode, value: Val, path: PathState) -> PathState:
+    def assign(self, target: cst.CSTNode, value: Val, path: PathState, frame: Frame | None = None) -> PathState:
         if isinstance(target, cst.Name):
-            return path.bind(target.value, value)
-        if isinstance(target, cst.Attribute) and isinstance(target.value, cst.Name) and target.value.value == "self":
-            return path.set_attr(target.attr.value, value)
+            return _forget_facts(path, FACT_LOCAL + target.value + ".").bind(target.value, value)
+        if frame is not None and isinstance(target, cst.Subscript) and self.is_table(target.value, frame):
+            stored = frozenset(self.c.domain.states(value)) or frozenset(self.c.domain.members)
+            return path.set_attr(TABLE, stored).emit(
+                Event("table-store", frame.func.path, frame.body.line(target), frame.func.qualname, ", ".join(sorted(stored))))
+        if frame is not None and frame.is_self_attr(target):
+            return self.write_self_attr(target, value, path, frame)
         if isinstance(target, (cst.Tuple, cst.List)):
             for element in target.elements:
-                path = self.assign(element.value, self.c.domain.universe, path)
+                path = self.assign(element.value, self.c.domain.universe, path, frame)
         return path
+
+    def write_self_attr(self, target: cst.Attribute, value: Val, path: PathState, frame: Frame) -> PathState:
+        key = frame.prefix + target.attr.value
+        path = _forget_facts(path, FACT + key + ".")
+        if self.c.record_writes:
+            path = path.emit(Event("attr-write", frame.func.path, frame.body.line(target), frame.func.qualname, key))
+        return path.set_attr(key, value)
+
+    # --- the manager's status table --------------------------------------------------------
+
+    def is_table(self, node: cst.CSTNode, frame: Frame) -> bool:
+        """`self.<table>` inside the manager, `self.<mgr>.<table>` inside the sender."""
+        if self.c.table is None or not isinstance(node, cst.Attribute) or node.attr.value != self.c.table:
+            return False
+        if frame.prefix == MANAGER:
+            return frame.is_self(node.value)
+        return frame.is_self_attr(node.value)
+
+    def table_split(self, path: PathState) -> tuple[PathState | None, PathState | None]:
+        """The path with the room present (narrowed), and with it absent; None when impossible."""
+        held = path.attr(TABLE)
+        if held is None:
+            held = frozenset(self.c.domain.members) | {ABSENT}
+        present = held - {ABSENT}
+        return (path.set_attr(TABLE, present) if present else None,
+                path.set_attr(TABLE, frozenset({ABSENT})) if ABSENT in held else None)
+
+    def table_call(self, node: cst.Call, method: str, values: list[Val], path: PathState,
+                   frame: Frame) -> list[tuple[PathState, Val]]:
+        here, line, fn = frame.func.path, frame.body.line(node), frame.func.qualname
+        present, absent = self.table_split(path)
+        out: list[tuple[PathState, Val]] = []
+        if method in ("get", "pop", "setdefault"):
+            default = values[1] if len(values) > 1 else frozenset({NONE})
+            if present is not None:
+                value = present.attr(TABLE) or EMPTY
+                if method == "pop":
+                    present = present.set_attr(TABLE, frozenset({ABSENT})).emit(Event("table-clear", here, line, fn, code(node)))
+                else:
+                    present = present.emit(Event("table-read", here, line, fn, code(node)))
+                out.append((present, value))
+            if absent is not None:
+                if method == "pop" and len(values) < 2:
+                    out.append((replace(absent.emit(Event("table-raise", here, line, fn, code(node))), term="raise"), EMPTY))
+                else:
+                    detail = ", ".join(sorted(self.c.domain.states(default))) or (
+                        code(node.args[1].value) if len(node.args) > 1 else "None")
+                    absent = absent.emit(Event("table-default" if method != "pop" else "table-clear", here, line, fn, detail))
+                    if method == "setdefault":
+                        absent = absent.set_attr(TABLE, frozenset(self.c.domain.states(default)) or frozenset(self.c.domain.members))
+                    out.append((absent, default))
+            return out
+        return [(path, self.c.domain.universe)]
 
     def if_stmt(self, node: cst.If, paths: list[PathState], frame: Frame) -> list[PathState]:
         yes: list[PathState] = []
@@ -342,7 +438,7 @@ class Explorer:
         if isinstance(node, cst.For):
             for path in paths:
                 for p, _ in self.eval(node.iter, path, frame):
-                    entered.append(self.assign(node.target, self.c.domain.universe, p))
+                    entered.append(self.assign(node.target, self.c.domain.universe, p, frame))
             skipped = list(entered)
         else:
             skipped = []
@@ -418,8 +514,11 @@ class Explorer:
             const = self.constant(node)
             if const is not None:
                 return [(path, const)]
-            if isinstance(node.value, cst.Name) and node.value.value == "self":
-                return [(self.read_self_attr(node, path, frame), self.self_attr_value(node.attr.value, path))]
+            key = fact_key(node, frame)
+            if key is not None and key.startswith(FACT) and path.attr(key) is not None:
+                return [(path, path.attr(key))]
+            if frame.is_self_attr(node):
+                return [(self.read_self_attr(node, path, frame), self.self_attr_value(frame.prefix + node.attr.value, path))]
             out = []
             for p, _ in self.eval(node.value, path, frame):
                 out.append((p, d.universe))
@@ -429,6 +528,22 @@ class Explorer:
             return [(path, const if const is not None else frozenset({OTHER}))]
         if isinstance(node, cst.Call):
             return self.call(node, path, frame)
+        if isinstance(node, cst.Subscript) and self.is_table(node.value, frame):
+            present, absent = self.table_split(path)
+            out = []
+            line = frame.body.line(node)
+            if present is not None:
+                out.append((present.emit(Event("table-read", frame.func.path, line, frame.func.qualname, code(node))),
+                            present.attr(TABLE) or EMPTY))
+            if absent is not None:  # KeyError
+                out.append((replace(absent.emit(Event("table-raise", frame.func.path, line, frame.func.qualname, code(node))),
+                                    term="raise"), EMPTY))
+            return out
+        if isinstance(node, cst.BinaryOperation):
+            out = []
+            for p, (left, right) in self.eval_all([node.left, node.right], path, frame):
+                out.append((p, frozenset({NOW}) if NOW in left or NOW in right else d.universe))
+            return _merge_pairs(out)
         if isinstance(node, cst.Subscript):
             out = []
             for p, container in self.eval(node.value, path, frame):
@@ -523,7 +638,7 @@ class Explorer:
         return ast_constant(value, self.c.domain)
 
     def read_self_attr(self, node: cst.Attribute, path: PathState, frame: Frame) -> PathState:
-        if node.attr.value in self.c.abort_attrs:
+        if frame.prefix + node.attr.value in self.c.abort_attrs:
             return path.emit(Event("abort-read", frame.func.path, frame.body.line(node), frame.func.qualname, node.attr.value))
         return path
 
@@ -561,12 +676,19 @@ class Explorer:
                 continue
             about = bool(d.states(value)) and self._is_state_valued(value)
             target = node.value if isinstance(node, cst.Name) else None
+            key = fact_key(node, frame)
             yes, no = value & d.truthy(), value & d.falsy()
             if not value - {TRUE, FALSE, NONE} and value:  # a plain bool/None: exact
                 yes, no = value & {TRUE}, value & {FALSE, NONE}
+            elif key is not None and value == d.universe:
+                # An unknown attribute tested once on a path reads the same the next time
+                # (OTHER, which is both truthy and falsy, is dropped so the split is exact).
+                yes, no = d.truthy() - {OTHER}, d.falsy() - {OTHER}
             for truth, part in ((True, yes), (False, no)):
                 if part:
                     q = p.bind(target, part) if target and p.get(target) is not None else p
+                    if key is not None and target is None:
+                        q = q.set_attr(key, part)
                     out.append((q, truth, about and part != value))
         return out
 
@@ -591,9 +713,9 @@ class Explorer:
         op = _op(comparison.operator)
         d = self.c.domain
         if op in ("<", "<=", ">", ">="):
-            if any(self.c.pack.is_timeout_name(n) for n in names_in(node)):
-                line = frame.body.line(node)
-                path = path.emit(Event("timeout", frame.func.path, line, frame.func.qualname, code(node)))
+            return self.order_compare(node, op, path, frame)
+        if op in ("in", "not in") and self.is_table(comparison.comparator, frame):
+            return self.table_membership(node, op == "in", path, frame)
         out = []
         for p, values in self.eval_all([node.left, comparison.comparator], path, frame):
             if p.term is not None:
@@ -627,11 +749,45 @@ class Explorer:
                 if not part:
                     continue
                 q = p
+                key = fact_key(tracked_node, frame)
                 if name is not None and p.get(name) is not None:
                     q = p.bind(name, part)
-                elif _is_self_attr(tracked_node):
-                    q = p.set_attr(tracked_node.attr.value, part)
+                elif key is not None:
+                    q = p.set_attr(key, part)
                 out.append((q, truth, about and (not yes or not no or self.c.state is not None)))
+        return out
+
+    def order_compare(self, node: cst.Comparison, op: str, path: PathState, frame: Frame,
+                      ) -> list[tuple[PathState, bool, bool]]:
+        """`<`, `<=`, `>`, `>=`: a timeout check when exactly one side grows with the clock.
+        It goes both ways, except with the clock past every deadline (`clock_far`)."""
+        comparison = node.comparisons[0]
+        out: list[tuple[PathState, bool, bool]] = []
+        for p, (left, right) in self.eval_all([node.left, comparison.comparator], path, frame):
+            if p.term is not None:
+                out.append((p, False, False))
+                continue
+            if (NOW in left) != (NOW in right):
+                p = p.emit(Event("timeout", frame.func.path, frame.body.line(node), frame.func.qualname, code(node)))
+                if self.c.clock_far:
+                    out.append((p, (op in (">", ">=")) == (NOW in left), False))
+                    continue
+            out.extend([(p, True, False), (p, False, False)])
+        return out
+
+    def table_membership(self, node: cst.Comparison, is_in: bool, path: PathState, frame: Frame,
+                         ) -> list[tuple[PathState, bool, bool]]:
+        out: list[tuple[PathState, bool, bool]] = []
+        for p, _ in self.eval(node.left, path, frame):
+            if p.term is not None:
+                out.append((p, False, False))
+                continue
+            present, absent = self.table_split(p)
+            if present is not None:
+                out.append((present, is_in, False))
+            if absent is not None:
+                absent = absent.emit(Event("table-absent", frame.func.path, frame.body.line(node), frame.func.qualname, code(node)))
+                out.append((absent, not is_in, False))
         return out
 
     # --- calls -----------------------------------------------------------------------------
@@ -644,11 +800,16 @@ class Explorer:
         receivers = [(path, EMPTY)]
         if isinstance(node.func, cst.Attribute) and not isinstance(node.func.value, cst.Name):
             receivers = self.eval(node.func.value, path, frame)
+        on_table = isinstance(node.func, cst.Attribute) and self.is_table(node.func.value, frame)
+        if on_table:
+            receivers = [(path, EMPTY)]
         results: list[tuple[PathState, Val]] = []
         for start, _ in receivers:
             for p, values in self.eval_all([a.value for a in node.args], start, frame):
                 if p.term is not None:
                     results.append((p, EMPTY))
+                elif on_table:
+                    results.extend(self.table_call(node, node.func.attr.value, values, p, frame))
                 else:
                     results.extend(self.call_with(node, callee, values, p, frame, fn, here))
         return _merge_pairs(results)
@@ -675,19 +836,65 @@ class Explorer:
             return [(p.emit(Event("log", here, line(), fn, callee)), frozenset({NONE}))]
         if callee and self.c.pack.is_abort(callee):
             return [(p.emit(Event("abort", here, line(), fn, callee)), d.universe)]
+        if callee and self.c.pack.is_clock_call(callee):
+            return [(p, frozenset({NOW}))]
+        if callee in ("max", "min") and len(values) >= 2 and not any(a.star for a in node.args):
+            return [(p, self.extreme(callee, values))]
         if callee and self.c.state is not None and self.c.pack.is_poll_call(callee):
             return [(p.emit(Event("poll", here, line(), fn, callee)), frozenset({self.c.state}))]
-        target, cls = self.resolve(callee, frame)
+        target = self.resolve_call(node, callee, frame)
         if target is None:
             return [(p, d.universe)]
-        args = self.bind_args(target, node, values)
-        p = p.emit(Event("helper", here, line(), fn, target.qualname))
-        return self.call_function(target, cls, args, p)
+        args = self.bind_args(target.func, node, values, target.drop_first)
+        p = p.emit(Event("helper", here, line(), fn, target.func.qualname))
+        self_name = target.self_name
+        if target.self_param is not None:
+            params = [a.arg for a in target.func.node.args.posonlyargs + target.func.node.args.args]
+            self_name = params[target.self_param] if target.self_param < len(params) else "self"
+        return self.call_function(target.func, target.cls, args, p, target.prefix, self_name)
+
+    def resolve_call(self, node: cst.Call, callee: str, frame: Frame) -> "CallTarget | None":
+        """What a call runs, and on which object: `self.m()`, `super().m()`, `Base.m(self)`,
+        a module function (given `self`: it then works on the same object)."""
+        func, cls = self.resolve(callee, frame)
+        parts = callee.split(".")
+        if func is None and self.c.manager is not None and frame.prefix == "" and len(parts) == 3 \
+                and parts[0] == frame.self_name:
+            # `self.<mgr>.<method>(...)`: the paired manager's method, on the manager object.
+            found = self.c.index.find_method(self.c.manager, parts[2])
+            if found is not None:
+                return CallTarget(found, self.c.manager, MANAGER, "self")
+        if func is not None:
+            if cls is None:  # a module function: does it get our object?
+                at = next((i for i, a in enumerate(node.args) if frame.is_self(a.value) and not a.star), None)
+                if at is not None:
+                    return CallTarget(func, frame.cls, frame.prefix, "self", self_param=at)
+            return CallTarget(func, cls, frame.prefix if cls is not None else "", frame.self_name if cls is not None else "self")
+        if len(parts) == 2 and node.args and frame.is_self(node.args[0].value) and frame.cls is not None:
+            base = self.c.index.resolve_class(parts[0], near=frame.func.path)
+            if base is not None:  # `Base.abort(self)`: Base's method (or its bases'), on our object
+                found = self.c.index.find_method(base, parts[1])
+                if found is not None:
+                    return CallTarget(found, frame.cls, frame.prefix, frame.self_name, drop_first=True)
+        return None
+
+    def extreme(self, which: str, values: list[Val]) -> Val:
+        """max()/min() of enum members by their int values (update_status's `max(old, new)`)."""
+        d = self.c.domain
+        number = {m: v for m, v in zip(d.members, d.values) if v is not None}
+        if not all(v and v <= set(number) for v in values):
+            return d.universe
+        pick = max if which == "max" else min
+        results: set[str] = set()
+        for combo in _product(values):
+            results.add(pick(combo, key=number.__getitem__))
+        return frozenset(results)
 
     def resolve(self, callee: str, frame: Frame) -> tuple[FuncRef | None, ClassInfo | None]:
         index = self.c.index
-        if callee.startswith("self.") and callee.count(".") == 1 and frame.cls is not None:
-            found = index.find_method(frame.cls, callee[5:])
+        me = frame.self_name + "."
+        if callee.startswith(me) and callee.count(".") == 1 and frame.cls is not None:
+            found = index.find_method(frame.cls, callee[len(me):])
             return found, frame.cls
         if callee.startswith("super().") and callee.count(".") == 1 and frame.func.owner is not None and frame.cls is not None:
             mro = index.mro(frame.cls)
@@ -701,15 +908,18 @@ class Explorer:
             return index.resolve_function(callee, frame.func.path), None
         return None, None
 
-    def bind_args(self, target: FuncRef, node: cst.Call, values: list[Val]) -> dict[str, Val]:
+    def bind_args(self, target: FuncRef, node: cst.Call, values: list[Val], drop_first: bool = False) -> dict[str, Val]:
         params = [a.arg for a in target.node.args.posonlyargs + target.node.args.args]
         if target.owner is not None and params and not _is_static(target):
             params = params[1:]
+        args = list(node.args)
+        if drop_first:  # `Base.m(self, ...)`: `self` fills the parameter dropped above
+            args, values = args[1:], values[1:]
         universe = self.c.domain.universe
         bound: dict[str, Val] = {p: universe for p in params}
         bound.update({a.arg: universe for a in target.node.args.kwonlyargs})
         positional = 0
-        for arg, value in zip(node.args, values):
+        for arg, value in zip(args, values):
             if arg.star:
                 continue
             if arg.keyword is not None:
@@ -762,8 +972,45 @@ def _op(operator: cst.CSTNode) -> str:
     }.get(type(operator), "?")
 
 
-def _is_self_attr(node: cst.CSTNode) -> bool:
-    return isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name) and node.value.value == "self"
+# Facts: what an unknown attribute chain was found to be on this path (`req.staged`,
+# `self.kv_mgr.flag`), kept in PathState.attrs so that a second test of it agrees with the first.
+FACT = "?"
+FACT_LOCAL = "?:"
+
+
+def fact_key(node: cst.CSTNode, frame: Frame) -> str | None:
+    """The attrs key of an attribute chain without calls: `prefix+X` for `self.X`, a fact key
+    for deeper chains and chains rooted at a local name; None for anything else."""
+    if not isinstance(node, cst.Attribute):
+        return None
+    text = dotted(node)
+    if not text or "(" in text:
+        return None
+    root, _, rest = text.partition(".")
+    if root == frame.self_name:
+        return frame.prefix + rest if "." not in rest else FACT + frame.prefix + rest
+    return FACT_LOCAL + text
+
+
+def _forget_facts(path: PathState, prefix: str) -> PathState:
+    if not any(k.startswith(prefix) for k, _ in path.attrs):
+        return path
+    return replace(path, attrs=tuple((k, v) for k, v in path.attrs if not k.startswith(prefix)))
+
+
+def _product(values: list[Val]):
+    import itertools
+    return itertools.product(*[sorted(v) for v in values])
+
+
+@dataclass(frozen=True)
+class CallTarget:
+    func: FuncRef
+    cls: ClassInfo | None
+    prefix: str = ""
+    self_name: str = "self"
+    drop_first: bool = False  # `Base.m(self)`: the first argument is the object itself
+    self_param: int | None = None  # a module function given the object as this argument
 
 
 def _is_static(func: FuncRef) -> bool:

@@ -13,6 +13,10 @@ Val = frozenset[str]
 
 NONE, TRUE, FALSE, OTHER = "None", "True", "False", "?"
 REQ, KEEP, POLLS = "@req", "@keep", "@polls"
+# A value computed from a clock call in the current call (`time.time() - start`): it grows.
+NOW = "@now"
+# The room is not in the manager's status table (popped, deleted, or never stored).
+ABSENT = "@absent"
 ROLES = frozenset({REQ, KEEP, POLLS})
 
 

@@ -34,7 +34,11 @@ class Pack:
     exclude_classes: tuple[str, ...]
     poll_method: str
     abort_method: str
-    timeout_names: tuple[str, ...]
+    # The object behind the sender that keeps the transfer status (see the pack's [manager]).
+    manager_base: str
+    check_method: str
+    update_method: str
+    clock_calls: tuple[str, ...]
     source: str
 
     def is_poll_call(self, callee: str) -> bool:
@@ -49,8 +53,8 @@ class Pack:
     def is_log(self, callee: str) -> bool:
         return matches(callee, self.log_calls)
 
-    def is_timeout_name(self, text: str) -> bool:
-        return matches(text.lower(), self.timeout_names)
+    def is_clock_call(self, callee: str) -> bool:
+        return matches(callee, self.clock_calls)
 
 
 def matches(text: str, patterns: tuple[str, ...]) -> bool:
@@ -115,6 +119,9 @@ def _from_dict(data: dict, source: str) -> Pack:
         exclude_classes=strings("backends", "exclude_classes", []),
         poll_method=str(get("backends", "poll_method", "poll")),
         abort_method=str(get("backends", "abort_method", "abort")),
-        timeout_names=strings("backends", "timeout_names", ["*timeout*"]),
+        manager_base=str(get("manager", "manager_base", "")),
+        check_method=str(get("manager", "check_method", "")),
+        update_method=str(get("manager", "update_method", "")),
+        clock_calls=strings("backends", "clock_calls", ["time.time", "time.monotonic", "time.perf_counter"]),
         source=source,
     )
