@@ -7,11 +7,11 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
-from kvtrace.flow import Config, CstBody, Explorer, Frame, PathState, function_body
+from kvtrace.flow import MANAGER, TABLE, Config, CstBody, Explorer, Frame, PathState, function_body
 from kvtrace.index import ClassInfo, FuncRef, Index
-from kvtrace.model import Backend, PollRef, TimeoutCheck
+from kvtrace.model import Backend, Evidence, ManagerRef, PollRef, StateVerdict, TimeoutCheck, WayOut
 from kvtrace.packs import Pack, matches
-from kvtrace.states import NONE, OTHER, Domain, Val
+from kvtrace.states import ABSENT, NONE, OTHER, Domain, Val
 
 
 @dataclass
@@ -47,6 +47,7 @@ def analyse_backends(index: Index, pack: Pack, domain: Domain, root: str, proble
     results = []
     _ASSIGNED.clear()
     senders = [c for c in index.subclasses_of(pack.sender_base) if not matches(c.name, pack.exclude_classes)]
+    mappings = _class_mappings(index)
     for cls in senders:
         # An intermediate class that a sender of the same backend builds on is not a backend
         # of its own: the class that extends it is what the backend creates.
@@ -55,57 +56,348 @@ def analyse_backends(index: Index, pack: Pack, domain: Domain, root: str, proble
                for other in senders):
             continue
         try:
-            results.append(analyse_sender(index, pack, domain, cls, root))
+            manager = pair_manager(index, pack, domain, cls, root, mappings)
+            results.append(analyse_sender(index, pack, domain, cls, root, manager, problems))
         except RecursionError:
             problems.append(f"{cls.name}.{pack.poll_method}() is nested too deeply to analyse ({cls.path}:{cls.line})")
     return results
 
 
-def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, root: str) -> SenderAnalysis:
+# --- pairing a sender with its manager ---------------------------------------------------------
+
+
+@dataclass
+class ManagerModel:
+    cls: ClassInfo
+    ref: ManagerRef
+    attrs: frozenset[str]  # sender attributes that hold the manager (`kv_mgr`)
+
+
+def _class_mappings(index: Index) -> list[tuple[set[str], str, int]]:
+    """Dict literals whose values are class names (`{KVClassType.SENDER: NixlKVSender, ...}`)."""
+    found = []
+    for module in index.modules.values():
+        for node in ast.walk(module.tree):
+            if isinstance(node, ast.Dict):
+                names = {v.id for v in node.values if isinstance(v, ast.Name) and v.id in index.classes}
+                if len(names) >= 2:
+                    found.append((names, module.source.path, node.lineno))
+    return found
+
+
+def _is_manager(index: Index, pack: Pack, cls: ClassInfo) -> bool:
+    return any(c.name == pack.manager_base for c in index.mro(cls)[1:])
+
+
+def pair_manager(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, root: str,
+                 mappings: list[tuple[set[str], str, int]]) -> ManagerModel | None:
+    """The manager a sender works with: from a backend -> classes dict that names the sender,
+    else the sender's __init__ parameter annotation (through the MRO, as super().__init__
+    passes it on), else the one manager class of the sender's folder."""
+    if not pack.manager_base:
+        return None
+    found: ClassInfo | None = None
+    how = ""
+    for names, path, line in mappings:
+        if cls.name in names:
+            candidates = [c for n in names if (c := index.resolve_class(n, near=path)) is not None and _is_manager(index, pack, c)]
+            if len(candidates) == 1:
+                found, how = candidates[0], f"mapping at {path}:{line}"
+                break
+    if found is None:
+        for c in index.mro(cls):
+            init = c.methods.get("__init__")
+            if init is None:
+                continue
+            for arg in init.node.args.args + init.node.args.kwonlyargs:
+                name = _annotation_name(arg.annotation)
+                target = index.resolve_class(name, near=init.path) if name else None
+                if target is not None and _is_manager(index, pack, target):
+                    found, how = target, f"annotation at {init.path}:{init.line}"
+                    break
+            if found is not None:
+                break
+    if found is None:
+        folder = backend_name(cls.path, root)
+        local = [c for c in index.subclasses_of(pack.manager_base) if backend_name(c.path, root) == folder]
+        leaves = [c for c in local if not any(o is not c and c in index.mro(o)[1:] for o in local)]
+        if len(leaves) == 1:
+            found, how = leaves[0], f"folder {folder}"
+    if found is None:
+        return None
+    return _manager_model(index, pack, domain.members, cls, found, how)
+
+
+def _annotation_name(node: ast.AST | None) -> str:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value.strip("'\"").rsplit(".", 1)[-1]
+    text = _ast_dotted(node) if node is not None else ""
+    return text.rsplit(".", 1)[-1] if text else ""
+
+
+def _ast_dotted(node: ast.AST) -> str:
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if isinstance(node, ast.Name):
+        parts.append(node.id)
+        return ".".join(reversed(parts))
+    return ""
+
+
+def _manager_model(index: Index, pack: Pack, members: tuple[str, ...], sender: ClassInfo, manager: ClassInfo,
+                   how: str) -> ManagerModel:
+    check = index.find_method(manager, pack.check_method)
+    table = _table_of(check) if check is not None else None
+    functions = [f for c in index.mro(manager) + index.mro(sender) for f in c.methods.values()]
+    update = index.find_method(manager, pack.update_method)
+    holds: set[str] = set()
+    unknown: list[str] = []
+    clears: list[Evidence] = []
+    attrs: set[str] = set()
+    _CALL_SITES.clear()
+    for func in functions:
+        for node in ast.walk(func.node):
+            if isinstance(node, ast.Call):
+                callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+                if callee:
+                    _CALL_SITES.setdefault(callee, []).append((func, node))
+    for func in functions:
+        parents = _parents(func.node)
+        for node in ast.walk(func.node):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                recv = node.func.value
+                if node.func.attr in (pack.check_method, pack.update_method) and isinstance(recv, ast.Attribute) \
+                        and isinstance(recv.value, ast.Name) and recv.value.id == "self" and func.owner in index.mro(sender):
+                    attrs.add(recv.attr)
+                if node.func.attr == pack.update_method:
+                    status = node.args[1] if len(node.args) > 1 else next(
+                        (k.value for k in node.keywords if k.arg == "status"), None)
+                    if status is not None:
+                        _collect(status, func, parents, node, holds, unknown, update, members)
+                if table and node.func.attr == "setdefault" and _ends_with(recv, table) and len(node.args) > 1:
+                    _collect(node.args[1], func, parents, node, holds, unknown, update, members)
+                if table and node.func.attr == "pop" and _ends_with(recv, table):
+                    clears.append(Evidence(func.path, node.lineno, f"{func.qualname}() pops the room from {table}"))
+            elif isinstance(node, ast.Delete) and table:
+                for t in node.targets:
+                    if isinstance(t, ast.Subscript) and _ends_with(t.value, table):
+                        clears.append(Evidence(func.path, node.lineno, f"{func.qualname}() deletes the room from {table}"))
+            elif isinstance(node, ast.Assign) and table:
+                for t in node.targets:
+                    if isinstance(t, ast.Subscript) and _ends_with(t.value, table):
+                        _collect(node.value, func, parents, node, holds, unknown, update, members)
+    ref = ManagerRef(manager.name, manager.path, manager.line, how, table,
+                     tuple(sorted(holds)), tuple(dict.fromkeys(unknown)), tuple(sorted(set(clears), key=lambda e: (e.path, e.line))))
+    return ManagerModel(manager, ref, frozenset(attrs))
+
+
+def _ends_with(node: ast.AST, attr: str) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == attr
+
+
+def _table_of(check: FuncRef) -> str | None:
+    """The attribute check_status reads with the room: `self.X[room]` or `self.X.get(room, ...)`."""
+    for node in ast.walk(check.node):
+        if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and isinstance(node.value, ast.Attribute):
+            return node.value.attr
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
+                and isinstance(node.func.value, ast.Attribute):
+            return node.func.value.attr
+    return None
+
+
+# Per manager model: function name -> (caller, call) for calls of self.<name>(...) in scope.
+_CALL_SITES: dict[str, list[tuple[FuncRef, ast.Call]]] = {}
+
+
+def _argument(call: ast.Call, func: FuncRef, param: str) -> ast.expr | None:
+    for keyword in call.keywords:
+        if keyword.arg == param:
+            return keyword.value
+    params = [a.arg for a in func.node.args.posonlyargs + func.node.args.args]
+    if func.owner is not None and params:
+        params = params[1:]
+    if param in params and params.index(param) < len(call.args):
+        arg = call.args[params.index(param)]
+        return None if isinstance(arg, ast.Starred) else arg
+    return None
+
+
+def _parents(func: ast.AST) -> dict[int, ast.AST]:
+    parents: dict[int, ast.AST] = {}
+    for node in ast.walk(func):
+        for child in ast.iter_child_nodes(node):
+            parents[id(child)] = node
+    return parents
+
+
+def _collect(value: ast.expr, func: FuncRef, parents: dict[int, ast.AST], site: ast.AST, holds: set[str],
+             unknown: list[str], update: FuncRef | None, members: tuple[str, ...], depth: int = 0) -> None:
+    """The states a stored value can be: constants, both arms of `a if c else b`, max/min of
+    stored values, a local assigned constants, a name narrowed by an enclosing `if name == X`;
+    a parameter of the update method is what its call sites pass (collected there)."""
+    const = _member_tokens(value, members)
+    if const is not None:
+        holds.update(const)
+        return
+    if isinstance(value, ast.IfExp):
+        for arm in (value.body, value.orelse):
+            _collect(arm, func, parents, site, holds, unknown, update, members, depth)
+        return
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in ("max", "min"):
+        for arg in value.args:  # max(old, new) is one of them: a stored value or a new one
+            if not isinstance(arg, (ast.Subscript, ast.Call)):
+                _collect(arg, func, parents, site, holds, unknown, update, members, depth)
+        return
+    if isinstance(value, ast.Name) and depth < 3:
+        params = {a.arg for a in func.node.args.posonlyargs + func.node.args.args + func.node.args.kwonlyargs}
+        narrowed = _narrowed_by_guard(value.id, site, parents, members)
+        if narrowed is not None:
+            holds.update(narrowed)
+            return
+        if value.id in params:
+            if update is not None and func.name == update.name:
+                return  # the update method's own parameter: its call sites say what it holds
+            sites = _CALL_SITES.get(func.name, [])
+            bound = [(arg, caller, call) for caller, call in sites if (arg := _argument(call, func, value.id)) is not None]
+            if not bound:
+                unknown.append(f"{func.path}:{site.lineno} {func.qualname}() stores its parameter {value.id}")
+            for arg, caller, call in bound:  # a helper's parameter: what its callers pass
+                _collect(arg, caller, _parents(caller.node), call, holds, unknown, update, members, depth + 1)
+            return
+        sources = [n.value for n in ast.walk(func.node) if isinstance(n, ast.Assign)
+                   and any(isinstance(t, ast.Name) and t.id == value.id for t in n.targets)]
+        if sources:
+            for source in sources:
+                _collect(source, func, parents, site, holds, unknown, update, members, depth + 1)
+            return
+    if isinstance(value, (ast.Subscript, ast.Call)) and isinstance(getattr(value, "func", None), ast.Attribute) \
+            and value.func.attr == "get":
+        return  # a value read back from a table: nothing new
+    unknown.append(f"{func.path}:{getattr(site, 'lineno', func.line)} {func.qualname}() stores {ast.unparse(value)[:60]}")
+
+
+def _narrowed_by_guard(name: str, site: ast.AST, parents: dict[int, ast.AST], members: tuple[str, ...]) -> set[str] | None:
+    node = site
+    while id(node) in parents:
+        parent = parents[id(node)]
+        if isinstance(parent, ast.If) and node in parent.body:
+            test = parent.test
+            if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.left, ast.Name) \
+                    and test.left.id == name and isinstance(test.ops[0], (ast.Eq, ast.Is, ast.In)):
+                tokens = _member_tokens(test.comparators[0], members)
+                if tokens is not None:
+                    return tokens
+        node = parent
+    return None
+
+
+def _member_tokens(value: ast.AST, members: tuple[str, ...]) -> set[str] | None:
+    if isinstance(value, ast.Attribute) and value.attr in members:
+        return {value.attr}
+    if isinstance(value, (ast.Tuple, ast.List, ast.Set)):
+        parts = [_member_tokens(e, members) for e in value.elts]
+        if all(p is not None for p in parts):
+            return set().union(*parts)
+    return None
+
+
+# --- a sender, executed abstractly ---------------------------------------------------------------
+
+
+def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, root: str,
+                   manager: ManagerModel | None = None, problems: list[str] | None = None) -> SenderAnalysis:
     name = backend_name(cls.path, root)
     poll = index.find_method(cls, pack.poll_method)
     abort = index.find_method(cls, pack.abort_method)
-    abort_attrs = _abort_attributes(index, domain, cls, abort) if abort and not is_abstract(abort) else frozenset()
     notes: list[str] = []
+    if manager is not None and manager.ref.unknown:
+        notes.append(f"{manager.ref.table or 'the status table'} may hold other values: " + "; ".join(manager.ref.unknown[:3]))
     if poll is None or is_abstract(poll):
         notes.append(f"no concrete {pack.poll_method}() in {cls.name} or its bases")
-        backend = Backend(name, cls.name, cls.path, cls.line, None, [], False, None, [], notes)
+        backend = Backend(name, cls.name, cls.path, cls.line, None, [], False, None, [], notes,
+                          manager=manager.ref if manager else None)
         return SenderAnalysis(backend, cls, None)
-    if abort is None or is_abstract(abort):
+    has_abort = abort is not None and not is_abstract(abort)
+    if not has_abort:
         notes.append(f"no concrete {pack.abort_method}(): an abort cannot reach poll()")
-    cst_func = index.cst(poll)
     inherited = poll.owner.name if poll.owner is not None and poll.owner is not cls else None
     ref = PollRef(poll.path, poll.line, inherited)
-    if cst_func is None:
-        notes.append("poll() could not be parsed")
-        return SenderAnalysis(Backend(name, cls.name, cls.path, cls.line, ref, list(domain.members), False,
-                                      None, [], notes), cls, poll)
-    config = Config(index, pack, domain, abort_attrs=abort_attrs,
-                    attr_values=lambda attr: _attribute_values(index, domain, cls, attr))
-    explorer = Explorer(config)
-    explorer.stack.append(id(poll.node))
-    ends = explorer.run_block(function_body(cst_func.node), [PathState()], Frame(poll, CstBody(cst_func.node, cst_func.line), cls))
+    runner = _Runner(index, pack, domain, cls, manager)
+    if runner.parse(poll) is None:
+        notes.append(f"{pack.poll_method}() could not be parsed")
+        if problems is not None:
+            problems.append(f"{poll.path}:{poll.line} {poll.qualname}() could not be parsed with libcst; "
+                            f"the {name} backend is not analysed")
+        return SenderAnalysis(Backend(name, cls.name, cls.path, cls.line, ref, [], False, None, [], notes,
+                                      [f"{pack.poll_method}() could not be parsed"],
+                                      manager.ref if manager else None), cls, poll)
+    # What abort() writes on the sender: the attributes poll() would have to read.
+    abort_writes: dict[str, Evidence] = {}
+    if has_abort:
+        for end in runner.run(abort, (), record_writes=True):
+            for e in end.events:
+                if e.kind == "attr-write" and not e.detail.startswith(("@", "?")):
+                    abort_writes.setdefault(e.detail, Evidence(e.path, e.line, f"{e.function}() writes self.{e.detail}"))
+    runner.abort_attrs = frozenset(abort_writes)
+    table = manager.ref.table if manager else None
+    configs: list[tuple[str, Val | None]] = []
+    if table is not None:
+        # Only states known to be stored: a store kvtrace cannot read is reported, never a pin.
+        configs = [(f"{table} holds {s} for the room", frozenset({s})) for s in domain.members if s in manager.ref.holds]
+        unborn = _room_may_be_missing(runner, index.find_method(cls, "__init__"))
+        if manager.ref.clears or unborn is not None:
+            configs.append((f"the room is absent from {table}", frozenset({ABSENT})))
+        if unborn is not None:
+            runner.unborn = unborn
+    if not configs:
+        configs = [("", None)]
     returns: set[str] = set()
-    raises = False
+    unknown: list[str] = []
+    verdicts: dict[str, StateVerdict] = {}
     covers: dict[tuple[str, int], set[str]] = {}
     reads_abort = False
-    for end in ends:
-        if end.term == "raise":
-            raises = True
-            value: Val = frozenset()
-        else:
-            value = end.ret if end.ret is not None else frozenset({NONE})
-        states = domain.states(value)
-        returns |= states
-        for event in end.events:
-            if event.kind == "abort-read":
+    raises = False
+    for label, held in configs:
+        attrs = ((TABLE, held),) if held is not None else ()
+        for end in runner.run(poll, attrs):
+            if any(e.kind == "abort-read" for e in end.events):
                 reads_abort = True
-            if event.kind == "timeout":
-                covers.setdefault((event.path, event.line), set()).update(s for s in states if s not in domain.terminal)
+            if end.term == "raise":
+                raises = True
+                continue
+            value = end.ret if end.ret is not None else frozenset({NONE})
+            states = domain.states(value)
+            if OTHER in value or not states:
+                if OTHER in value:
+                    unknown.append(f"a value kvtrace cannot follow ({label or 'poll()'})")
+                    continue
+            returns |= states
+            for state in states:
+                if state in domain.terminal:
+                    continue
+                found = runner.way_out(end, abort if has_abort else None, poll, state)
+                for key in found.timeouts:
+                    covers.setdefault(key, set()).add(state)
+                previous = verdicts.get(state)
+                if found.verdict.pinned:
+                    if previous is None or not previous.pinned:
+                        chain = _chain(runner, cls, poll, abort if has_abort else None, abort_writes, manager,
+                                       label, held, end, state, found)
+                        verdicts[state] = StateVerdict(state, WayOut.NONE, found.verdict.how, chain)
+                elif previous is None:
+                    verdicts[state] = found.verdict
+    for key in runner.timeout_sites:
+        covers.setdefault(key, set())
     if raises:
         notes.append("poll() can raise")
-    if config.truncated:
-        notes.append("path limit reached in " + ", ".join(config.truncated))
+    if runner.truncated:
+        notes.append("path limit reached in " + ", ".join(sorted(set(runner.truncated))))
+    if runner.unparsed and problems is not None:
+        problems.extend(f"{u} could not be parsed with libcst (the {name} backend's analysis is incomplete)"
+                        for u in sorted(runner.unparsed))
     order = {m: i for i, m in enumerate(domain.members)}
     timeouts = [TimeoutCheck(p, l, tuple(sorted(c, key=order.get))) for (p, l), c in sorted(covers.items())]
     backend = Backend(
@@ -116,48 +408,216 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
         poll=ref,
         returns=sorted(returns, key=order.get),
         reads_abort_state=reads_abort,
-        abort_state=", ".join(sorted(abort_attrs)) or None,
+        abort_state=", ".join(sorted(abort_writes)) or None,
         timeouts=timeouts,
         notes=notes,
+        returns_unknown=list(dict.fromkeys(unknown + [f"{manager.ref.table} stores a value kvtrace cannot read: {u}"
+                                                      for u in (manager.ref.unknown if manager else ())])),
+        manager=manager.ref if manager else None,
+        verdicts={s: verdicts[s] for s in sorted(verdicts, key=order.get)},
     )
     return SenderAnalysis(backend, cls, poll)
 
 
-def _abort_attributes(index: Index, domain: Domain, cls: ClassInfo, abort: FuncRef) -> frozenset[str]:
-    """`self.X` attributes that abort() (or a self method it calls) assigns: the abort state.
+def _room_may_be_missing(runner: "_Runner", init: FuncRef | None) -> Evidence | None:
+    """Run the sender's __init__ from a table without the room: if some path ends with the room
+    still missing, poll() can meet an absent room even if nothing ever clears it."""
+    if init is None:
+        return Evidence(runner.cls.path, runner.cls.line, f"{runner.cls.name} has no __init__ that stores the room")
+    ends = [e for e in runner.run(init, ((TABLE, frozenset({ABSENT})),)) if e.term != "raise"]
+    if not ends or any(ABSENT in (e.attr(TABLE) or frozenset()) for e in ends):
+        return Evidence(init.path, init.line, f"{init.qualname}() can return without storing the room")
+    return None
 
-    Usually one attribute set to the failed member (`self.conclude_state = KVPoll.Failed`), but a
-    flag (`self.aborted = True`) that poll() turns into Failed is the same mechanism."""
-    attrs: set[str] = set()
-    seen: set[int] = set()
-    todo = [abort]
-    while todo:
-        func = todo.pop()
-        if id(func.node) in seen:
-            continue
-        seen.add(id(func.node))
+
+def _table_methods(index: Index, manager: ManagerModel) -> frozenset[int]:
+    """The manager's methods that read or write the status table, directly or through the
+    methods they call on self: the only ones a sender's poll()/abort() needs to enter."""
+    table = manager.ref.table
+    methods = {name: f for c in reversed(index.mro(manager.cls)) for name, f in c.methods.items()}
+    calls: dict[str, set[str]] = {}
+    touches: set[str] = set()
+    for name, func in methods.items():
         for node in ast.walk(func.node):
-            if isinstance(node, (ast.Assign, ast.AnnAssign, ast.AugAssign)):
-                for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
-                    if _self_attr(t):
-                        attrs.add(t.attr)
-            if isinstance(node, ast.Call) and _self_attr(node.func):
-                callee = index.find_method(cls, node.func.attr)
-                if callee is not None:
-                    todo.append(callee)
-    return frozenset(attrs)
+            if isinstance(node, ast.Attribute) and node.attr == table:
+                touches.add(name)
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) \
+                    and node.func.value.id == "self" and node.func.attr in methods:
+                calls.setdefault(name, set()).add(node.func.attr)
+    changed = True
+    while changed:
+        changed = False
+        for name, callees in calls.items():
+            if name not in touches and callees & touches:
+                touches.add(name)
+                changed = True
+    relevant = {id(methods[n].node) for n in touches}
+    # Overridden definitions up the MRO (super() calls) count as their most-derived name does.
+    for c in index.mro(manager.cls):
+        for name, f in c.methods.items():
+            if name in touches:
+                relevant.add(id(f.node))
+    return frozenset(relevant)
+
+
+@dataclass
+class _Found:
+    verdict: StateVerdict
+    timeouts: set[tuple[str, int]]  # timeout checks on the terminal paths, clock past them
+    abort_ends: list[PathState]
+    far_ends: list[PathState]
+
+
+class _Runner:
+    """Runs a sender's methods on abstract state: its attributes, the manager's, the table."""
+
+    POLLS_AFTER = 2  # polls after abort() / after the clock moved (a cached state needs two)
+
+    def __init__(self, index: Index, pack: Pack, domain: Domain, cls: ClassInfo, manager: ManagerModel | None):
+        self.index, self.pack, self.domain, self.cls, self.manager = index, pack, domain, cls, manager
+        self.abort_attrs: frozenset[str] = frozenset()
+        self.truncated: list[str] = []
+        self.unparsed: set[str] = set()
+        self.timeout_sites: set[tuple[str, int]] = set()
+        self._memo: dict[tuple, list[PathState]] = {}
+        self.unborn: Evidence | None = None  # why the room can be missing before any clear
+        self.relevant = _table_methods(index, manager) if manager is not None and manager.ref.table else None
+
+    def parse(self, func: FuncRef):
+        return self.index.cst(func)
+
+    def attr_values(self, key: str) -> Val:
+        if key.startswith(MANAGER):
+            if self.manager is None:
+                return self.domain.universe
+            return _attribute_values(self.index, self.domain, self.manager.cls, key[len(MANAGER):], self.pack)
+        return _attribute_values(self.index, self.domain, self.cls, key, self.pack)
+
+    def run(self, func: FuncRef, attrs, clock_far: bool = False, record_writes: bool = False) -> list[PathState]:
+        key = (id(func.node), tuple(attrs), clock_far, record_writes, self.abort_attrs)
+        if key not in self._memo:
+            self._memo[key] = self._run(func, attrs, clock_far, record_writes)
+        return self._memo[key]
+
+    def _run(self, func: FuncRef, attrs, clock_far: bool, record_writes: bool) -> list[PathState]:
+        parsed = self.index.cst(func)
+        if parsed is None:
+            self.unparsed.add(f"{func.path}:{func.line} {func.qualname}()")
+            return []
+        config = Config(self.index, self.pack, self.domain, abort_attrs=self.abort_attrs, attr_values=self.attr_values,
+                        manager=self.manager.cls if self.manager else None,
+                        table=self.manager.ref.table if self.manager else None,
+                        manager_attrs=self.manager.attrs if self.manager else frozenset(),
+                        clock_far=clock_far, record_writes=record_writes, manager_relevant=self.relevant, all_facts=True)
+        explorer = Explorer(config)
+        explorer.stack.append(id(func.node))
+        ends = explorer.run_block(function_body(parsed.node), [PathState(attrs=tuple(sorted(attrs)))],
+                                  Frame(func, CstBody(parsed.node, parsed.line), self.cls))
+        self.truncated.extend(config.truncated)
+        self.unparsed |= config.unparsed
+        for end in ends:
+            for e in end.events:
+                if e.kind == "timeout":
+                    self.timeout_sites.add((e.path, e.line))
+        return ends
+
+    def _terminal(self, end: PathState) -> bool:
+        return end.term != "raise" and bool(set(self.domain.states(end.ret or frozenset({NONE}))) & set(self.domain.terminal)
+                                             or OTHER in (end.ret or frozenset()))
+
+    def _polls(self, poll: FuncRef, starts: list[PathState], clock_far: bool) -> tuple[bool, list[PathState], set]:
+        """Poll up to POLLS_AFTER times from each start; (a terminal state came, the ends, timeouts on it)."""
+        frontier = starts
+        seen: list[PathState] = []
+        for _ in range(self.POLLS_AFTER):
+            nxt = []
+            for start in frontier:
+                for end in self.run(poll, start.attrs, clock_far=clock_far):
+                    seen.append(end)
+                    if self._terminal(end):
+                        return True, seen, {(e.path, e.line) for e in end.events if e.kind == "timeout"}
+                    if end.term != "raise":
+                        nxt.append(end)
+            frontier = nxt
+            if not frontier:
+                break
+        return False, seen, set()
+
+    def way_out(self, end: PathState, abort: FuncRef | None, poll: FuncRef, state: str) -> _Found:
+        abort_ends: list[PathState] = []
+        ok, far, timeouts = self._polls(poll, [end], clock_far=True)
+        if abort is not None:
+            abort_ends = [a for a in self.run(abort, end.attrs) if a.term != "raise"]
+            aborted, _, _ = self._polls(poll, abort_ends, clock_far=False)
+            if aborted:
+                return _Found(StateVerdict(state, WayOut.ABORT, f"{abort.qualname}() and then {poll.qualname}() returns a terminal state"),
+                              timeouts if ok else set(), abort_ends, far)
+        if ok and timeouts:
+            where = ", ".join(f"{p}:{l}" for p, l in sorted(timeouts))
+            return _Found(StateVerdict(state, WayOut.TIMEOUT, f"the timeout check at {where} returns a terminal state"),
+                          timeouts, abort_ends, far)
+        if ok:  # the state is left on its own once more time passes (a value kvtrace cannot follow)
+            return _Found(StateVerdict(state, WayOut.TIMEOUT, f"{poll.qualname}() can return a terminal state later"),
+                          set(), abort_ends, far)
+        return _Found(StateVerdict(state, WayOut.NONE, "no way out"), set(), abort_ends, far)
+
+
+def _chain(runner: _Runner, cls: ClassInfo, poll: FuncRef, abort: FuncRef | None, abort_writes: dict[str, Evidence],
+           manager: ManagerModel | None, label: str, held: Val | None, end: PathState, state: str,
+           found: _Found) -> tuple[Evidence, ...]:
+    """Why `state` has no way out: each link with its line."""
+    links: list[Evidence] = [Evidence(poll.path, poll.line, f"{cls.name}.{poll.name}() returns {state}"
+                                      + (f" when {label}" if label else ""))]
+    for e in end.events:
+        if e.kind == "table-default":
+            links.append(Evidence(e.path, e.line, f"{e.function}() returns {e.detail} for a room absent from the table"))
+        elif e.kind == "table-read":
+            links.append(Evidence(e.path, e.line, f"{e.function}() reads {state} from the status table"))
+    if abort is None:
+        links.append(Evidence(cls.path, cls.line, f"{cls.name} has no concrete abort()"))
+    else:
+        read = {e.detail for e in end.events if e.kind == "abort-read"}
+        for attr, where in abort_writes.items():
+            if attr not in read:
+                links.append(Evidence(where.path, where.line, f"{where.note}, which {poll.qualname}() never reads"))
+        for a in found.abort_ends:
+            for e in a.events:
+                if e.kind == "table-absent":
+                    links.append(Evidence(e.path, e.line, f"{e.function}() returns without effect when the room is absent "
+                                                          f"({e.detail})"))
+    if held is not None and ABSENT in held and manager is not None:
+        links.extend(manager.ref.clears)
+        if runner.unborn is not None:
+            links.append(runner.unborn)
+    timeouts = {(e.path, e.line) for f in found.far_ends for e in f.events if e.kind == "timeout"}
+    if timeouts:
+        links.extend(Evidence(p, l, f"this timeout check does not end {state}") for p, l in sorted(timeouts))
+    else:
+        links.append(Evidence(poll.path, poll.line, f"no timeout check is reached for {state}"))
+    return tuple(dict.fromkeys(links))
 
 
 _ASSIGNED: dict[int, dict[str, set[str]]] = {}
 
 
-def _assigned_in_class(cls: ClassInfo, domain: Domain) -> dict[str, set[str]]:
+def _assigned_in_class(cls: ClassInfo, domain: Domain, pack: Pack | None = None) -> dict[str, set[str]]:
     """self.<attr> -> the values the class's own methods assign to it (one walk per class)."""
     key = id(cls.node)
     if key not in _ASSIGNED:
         table: dict[str, set[str]] = {}
         for func in cls.methods.values():
+            parents: dict[int, ast.AST] | None = None
             for node in ast.walk(func.node):
+                if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Name) \
+                        and node.value.id not in ("None", "True", "False"):
+                    # `if status in (Success, Failed): self.conclude_state = status`
+                    parents = parents if parents is not None else _parents(func.node)
+                    narrowed = _narrowed_by_guard(node.value.id, node, parents, domain.members)
+                    if narrowed is not None:
+                        for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
+                            if _self_attr(t):
+                                table.setdefault(t.attr, set()).update(narrowed)
+                        continue
                 if isinstance(node, ast.Assign):
                     targets = node.targets
                 elif isinstance(node, ast.AnnAssign) and node.value is not None:
@@ -166,24 +626,29 @@ def _assigned_in_class(cls: ClassInfo, domain: Domain) -> dict[str, set[str]]:
                     continue
                 for t in targets:
                     if _self_attr(t):
-                        table.setdefault(t.attr, set()).update(_constant_tokens(node.value, domain))
+                        table.setdefault(t.attr, set()).update(_constant_tokens(node.value, domain, pack))
         _ASSIGNED[key] = table
     return _ASSIGNED[key]
 
 
-def _attribute_values(index: Index, domain: Domain, cls: ClassInfo, attr: str) -> Val:
+def _attribute_values(index: Index, domain: Domain, cls: ClassInfo, attr: str, pack: Pack | None = None) -> Val:
     """Every value any method of the class (and its bases) assigns to self.<attr>."""
     values: set[str] = set()
     found = False
     for c in index.mro(cls):
-        assigned = _assigned_in_class(c, domain).get(attr)
+        assigned = _assigned_in_class(c, domain, pack).get(attr)
         if assigned is not None:
             found = True
             values |= assigned
     return frozenset(values) if found else domain.universe
 
 
-def _constant_tokens(value: ast.AST, domain: Domain) -> set[str]:
+def _constant_tokens(value: ast.AST, domain: Domain, pack: Pack | None = None) -> set[str]:
+    # A clock reading, or arithmetic on one (`time.monotonic() + 900`), is a number: never None.
+    if isinstance(value, ast.BinOp) and isinstance(value.op, (ast.Add, ast.Sub)):
+        return {OTHER} if _is_clock(value.left, pack) or _is_clock(value.right, pack) else set(domain.universe)
+    if _is_clock(value, pack):
+        return {OTHER}
     if isinstance(value, ast.Constant):
         if value.value is None:
             return {NONE}
@@ -206,3 +671,7 @@ def _is_member(node: ast.AST, domain: Domain) -> bool:
     return isinstance(node, ast.Attribute) and node.attr in domain.members and (
         isinstance(node.value, ast.Name) and node.value.id == domain.enum
         or isinstance(node.value, ast.Attribute) and node.value.attr == domain.enum)
+
+
+def _is_clock(node: ast.AST, pack: Pack | None) -> bool:
+    return pack is not None and isinstance(node, ast.Call) and pack.is_clock_call(_ast_dotted(node.func))

@@ -94,6 +94,7 @@ class Frame:
 
 
 MANAGER = "@mgr."  # attribute-key prefix of the manager object reached from a sender
+METHOD = "@fn:"  # value token of a bound method: "@fn:<prefix>|<name>"
 
 
 @dataclass
@@ -119,8 +120,12 @@ class Config:
     # Sender mode: the manager behind the sender and its status table (an attribute of it).
     manager: ClassInfo | None = None
     table: str | None = None
+    manager_attrs: frozenset[str] = frozenset()  # sender attributes that hold the manager
     clock_far: bool = False  # the clock is past every deadline: timeout comparisons are decided
     record_writes: bool = False  # emit an attr-write event for every self.X = ... (abort() runs)
+    # Sender mode: manager methods worth entering (those that reach the status table); None = all.
+    manager_relevant: frozenset[int] | None = None
+    all_facts: bool = False  # remember every test of an unknown chain (sender mode)
 
 
 _CODE = cst.Module(body=[])
@@ -167,6 +172,8 @@ class Explorer:
     def __init__(self, config: Config):
         self.c = config
         self.stack: list[int] = []
+        self._fact_cache: dict[tuple[int, str], bool] = {}
+        self._discarded: cst.CSTNode | None = None  # the call of an expression statement
 
     # --- entry points ----------------------------------------------------------------------
 
@@ -241,7 +248,11 @@ class Explorer:
     def small_one(self, node: cst.CSTNode, path: PathState, frame: Frame) -> list[PathState]:
         fn = frame.func.qualname
         if isinstance(node, cst.Expr):
-            return [p for p, _ in self.eval(node.value, path, frame)]
+            self._discarded = node.value
+            try:
+                return [p for p, _ in self.eval(node.value, path, frame)]
+            finally:
+                self._discarded = None
         if isinstance(node, (cst.Assign, cst.AnnAssign)):
             if node.value is None:
                 return [path]
@@ -262,7 +273,7 @@ class Explorer:
             return [replace(path.emit(Event("raise", frame.func.path, frame.body.line(node), fn, "raise")), term="raise")]
         if isinstance(node, cst.Assert):
             out = []
-            for p, truth, about_poll in self.branch(node.test, path, frame):
+            for p, truth, about_poll in self.decide(node.test, path, frame):
                 if about_poll:
                     p = p.emit(Event("check", frame.func.path, frame.body.line(node), fn, "T" if truth else "F"))
                 if truth:
@@ -308,6 +319,8 @@ class Explorer:
     def write_self_attr(self, target: cst.Attribute, value: Val, path: PathState, frame: Frame) -> PathState:
         key = frame.prefix + target.attr.value
         path = _forget_facts(path, FACT + key + ".")
+        if NOW in value:  # a stored clock reading is a fixed past time, not one that grows
+            value = (value - {NOW}) | {OTHER}
         if self.c.record_writes:
             path = path.emit(Event("attr-write", frame.func.path, frame.body.line(target), frame.func.qualname, key))
         return path.set_attr(key, value)
@@ -320,7 +333,7 @@ class Explorer:
             return False
         if frame.prefix == MANAGER:
             return frame.is_self(node.value)
-        return frame.is_self_attr(node.value)
+        return frame.is_self_attr(node.value) and node.value.attr.value in self.c.manager_attrs
 
     def table_split(self, path: PathState) -> tuple[PathState | None, PathState | None]:
         """The path with the room present (narrowed), and with it absent; None when impossible."""
@@ -362,7 +375,7 @@ class Explorer:
         yes: list[PathState] = []
         no: list[PathState] = []
         for path in paths:
-            for p, truth, about_poll in self.branch(node.test, path, frame):
+            for p, truth, about_poll in self.decide(node.test, path, frame):
                 if about_poll:
                     line = frame.body.line(node.test)
                     p = p.emit(Event("check", frame.func.path, line, frame.func.qualname, "T" if truth else "F"))
@@ -443,7 +456,7 @@ class Explorer:
         else:
             skipped = []
             for path in paths:
-                for p, truth, _ in self.branch(node.test, path, frame):
+                for p, truth, _ in self.decide(node.test, path, frame):
                     (entered if truth else skipped).append(p)
         body_out = self.run_block(node.body.body, merge(entered), frame) if entered else []
         after = []
@@ -517,8 +530,19 @@ class Explorer:
             key = fact_key(node, frame)
             if key is not None and key.startswith(FACT) and path.attr(key) is not None:
                 return [(path, path.attr(key))]
+            method = self.method_value(node, frame)
+            if method is not None:
+                return [(path, method)]
             if frame.is_self_attr(node):
-                return [(self.read_self_attr(node, path, frame), self.self_attr_value(frame.prefix + node.attr.value, path))]
+                key = frame.prefix + node.attr.value
+                read = self.read_self_attr(node, path, frame)
+                value = self.self_attr_value(key, path)
+                if self.c.all_facts and frame.prefix == "" and path.attr(key) is None and value != d.universe \
+                        and len(value) > 1:
+                    # A sender starts from one configuration: the first read of an attribute
+                    # fixes which of its assigned values it holds, for every later call too.
+                    return [(read.set_attr(key, frozenset({token})), frozenset({token})) for token in sorted(value)]
+                return [(read, value)]
             out = []
             for p, _ in self.eval(node.value, path, frame):
                 out.append((p, d.universe))
@@ -567,7 +591,7 @@ class Explorer:
             return self.eval(node.expression, path, frame)
         if isinstance(node, cst.IfExp):
             out = []
-            for p, truth, _ in self.branch(node.test, path, frame):
+            for p, truth, _ in self.decide(node.test, path, frame):
                 out.extend(self.eval(node.body if truth else node.orelse, p, frame))
             return out
         if isinstance(node, (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString, cst.Float)):
@@ -652,6 +676,24 @@ class Explorer:
 
     # --- conditions ------------------------------------------------------------------------
 
+    def decide(self, node: cst.CSTNode, path: PathState, frame: Frame) -> list[tuple[PathState, bool, bool]]:
+        """`branch`, and in sender mode the world holds still: a test kvtrace cannot decide
+        (a transfer handle's state, a flag of another object) answers the same when poll()
+        runs again after abort(). Timeout comparisons are not frozen: the clock moves."""
+        results = self.branch(node, path, frame)
+        if not self.c.all_facts:
+            return results
+        live = [r for r in results if r[0].term is None]
+        if len({t for _, t, _ in live}) < 2:
+            return results
+        if any(e.kind == "timeout" for r in live for e in r[0].events[len(path.events):]):
+            return results
+        key = f"{FACT}if:{frame.func.path}:{frame.body.line(node)}"
+        known = path.attr(key)
+        if known is not None:
+            return [r for r in results if r[0].term is not None or (TRUE in known) == r[1]]
+        return [(p.set_attr(key, frozenset({TRUE if t else FALSE})) if p.term is None else p, t, a) for p, t, a in results]
+
     def branch(self, node: cst.CSTNode, path: PathState, frame: Frame) -> list[tuple[PathState, bool, bool]]:
         """Every feasible (path, truth, decided-by-the-poll-value) for condition `node`."""
         d = self.c.domain
@@ -680,14 +722,14 @@ class Explorer:
             yes, no = value & d.truthy(), value & d.falsy()
             if not value - {TRUE, FALSE, NONE} and value:  # a plain bool/None: exact
                 yes, no = value & {TRUE}, value & {FALSE, NONE}
-            elif key is not None and value == d.universe:
+            elif key is not None and value == d.universe and self.keeps_fact(node, frame):
                 # An unknown attribute tested once on a path reads the same the next time
                 # (OTHER, which is both truthy and falsy, is dropped so the split is exact).
                 yes, no = d.truthy() - {OTHER}, d.falsy() - {OTHER}
             for truth, part in ((True, yes), (False, no)):
                 if part:
                     q = p.bind(target, part) if target and p.get(target) is not None else p
-                    if key is not None and target is None:
+                    if key is not None and target is None and self.keeps_fact(node, frame):
                         q = q.set_attr(key, part)
                     out.append((q, truth, about and part != value))
         return out
@@ -752,7 +794,7 @@ class Explorer:
                 key = fact_key(tracked_node, frame)
                 if name is not None and p.get(name) is not None:
                     q = p.bind(name, part)
-                elif key is not None:
+                elif key is not None and (frame.is_self_attr(tracked_node) or self.keeps_fact(tracked_node, frame)):
                     q = p.set_attr(key, part)
                 out.append((q, truth, about and (not yes or not no or self.c.state is not None)))
         return out
@@ -838,13 +880,21 @@ class Explorer:
             return [(p.emit(Event("abort", here, line(), fn, callee)), d.universe)]
         if callee and self.c.pack.is_clock_call(callee):
             return [(p, frozenset({NOW}))]
+        if callee == "bool" and len(values) == 1 and not node.args[0].star:
+            value = values[0]
+            exact = value and not value - {TRUE, FALSE, NONE}
+            truths = {TRUE} if exact and TRUE in value else set()
+            truths |= {FALSE} if exact and value & {FALSE, NONE} else set()
+            if not exact:
+                truths = ({TRUE} if value & d.truthy() else set()) | ({FALSE} if value & d.falsy() else set())
+            return [(p, frozenset(truths))]
         if callee in ("max", "min") and len(values) >= 2 and not any(a.star for a in node.args):
             return [(p, self.extreme(callee, values))]
         if callee and self.c.state is not None and self.c.pack.is_poll_call(callee):
             return [(p.emit(Event("poll", here, line(), fn, callee)), frozenset({self.c.state}))]
-        target = self.resolve_call(node, callee, frame)
+        target = self.resolve_call(node, callee, frame, p)
         if target is None:
-            return [(p, d.universe)]
+            return self.opaque_call(node, callee, p, frame)
         args = self.bind_args(target.func, node, values, target.drop_first)
         p = p.emit(Event("helper", here, line(), fn, target.func.qualname))
         self_name = target.self_name
@@ -853,17 +903,29 @@ class Explorer:
             self_name = params[target.self_param] if target.self_param < len(params) else "self"
         return self.call_function(target.func, target.cls, args, p, target.prefix, self_name)
 
-    def resolve_call(self, node: cst.Call, callee: str, frame: Frame) -> "CallTarget | None":
+    def resolve_call(self, node: cst.Call, callee: str, frame: Frame, path: PathState) -> "CallTarget | None":
         """What a call runs, and on which object: `self.m()`, `super().m()`, `Base.m(self)`,
         a module function (given `self`: it then works on the same object)."""
         func, cls = self.resolve(callee, frame)
+        if func is not None and frame.prefix == MANAGER and self.c.manager_relevant is not None \
+                and id(func.node) not in self.c.manager_relevant:
+            return None
         parts = callee.split(".")
+        held = path.get(callee) if callee and "." not in callee else None
+        if func is None and held is not None and len(held) == 1 and next(iter(held)).startswith(METHOD):
+            prefix, _, name = next(iter(held))[len(METHOD):].partition("|")
+            owner = self.c.manager if prefix == MANAGER else frame.cls
+            found = self.c.index.find_method(owner, name) if owner is not None else None
+            if found is not None:
+                return CallTarget(found, owner, prefix, "self")
         if func is None and self.c.manager is not None and frame.prefix == "" and len(parts) == 3 \
-                and parts[0] == frame.self_name:
+                and parts[0] == frame.self_name and parts[1] in self.c.manager_attrs:
             # `self.<mgr>.<method>(...)`: the paired manager's method, on the manager object.
             found = self.c.index.find_method(self.c.manager, parts[2])
-            if found is not None:
+            if found is not None and (self.c.manager_relevant is None or id(found.node) in self.c.manager_relevant):
                 return CallTarget(found, self.c.manager, MANAGER, "self")
+            if found is not None:
+                return None  # a manager method that never touches the table: its value is unknown
         if func is not None:
             if cls is None:  # a module function: does it get our object?
                 at = next((i for i, a in enumerate(node.args) if frame.is_self(a.value) and not a.star), None)
@@ -876,6 +938,49 @@ class Explorer:
                 found = self.c.index.find_method(base, parts[1])
                 if found is not None:
                     return CallTarget(found, frame.cls, frame.prefix, frame.self_name, drop_first=True)
+        return None
+
+    def opaque_call(self, node: cst.Call, callee: str, path: PathState, frame: Frame) -> list[tuple[PathState, Val]]:
+        """A call kvtrace cannot enter. In sender mode, a method of an object behind the sender
+        that no analysed class defines (`self.kv_mgr.check_status(...)` with no manager found)
+        answers some fixed value, the same on every later call: each member (or something else)
+        on its own path. Elsewhere, and when the value is thrown away, it is simply unknown."""
+        d = self.c.domain
+        parts = callee.split(".")
+        if not self.c.all_facts or node is self._discarded or len(parts) != 3 or parts[0] != frame.self_name \
+                or frame.prefix != "" or (self.c.manager is not None and parts[1] in self.c.manager_attrs):
+            return [(path, d.universe)]
+        key = FACT + "()" + ".".join(parts[1:])
+        known = path.attr(key)
+        if known is not None:
+            return [(path, known)]
+        return [(path.set_attr(key, frozenset({token})), frozenset({token})) for token in d.members + (OTHER,)]
+
+    def keeps_fact(self, node: cst.CSTNode, frame: Frame) -> bool:
+        """Remember what a test found only where it can be asked again: always for a sender
+        (poll() runs again after abort()), else when the function tests the chain twice. A fact
+        nobody reads again would only keep equal paths from merging."""
+        if self.c.all_facts:
+            return True
+        text = code(node)
+        cache = self._fact_cache
+        key = (id(frame.func.node), text)
+        if key not in cache:
+            func = frame.func
+            source = "\n".join(func.module.lines[func.node.lineno - 1: func.node.end_lineno])
+            cache[key] = source.count(text) > 1
+        return cache[key]
+
+    def method_value(self, node: cst.Attribute, frame: Frame) -> Val | None:
+        """A bound method used as a value (`self._poll_with(self.kv_mgr.check_status)`): a token
+        that a later call of the name holding it resolves."""
+        parts = dotted(node).split(".")
+        if len(parts) == 2 and parts[0] == frame.self_name and frame.cls is not None \
+                and self.c.index.find_method(frame.cls, parts[1]) is not None:
+            return frozenset({f"{METHOD}{frame.prefix}|{parts[1]}"})
+        if len(parts) == 3 and parts[0] == frame.self_name and frame.prefix == "" and self.c.manager is not None \
+                and parts[1] in self.c.manager_attrs and self.c.index.find_method(self.c.manager, parts[2]) is not None:
+            return frozenset({f"{METHOD}{MANAGER}|{parts[2]}"})
         return None
 
     def extreme(self, which: str, values: list[Val]) -> Val:

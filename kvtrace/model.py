@@ -9,6 +9,7 @@ from __future__ import annotations
 import io
 import tokenize
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Literal
 
 SCHEMA = "kvtrace/1"
@@ -109,6 +110,46 @@ class TimeoutCheck:
     covers: tuple[str, ...]
 
 
+class WayOut(str, Enum):
+    """How a backend gets a request out of a state (or why it cannot)."""
+
+    ABORT = "abort"  # abort() and then poll() returns a terminal state
+    TIMEOUT = "timeout"  # with the clock past every deadline, poll() returns a terminal state
+    NONE = "none"  # neither: pinned
+
+
+@dataclass(frozen=True)
+class StateVerdict:
+    """One non-terminal state a backend's poll() can return, and its way out.
+
+    `chain` is why: for a pinned state each link of the reasoning with its path:line (what
+    poll() returns it from, what abort() writes and whether poll() reads it, what the manager
+    does for an absent room, which path clears the room, which timeouts are reached)."""
+
+    state: str
+    way_out: WayOut
+    how: str
+    chain: tuple[Evidence, ...] = ()
+
+    @property
+    def pinned(self) -> bool:
+        return self.way_out is WayOut.NONE
+
+
+@dataclass(frozen=True)
+class ManagerRef:
+    """The manager paired with a sender, how it was found, and its status table."""
+
+    name: str
+    path: str
+    line: int
+    found_by: str  # "mapping" (a backend -> classes dict), "annotation", "folder"
+    table: str | None
+    holds: tuple[str, ...]  # states stored into the table somewhere in the backend
+    unknown: tuple[str, ...] = ()  # why some stored values are unknown
+    clears: tuple[Evidence, ...] = ()  # paths that remove the room from the table
+
+
 @dataclass
 class Backend:
     name: str
@@ -116,11 +157,17 @@ class Backend:
     path: str
     line: int
     poll: PollRef | None
-    returns: list[str]
+    returns: list[str]  # states poll() is known to return
     reads_abort_state: bool
     abort_state: str | None
     timeouts: list[TimeoutCheck]
     notes: list[str] = field(default_factory=list)
+    returns_unknown: list[str] = field(default_factory=list)  # "<why>" for values kvtrace cannot see
+    manager: ManagerRef | None = None
+    verdicts: dict[str, StateVerdict] = field(default_factory=dict)  # non-terminal state -> way out
+
+    def way_out(self, state: str) -> StateVerdict | None:
+        return self.verdicts.get(state)
 
 
 @dataclass

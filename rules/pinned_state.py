@@ -11,8 +11,10 @@ class PinnedState(Rule):
     What it does:
         For each transfer backend and each non-terminal poll state S, reports S when (1) every
         path through the drain loop with poll == S keeps the request in the queue (or raises),
-        (2) the poll() the backend really runs can return S, (3) that poll() never reads the
-        attribute its abort() writes, and (4) no timeout check is passed on the way to returning S.
+        (2) the poll() the backend really runs can return S (with the manager's status table
+        holding a state, or the room absent from it), and (3) from there neither abort() followed
+        by poll() nor the clock past every deadline makes poll() return a terminal state. The
+        finding lists the chain of reasons, each with its line.
 
     Why it matters:
         Such a request stays in the queue forever once the transfer stalls or is aborted: the
@@ -83,17 +85,13 @@ class PinnedState(Rule):
             silent = not any(e.kind == "log" for events in keep_paths for e in events)
             for analysis in ctx.senders:
                 b = analysis.backend
-                if b.poll is None or state not in b.returns or b.reads_abort_state:
+                verdict = b.way_out(state)
+                if b.poll is None or verdict is None or not verdict.pinned:
                     continue
-                if any(state in t.covers for t in b.timeouts):
-                    continue
-                abort_note = (f"never reads {b.abort_state} (written by abort())" if b.abort_state
-                              else "has no abort() state to read")
                 message = (
                     f"{state} can pin {ctx.pack.queue} with the {b.name} backend: every path of the "
-                    f"drain loop keeps it{' (or raises)' if 'raises' in fate else ''}, "
-                    f"{b.sender}.poll() can return it, {abort_note}, "
-                    f"and no timeout check covers it"
+                    f"drain loop keeps it{' (or raises)' if 'raises' in fate else ''}, and {b.sender}.poll() "
+                    f"has no way out of it: " + "; ".join(link.note for link in verdict.chain)
                     + ("; the loop logs nothing when it keeps it, so only the queue gauge shows it" if silent else "")
                 )
                 evidence = [Evidence(s.path, s.line, f"entry: {s.function} appends to the queue") for s in ctx.entries]
@@ -102,7 +100,6 @@ class PinnedState(Rule):
                     evidence.append(Evidence(drain.func.path, drain.poll_line, "poll: states read for the queue"))
                 evidence.append(Evidence(drain.func.path, drain.body.line(drain.loop), f"drain loop in {drain.func.qualname}"))
                 evidence += [Evidence(p, l, f"keep: {state} goes back into the queue") for p, l in keep_sites]
-                inherited = f" (inherited from {b.poll.inherited_from})" if b.poll.inherited_from else ""
-                evidence.append(Evidence(b.poll.path, b.poll.line, f"{b.sender}.poll(){inherited} returns {state}"))
+                evidence += list(verdict.chain)
                 findings.append(self.finding(message, b.poll.path, b.poll.line, b.name, state, evidence))
         return findings

@@ -31,7 +31,7 @@ GREP_PATTERNS: list[tuple[str, set[str]]] = [
 ]
 
 
-@pytest.fixture(scope="module", params=["0.4.6.post5", "0.5.2", "0.5.23"])
+@pytest.fixture(scope="module", params=["0.4.6.post5", "0.5.2", "0.5.14", "0.5.23"])
 def release(request: pytest.FixtureRequest) -> tuple[str, Path]:
     return request.param, sglang_tree(request.param)
 
@@ -112,6 +112,13 @@ EXPECTED_FATES = {
         "WaitingForInput": ["kept", "raises"], "Transferring": ["kept", "raises"],
         "Success": ["kept", "leaves"],
     },
+    # A PP branch keeps any rid not in rids_to_check and, in consensus, every non-terminal poll
+    # (with a warning); then W/T keep, Success/Failed leave, and the final `else` keeps
+    # (Bootstrapping) with a warning instead of raising.
+    "0.5.14": {
+        "Failed": ["kept", "leaves"], "Bootstrapping": ["kept"], "WaitingForInput": ["kept"],
+        "Transferring": ["kept"], "Success": ["kept", "leaves"],
+    },
     # PP branch keeps everything not yet in consensus; the pending-bootstrap branch calls
     # handle_pending_bootstrap(req, poll): Failed -> handle_bootstrap_failure (release, abort)
     # and leaves; Bootstrapping -> False, then optimistic_release_and_requeue (release, requeue)
@@ -125,18 +132,31 @@ EXPECTED_FATES = {
     },
 }
 
-# (backend, state) pinned-state findings, per version; why:
+# (backend, state) pinned-state findings, per version; why (read in each release's conn.py):
 EXPECTED_PINS = {
-    # No sender has abort() or a timeout. NIXL's poll returns WaitingForInput until every
-    # transfer handle is DONE; Mooncake's returns whatever the manager's request_status holds
-    # (any state); the fake sender returns WaitingForInput until send() was called.
-    "0.4.6.post5": {("fake", "WaitingForInput"), ("mooncake", "WaitingForInput"),
-                    ("mooncake", "Transferring"), ("nixl", "WaitingForInput")},
-    # Mooncake (and Ascend, which inherits its poll) read conclude_state; NIXL's poll returns
-    # kv_mgr.check_status(...) (any state) before the transfer is sent and never reads an abort
-    # state; the fake sender has no abort and no timeout.
-    "0.5.2": {("fake", "WaitingForInput"), ("nixl", "Bootstrapping"), ("nixl", "WaitingForInput"),
-              ("nixl", "Transferring")},
+    # No sender has abort() or a timeout. The fake sender returns WaitingForInput until send()
+    # was called. NIXL's poll returns WaitingForInput until every transfer handle is DONE.
+    # Mooncake's poll returns the manager's request_status[room]; the stores into it are
+    # Bootstrapping (sender __init__), WaitingForInput (bootstrap thread), Success/Failed
+    # (transfer thread) and, on the decode side only, a value read off the network (reported as
+    # unknown, not as a pin): Transferring is never stored ("TODO: Shall we use
+    # KVPoll.Transferring state?"), so it cannot pin; WaitingForInput can.
+    "0.4.6.post5": {("fake", "WaitingForInput"), ("mooncake", "WaitingForInput"), ("nixl", "WaitingForInput")},
+    # Mooncake (and Ascend, which inherits its poll) return conclude_state once abort() set it.
+    # NIXL's sender has no abort(); before the last chunk is sent its poll returns
+    # kv_mgr.check_status(room) = request_status[room], which only ever holds Bootstrapping
+    # (sender __init__) or WaitingForInput (bootstrap thread); after it, WaitingForInput until
+    # the handles are DONE: Bootstrapping and WaitingForInput pin, Transferring is never returned.
+    # The fake sender has no abort and no timeout.
+    "0.5.2": {("fake", "WaitingForInput"), ("nixl", "Bootstrapping"), ("nixl", "WaitingForInput")},
+    # MooncakeKVSender.abort() calls super().abort(): CommonKVSender.abort() sets conclude_state
+    # = Failed, and MooncakeKVSender.poll() returns conclude_state once set: no pin (Ascend
+    # inherits both). NixlKVSender.poll() never reads conclude_state; it returns
+    # kv_mgr.check_status(room) = request_status.get(room, WaitingForInput). With the room
+    # present, abort()'s update_status(room, Failed) stores Failed and poll() returns it; but
+    # CommonKVSender.clear() pops the room, update_status(room, Failed) returns without effect for
+    # an absent room, and check_status then answers WaitingForInput forever: WaitingForInput pins.
+    "0.5.14": {("nixl", "WaitingForInput")},
     # Every sender reads conclude_state (CommonKVSender._poll_with_status, FakeKVSender.poll).
     "0.5.23": set(),
 }
@@ -208,3 +228,30 @@ def test_map_has_the_sites_grep_misses() -> None:
     assert any("handle_pending_bootstrap" in t for t in text("helper", "process_disagg_prefill_inflight_queue"))
     # Metadata buffers are freed after the loop, through a helper whose name no grep pattern has.
     assert any("maybe_release_metadata_buffer" in t for t in text("release", "process_disagg_prefill_inflight_queue"))
+
+
+def test_nixl_pin_names_its_chain() -> None:
+    """0.5.14's NIXL pin, link by link, each at a line whose text says what the link says."""
+    root = sglang_tree("0.5.14")
+    report = scan_path(root)
+    finding = next(f for f in report.findings if f.rule == "pinned-state" and f.backend == "nixl")
+    assert finding.state == "WaitingForInput"
+
+    def line(evidence) -> str:
+        return (root / evidence.path).read_text().splitlines()[evidence.line - 1]
+
+    chain = {e.note: e for e in finding.evidence}
+
+    def link(words: str):
+        found = [e for note, e in chain.items() if words in note]
+        assert found, f"no link saying {words!r} in {list(chain)}"
+        return found[0]
+
+    assert "WaitingForInput" in line(link("returns WaitingForInput for a room absent")) \
+        and ".get(" in line(link("returns WaitingForInput for a room absent"))
+    assert "conclude_state = KVPoll.Failed" in line(link("never reads"))
+    assert "not in self.request_status" in line(link("returns without effect when the room is absent"))
+    assert "request_status.pop(" in line(link("pops the room"))
+    assert "def poll(" in line(link("no timeout check is reached for WaitingForInput"))
+    for note in ("absent", "never reads", "without effect", "pops the room", "no timeout"):
+        assert note in finding.message

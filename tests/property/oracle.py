@@ -670,8 +670,14 @@ class SenderVerdict:
     abort_ok: dict[str, bool]  # S -> some run polled S, then after abort() a terminal state
     timeout_ok: dict[str, bool]  # S -> some run polled S, then after the clock moved a terminal state
     correlated: set[str] = field(default_factory=set)
+    # S -> {(manager answer, flags read by the first poll): some continuation ends} — a state
+    # has a way out only if every way poll() gets to it has one (a configuration that pins it
+    # pins it, whatever other configurations do).
+    groups: dict[str, dict[tuple, bool]] = field(default_factory=dict)
 
     def way_out(self, state: str) -> bool:
+        if state in self.groups:
+            return all(self.groups[state].values())
         return self.abort_ok.get(state, False) or self.timeout_ok.get(state, False)
 
     def summary(self) -> str:
@@ -725,6 +731,8 @@ def sender_verdicts(root: Path) -> dict[str, SenderVerdict]:
             abort_ok: dict[str, bool] = {}
             timeout_ok: dict[str, bool] = {}
             correlated: set[str] = set()
+            # first state -> (manager answer, flags of the first poll) -> a way out from there
+            groups: dict[str, dict[tuple, bool]] = {}
             for mode in ("abort", "timeout"):
                 for state in STATES:
                     status = getattr(kvpoll, state)
@@ -736,6 +744,7 @@ def sender_verdicts(root: Path) -> dict[str, SenderVerdict]:
                             clock.now = CLOCK_START + 1
                             ch.new_call()
                             first = name_of(sender.poll())
+                            ch.first_poll = len(ch.trace)  # flags the first poll read fix its path
                             if mode == "abort":
                                 sender.abort()
                             else:
@@ -758,7 +767,10 @@ def sender_verdicts(root: Path) -> dict[str, SenderVerdict]:
                         ok = any(s in TERMINAL for s in later)
                         table = abort_ok if mode == "abort" else timeout_ok
                         table[first] = table.get(first, False) or ok
-            out[folder] = SenderVerdict(folder, cls.__name__, returns, driven, abort_ok, timeout_ok, correlated)
+                        key = (state, tuple(ch.trace[: ch.first_poll]))
+                        group = groups.setdefault(first, {})
+                        group[key] = group.get(key, False) or ok
+            out[folder] = SenderVerdict(folder, cls.__name__, returns, driven, abort_ok, timeout_ok, correlated, groups)
     return out
 
 
@@ -772,7 +784,9 @@ def kvtrace_fates(report) -> dict[str, list[str]]:
 
 
 def kvtrace_way_out(backend, state: str) -> bool:
-    return bool(backend.reads_abort_state) or any(state in t.covers for t in backend.timeouts)
+    """kvtrace's verdict: no StateVerdict (poll() cannot return the state) or a way out."""
+    verdict = backend.way_out(state)
+    return verdict is None or not verdict.pinned
 
 
 def kvtrace_timeout_covers(backend, state: str) -> bool:

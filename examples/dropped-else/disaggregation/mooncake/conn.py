@@ -1,6 +1,7 @@
 """Mooncake transfer backend, early-release shape (kvtrace fixture "dropped-else").
 
-No abort() and no timeout: poll() is whatever the status table says.
+No abort() and no timeout: poll() is whatever the status table says, and the manager's threads
+store every state in it (Bootstrapping, WaitingForInput, Transferring, Success, Failed).
 """
 
 from __future__ import annotations
@@ -31,6 +32,14 @@ class MooncakeKVManager(BaseKVManager):
             self.request_status[bootstrap_room] = status
         else:
             self.request_status[bootstrap_room] = max(self.request_status[bootstrap_room], status)
+
+    def handle_decode_ready(self, bootstrap_room: int) -> None:
+        # Bootstrap thread: the decode side has handshaken for this room.
+        self.update_status(bootstrap_room, KVPoll.WaitingForInput)
+
+    def transfer_worker(self, bootstrap_room: int, ok: bool) -> None:
+        self.update_status(bootstrap_room, KVPoll.Transferring)
+        self.update_status(bootstrap_room, KVPoll.Success if ok else KVPoll.Failed)
 
 
 class MooncakeKVSender(BaseKVSender):

@@ -1,7 +1,8 @@
 """Manager and sender code shared by the ZMQ-bootstrapped backends.
 
 kvtrace fixture "inherited-poll": the shared poll() times out a room stuck in
-Bootstrapping but never reads conclude_state, which abort() sets. Backends
+Bootstrapping but never reads conclude_state, the only state abort() changes (it leaves the
+manager's table alone). Backends
 that inherit it are reported at this def.
 """
 
@@ -46,6 +47,12 @@ class CommonKVManager(BaseKVManager):
         else:
             self.request_status[bootstrap_room] = max(self.request_status[bootstrap_room], status)
 
+    def transfer_worker(self, bootstrap_room: int, ok: bool) -> None:
+        # Bootstrap and transfer threads move the room along.
+        self.update_status(bootstrap_room, KVPoll.WaitingForInput)
+        self.update_status(bootstrap_room, KVPoll.Transferring)
+        self.update_status(bootstrap_room, KVPoll.Success if ok else KVPoll.Failed)
+
     def record_failure(self, bootstrap_room: int, reason: str) -> None:
         with self.failure_lock:
             self.failure_records[bootstrap_room] = reason
@@ -59,7 +66,7 @@ class CommonKVSender(BaseKVSender):
         self.dest_tp_ranks = dest_tp_ranks or []
         self.aux_index: Optional[int] = None
         self.conclude_state: Optional[int] = None
-        self.init_time: Optional[float] = None
+        self.init_time: float = time.time()
         mgr.register_room(bootstrap_room)
 
     def init(self, num_kv_indices: int, aux_index: Optional[int] = None):
@@ -80,13 +87,11 @@ class CommonKVSender(BaseKVSender):
         return status
 
     def _bootstrap_expired(self) -> bool:
-        if self.init_time is None:
-            return False
         return time.time() - self.init_time >= self.kv_mgr.bootstrap_timeout
 
     def abort(self) -> None:
+        # Records why and sets the sender's own field; the manager's table keeps its state.
         self.kv_mgr.record_failure(self.bootstrap_room, "aborted by the client")
-        self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Failed)
         self.conclude_state = KVPoll.Failed
 
     def failure_exception(self):

@@ -1,7 +1,8 @@
 """NIXL transfer backend (kvtrace fixture "pp-consensus").
 
-poll() ignores conclude_state (set by abort()) and its only timeout is on
-WaitingForInput; a room stuck in Bootstrapping, Transferring or Staging stays.
+poll() returns the manager's table and ignores conclude_state, the only thing abort() sets; its
+only timeout is on WaitingForInput. The manager's threads store Bootstrapping, Staging,
+Transferring and Success, so a room stuck in Bootstrapping, Transferring or Staging stays.
 """
 
 from __future__ import annotations
@@ -28,9 +29,17 @@ class NixlKVManager(BaseKVManager):
     def check_status(self, bootstrap_room: int) -> KVPoll:
         return self.request_status.get(bootstrap_room, KVPoll.WaitingForInput)
 
+    def register_room(self, bootstrap_room: int) -> None:
+        self.request_status[bootstrap_room] = KVPoll.Bootstrapping
+
     def update_status(self, bootstrap_room: int, status: KVPoll) -> None:
         if bootstrap_room in self.request_status:
             self.request_status[bootstrap_room] = status
+
+    def transfer_worker(self, bootstrap_room: int, staged: bool) -> None:
+        # Transfer thread: the room's chunks are staged or sent, then it concludes.
+        self.update_status(bootstrap_room, KVPoll.Staging if staged else KVPoll.Transferring)
+        self.update_status(bootstrap_room, KVPoll.Success)
 
 
 class NixlKVSender(BaseKVSender):
@@ -40,6 +49,7 @@ class NixlKVSender(BaseKVSender):
         self.xfer_handles: List[object] = []
         self.wait_start: Optional[float] = None
         self.conclude_state: Optional[KVPoll] = None
+        mgr.register_room(bootstrap_room)
 
     def init(self, num_kv_indices: int, aux_index: Optional[int] = None):
         self.num_kv_indices = num_kv_indices
@@ -61,7 +71,7 @@ class NixlKVSender(BaseKVSender):
         return status
 
     def abort(self) -> None:
-        self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Failed)
+        # Only the sender's own field: the manager's table (what poll() reads) keeps its state.
         self.conclude_state = KVPoll.Failed
 
     def failure_exception(self):
