@@ -133,6 +133,7 @@ class Finding:
     backend: str | None
     state: str | None
     evidence: list[Evidence]
+    code: str = ""  # the rule's short code (KVT001); `rule` is its name
 
 
 @dataclass

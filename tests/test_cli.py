@@ -110,12 +110,17 @@ def test_bad_file_is_reported_and_scan_goes_on(tmp_path: Path, name: str, conten
 
 
 def test_rules_and_explain() -> None:
-    listed = kvtrace("rules").stdout
-    for rule in ("pinned-state", "dropped-state", "undrained-queue"):
-        assert rule in listed
-    explained = kvtrace("explain", "pinned-state").stdout
-    for section in ("What it does:", "Why it matters:", "Example:", "Fix:"):
-        assert section in explained
+    from kvtrace.rules import ALL_RULES
+
+    listed = kvtrace("rules").stdout.splitlines()
+    for rule in ALL_RULES:
+        row = next(line for line in listed if line.startswith(rule.code))
+        assert rule.name in row and rule.severity in row and rule.summary() in row
+        for key in (rule.code, rule.name) if rule.name == "pinned-state" else (rule.code,):
+            explained = kvtrace("explain", key).stdout
+            assert explained.startswith(f"{rule.code} {rule.name} ({rule.severity})")
+            for section in ("What it does:", "Why it matters:", "Example:", "Fix:"):
+                assert section in explained
     assert_one_line_error(kvtrace("explain", "no-such-rule"), "unknown rule")
 
 
