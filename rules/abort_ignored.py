@@ -53,6 +53,8 @@ class AbortIgnored(Rule):
             b = analysis.backend
             if b.poll is None or b.reads_abort_state:
                 continue
+            if not any(state in ctx.domain.non_terminal for state in b.returns):
+                continue  # poll() only ever concludes: there is no wait for an abort to cut short
             abort = ctx.index.find_method(analysis.cls, ctx.pack.abort_method)
             evidence = [Evidence(b.path, b.line, f"class {b.sender} (backend {b.name})")]
             if abort is not None:

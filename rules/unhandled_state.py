@@ -66,8 +66,8 @@ class UnhandledState(Rule):
                          and not any(e.kind == "check" and e.detail == "T" for e in events)]
             crashes: dict[tuple[str, int], list] = {}
             for events, outcome in unmatched:
-                if outcome == "raises":
-                    raise_event = next(e for e in reversed(events) if e.kind == "raise")
+                raise_event = next((e for e in reversed(events) if e.kind == "raise"), None)
+                if outcome == "raises" and raise_event is not None:
                     crashes.setdefault((raise_event.path, raise_event.line), events)
             kept = [events for events, outcome in unmatched
                     if outcome == "kept" and state in ctx.domain.terminal]
@@ -82,11 +82,16 @@ class UnhandledState(Rule):
                     Evidence(path, line, f"raise: {state} is not expected here")]
                 findings.append(self.finding(message, path, line, None, state, evidence))
             for events in kept[:1]:
-                keep = next(e for e in events if e.kind == "keep")
-                message = (f"{state} is terminal but matches no branch of the drain loop of {ctx.pack.queue}: "
-                           f"the catch-all at line {keep.line} keeps it, and it never changes again, so the "
-                           f"request stays in the queue for ever")
+                keep = next((e for e in events if e.kind == "keep"), None)
+                if keep is not None:
+                    where, how = keep, f"the catch-all at line {keep.line} keeps it"
+                else:  # kept because the loop returns before the queue is reassigned
+                    where = [e for e in events if e.kind == "check"][-1]
+                    how = f"after the test at line {where.line} the drain returns before reassigning the queue"
+                message = (f"{state} is terminal but matches no test of the poll value in the drain loop of "
+                           f"{ctx.pack.queue}: {how}, and it never changes again, so the request stays in the "
+                           f"queue for ever")
                 evidence = drain_evidence(ctx) + path_evidence(events, state) + [
-                    Evidence(keep.path, keep.line, f"keep: {state} goes back into the queue")]
-                findings.append(self.finding(message, keep.path, keep.line, None, state, evidence))
+                    Evidence(where.path, where.line, f"{state} stays in the queue")]
+                findings.append(self.finding(message, where.path, where.line, None, state, evidence))
         return findings
