@@ -45,6 +45,7 @@ class OutputFormat(str, Enum):
     json = "json"
     sarif = "sarif"
     markdown = "markdown"
+    github = "github"
 
 
 def _version(value: bool) -> None:
@@ -88,8 +89,18 @@ def scan(
     max_files: Annotated[int, typer.Option("--max-files", help="Refuse trees with more .py files.")] = FetchLimits.max_files,
     max_total_bytes: Annotated[int, typer.Option("--max-total-bytes", help="Refuse trees with more bytes of .py.")] = FetchLimits.max_total_bytes,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show fetch steps and timings on stderr.")] = False,
-    fail_on: Annotated[FailOn, typer.Option("--fail-on",
-        help="Exit 1 only for findings of this severity or worse (never: report, exit 0).")] = FailOn.note,
+    fail_on: Annotated[Optional[FailOn], typer.Option("--fail-on",
+        help="Exit 1 only for findings of this severity or worse (never: report, exit 0). Default: note.")] = None,
+    select: Annotated[Optional[list[str]], typer.Option("--select", metavar="RULE",
+        help="Only these rules (ids or codes; repeatable or comma-separated). Wins over [tool.kvtrace].")] = None,
+    ignore: Annotated[Optional[list[str]], typer.Option("--ignore", metavar="RULE",
+        help="Leave out these rules (repeatable or comma-separated). Wins over [tool.kvtrace].")] = None,
+    ignore_backend: Annotated[Optional[list[str]], typer.Option("--ignore-backend", metavar="BACKEND",
+        help="Leave out these backends, e.g. fake (repeatable or comma-separated).")] = None,
+    baseline: Annotated[Optional[Path], typer.Option("--baseline", metavar="FILE",
+        help="An earlier kvtrace JSON report or SARIF log: its findings are shown as such and do not fail.")] = None,
+    write_baseline: Annotated[Optional[Path], typer.Option("--write-baseline", metavar="FILE",
+        help="Also write this scan's findings as a JSON baseline.")] = None,
 ) -> None:
     """Scan one or more targets and report pinned and dropped poll states, per backend."""
     from kvtrace.fetch import fetch_target
@@ -102,15 +113,24 @@ def scan(
         if verbose:
             err.print(f"[dim]kvtrace: {message}[/dim]")
 
+    from kvtrace import baseline as baselines
+    from kvtrace.config import Overrides
+
     limits = FetchLimits(max_file_bytes=max_file_bytes, max_files=max_files, max_total_bytes=max_total_bytes)
+    overrides = Overrides(select=_names(select), ignore=_names(ignore), ignore_backends=_names(ignore_backend),
+                          pack=rules, fail_on=fail_on.value if fail_on else None,
+                          baseline=str(baseline) if baseline else None)
     try:
-        pack = load_pack(rules)
+        settings = {target: _settings(target, overrides) for target in targets}
+        packs = {target: load_pack(s.pack) for target, s in settings.items()}
+        baseline_prints = {t: baselines.load(Path(s.baseline)) for t, s in settings.items() if s.baseline}
     except KvtraceError as exc:
         raise _fail(str(exc))
     ssh = dict(identity_files=list(identity or []), ssh_config=ssh_config, known_hosts=known_hosts,
                accept_new_host_key=accept_new_host_key, connect_timeout=connect_timeout, read_timeout=read_timeout,
                timeout=timeout)
     reports: list[Report] = []
+    thresholds: list[int] = []  # per report: its fail-on level
     failed = False
     for target in targets:
         started = time.perf_counter()
@@ -118,7 +138,13 @@ def scan(
             fetched = fetch_target(target, limits, ssh, log)
             log(f"{target}: fetched {len(fetched.files)} files in {time.perf_counter() - started:.2f}s")
             analysed = time.perf_counter()
-            reports.append(scan_fetched(fetched, pack))
+            report = scan_fetched(fetched, packs[target], settings[target])
+            if target in baseline_prints:
+                compared = baselines.apply(report.findings, baseline_prints[target])
+                log(f"{target}: baseline: {compared.unchanged} unchanged, {compared.new} new, "
+                    f"{len(compared.gone)} no longer found")
+            reports.append(report)
+            thresholds.append(SEVERITY_RANK[settings[target].fail_on or "note"])
             log(f"{target}: analysed in {time.perf_counter() - analysed:.2f}s")
         except KvtraceError as exc:
             typer.echo(f"kvtrace: error: {exc}", err=True)
@@ -128,13 +154,38 @@ def scan(
             failed = True
     if reports:
         _write(reports, output_format, output, no_map)
+    if write_baseline is not None and reports:
+        from kvtrace.report.json import render as render_json
+
+        write_baseline.write_text(render_json(reports), encoding="utf-8")
     if failed:
         raise typer.Exit(EXIT_INPUT)
     if any(f.status != "ok" for r in reports for f in r.files) or any(r.problems for r in reports):
         raise typer.Exit(EXIT_INCOMPLETE)
-    threshold = SEVERITY_RANK[fail_on.value]
-    failing = any(SEVERITY_RANK.get(f.severity, 0) >= threshold for r in reports for f in r.findings)
+    failing = any(
+        baselines.counts_against(f) and SEVERITY_RANK.get(f.severity, 0) >= threshold
+        for r, threshold in zip(reports, thresholds) for f in r.findings
+    )
     raise typer.Exit(EXIT_FINDINGS if failing else EXIT_CLEAN)
+
+
+def _names(values: list[str] | None) -> tuple[str, ...]:
+    """Repeatable options that also take comma-separated lists, as ruff's do."""
+    return tuple(part.strip() for value in values or [] for part in value.split(",") if part.strip())
+
+
+def _settings(target: str, overrides):
+    """[tool.kvtrace] for this target (its tree, else the working directory) under the command line."""
+    from kvtrace.config import resolve
+    from kvtrace.target import LocalTarget, parse_target
+
+    try:
+        local = parse_target(target)
+    except KvtraceError:
+        local = None  # the fetch reports a malformed target in its own words
+    start = Path(target) if isinstance(local, LocalTarget) else None
+    known = {r.id for r in ALL_RULES} | {code for r in ALL_RULES if (code := getattr(r, "code", None))}
+    return resolve(start, Path.cwd(), overrides, known)
 
 
 def _write(reports: list[Report], fmt: OutputFormat, output: Path | None, no_map: bool) -> None:
@@ -155,6 +206,8 @@ def _write(reports: list[Report], fmt: OutputFormat, output: Path | None, no_map
         from kvtrace.report.json import render
     elif fmt is OutputFormat.sarif:
         from kvtrace.report.sarif import render
+    elif fmt is OutputFormat.github:
+        from kvtrace.report.github import render
     else:
         from kvtrace.report.markdown import render
     text = render(reports)
