@@ -45,6 +45,7 @@ class OutputFormat(str, Enum):
     json = "json"
     sarif = "sarif"
     markdown = "markdown"
+    github = "github"
 
 
 def _version(value: bool) -> None:
@@ -82,12 +83,24 @@ def scan(
         help="Trust and record the key of a host not yet in known_hosts (OpenSSH accept-new). A changed key is always refused.")] = False,
     connect_timeout: Annotated[float, typer.Option("--connect-timeout", help="Seconds to wait for the SSH connection.")] = 10.0,
     read_timeout: Annotated[float, typer.Option("--read-timeout", help="Seconds to wait for remote data.")] = 60.0,
+    timeout: Annotated[float, typer.Option("--timeout",
+        help="Seconds for a whole remote fetch (connect, authenticate, transfer), however the server paces it.")] = 300.0,
     max_file_bytes: Annotated[int, typer.Option("--max-file-bytes", help="Skip (and report) larger files.")] = FetchLimits.max_file_bytes,
     max_files: Annotated[int, typer.Option("--max-files", help="Refuse trees with more .py files.")] = FetchLimits.max_files,
     max_total_bytes: Annotated[int, typer.Option("--max-total-bytes", help="Refuse trees with more bytes of .py.")] = FetchLimits.max_total_bytes,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show fetch steps and timings on stderr.")] = False,
-    fail_on: Annotated[FailOn, typer.Option("--fail-on",
-        help="Exit 1 only for findings of this severity or worse (never: report, exit 0).")] = FailOn.note,
+    fail_on: Annotated[Optional[FailOn], typer.Option("--fail-on",
+        help="Exit 1 only for findings of this severity or worse (never: report, exit 0). Default: note.")] = None,
+    select: Annotated[Optional[list[str]], typer.Option("--select", metavar="RULE",
+        help="Only these rules (ids or codes; repeatable or comma-separated). Wins over [tool.kvtrace].")] = None,
+    ignore: Annotated[Optional[list[str]], typer.Option("--ignore", metavar="RULE",
+        help="Leave out these rules (repeatable or comma-separated). Wins over [tool.kvtrace].")] = None,
+    ignore_backend: Annotated[Optional[list[str]], typer.Option("--ignore-backend", metavar="BACKEND",
+        help="Leave out these backends, e.g. fake (repeatable or comma-separated).")] = None,
+    baseline: Annotated[Optional[Path], typer.Option("--baseline", metavar="FILE",
+        help="An earlier kvtrace JSON report or SARIF log: its findings are shown as such and do not fail.")] = None,
+    write_baseline: Annotated[Optional[Path], typer.Option("--write-baseline", metavar="FILE",
+        help="Also write this scan's findings as a JSON baseline.")] = None,
 ) -> None:
     """Scan one or more targets and report pinned and dropped poll states, per backend."""
     from kvtrace.fetch import fetch_target
@@ -100,14 +113,24 @@ def scan(
         if verbose:
             err.print(f"[dim]kvtrace: {message}[/dim]")
 
+    from kvtrace import baseline as baselines
+    from kvtrace.config import Overrides
+
     limits = FetchLimits(max_file_bytes=max_file_bytes, max_files=max_files, max_total_bytes=max_total_bytes)
+    overrides = Overrides(select=_names(select), ignore=_names(ignore), ignore_backends=_names(ignore_backend),
+                          pack=rules, fail_on=fail_on.value if fail_on else None,
+                          baseline=str(baseline) if baseline else None)
     try:
-        pack = load_pack(rules)
+        settings = {target: _settings(target, overrides) for target in targets}
+        packs = {target: load_pack(s.pack) for target, s in settings.items()}
+        baseline_prints = {t: baselines.load(Path(s.baseline)) for t, s in settings.items() if s.baseline}
     except KvtraceError as exc:
         raise _fail(str(exc))
     ssh = dict(identity_files=list(identity or []), ssh_config=ssh_config, known_hosts=known_hosts,
-               accept_new_host_key=accept_new_host_key, connect_timeout=connect_timeout, read_timeout=read_timeout)
+               accept_new_host_key=accept_new_host_key, connect_timeout=connect_timeout, read_timeout=read_timeout,
+               timeout=timeout)
     reports: list[Report] = []
+    thresholds: list[int] = []  # per report: its fail-on level
     failed = False
     for target in targets:
         started = time.perf_counter()
@@ -115,7 +138,13 @@ def scan(
             fetched = fetch_target(target, limits, ssh, log)
             log(f"{target}: fetched {len(fetched.files)} files in {time.perf_counter() - started:.2f}s")
             analysed = time.perf_counter()
-            reports.append(scan_fetched(fetched, pack))
+            report = scan_fetched(fetched, packs[target], settings[target])
+            if target in baseline_prints:
+                compared = baselines.apply(report.findings, baseline_prints[target])
+                log(f"{target}: baseline: {compared.unchanged} unchanged, {compared.new} new, "
+                    f"{len(compared.gone)} no longer found")
+            reports.append(report)
+            thresholds.append(SEVERITY_RANK[settings[target].fail_on or "note"])
             log(f"{target}: analysed in {time.perf_counter() - analysed:.2f}s")
         except KvtraceError as exc:
             typer.echo(f"kvtrace: error: {exc}", err=True)
@@ -125,13 +154,38 @@ def scan(
             failed = True
     if reports:
         _write(reports, output_format, output, no_map)
+    if write_baseline is not None and reports:
+        from kvtrace.report.json import render as render_json
+
+        write_baseline.write_text(render_json(reports), encoding="utf-8")
     if failed:
         raise typer.Exit(EXIT_INPUT)
     if any(f.status != "ok" for r in reports for f in r.files) or any(r.problems for r in reports):
         raise typer.Exit(EXIT_INCOMPLETE)
-    threshold = SEVERITY_RANK[fail_on.value]
-    failing = any(SEVERITY_RANK.get(f.severity, 0) >= threshold for r in reports for f in r.findings)
+    failing = any(
+        baselines.counts_against(f) and SEVERITY_RANK.get(f.severity, 0) >= threshold
+        for r, threshold in zip(reports, thresholds) for f in r.findings
+    )
     raise typer.Exit(EXIT_FINDINGS if failing else EXIT_CLEAN)
+
+
+def _names(values: list[str] | None) -> tuple[str, ...]:
+    """Repeatable options that also take comma-separated lists, as ruff's do."""
+    return tuple(part.strip() for value in values or [] for part in value.split(",") if part.strip())
+
+
+def _settings(target: str, overrides):
+    """[tool.kvtrace] for this target (its tree, else the working directory) under the command line."""
+    from kvtrace.config import resolve
+    from kvtrace.target import LocalTarget, parse_target
+
+    try:
+        local = parse_target(target)
+    except KvtraceError:
+        local = None  # the fetch reports a malformed target in its own words
+    start = Path(target) if isinstance(local, LocalTarget) else None
+    known = {r.name for r in ALL_RULES} | {r.code for r in ALL_RULES}
+    return resolve(start, Path.cwd(), overrides, known)
 
 
 def _write(reports: list[Report], fmt: OutputFormat, output: Path | None, no_map: bool) -> None:
@@ -152,6 +206,8 @@ def _write(reports: list[Report], fmt: OutputFormat, output: Path | None, no_map
         from kvtrace.report.json import render
     elif fmt is OutputFormat.sarif:
         from kvtrace.report.sarif import render
+    elif fmt is OutputFormat.github:
+        from kvtrace.report.github import render
     else:
         from kvtrace.report.markdown import render
     text = render(reports)
@@ -165,6 +221,61 @@ def _text(report: Report, console: Console, no_map: bool) -> None:
     from kvtrace.report.text import render
 
     render(report, console, show_map=not no_map)
+
+
+class DiffFormat(str, Enum):
+    text = "text"
+    json = "json"
+
+
+@app.command()
+def diff(
+    base: Annotated[str, typer.Argument(metavar="BASE", help="A folder, or a git revision of the checkout.")],
+    head: Annotated[str, typer.Argument(metavar="HEAD", help="A folder, or a git revision of the checkout.")],
+    path: Annotated[Optional[str], typer.Option("--path", metavar="SUBDIR",
+        help="Scan this folder inside each tree or revision (e.g. python/sglang).")] = None,
+    repo: Annotated[Path, typer.Option("--repo", metavar="PATH", help="The git checkout revisions are read from.")] = Path("."),
+    output_format: Annotated[DiffFormat, typer.Option("--format", "-f", help="Output format.")] = DiffFormat.text,
+    rules: Annotated[Optional[str], typer.Option("--rules", help="Rules pack: a bundled name or a TOML file.")] = None,
+    select: Annotated[Optional[list[str]], typer.Option("--select", metavar="RULE", help="Only these rules.")] = None,
+    ignore: Annotated[Optional[list[str]], typer.Option("--ignore", metavar="RULE", help="Leave out these rules.")] = None,
+    ignore_backend: Annotated[Optional[list[str]], typer.Option("--ignore-backend", metavar="BACKEND",
+        help="Leave out these backends.")] = None,
+) -> None:
+    """Compare two trees or two git revisions: added, fixed and unchanged findings, and the
+    release-map rows whose states moved. Exit 1 only when findings were added.
+
+    Examples: `kvtrace diff origin/main HEAD --path python/sglang`, `kvtrace diff old/ new/`.
+    """
+    from kvtrace import diff as diffs
+    from kvtrace.config import Overrides
+    from kvtrace.fetch.local import fetch_local
+    from kvtrace.packs import load_pack
+    from kvtrace.scan import scan_fetched
+
+    overrides = Overrides(select=_names(select), ignore=_names(ignore), ignore_backends=_names(ignore_backend),
+                          pack=rules)
+    try:
+        with diffs.Checkout(repo, path) as checkout:
+            trees = {"base": checkout.tree(base), "head": checkout.tree(head)}
+            settings = _settings(str(trees["head"]) if Path(head).is_dir() else ".", overrides)
+            pack = load_pack(settings.pack)
+            reports = {}
+            for side, tree in trees.items():
+                fetched = fetch_local(tree)
+                fetched.target = {"base": base, "head": head}[side] + (f":{path}" if path and not Path(
+                    {"base": base, "head": head}[side]).is_dir() else "")
+                reports[side] = scan_fetched(fetched, pack, settings)
+    except KvtraceError as exc:
+        raise _fail(str(exc))
+    result = diffs.compare(reports["base"], reports["head"])
+    render = diffs.render_text if output_format is DiffFormat.text else diffs.to_json
+    sys.stdout.write(render(result, base, head))
+    incomplete = any(f.status != "ok" for r in reports.values() for f in r.files) or \
+        any(r.problems for r in reports.values())
+    if incomplete:
+        typer.echo("kvtrace: the scan of BASE or HEAD is incomplete (see the report)", err=True)
+    raise typer.Exit(EXIT_FINDINGS if result.added else EXIT_INCOMPLETE if incomplete else EXIT_CLEAN)
 
 
 @app.command("rules")

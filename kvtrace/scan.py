@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 from kvtrace.backends import analyse_backends
+from kvtrace.config import Settings
 from kvtrace.rules import ALL_RULES, ScanContext
 from kvtrace.errors import InputError
 from kvtrace.fetch.local import fetch_local
@@ -30,10 +31,13 @@ from kvtrace.model import (
 )
 from kvtrace.packs import Pack, load_pack
 from kvtrace.parse import parse_module
+from kvtrace.rules.unused_suppression import UnusedSuppression
+from kvtrace.suppress import silence
 
 
-def scan_path(path: Path, pack: Pack | None = None, limits: FetchLimits = FetchLimits()) -> Report:
-    return scan_fetched(fetch_local(path, limits), pack)
+def scan_path(path: Path, pack: Pack | None = None, limits: FetchLimits = FetchLimits(),
+              settings: Settings = Settings()) -> Report:
+    return scan_fetched(fetch_local(path, limits), pack, settings)
 
 
 def locate_package(files: list[SourceFile], pack: Pack, target: str) -> str:
@@ -70,7 +74,7 @@ def locate_package(files: list[SourceFile], pack: Pack, target: str) -> str:
     return best
 
 
-def scan_fetched(fetched: FetchResult, pack: Pack | None = None) -> Report:
+def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Settings = Settings()) -> Report:
     pack = pack or load_pack()
     files = fetched.files
     if not files:
@@ -88,6 +92,7 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None) -> Report:
     senders = analyse_backends(index, pack, domain, root, problems)
     findings = []
     queue_reports = []
+    rules = [rule for rule in ALL_RULES if settings.wants_rule(rule.name, rule.code)]
     # A pack may name several queues (decode: prealloc and transfer); each is its own graph,
     # the backends are shared. Rules about the backends alone run once.
     for number, name in enumerate(pack.queues or (pack.queue,)):
@@ -100,19 +105,21 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None) -> Report:
             queue = QueueAnalysis(None, nx.DiGraph(), {}, static_sites(index, queue_pack))
         entries = [s for s in queue.static_sites if s.kind == "entry"]
         ctx = ScanContext(queue_pack, domain, index, queue, senders, entries)
-        findings += [f for rule in ALL_RULES if rule.per_queue or number == 0 for f in rule().check(ctx)]
+        findings += [f for rule in rules if rule.per_queue or number == 0 for f in rule().check(ctx)
+                     if settings.wants_backend(f.backend)]
         if queue.drain is None and not entries:
             problems.append(f"self.{name} is neither filled nor drained in this tree")
         if queue.truncated:
             problems.append("path limit reached (results may be incomplete) at " + ", ".join(queue.truncated))
         queue_reports.append(_queue_report(queue_pack, domain.members, queue))
+    findings = silence(findings, index.modules, report_unused=UnusedSuppression in rules)
     findings.sort(key=lambda f: (f.path, f.line, f.rule, f.backend or "", f.state or ""))
     problems.extend(fetched.notes)
     return Report(
         target=fetched.target,
         files=in_scope,
         queues=queue_reports,
-        backends=[s.backend for s in senders],
+        backends=[s.backend for s in senders if settings.wants_backend(s.backend.name)],
         findings=findings,
         root=root,
         enum=enum_evidence,

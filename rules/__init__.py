@@ -10,10 +10,13 @@ from kvtrace.rules.release_leak import ReleaseLeak
 from kvtrace.rules.silent_wait import SilentWait
 from kvtrace.rules.undrained_queue import UndrainedQueue
 from kvtrace.rules.unhandled_state import UnhandledState
+from kvtrace.rules.unused_suppression import UnusedSuppression
 
+# In code order; UnusedSuppression (KVT100) stays last: it reports on what the others found
+# (kvtrace.suppress).
 ALL_RULES: list[type[Rule]] = sorted(
     [PinnedState, DroppedState, UndrainedQueue, UnhandledState, SilentWait, ReleaseLeak, PollRaises,
-     AbortIgnored, NoTimeout],
+     AbortIgnored, NoTimeout, UnusedSuppression],
     key=lambda rule: rule.code,
 )
 

@@ -61,7 +61,7 @@ class Rule:
 
     def finding(self, message: str, path: str, line: int, backend: str | None, state: str | None,
                 evidence: list[Evidence]) -> Finding:
-        return Finding(self.name, self.severity, message, path, line, backend, state, evidence, self.code)
+        return Finding(self.name, self.severity, message, path, line, backend, state, evidence, code=self.code)
 
 
 def drain_evidence(ctx: ScanContext) -> list[Evidence]:
