@@ -88,11 +88,13 @@ def scan(
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show fetch steps and timings on stderr.")] = False,
     fail_on: Annotated[FailOn, typer.Option("--fail-on",
         help="Exit 1 only for findings of this severity or worse (never: report, exit 0).")] = FailOn.note,
+    no_cache: Annotated[bool, typer.Option("--no-cache",
+        help="Analyse even when this code, pack and tree were scanned before (see `kvtrace cache`).")] = False,
 ) -> None:
     """Scan one or more targets and report pinned and dropped poll states, per backend."""
     from kvtrace.fetch import fetch_target
     from kvtrace.packs import load_pack
-    from kvtrace.scan import scan_fetched
+    from kvtrace.cache import Cache, scan_cached
 
     err = Console(stderr=True, highlight=False)
 
@@ -108,6 +110,8 @@ def scan(
     ssh = dict(identity_files=list(identity or []), ssh_config=ssh_config, known_hosts=known_hosts,
                accept_new_host_key=accept_new_host_key, connect_timeout=connect_timeout, read_timeout=read_timeout)
     reports: list[Report] = []
+    cache = None if no_cache else Cache()
+    memo: dict[str, bytes] = {}  # identical trees in one run are analysed once
     failed = False
     for target in targets:
         started = time.perf_counter()
@@ -115,8 +119,9 @@ def scan(
             fetched = fetch_target(target, limits, ssh, log)
             log(f"{target}: fetched {len(fetched.files)} files in {time.perf_counter() - started:.2f}s")
             analysed = time.perf_counter()
-            reports.append(scan_fetched(fetched, pack))
-            log(f"{target}: analysed in {time.perf_counter() - analysed:.2f}s")
+            report, hit = scan_cached(fetched, pack, cache, memo)
+            reports.append(report)
+            log(f"{target}: {'cached result' if hit else 'analysed'} in {time.perf_counter() - analysed:.2f}s")
         except KvtraceError as exc:
             typer.echo(f"kvtrace: error: {exc}", err=True)
             failed = True
@@ -193,6 +198,30 @@ def schema() -> None:
     from kvtrace.report.schema import JSON_SCHEMA
 
     typer.echo(json.dumps(JSON_SCHEMA, indent=2))
+
+
+cache_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                        help="The result cache (user cache dir; KVTRACE_CACHE_DIR overrides it).")
+app.add_typer(cache_app, name="cache")
+
+
+@cache_app.command("info")
+def cache_info() -> None:
+    """Where the cache is, how many entries and bytes it holds, and its bound."""
+    from kvtrace.cache import Cache
+
+    info = Cache().info()
+    typer.echo(f"path     {info.path}\nentries  {info.entries}\nsize     {info.total_bytes} bytes "
+               f"(bound {info.max_bytes}; KVTRACE_CACHE_MAX_BYTES)")
+
+
+@cache_app.command("clear")
+def cache_clear() -> None:
+    """Remove every cached result."""
+    from kvtrace.cache import Cache
+
+    cache = Cache()
+    typer.echo(f"removed {cache.clear()} entries from {cache.dir}")
 
 
 def main() -> None:
