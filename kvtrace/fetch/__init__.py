@@ -9,14 +9,16 @@ from kvtrace.model import FetchLimits, FetchResult
 
 
 def fetch_target(text: str, limits: FetchLimits, ssh: dict[str, Any] | None = None,
-                 log: Callable[[str], None] | None = None) -> FetchResult:
+                 log: Callable[[str], None] | None = None,
+                 after_fetch: Callable[[Any, FetchResult], None] | None = None) -> FetchResult:
+    """`after_fetch(client, result)` runs on the open SSH connection of a remote target."""
     from kvtrace.target import SshTarget, parse_target
 
     target = parse_target(text)
     if isinstance(target, SshTarget):
         from kvtrace.fetch.ssh import SshOptions, fetch_ssh
 
-        return fetch_ssh(target, SshOptions(**(ssh or {})), limits, log)
+        return fetch_ssh(target, SshOptions(**(ssh or {})), limits, log, after_fetch)
     from kvtrace.fetch.local import fetch_local
 
     return fetch_local(Path(text), limits)

@@ -58,7 +58,10 @@ def fetch_ssh(
     options: SshOptions,
     limits: FetchLimits,
     log: Log | None = None,
+    after_fetch: Callable[[paramiko.SSHClient, FetchResult], None] | None = None,
 ) -> FetchResult:
+    """`after_fetch` runs on the still-open, verified connection once the files are read (the
+    fleet's --metrics reads a page through it); it must not raise."""
     say: Log = log or (lambda _msg: None)
     _quiet_paramiko()
     config = _load_config(options)
@@ -76,6 +79,8 @@ def fetch_ssh(
             result = fetch.via_exec(client)
             if result is None:
                 result = fetch.via_sftp(client)
+            if after_fetch is not None:
+                after_fetch(client, result)
         except KvtraceError:
             raise
         except (TimeoutError, socket.timeout):
