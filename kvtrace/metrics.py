@@ -94,18 +94,22 @@ def queue_gauges(text: str) -> dict[str, float]:
 
 
 def read_page(opener: Opener, url: MetricsUrl, timeout: float) -> str:
-    """GET the page over a connection from `opener` (http.client does the HTTP)."""
-    conn = http.client.HTTPConnection(url.host, url.port, timeout=timeout)
-    conn.sock = opener(url.host, url.port, timeout)
+    """GET the page over a connection from `opener`; http.client parses the response. (Not
+    HTTPConnection: it closes the connection as soon as the headers say `close`, which a
+    paramiko channel, unlike a socket, honours before the body is read.)"""
+    connection = opener(url.host, url.port, timeout)
     try:
-        conn.request("GET", url.path, headers={"Accept": "text/plain", "Connection": "close"})
-        response = conn.getresponse()
+        host = f"[{url.host}]" if ":" in url.host else url.host
+        connection.sendall(f"GET {url.path} HTTP/1.1\r\nHost: {host}:{url.port}\r\nAccept: text/plain\r\n"
+                           "Connection: close\r\n\r\n".encode("ascii"))
+        response = http.client.HTTPResponse(connection)  # type: ignore[arg-type]
+        response.begin()
         body = response.read()
         if response.status != 200:
             raise OSError(f"HTTP {response.status} {response.reason}")
         return body.decode("utf-8", "replace")
     finally:
-        conn.close()
+        connection.close()
 
 
 def tcp_opener(host: str, port: int, timeout: float) -> socket.socket:
@@ -131,9 +135,10 @@ def sample(opener: Opener, url: MetricsUrl, seconds: float = 3.0, interval: floa
     """Read the page every `interval` s for `seconds` (at least once). Never raises: a page that
     cannot be read or parsed is reported in `error`, beside whatever samples were taken."""
     result = MetricsSample(url.text, started=time.time())
+    count = int(max(seconds, 0.0) / interval + 1e-9) + 1 if interval > 0 else 1
     first = time.monotonic()
-    deadline = first + max(seconds, 0.0)
-    while True:
+    for k in range(count):
+        time.sleep(max(0.0, first + k * interval - time.monotonic()))
         taken = time.monotonic()
         try:
             values = queue_gauges(read_page(opener, url, timeout))
@@ -145,6 +150,4 @@ def sample(opener: Opener, url: MetricsUrl, seconds: float = 3.0, interval: floa
         result.seconds = taken - first
         for name, value in values.items():
             result.gauges.setdefault(name, []).append(value)
-        if taken + interval > deadline:
-            return result
-        time.sleep(max(0.0, taken + interval - time.monotonic()))
+    return result
