@@ -41,6 +41,7 @@ class OutputFormat(str, Enum):
     json = "json"
     sarif = "sarif"
     markdown = "markdown"
+    github = "github"
 
 
 def _version(value: bool) -> None:
@@ -82,8 +83,18 @@ def scan(
     max_files: Annotated[int, typer.Option("--max-files", help="Refuse trees with more .py files.")] = FetchLimits.max_files,
     max_total_bytes: Annotated[int, typer.Option("--max-total-bytes", help="Refuse trees with more bytes of .py.")] = FetchLimits.max_total_bytes,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show fetch steps and timings on stderr.")] = False,
-    fail_on: Annotated[FailOn, typer.Option("--fail-on",
-        help="Exit 1 only for findings of this severity or worse (never: report, exit 0).")] = FailOn.note,
+    fail_on: Annotated[Optional[FailOn], typer.Option("--fail-on",
+        help="Exit 1 only for findings of this severity or worse (never: report, exit 0). Default: note.")] = None,
+    select: Annotated[Optional[list[str]], typer.Option("--select", metavar="RULE",
+        help="Only these rules (ids or codes; repeatable or comma-separated). Wins over [tool.kvtrace].")] = None,
+    ignore: Annotated[Optional[list[str]], typer.Option("--ignore", metavar="RULE",
+        help="Leave out these rules (repeatable or comma-separated). Wins over [tool.kvtrace].")] = None,
+    ignore_backend: Annotated[Optional[list[str]], typer.Option("--ignore-backend", metavar="BACKEND",
+        help="Leave out these backends, e.g. fake (repeatable or comma-separated).")] = None,
+    baseline: Annotated[Optional[Path], typer.Option("--baseline", metavar="FILE",
+        help="An earlier kvtrace JSON report or SARIF log: its findings are shown as such and do not fail.")] = None,
+    write_baseline: Annotated[Optional[Path], typer.Option("--write-baseline", metavar="FILE",
+        help="Also write this scan's findings as a JSON baseline.")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache",
         help="Analyse even when this code, pack and tree were scanned before (see `kvtrace cache`).")] = False,
     hosts: Annotated[Optional[Path], typer.Option("--hosts",
@@ -104,7 +115,9 @@ def scan(
 def _scan_fleet(targets: list[str] | None, output_format: OutputFormat, output: Path | None, rules: str | None,
                 no_map: bool, identity: list[str] | None, ssh_config: str | None, known_hosts: str | None,
                 accept_new_host_key: bool, connect_timeout: float, read_timeout: float, max_file_bytes: int,
-                max_files: int, max_total_bytes: int, verbose: bool, fail_on: FailOn, no_cache: bool,
+                max_files: int, max_total_bytes: int, verbose: bool, fail_on: FailOn | None,
+                select: list[str] | None, ignore: list[str] | None, ignore_backend: list[str] | None,
+                baseline: Path | None, write_baseline: Path | None, no_cache: bool,
                 hosts: Path | None, jobs: int, quiet: bool, metrics: str | None, metrics_seconds: float) -> None:
     from kvtrace.cache import Cache
     from kvtrace.fleet import FleetOptions, Progress, read_hosts_file, render_summary, run_fleet, summarise, worst_exit
@@ -116,10 +129,18 @@ def _scan_fleet(targets: list[str] | None, output_format: OutputFormat, output: 
         if verbose:
             err.print(f"[dim]kvtrace: {message}[/dim]")
 
+    from kvtrace import baseline as baselines
+    from kvtrace.config import Overrides
+
     limits = FetchLimits(max_file_bytes=max_file_bytes, max_files=max_files, max_total_bytes=max_total_bytes)
+    overrides = Overrides(select=_names(select), ignore=_names(ignore), ignore_backends=_names(ignore_backend),
+                          pack=rules, fail_on=fail_on.value if fail_on else None,
+                          baseline=str(baseline) if baseline else None)
     try:
-        pack = load_pack(rules)
         wanted = list(targets or []) + (read_hosts_file(hosts) if hosts is not None else [])
+        settings = {target: _settings(target, overrides) for target in wanted}
+        packs = {target: load_pack(s.pack) for target, s in settings.items()}
+        baseline_prints = {t: baselines.load(Path(s.baseline)) for t, s in settings.items() if s.baseline}
         if metrics is not None:
             from kvtrace.metrics import parse_metrics_url
 
@@ -130,8 +151,15 @@ def _scan_fleet(targets: list[str] | None, output_format: OutputFormat, output: 
         raise _fail("no targets: give paths or hosts, or --hosts FILE")
     ssh = dict(identity_files=list(identity or []), ssh_config=ssh_config, known_hosts=known_hosts,
                accept_new_host_key=accept_new_host_key, connect_timeout=connect_timeout, read_timeout=read_timeout)
-    options = FleetOptions(pack, limits, ssh, jobs, None if no_cache else Cache(), fail_on.value, metrics,
-                           metrics_seconds)
+
+    def after_scan(target: str, report: Report) -> None:
+        if target in baseline_prints:
+            compared = baselines.apply(report.findings, baseline_prints[target])
+            log(f"{target}: baseline: {compared.unchanged} unchanged, {compared.new} new, "
+                f"{len(compared.gone)} no longer found")
+
+    options = FleetOptions(packs, settings, limits, ssh, jobs, None if no_cache else Cache(), metrics,
+                           metrics_seconds, after_scan=after_scan)
     fleet = len(wanted) > 1
     with Progress(fleet and not quiet and not verbose and err.is_terminal) as progress:
         results = run_fleet(wanted, options, log, progress)
@@ -145,6 +173,10 @@ def _scan_fleet(targets: list[str] | None, output_format: OutputFormat, output: 
     reports = [r.report for r in results if r.report is not None]
     if reports:
         _write(reports, output_format, output, no_map)
+    if write_baseline is not None and reports:
+        from kvtrace.report.json import render as render_json
+
+        write_baseline.write_text(render_json(reports), encoding="utf-8")
     if not quiet and (fleet or metrics is not None):
         summary = render_summary([summarise(r) for r in results])
         if output_format is OutputFormat.text and output is None:
@@ -152,6 +184,25 @@ def _scan_fleet(targets: list[str] | None, output_format: OutputFormat, output: 
         else:
             typer.echo(summary, err=True, nl=False)
     raise typer.Exit(worst_exit(r.exit_code for r in results))
+
+
+def _names(values: list[str] | None) -> tuple[str, ...]:
+    """Repeatable options that also take comma-separated lists, as ruff's do."""
+    return tuple(part.strip() for value in values or [] for part in value.split(",") if part.strip())
+
+
+def _settings(target: str, overrides):
+    """[tool.kvtrace] for this target (its tree, else the working directory) under the command line."""
+    from kvtrace.config import resolve
+    from kvtrace.target import LocalTarget, parse_target
+
+    try:
+        local = parse_target(target)
+    except KvtraceError:
+        local = None  # the fetch reports a malformed target in its own words
+    start = Path(target) if isinstance(local, LocalTarget) else None
+    known = {r.id for r in ALL_RULES} | {code for r in ALL_RULES if (code := getattr(r, "code", None))}
+    return resolve(start, Path.cwd(), overrides, known)
 
 
 def _write(reports: list[Report], fmt: OutputFormat, output: Path | None, no_map: bool) -> None:
@@ -172,6 +223,8 @@ def _write(reports: list[Report], fmt: OutputFormat, output: Path | None, no_map
         from kvtrace.report.json import render
     elif fmt is OutputFormat.sarif:
         from kvtrace.report.sarif import render
+    elif fmt is OutputFormat.github:
+        from kvtrace.report.github import render
     else:
         from kvtrace.report.markdown import render
     text = render(reports)

@@ -59,8 +59,10 @@ def tree_digest_of(report: Report) -> str:
 def exit_code_for(report: Report, fail_on: str) -> int:
     if any(f.status != "ok" for f in report.files) or report.problems:
         return EXIT_INCOMPLETE
+    from kvtrace.baseline import counts_against
+
     threshold = SEVERITY_RANK[fail_on]
-    failing = any(SEVERITY_RANK.get(f.severity, 0) >= threshold for f in report.findings)
+    failing = any(counts_against(f) and SEVERITY_RANK.get(f.severity, 0) >= threshold for f in report.findings)
     return EXIT_FINDINGS if failing else EXIT_CLEAN
 
 
@@ -191,15 +193,16 @@ class Progress:
 
 @dataclass
 class FleetOptions:
-    pack: Any
+    packs: dict[str, Any]  # target -> rules pack
+    settings: dict[str, Any]  # target -> kvtrace.config.Settings (select/ignore, fail_on, baseline)
     limits: FetchLimits = FetchLimits()
     ssh: dict[str, Any] = field(default_factory=dict)
     jobs: int = 8
     cache: Any = None  # kvtrace.cache.Cache or None (--no-cache)
-    fail_on: str = "note"
     metrics_url: str | None = None
     metrics_seconds: float = 3.0
     metrics_interval: float = 1.0
+    after_scan: Callable[[str, Report], None] | None = None  # e.g. marking findings against a baseline
 
 
 def run_fleet(targets: list[str], options: FleetOptions, log: Log | None = None,
@@ -240,10 +243,14 @@ def run_fleet(targets: list[str], options: FleetOptions, log: Log | None = None,
             analysed = time.perf_counter()
             from kvtrace.cache import scan_cached
 
+            settings = options.settings.get(target)
             with analysis_lock:
-                result.report, result.cached = scan_cached(fetched, options.pack, options.cache, memo)
+                result.report, result.cached = scan_cached(fetched, options.packs[target], options.cache, memo,
+                                                           settings=settings)
             result.timings["analyse"] = time.perf_counter() - analysed
-            result.exit_code = exit_code_for(result.report, options.fail_on)
+            if options.after_scan is not None:
+                options.after_scan(target, result.report)
+            result.exit_code = exit_code_for(result.report, getattr(settings, "fail_on", None) or "note")
             result.sglang_version = found.get("version")
             if "client" not in found:  # a local target
                 from kvtrace.target import SshTarget, parse_target

@@ -7,6 +7,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+from kvtrace.baseline import finding_marks
 from kvtrace.model import Evidence, Report
 
 
@@ -63,6 +64,7 @@ def to_json_dict(report: Report) -> dict[str, Any]:
                 "backend": f.backend,
                 "state": f.state,
                 "evidence": _evidence(f.evidence),
+                **finding_marks(f),
             }
             for f in report.findings
         ],

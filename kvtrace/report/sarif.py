@@ -6,6 +6,7 @@ import json
 from typing import Any
 
 from kvtrace import __version__
+from kvtrace.baseline import SARIF_KEY, fingerprint, sarif_marks
 from kvtrace.rules import ALL_RULES
 from kvtrace.model import Evidence, Report
 
@@ -51,8 +52,10 @@ def to_sarif(reports: list[Report]) -> dict[str, Any]:
                 "level": f.severity,
                 "message": {"text": f.message},
                 "locations": [_location(f.path, f.line)],
-                "partialFingerprints": {"kvtrace/v1": f"{f.rule}:{f.backend or '-'}:{f.state or '-'}"},
-                "properties": {"backend": f.backend, "state": f.state},
+                "partialFingerprints": {"kvtrace/v1": f"{f.rule}:{f.backend or '-'}:{f.state or '-'}",
+                                        SARIF_KEY: str(fingerprint(f))},
+                "properties": {"backend": f.backend, "state": f.state, "function": f.function},
+                **sarif_marks(f),
             }
             if f.evidence:
                 result["codeFlows"] = [_flow(f.evidence)]
