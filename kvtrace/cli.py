@@ -79,6 +79,8 @@ def scan(
         help="Trust and record the key of a host not yet in known_hosts (OpenSSH accept-new). A changed key is always refused.")] = False,
     connect_timeout: Annotated[float, typer.Option("--connect-timeout", help="Seconds to wait for the SSH connection.")] = 10.0,
     read_timeout: Annotated[float, typer.Option("--read-timeout", help="Seconds to wait for remote data.")] = 60.0,
+    timeout: Annotated[float, typer.Option("--timeout",
+        help="Seconds for a whole remote fetch (connect, authenticate, transfer), however the server paces it.")] = 300.0,
     max_file_bytes: Annotated[int, typer.Option("--max-file-bytes", help="Skip (and report) larger files.")] = FetchLimits.max_file_bytes,
     max_files: Annotated[int, typer.Option("--max-files", help="Refuse trees with more .py files.")] = FetchLimits.max_files,
     max_total_bytes: Annotated[int, typer.Option("--max-total-bytes", help="Refuse trees with more bytes of .py.")] = FetchLimits.max_total_bytes,
@@ -114,7 +116,7 @@ def scan(
 
 def _scan_fleet(targets: list[str] | None, output_format: OutputFormat, output: Path | None, rules: str | None,
                 no_map: bool, identity: list[str] | None, ssh_config: str | None, known_hosts: str | None,
-                accept_new_host_key: bool, connect_timeout: float, read_timeout: float, max_file_bytes: int,
+                accept_new_host_key: bool, connect_timeout: float, read_timeout: float, timeout: float, max_file_bytes: int,
                 max_files: int, max_total_bytes: int, verbose: bool, fail_on: FailOn | None,
                 select: list[str] | None, ignore: list[str] | None, ignore_backend: list[str] | None,
                 baseline: Path | None, write_baseline: Path | None, no_cache: bool,
@@ -150,7 +152,8 @@ def _scan_fleet(targets: list[str] | None, output_format: OutputFormat, output: 
     if not wanted:
         raise _fail("no targets: give paths or hosts, or --hosts FILE")
     ssh = dict(identity_files=list(identity or []), ssh_config=ssh_config, known_hosts=known_hosts,
-               accept_new_host_key=accept_new_host_key, connect_timeout=connect_timeout, read_timeout=read_timeout)
+               accept_new_host_key=accept_new_host_key, connect_timeout=connect_timeout, read_timeout=read_timeout,
+               timeout=timeout)
 
     def after_scan(target: str, report: Report) -> None:
         if target in baseline_prints:
