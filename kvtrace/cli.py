@@ -14,7 +14,7 @@ from rich.console import Console
 
 from kvtrace import __version__
 from kvtrace.rules import ALL_RULES, rule_by_id
-from kvtrace.errors import EXIT_INPUT, KvtraceError
+from kvtrace.errors import EXIT_CLEAN, EXIT_FINDINGS, EXIT_INCOMPLETE, EXIT_INPUT, KvtraceError
 from kvtrace.model import FetchLimits, Report
 
 app = typer.Typer(
