@@ -13,10 +13,8 @@ from kvtrace.config import Settings
 from kvtrace.rules import ALL_RULES, ScanContext
 from kvtrace.errors import InputError
 from kvtrace.fetch.local import fetch_local
-import networkx as nx
-
 from kvtrace.flow import NOT_SITES
-from kvtrace.graph import QueueAnalysis, analyse_queue, find_enum, static_sites
+from kvtrace.graph import QueueAnalysis, StateGraph, analyse_queue, find_enum, static_sites
 from kvtrace.index import Index
 from kvtrace.model import (
     OUTCOME_ORDER,
@@ -102,7 +100,7 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
         except RecursionError:
             # Pathologically nested code: say so rather than guess (the scan is marked incomplete).
             problems.append(f"the drain loop of {name} is nested too deeply to analyse")
-            queue = QueueAnalysis(None, nx.DiGraph(), {}, static_sites(index, queue_pack))
+            queue = QueueAnalysis(None, StateGraph(), {}, static_sites(index, queue_pack))
         entries = [s for s in queue.static_sites if s.kind == "entry"]
         ctx = ScanContext(queue_pack, domain, index, queue, senders, entries)
         findings += [f for rule in rules if rule.per_queue or number == 0 for f in rule().check(ctx)
