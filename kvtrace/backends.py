@@ -5,7 +5,7 @@ writes, and which timeout checks it passes on the way to returning each state.""
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvtrace.flow import MANAGER, TABLE, Config, CstBody, Explorer, Frame, PathState, function_body
 from kvtrace.index import ClassInfo, FuncRef, Index
@@ -19,6 +19,7 @@ class SenderAnalysis:
     backend: Backend
     cls: ClassInfo
     poll: FuncRef | None
+    raise_sites: list[tuple[str, int, str]] = field(default_factory=list)  # (path, line, function) poll() raises at
 
 
 def backend_name(path: str, root: str) -> str:
@@ -360,6 +361,7 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
     covers: dict[tuple[str, int], set[str]] = {}
     reads_abort = False
     raises = False
+    raise_sites: set[tuple[str, int, str]] = set()
     for label, held in configs:
         attrs = ((TABLE, held),) if held is not None else ()
         for end in runner.run(poll, attrs):
@@ -367,6 +369,7 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
                 reads_abort = True
             if end.term == "raise":
                 raises = True
+                raise_sites.update((e.path, e.line, e.function) for e in end.events if e.kind == "raise")
                 continue
             value = end.ret if end.ret is not None else frozenset({NONE})
             states = domain.states(value)
@@ -416,7 +419,7 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
         manager=manager.ref if manager else None,
         verdicts={s: verdicts[s] for s in sorted(verdicts, key=order.get)},
     )
-    return SenderAnalysis(backend, cls, poll)
+    return SenderAnalysis(backend, cls, poll, sorted(raise_sites))
 
 
 def _room_may_be_missing(runner: "_Runner", init: FuncRef | None) -> Evidence | None:

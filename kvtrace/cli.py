@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import time
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -14,7 +13,7 @@ import typer
 from rich.console import Console
 
 from kvtrace import __version__
-from kvtrace.rules import ALL_RULES, rule_by_id
+from kvtrace.rules import ALL_RULES, find_rule
 from kvtrace.errors import EXIT_CLEAN, EXIT_FINDINGS, EXIT_INCOMPLETE, EXIT_INPUT, KvtraceError
 from kvtrace.model import FetchLimits, Report
 
@@ -37,14 +36,12 @@ class FailOn(str, Enum):
     never = "never"
 
 
-SEVERITY_RANK = {"note": 0, "warning": 1, "error": 2, "never": 3}
-
-
 class OutputFormat(str, Enum):
     text = "text"
     json = "json"
     sarif = "sarif"
     markdown = "markdown"
+    github = "github"
 
 
 def _version(value: bool) -> None:
@@ -68,9 +65,9 @@ def _fail(message: str, code: int = EXIT_INPUT) -> typer.Exit:
 
 @app.command()
 def scan(
-    targets: Annotated[list[str], typer.Argument(
+    targets: Annotated[Optional[list[str]], typer.Argument(
         help="Local paths (an SGLang checkout, an installed sglang package, or its disaggregation "
-             "folder) or remote ones: [user@]host[:port]:path or ssh://[user@]host[:port]/path.")],
+             "folder) or remote ones: [user@]host[:port]:path or ssh://[user@]host[:port]/path.")] = None,
     output_format: Annotated[OutputFormat, typer.Option("--format", "-f", help="Report format.")] = OutputFormat.text,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report to this file.")] = None,
     rules: Annotated[Optional[str], typer.Option("--rules", help="Rules pack: a bundled name or a TOML file.")] = None,
@@ -82,17 +79,51 @@ def scan(
         help="Trust and record the key of a host not yet in known_hosts (OpenSSH accept-new). A changed key is always refused.")] = False,
     connect_timeout: Annotated[float, typer.Option("--connect-timeout", help="Seconds to wait for the SSH connection.")] = 10.0,
     read_timeout: Annotated[float, typer.Option("--read-timeout", help="Seconds to wait for remote data.")] = 60.0,
+    timeout: Annotated[float, typer.Option("--timeout",
+        help="Seconds for a whole remote fetch (connect, authenticate, transfer), however the server paces it.")] = 300.0,
     max_file_bytes: Annotated[int, typer.Option("--max-file-bytes", help="Skip (and report) larger files.")] = FetchLimits.max_file_bytes,
     max_files: Annotated[int, typer.Option("--max-files", help="Refuse trees with more .py files.")] = FetchLimits.max_files,
     max_total_bytes: Annotated[int, typer.Option("--max-total-bytes", help="Refuse trees with more bytes of .py.")] = FetchLimits.max_total_bytes,
     verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show fetch steps and timings on stderr.")] = False,
-    fail_on: Annotated[FailOn, typer.Option("--fail-on",
-        help="Exit 1 only for findings of this severity or worse (never: report, exit 0).")] = FailOn.note,
+    fail_on: Annotated[Optional[FailOn], typer.Option("--fail-on",
+        help="Exit 1 only for findings of this severity or worse (never: report, exit 0). Default: note.")] = None,
+    select: Annotated[Optional[list[str]], typer.Option("--select", metavar="RULE",
+        help="Only these rules (ids or codes; repeatable or comma-separated). Wins over [tool.kvtrace].")] = None,
+    ignore: Annotated[Optional[list[str]], typer.Option("--ignore", metavar="RULE",
+        help="Leave out these rules (repeatable or comma-separated). Wins over [tool.kvtrace].")] = None,
+    ignore_backend: Annotated[Optional[list[str]], typer.Option("--ignore-backend", metavar="BACKEND",
+        help="Leave out these backends, e.g. fake (repeatable or comma-separated).")] = None,
+    baseline: Annotated[Optional[Path], typer.Option("--baseline", metavar="FILE",
+        help="An earlier kvtrace JSON report or SARIF log: its findings are shown as such and do not fail.")] = None,
+    write_baseline: Annotated[Optional[Path], typer.Option("--write-baseline", metavar="FILE",
+        help="Also write this scan's findings as a JSON baseline.")] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache",
+        help="Analyse even when this code, pack and tree were scanned before (see `kvtrace cache`).")] = False,
+    hosts: Annotated[Optional[Path], typer.Option("--hosts",
+        help="File of targets, one per line (# comments allowed), scanned with the ones given.")] = None,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Hosts fetched at the same time.")] = 8,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress display and no fleet summary.")] = False,
+    metrics: Annotated[Optional[str], typer.Option("--metrics",
+        help="Prometheus page as seen from each host (e.g. http://127.0.0.1:30000/metrics), read through "
+             "the SSH connection; its queue gauges are shown beside the verdict.")] = None,
+    metrics_seconds: Annotated[float, typer.Option("--metrics-seconds", min=0,
+        help="Sample the page once a second for this long.")] = 3.0,
 ) -> None:
-    """Scan one or more targets and report pinned and dropped poll states, per backend."""
-    from kvtrace.fetch import fetch_target
+    """Scan one or more targets (a fleet: --hosts, --jobs) and report pinned and dropped poll
+    states, per backend."""
+    _scan_fleet(**locals())
+
+
+def _scan_fleet(targets: list[str] | None, output_format: OutputFormat, output: Path | None, rules: str | None,
+                no_map: bool, identity: list[str] | None, ssh_config: str | None, known_hosts: str | None,
+                accept_new_host_key: bool, connect_timeout: float, read_timeout: float, timeout: float, max_file_bytes: int,
+                max_files: int, max_total_bytes: int, verbose: bool, fail_on: FailOn | None,
+                select: list[str] | None, ignore: list[str] | None, ignore_backend: list[str] | None,
+                baseline: Path | None, write_baseline: Path | None, no_cache: bool,
+                hosts: Path | None, jobs: int, quiet: bool, metrics: str | None, metrics_seconds: float) -> None:
+    from kvtrace.cache import Cache
+    from kvtrace.fleet import FleetOptions, Progress, read_hosts_file, render_summary, run_fleet, summarise, worst_exit
     from kvtrace.packs import load_pack
-    from kvtrace.scan import scan_fetched
 
     err = Console(stderr=True, highlight=False)
 
@@ -100,38 +131,81 @@ def scan(
         if verbose:
             err.print(f"[dim]kvtrace: {message}[/dim]")
 
+    from kvtrace import baseline as baselines
+    from kvtrace.config import Overrides
+
     limits = FetchLimits(max_file_bytes=max_file_bytes, max_files=max_files, max_total_bytes=max_total_bytes)
+    overrides = Overrides(select=_names(select), ignore=_names(ignore), ignore_backends=_names(ignore_backend),
+                          pack=rules, fail_on=fail_on.value if fail_on else None,
+                          baseline=str(baseline) if baseline else None)
     try:
-        pack = load_pack(rules)
+        wanted = list(targets or []) + (read_hosts_file(hosts) if hosts is not None else [])
+        settings = {target: _settings(target, overrides) for target in wanted}
+        packs = {target: load_pack(s.pack) for target, s in settings.items()}
+        baseline_prints = {t: baselines.load(Path(s.baseline)) for t, s in settings.items() if s.baseline}
+        if metrics is not None:
+            from kvtrace.metrics import parse_metrics_url
+
+            parse_metrics_url(metrics)
     except KvtraceError as exc:
         raise _fail(str(exc))
+    if not wanted:
+        raise _fail("no targets: give paths or hosts, or --hosts FILE")
     ssh = dict(identity_files=list(identity or []), ssh_config=ssh_config, known_hosts=known_hosts,
-               accept_new_host_key=accept_new_host_key, connect_timeout=connect_timeout, read_timeout=read_timeout)
-    reports: list[Report] = []
-    failed = False
-    for target in targets:
-        started = time.perf_counter()
-        try:
-            fetched = fetch_target(target, limits, ssh, log)
-            log(f"{target}: fetched {len(fetched.files)} files in {time.perf_counter() - started:.2f}s")
-            analysed = time.perf_counter()
-            reports.append(scan_fetched(fetched, pack))
-            log(f"{target}: analysed in {time.perf_counter() - analysed:.2f}s")
-        except KvtraceError as exc:
-            typer.echo(f"kvtrace: error: {exc}", err=True)
-            failed = True
-        except Exception as exc:  # a bug in kvtrace: one line, never a traceback
-            typer.echo(f"kvtrace: internal error on {target}: {type(exc).__name__}: {exc}", err=True)
-            failed = True
+               accept_new_host_key=accept_new_host_key, connect_timeout=connect_timeout, read_timeout=read_timeout,
+               timeout=timeout)
+
+    def after_scan(target: str, report: Report) -> None:
+        if target in baseline_prints:
+            compared = baselines.apply(report.findings, baseline_prints[target])
+            log(f"{target}: baseline: {compared.unchanged} unchanged, {compared.new} new, "
+                f"{len(compared.gone)} no longer found")
+
+    options = FleetOptions(packs, settings, limits, ssh, jobs, None if no_cache else Cache(), metrics,
+                           metrics_seconds, after_scan=after_scan)
+    fleet = len(wanted) > 1
+    with Progress(fleet and not quiet and not verbose and err.is_terminal) as progress:
+        results = run_fleet(wanted, options, log, progress)
+    for r in results:
+        if r.error is not None:
+            prefix = "kvtrace: " if r.error.startswith("internal error") else "kvtrace: error: "
+            typer.echo(prefix + r.error, err=True)
+            continue
+        log(f"{r.target}: fetched {len(r.report.files)} files in {r.timings['fetch']:.2f}s; "
+            f"{'cached result' if r.cached else 'analysed'} in {r.timings['analyse']:.2f}s")
+    reports = [r.report for r in results if r.report is not None]
     if reports:
         _write(reports, output_format, output, no_map)
-    if failed:
-        raise typer.Exit(EXIT_INPUT)
-    if any(f.status != "ok" for r in reports for f in r.files) or any(r.problems for r in reports):
-        raise typer.Exit(EXIT_INCOMPLETE)
-    threshold = SEVERITY_RANK[fail_on.value]
-    failing = any(SEVERITY_RANK.get(f.severity, 0) >= threshold for r in reports for f in r.findings)
-    raise typer.Exit(EXIT_FINDINGS if failing else EXIT_CLEAN)
+    if write_baseline is not None and reports:
+        from kvtrace.report.json import render as render_json
+
+        write_baseline.write_text(render_json(reports), encoding="utf-8")
+    if not quiet and (fleet or metrics is not None):
+        summary = render_summary([summarise(r) for r in results])
+        if output_format is OutputFormat.text and output is None:
+            typer.echo("\n" + summary, nl=False)
+        else:
+            typer.echo(summary, err=True, nl=False)
+    raise typer.Exit(worst_exit(r.exit_code for r in results))
+
+
+def _names(values: list[str] | None) -> tuple[str, ...]:
+    """Repeatable options that also take comma-separated lists, as ruff's do."""
+    return tuple(part.strip() for value in values or [] for part in value.split(",") if part.strip())
+
+
+def _settings(target: str, overrides):
+    """[tool.kvtrace] for this target (its tree, else the working directory) under the command line."""
+    from kvtrace.config import resolve
+    from kvtrace.target import LocalTarget, parse_target
+
+    try:
+        local = parse_target(target)
+    except KvtraceError:
+        local = None  # the fetch reports a malformed target in its own words
+    start = Path(target) if isinstance(local, LocalTarget) else None
+    known = {r.name for r in ALL_RULES} | {r.code for r in ALL_RULES}
+    return resolve(start, Path.cwd(), overrides, known)
 
 
 def _write(reports: list[Report], fmt: OutputFormat, output: Path | None, no_map: bool) -> None:
@@ -152,6 +226,8 @@ def _write(reports: list[Report], fmt: OutputFormat, output: Path | None, no_map
         from kvtrace.report.json import render
     elif fmt is OutputFormat.sarif:
         from kvtrace.report.sarif import render
+    elif fmt is OutputFormat.github:
+        from kvtrace.report.github import render
     else:
         from kvtrace.report.markdown import render
     text = render(reports)
@@ -167,23 +243,79 @@ def _text(report: Report, console: Console, no_map: bool) -> None:
     render(report, console, show_map=not no_map)
 
 
-@app.command("rules")
-def list_rules() -> None:
-    """List the rules and the bundled rules packs."""
-    from kvtrace.packs import available_packs
-
-    for rule in ALL_RULES:
-        typer.echo(f"{rule.id:16} {rule.severity:8} {rule.summary()}")
-    typer.echo(f"\nrules packs: {', '.join(available_packs())}")
+class DiffFormat(str, Enum):
+    text = "text"
+    json = "json"
 
 
 @app.command()
-def explain(rule: Annotated[str, typer.Argument(help="A rule id, e.g. pinned-state.")]) -> None:
-    """Show what a rule does, why it matters, an example and the fix."""
-    found = rule_by_id(rule)
+def diff(
+    base: Annotated[str, typer.Argument(metavar="BASE", help="A folder, or a git revision of the checkout.")],
+    head: Annotated[str, typer.Argument(metavar="HEAD", help="A folder, or a git revision of the checkout.")],
+    path: Annotated[Optional[str], typer.Option("--path", metavar="SUBDIR",
+        help="Scan this folder inside each tree or revision (e.g. python/sglang).")] = None,
+    repo: Annotated[Path, typer.Option("--repo", metavar="PATH", help="The git checkout revisions are read from.")] = Path("."),
+    output_format: Annotated[DiffFormat, typer.Option("--format", "-f", help="Output format.")] = DiffFormat.text,
+    rules: Annotated[Optional[str], typer.Option("--rules", help="Rules pack: a bundled name or a TOML file.")] = None,
+    select: Annotated[Optional[list[str]], typer.Option("--select", metavar="RULE", help="Only these rules.")] = None,
+    ignore: Annotated[Optional[list[str]], typer.Option("--ignore", metavar="RULE", help="Leave out these rules.")] = None,
+    ignore_backend: Annotated[Optional[list[str]], typer.Option("--ignore-backend", metavar="BACKEND",
+        help="Leave out these backends.")] = None,
+) -> None:
+    """Compare two trees or two git revisions: added, fixed and unchanged findings, and the
+    release-map rows whose states moved. Exit 1 only when findings were added.
+
+    Examples: `kvtrace diff origin/main HEAD --path python/sglang`, `kvtrace diff old/ new/`.
+    """
+    from kvtrace import diff as diffs
+    from kvtrace.config import Overrides
+    from kvtrace.fetch.local import fetch_local
+    from kvtrace.packs import load_pack
+    from kvtrace.scan import scan_fetched
+
+    overrides = Overrides(select=_names(select), ignore=_names(ignore), ignore_backends=_names(ignore_backend),
+                          pack=rules)
+    try:
+        with diffs.Checkout(repo, path) as checkout:
+            trees = {"base": checkout.tree(base), "head": checkout.tree(head)}
+            settings = _settings(str(trees["head"]) if Path(head).is_dir() else ".", overrides)
+            pack = load_pack(settings.pack)
+            reports = {}
+            for side, tree in trees.items():
+                fetched = fetch_local(tree)
+                fetched.target = {"base": base, "head": head}[side] + (f":{path}" if path and not Path(
+                    {"base": base, "head": head}[side]).is_dir() else "")
+                reports[side] = scan_fetched(fetched, pack, settings)
+    except KvtraceError as exc:
+        raise _fail(str(exc))
+    result = diffs.compare(reports["base"], reports["head"])
+    render = diffs.render_text if output_format is DiffFormat.text else diffs.to_json
+    sys.stdout.write(render(result, base, head))
+    incomplete = any(f.status != "ok" for r in reports.values() for f in r.files) or \
+        any(r.problems for r in reports.values())
+    if incomplete:
+        typer.echo("kvtrace: the scan of BASE or HEAD is incomplete (see the report)", err=True)
+    raise typer.Exit(EXIT_FINDINGS if result.added else EXIT_INCOMPLETE if incomplete else EXIT_CLEAN)
+
+
+@app.command("rules")
+def list_rules() -> None:
+    """List the rules (code, name, default severity, summary) and the bundled rules packs."""
+    from kvtrace.packs import available_packs
+
+    for rule in ALL_RULES:
+        typer.echo(f"{rule.code}  {rule.name:20} {rule.severity:8} {rule.summary()}")
+    typer.echo(f"\nrules packs: {', '.join(available_packs())}  (kvtrace explain CODE|NAME for one rule)")
+
+
+@app.command()
+def explain(rule: Annotated[str, typer.Argument(help="A rule code or name, e.g. KVT001 or pinned-state.")]) -> None:
+    """Show what a rule finds, why it matters, an example and the fix."""
+    found = find_rule(rule)
     if found is None:
-        raise _fail(f"unknown rule {rule!r}; known: {', '.join(r.id for r in ALL_RULES)}")
-    typer.echo(f"{found.id} ({found.severity}): {found.name}\n")
+        known = ", ".join(f"{r.code} {r.name}" for r in ALL_RULES)
+        raise _fail(f"unknown rule {rule!r}; known: {known}")
+    typer.echo(f"{found.code} {found.name} ({found.severity}): {found.title}\n")
     typer.echo(found.docs())
 
 
@@ -193,6 +325,53 @@ def schema() -> None:
     from kvtrace.report.schema import JSON_SCHEMA
 
     typer.echo(json.dumps(JSON_SCHEMA, indent=2))
+
+
+@app.command()
+def merge(
+    reports: Annotated[list[Path], typer.Argument(help="JSON reports (`kvtrace scan --format json`), one or more per host.")],
+    output_format: Annotated[str, typer.Option("--format", "-f", help="text or json.")] = "text",
+    fail_on: Annotated[FailOn, typer.Option("--fail-on", help="As for scan: the severity that makes a host exit 1.")] = FailOn.note,
+) -> None:
+    """Combine JSON reports made on each host (by Ansible, a job scheduler...) into the fleet
+    summary; exits with the worst host's code."""
+    from kvtrace.fleet import merge_files, render_summary, summary_json, worst_exit
+
+    if output_format not in ("text", "json"):
+        raise _fail(f"--format {output_format}: merge writes text or json")
+    try:
+        hosts = merge_files(reports, fail_on.value)
+    except KvtraceError as exc:
+        raise _fail(str(exc))
+    if output_format == "json":
+        typer.echo(json.dumps(summary_json(hosts), indent=2))
+    else:
+        typer.echo(render_summary(hosts), nl=False)
+    raise typer.Exit(worst_exit(h.exit_code for h in hosts))
+
+
+cache_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                        help="The result cache (user cache dir; KVTRACE_CACHE_DIR overrides it).")
+app.add_typer(cache_app, name="cache")
+
+
+@cache_app.command("info")
+def cache_info() -> None:
+    """Where the cache is, how many entries and bytes it holds, and its bound."""
+    from kvtrace.cache import Cache
+
+    info = Cache().info()
+    typer.echo(f"path     {info.path}\nentries  {info.entries}\nsize     {info.total_bytes} bytes "
+               f"(bound {info.max_bytes}; KVTRACE_CACHE_MAX_BYTES)")
+
+
+@cache_app.command("clear")
+def cache_clear() -> None:
+    """Remove every cached result."""
+    from kvtrace.cache import Cache
+
+    cache = Cache()
+    typer.echo(f"removed {cache.clear()} entries from {cache.dir}")
 
 
 def main() -> None:

@@ -25,14 +25,15 @@ MAX_DEPTH = 12  # helper call depth
 
 EMPTY: Val = frozenset()
 # Events that describe a path but are not rows of the release map.
-NOT_SITES = frozenset({"timeout", "abort-read", "log", "attr-write", "table-read", "table-default", "table-store",
-                       "table-clear", "table-absent", "table-raise"})
+NOT_SITES = frozenset({"timeout", "abort-read", "log", "metric", "answer", "attr-write", "table-read", "table-default",
+                       "table-store", "table-clear", "table-absent", "table-raise"})
 TABLE = "@table"  # attribute key of this room's entry in the manager's status table
 
 
 @dataclass(frozen=True)
 class Event:
-    kind: str  # check, keep, done, requeue, release, abort, raise, helper, poll, timeout, abort-read, log
+    kind: str  # check, keep, done, requeue, release, abort, raise, helper, poll, timeout, abort-read, log,
+    #            metric, answer
     path: str
     line: int
     function: str
@@ -878,6 +879,10 @@ class Explorer:
             return [(p.emit(Event("log", here, line(), fn, callee)), frozenset({NONE}))]
         if callee and self.c.pack.is_abort(callee):
             return [(p.emit(Event("abort", here, line(), fn, callee)), d.universe)]
+        if callee and self.c.pack.is_metric(callee):
+            return [(p.emit(Event("metric", here, line(), fn, callee)), d.universe)]
+        if callee and self.c.pack.is_answer(callee):
+            return [(p.emit(Event("answer", here, line(), fn, callee)), d.universe)]
         if callee and self.c.pack.is_clock_call(callee):
             return [(p, frozenset({NOW}))]
         if callee == "bool" and len(values) == 1 and not node.args[0].star:

@@ -180,6 +180,11 @@ class Finding:
     backend: str | None
     state: str | None
     evidence: list[Evidence]
+    # Set after the rules run (kvtrace.suppress / kvtrace.baseline):
+    function: str | None = None  # qualified name of the function path:line is in (fingerprint part)
+    suppressed: str | None = None  # path:line of the `# kvtrace: ignore[...]` comment that silences it
+    baseline: str | None = None  # "new" or "unchanged" when compared with a baseline
+    code: str = ""  # the rule's short code (KVT001); `rule` is its name
 
 
 @dataclass
@@ -193,3 +198,5 @@ class Report:
     enum: Evidence | None = None
     problems: list[str] = field(default_factory=list)
     schema: str = SCHEMA
+    # Facts about where the tree was found, set by kvtrace.fleet: host, sglang_version, metrics.
+    host_facts: dict[str, object] = field(default_factory=dict)

@@ -7,6 +7,7 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+from kvtrace.baseline import finding_marks
 from kvtrace.model import Evidence, Report
 
 
@@ -56,6 +57,7 @@ def to_json_dict(report: Report) -> dict[str, Any]:
         "findings": [
             {
                 "rule": f.rule,
+                "id": f.code,
                 "severity": f.severity,
                 "message": f.message,
                 "path": f.path,
@@ -63,10 +65,12 @@ def to_json_dict(report: Report) -> dict[str, Any]:
                 "backend": f.backend,
                 "state": f.state,
                 "evidence": _evidence(f.evidence),
+                **finding_marks(f),
             }
             for f in report.findings
         ],
         "problems": report.problems,
+        **report.host_facts,  # host, sglang_version, metrics (kvtrace.fleet)
     }
 
 

@@ -8,6 +8,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from kvtrace.baseline import mark, tally
 from kvtrace.model import Finding, Report, SourceFile
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "note": "cyan"}
@@ -87,13 +88,15 @@ def render(report: Report, console: Console, show_map: bool = True) -> None:
     for finding in report.findings:
         render_finding(finding, files, console)
     errors = sum(1 for f in report.findings if f.severity == "error")
-    console.print(Text(f"{len(report.findings)} finding(s), {errors} error(s)",
+    silenced = tally(report.findings)
+    console.print(Text(f"{len(report.findings)} finding(s), {errors} error(s)" + (f" ({silenced})" if silenced else ""),
                        style="bold red" if errors else "bold"))
 
 
 def render_finding(finding: Finding, files: dict[str, SourceFile], console: Console) -> None:
     head = Text.assemble((f"{finding.path}:{finding.line}", "bold"), " ",
-                         (f"{finding.severity}[{finding.rule}]", SEVERITY_STYLE.get(finding.severity, "")))
+                         (f"{finding.severity}[{finding.rule}]", SEVERITY_STYLE.get(finding.severity, "")),
+                         f" ({mark(finding)})" if mark(finding) else "")
     console.print(head)
     console.print(f"  {finding.message}")
     for number, line in excerpt(files, finding.path, finding.line):
