@@ -21,6 +21,8 @@ SARIF_SCHEMA = json.loads((Path(__file__).parent / "data" / "sarif-schema-2.1.0.
 MOONCAKE = "disaggregation/mooncake/conn.py"
 NIXL = "disaggregation/nixl/conn.py"
 ABORT_CHECK = "        if self.conclude_state is not None:\n            return self.conclude_state\n"
+ABORT_WRITE = "        self.conclude_state = KVPoll.Failed\n"
+ABORT_UPDATE = "        self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Failed)\n" + ABORT_WRITE
 
 
 def kvtrace(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
@@ -80,9 +82,10 @@ def test_baseline_survives_moved_lines_and_catches_a_new_pinned_state(tree: Path
     assert sorted(f["fingerprint"] for f in after) == sorted(f["fingerprint"] for f in before)  # ...the prints not
     assert {f["baseline"] for f in after} == {"unchanged"}
 
-    # mooncake's poll() stops reading its abort state: its non-terminal states are newly pinned.
+    # mooncake's poll() stops reading its abort state, and abort() stops failing the room in the
+    # manager's table (which poll() reads): its non-terminal states are newly pinned.
     conn = tree / MOONCAKE
-    conn.write_text(conn.read_text().replace(ABORT_CHECK, "", 1))
+    conn.write_text(conn.read_text().replace(ABORT_CHECK, "", 1).replace(ABORT_UPDATE, ABORT_WRITE, 1))
     third = kvtrace("scan", str(tree), "--baseline", str(base), "-f", "json")
     assert third.returncode == 1
     status = {(f["backend"], f["state"]): f["baseline"] for f in findings(third)}

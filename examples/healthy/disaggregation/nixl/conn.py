@@ -29,6 +29,13 @@ class NixlKVManager(BaseKVManager):
         # A room nobody knows about is reported as failed, never as waiting.
         return self.request_status.get(bootstrap_room, KVPoll.Failed)
 
+    def on_bootstrap(self, bootstrap_room: int) -> None:
+        # Bootstrap thread: a decode peer registered this room, then became ready.
+        self.request_status[bootstrap_room] = KVPoll.Bootstrapping
+
+    def on_decode_ready(self, bootstrap_room: int) -> None:
+        self.request_status[bootstrap_room] = KVPoll.WaitingForInput
+
     def add_transfer_request(self, bootstrap_room, kv_indices, index_slice, is_last, chunk_id, aux_index):
         ...
 

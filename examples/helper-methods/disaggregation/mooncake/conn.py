@@ -28,6 +28,12 @@ class MooncakeKVManager(BaseKVManager):
     def check_status(self, bootstrap_room: int) -> int:
         return self.request_status[bootstrap_room]
 
+    def transfer_worker(self, bootstrap_room: int, ok: bool) -> None:
+        # Bootstrap and transfer threads move the room along.
+        self.update_status(bootstrap_room, KVPoll.WaitingForInput)
+        self.update_status(bootstrap_room, KVPoll.Transferring)
+        self.update_status(bootstrap_room, KVPoll.Success if ok else KVPoll.Failed)
+
     def update_status(self, bootstrap_room: int, status: int) -> None:
         self.request_status[bootstrap_room] = status
 

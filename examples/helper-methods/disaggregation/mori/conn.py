@@ -28,6 +28,13 @@ class MoriKVManager(BaseKVManager):
     def check_status(self, bootstrap_room: int) -> int:
         return self.request_status.get(bootstrap_room, KVPoll.WaitingForInput)
 
+    def on_bootstrap(self, bootstrap_room: int) -> None:
+        # Bootstrap thread: a decode peer registered this room.
+        self.request_status[bootstrap_room] = KVPoll.Bootstrapping
+
+    def on_decode_ready(self, bootstrap_room: int) -> None:
+        self.update_status(bootstrap_room, KVPoll.WaitingForInput)
+
     def update_status(self, bootstrap_room: int, status: int) -> None:
         if bootstrap_room in self.request_status:
             self.request_status[bootstrap_room] = status

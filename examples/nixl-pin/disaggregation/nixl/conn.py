@@ -40,6 +40,13 @@ class NixlKVManager(BaseKVManager):
         # An unknown room is reported as still waiting for decode.
         return self.request_status.get(bootstrap_room, KVPoll.WaitingForInput)
 
+    def on_bootstrap(self, bootstrap_room: int) -> None:
+        # Bootstrap thread: a decode peer registered this room.
+        self.request_status[bootstrap_room] = KVPoll.Bootstrapping
+
+    def on_decode_ready(self, bootstrap_room: int) -> None:
+        self.update_status(bootstrap_room, KVPoll.WaitingForInput)
+
     def update_status(self, bootstrap_room: int, status: int) -> None:
         with self.status_lock:
             if bootstrap_room not in self.request_status:

@@ -24,6 +24,12 @@ class MooncakeKVManager(BaseKVManager):
     def check_status(self, bootstrap_room: int) -> KVPoll:
         return self.request_status[bootstrap_room]
 
+    def transfer_worker(self, bootstrap_room: int, staged: bool) -> None:
+        # Bootstrap and transfer threads move the room along.
+        self.update_status(bootstrap_room, KVPoll.WaitingForInput)
+        self.update_status(bootstrap_room, KVPoll.Staging if staged else KVPoll.Transferring)
+        self.update_status(bootstrap_room, KVPoll.Success)
+
     def update_status(self, bootstrap_room: int, status: KVPoll) -> None:
         self.request_status[bootstrap_room] = status
 
