@@ -32,24 +32,24 @@ def keys(items: list[dict]) -> set[tuple[str, str | None, str | None]]:
 
 
 def test_diff_of_two_sglang_releases() -> None:
-    result = kvtrace("diff", str(sglang_tree("0.4.6.post5")), str(sglang_tree("0.5.2")), "-f", "json")
+    result = kvtrace("diff", str(sglang_tree("0.4.6.post5")), str(sglang_tree("0.5.2")), "-f", "json",
+                     "--select", "pinned-state", "--select", "dropped-state")
     assert result.returncode == 1, result.stderr  # findings were added
     data = json.loads(result.stdout)
     assert keys(data["added"]) == {
         # 0.5.2 NixlKVSender.poll(): `if not self.has_sent: return self.kv_mgr.check_status(...)`
-        # (0.4.6.post5 returned the literal KVPoll.WaitingForInput there), so it can now return
-        # any state, and it still reads no abort state and checks no timeout.
-        ("pinned-state", "nixl", "Transferring"),
-        # ...and Bootstrapping, which the 0.5.2 drain loop now keeps (`if req.rid not in
-        # rids_to_check: undone_reqs.append(req); continue`) or asserts on, where 0.4.6.post5's
-        # if/elif chain had no branch for it and dropped the request.
+        # (0.4.6.post5 returned the literal KVPoll.WaitingForInput there); request_status holds
+        # Bootstrapping (sender __init__) or WaitingForInput (bootstrap thread), never
+        # Transferring; the sender has no abort() and no timeout. Bootstrapping is new because the
+        # 0.5.2 drain loop now keeps it (`if req.rid not in rids_to_check: undone_reqs.append(req);
+        # continue`) or asserts on it, where 0.4.6.post5's if/elif chain dropped the request.
         ("pinned-state", "nixl", "Bootstrapping"),
     }
     assert keys(data["fixed"]) == {
-        # 0.4.6.post5 MooncakeKVSender.poll() was `return self.kv_mgr.check_status(...)`; 0.5.2
-        # returns self.conclude_state first and times out Bootstrapping.
+        # 0.4.6.post5 MooncakeKVSender.poll() was `return self.kv_mgr.check_status(...)` with no
+        # abort(); 0.5.2 returns self.conclude_state, which abort() sets, first. (Transferring was
+        # never pinned: 0.4.6.post5's manager never stores it.)
         ("pinned-state", "mooncake", "WaitingForInput"),
-        ("pinned-state", "mooncake", "Transferring"),
         # 0.5.2 ends the chain with `else: assert False, f"Unexpected polling state {poll=}"`.
         ("dropped-state", None, "Bootstrapping"),
     }
@@ -65,18 +65,20 @@ def test_diff_of_two_sglang_releases() -> None:
 
 
 def test_diff_of_releases_that_fix_everything_exits_0() -> None:
-    result = kvtrace("diff", str(sglang_tree("0.5.2")), str(sglang_tree("0.5.23")))
+    result = kvtrace("diff", str(sglang_tree("0.5.2")), str(sglang_tree("0.5.23")), "--select", "pinned-state")
     assert result.returncode == 0, result.stdout + result.stderr
     # 0.5.23: FakeKVSender.poll() returns self.conclude_state first and times out waiting;
     # NixlKVSender is `pass` over CommonKVSender, whose poll() returns self.conclude_state first.
-    assert "fixed (4)" in result.stdout and "added (0)" in result.stdout
-    assert "0 added, 4 fixed, 0 unchanged" in result.stdout
+    # 0.5.2's pins were fake WaitingForInput, nixl Bootstrapping and WaitingForInput.
+    assert "fixed (3)" in result.stdout and "added (0)" in result.stdout
+    assert "0 added, 3 fixed, 0 unchanged" in result.stdout
 
 
 @pytest.fixture
 def repo(tmp_path: Path) -> Path:
     """A git checkout with two commits: the nixl-pin tree, then a change that widens the keep
-    branch to Bootstrapping and makes mooncake's poll() ignore its abort state."""
+    branch to Bootstrapping and makes mooncake's poll() ignore its abort state (and its abort()
+    leave the manager's table alone)."""
     root = tmp_path / "fork"
     shutil.copytree(EXAMPLES / "nixl-pin", root / "python" / "sglang" / "srt")
 
@@ -94,7 +96,8 @@ def repo(tmp_path: Path) -> Path:
         old, "if poll in [KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring]:"))
     conn = srt / "mooncake" / "conn.py"
     conn.write_text(conn.read_text().replace(
-        "        if self.conclude_state is not None:\n            return self.conclude_state\n", "", 1))
+        "        if self.conclude_state is not None:\n            return self.conclude_state\n", "", 1).replace(
+        "        self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Failed)\n        self.conclude_state", "        self.conclude_state", 1))
     (srt / "README").write_text("moved lines below\n")
     git("add", "-A")
     git("commit", "-qm", "head")
@@ -107,11 +110,14 @@ def test_diff_of_two_git_revisions(repo: Path) -> None:
     assert result.returncode == 1, result.stderr
     data = json.loads(result.stdout)
     added = keys(data["added"])
+    # mooncake's abort() no longer reaches poll() (neither its own field nor the manager's table).
     assert ("pinned-state", "mooncake", "WaitingForInput") in added
-    assert ("pinned-state", "nixl", "Bootstrapping") in added  # Bootstrapping is now kept, not left
-    assert all(backend in ("mooncake", "nixl") for _, backend, _ in added)
-    assert keys(data["unchanged"]) == {("pinned-state", "nixl", "WaitingForInput"),
-                                       ("pinned-state", "nixl", "Transferring")}
+    # Bootstrapping is now kept, not left; nixl's abort() still fails a present room in the table
+    # that its poll() reads, so it is not pinned there.
+    assert ("pinned-state", "nixl", "Bootstrapping") not in added
+    assert all(backend in ("mooncake", "nixl", None) for _, backend, _ in added)
+    assert {k for k in keys(data["unchanged"]) if k[0] == "pinned-state"} == {
+        ("pinned-state", "nixl", "WaitingForInput"), ("pinned-state", "nixl", "Transferring")}
     moved = {(s["kind"], tuple(s["base"]), tuple(s["head"])) for s in data["sites"]
              if s["base"] is not None and s["head"] is not None}
     assert ("keep", ("WaitingForInput", "Transferring"), ("Bootstrapping", "WaitingForInput", "Transferring")) in moved
