@@ -106,10 +106,12 @@ def test_poll_raises_points_at_the_raise() -> None:
 
 def test_no_timeout_names_the_deadline_elsewhere() -> None:
     """0.5.2 MooncakeKVSender.poll() (1154): only Bootstrapping has `elapsed >= bootstrap_timeout`
-    (1163); WaitingForInput and Transferring come from check_status with no deadline."""
+    (1163); WaitingForInput comes from check_status with no deadline. (Transferring is never
+    stored in 0.5.2's mooncake request_status: the stores are Bootstrapping, WaitingForInput,
+    Success and Failed, so poll() cannot return it.)"""
     report = scan_path(sglang_tree("0.5.2"))
     mooncake = {f.state: f for f in report.findings if f.rule == "no-timeout" and f.backend == "mooncake"}
-    assert set(mooncake) == {"WaitingForInput", "Transferring"}
+    assert set(mooncake) == {"WaitingForInput"}
     for finding in mooncake.values():
         assert (finding.path, finding.line) == (f"{D}/mooncake/conn.py", 1154)
         assert f"deadline for Bootstrapping ({D}/mooncake/conn.py:1163)" in finding.message
