@@ -66,7 +66,7 @@ def test_prealloc_queue_mapped_by_hand(report: Report) -> None:
     assert (q.drain.path, q.drain.line) == (DECODE, 322)
     fates = {state: fate.fate for state, fate in q.states.items()}
     # The removal loops test request flags kvtrace does not tie to the poll pass, so a polled
-    # request may stay or leave; their `assert decode_req.metadata_buffer_index is not None` (412)
+    # request may stay or leave; their `assert decode_req.metadata_buffer_index is not None` (419)
     # may fail. Transferring and Success reach the ValueError.
     for state in ("Failed", "Bootstrapping", "WaitingForInput"):
         assert fates[state] == ["kept", "leaves", "raises"], state
