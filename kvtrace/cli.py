@@ -14,6 +14,7 @@ import typer
 from rich.console import Console
 
 from kvtrace import __version__
+from kvtrace.safe_text import markup, plain
 from kvtrace.rules import ALL_RULES, rule_by_id
 from kvtrace.errors import EXIT_CLEAN, EXIT_FINDINGS, EXIT_INCOMPLETE, EXIT_INPUT, KvtraceError
 from kvtrace.model import FetchLimits, Report
@@ -63,7 +64,7 @@ def _root(
 
 
 def _fail(message: str, code: int = EXIT_INPUT) -> typer.Exit:
-    typer.echo(f"kvtrace: error: {message}", err=True)
+    typer.echo(f"kvtrace: error: {plain(message)}", err=True)
     return typer.Exit(code)
 
 
@@ -111,7 +112,7 @@ def scan(
 
     def log(message: str) -> None:
         if verbose:
-            err.print(f"[dim]kvtrace: {message}[/dim]")
+            err.print(f"[dim]kvtrace: {markup(message)}[/dim]")
 
     from kvtrace import baseline as baselines
     from kvtrace.config import Overrides
@@ -147,10 +148,10 @@ def scan(
             thresholds.append(SEVERITY_RANK[settings[target].fail_on or "note"])
             log(f"{target}: analysed in {time.perf_counter() - analysed:.2f}s")
         except KvtraceError as exc:
-            typer.echo(f"kvtrace: error: {exc}", err=True)
+            typer.echo(f"kvtrace: error: {plain(exc)}", err=True)
             failed = True
         except Exception as exc:  # a bug in kvtrace: one line, never a traceback
-            typer.echo(f"kvtrace: internal error on {target}: {type(exc).__name__}: {exc}", err=True)
+            typer.echo(f"kvtrace: internal error on {plain(target)}: {type(exc).__name__}: {plain(exc)}", err=True)
             failed = True
     if reports:
         _write(reports, output_format, output, no_map)
@@ -306,11 +307,24 @@ def schema() -> None:
     typer.echo(json.dumps(JSON_SCHEMA, indent=2))
 
 
+class _Interrupted(BaseException):
+    """Ctrl-C as our own exception: click turns KeyboardInterrupt into "Aborted!" and exit 1
+    (or swallows it), and `except Exception` around a scan must not catch it either."""
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    raise _Interrupted()
+
+
 def main() -> None:
+    import signal
+
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+    signal.signal(signal.SIGINT, _on_sigint)
     try:
         app()
-    except KeyboardInterrupt:
+    except (_Interrupted, KeyboardInterrupt):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the message
         typer.echo("kvtrace: interrupted", err=True)
         sys.exit(130)
 

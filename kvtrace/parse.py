@@ -75,8 +75,36 @@ class CstFunction:
         return position.start.line + self._first_line - 1
 
 
+# libcst's native parser recurses once per nesting level and crashes the process (SIGSEGV) at
+# ~10,000 (an `a and b and ...` chain is a binary tree there, flat in `ast`); its visitors, and
+# ours, hit Python's recursion limit at ~1,000. Real drain loops nest < 30 levels.
+MAX_CST_DEPTH = 200
+
+
+def cst_depth(func: ast.AST) -> int:
+    """How deep libcst's tree of `func` would be, measured on the `ast` (iteratively)."""
+    deepest = 0
+    stack: list[tuple[ast.AST, int]] = [(func, 1)]
+    while stack:
+        node, depth = stack.pop()
+        if isinstance(node, ast.BoolOp):
+            depth += len(node.values) - 2  # a chain of n operands nests n-1 binary nodes
+        deepest = max(deepest, depth)
+        stack.extend((child, depth + 1) for child in ast.iter_child_nodes(node))
+    return deepest
+
+
 def parse_function_cst(module: ParsedModule, func: ast.FunctionDef | ast.AsyncFunctionDef) -> CstFunction | None:
-    """Cut the function's lines out of its file, dedent them and parse them with libcst."""
+    """Cut the function's lines out of its file, dedent them and parse them with libcst. A
+    function nested beyond MAX_CST_DEPTH is not handed to libcst: the file is marked as not
+    analysed (so the scan says INCOMPLETE) and None is returned."""
+    depth = cst_depth(func)
+    if depth > MAX_CST_DEPTH:
+        module.source.status = "skipped"
+        module.source.error = (
+            f"{func.name}() at line {func.lineno} nests {depth} levels deep (over {MAX_CST_DEPTH}); not analysed"
+        )
+        return None
     start = min([d.lineno for d in func.decorator_list] + [func.lineno])
     end = func.end_lineno or func.lineno
     indent = func.col_offset
