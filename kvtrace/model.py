@@ -150,3 +150,5 @@ class Report:
     enum: Evidence | None = None
     problems: list[str] = field(default_factory=list)
     schema: str = SCHEMA
+    # Facts about where the tree was found, set by kvtrace.fleet: host, sglang_version, metrics.
+    host_facts: dict[str, object] = field(default_factory=dict)

@@ -535,6 +535,9 @@ def test_cli_remote_scan_of_a_real_release_matches_local(sshd: SshdServer) -> No
     local_data, remote_data = json.loads(local.stdout), json.loads(remote.stdout)
     assert remote_data.pop("target") == f"{sshd.user}@{sshd.host}:{sshd.port}:{release}"
     local_data.pop("target")
+    # Where the tree was read differs by design: the SSH target there, this machine's name here.
+    assert remote_data.pop("host") == f"{sshd.user}@{sshd.host}:{sshd.port}:{release}"
+    assert local_data.pop("host") == socket.gethostname()
     assert remote_data == local_data
     assert any(f["backend"] == "nixl" and f["state"] == "WaitingForInput" for f in remote_data["findings"])
 
