@@ -313,3 +313,35 @@ def test_ctrl_c_during_a_scan_is_one_line_and_exit_130() -> None:
     assert proc.returncode == 130, (proc.returncode, err)
     assert err == "kvtrace: interrupted\n", err
     assert out == ""
+
+
+def test_memory_stays_bounded_with_huge_generated_files(tree: Path) -> None:
+    """Before: four 8 MiB files inside the default limits peaked at 3.8 GB RSS. Now files over
+    1 MiB are not read, and the parse budget leaves out (and names) what would not fit."""
+    import tempfile
+
+    pkg = tree / "disaggregation"
+    for i in range(4):  # over the per-file limit: listed, not read
+        with (pkg / f"huge{i}.py").open("w") as handle:
+            handle.write("".join(f"H{i}_{j} = [1, 2, 3]\n" for j in range(8 * 1024 * 1024 // 16)))
+    for i in range(6):  # just under it, dense: ~340,000 syntax nodes each
+        rows, size = [], 0
+        while size < 1_000_000:
+            rows.append(f"V{i}_{len(rows)} = [1, 2, 3]\n")
+            size += len(rows[-1])
+        (pkg / f"dense{i}.py").write_text("".join(rows[:-1]))
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen([sys.executable, "-m", "kvtrace", "scan", str(tree), "--format", "json", "--no-cache"],
+                                cwd=ROOT, stdout=out, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        data, stderr = json.loads(out.read()), err.read().decode()
+    assert "Traceback" not in stderr and proc.returncode == 3, stderr
+    assert usage.ru_maxrss / 1024 < 500, f"peak RSS {usage.ru_maxrss / 1024:.0f} MB"
+    files = {f["path"].rsplit("/", 1)[-1]: f for f in data["files"]}
+    assert all(files[f"huge{i}.py"]["status"] == "too-large" for i in range(4))
+    budget = [n for n in files if n.startswith("dense") and "parse budget" in (files[n]["error"] or "")]
+    assert len(budget) >= 4, {n: files[n]["error"] for n in files if n.startswith("dense")}
+    assert pins(data) == EXPECTED_PINS  # the real package is still analysed
