@@ -39,8 +39,13 @@ class ExecFetch(Route):
                 conn.log(f"ssh: exec refused ({exc}); using SFTP")
                 return None
             chan.settimeout(conn.deadline.cap(conn.options.read_timeout))
-            chan.sendall(stdin_payload(self.path, limits.max_file_bytes))
-            chan.shutdown_write()
+            try:
+                chan.sendall(stdin_payload(self.path, limits.max_file_bytes))
+                chan.shutdown_write()
+            except OSError:
+                # The remote ended the command before reading it (a server that runs no
+                # commands answers and closes at once): what it sent says what to do next.
+                conn.log("ssh: the remote command closed its input early")
             # Records, headers, padding and .py symlinks ride on top of the file bytes; anything
             # far beyond the byte budget is cut off without reading it all.
             cap = limits.max_total_bytes + 2048 * (limits.max_files + 1) + (1 << 20)
