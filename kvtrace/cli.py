@@ -127,7 +127,7 @@ def _scan_fleet(targets: list[str] | None, output_format: OutputFormat, output: 
     from kvtrace.fleet import FleetOptions, Progress, read_hosts_file, render_summary, run_fleet, summarise, worst_exit
     from kvtrace.packs import load_pack
 
-    err = Console(stderr=True, highlight=False)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)  # -v lines stay whole when piped
 
     def log(message: str) -> None:
         if verbose:
