@@ -46,6 +46,7 @@ class OutputFormat(str, Enum):
     sarif = "sarif"
     markdown = "markdown"
     github = "github"
+    html = "html"
 
 
 def _version(value: bool) -> None:
@@ -101,6 +102,8 @@ def scan(
         help="An earlier kvtrace JSON report or SARIF log: its findings are shown as such and do not fail.")] = None,
     write_baseline: Annotated[Optional[Path], typer.Option("--write-baseline", metavar="FILE",
         help="Also write this scan's findings as a JSON baseline.")] = None,
+    graph: Annotated[Optional[Path], typer.Option("--graph", metavar="FILE",
+        help="Also export the analysis graph: FILE.graphml, FILE.dot or FILE.json.")] = None,
 ) -> None:
     """Scan one or more targets and report pinned and dropped poll states, per backend."""
     from kvtrace.fetch import fetch_target
@@ -121,6 +124,10 @@ def scan(
                           pack=rules, fail_on=fail_on.value if fail_on else None,
                           baseline=str(baseline) if baseline else None)
     try:
+        if graph is not None:
+            from kvtrace.report.graph_export import check_path
+
+            check_path(graph)  # before the scan, not after it
         settings = {target: _settings(target, overrides) for target in targets}
         packs = {target: load_pack(s.pack) for target, s in settings.items()}
         baseline_prints = {t: baselines.load(Path(s.baseline)) for t, s in settings.items() if s.baseline}
@@ -154,6 +161,13 @@ def scan(
             failed = True
     if reports:
         _write(reports, output_format, output, no_map)
+    if graph is not None and reports:
+        from kvtrace.report import graph_export
+
+        try:
+            graph_export.write(reports, graph)
+        except KvtraceError as exc:
+            raise _fail(str(exc))
     if write_baseline is not None and reports:
         from kvtrace.report.json import render as render_json
 
@@ -208,6 +222,8 @@ def _write(reports: list[Report], fmt: OutputFormat, output: Path | None, no_map
         from kvtrace.report.sarif import render
     elif fmt is OutputFormat.github:
         from kvtrace.report.github import render
+    elif fmt is OutputFormat.html:
+        from kvtrace.report.html import render
     else:
         from kvtrace.report.markdown import render
     text = render(reports)

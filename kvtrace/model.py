@@ -9,7 +9,7 @@ from __future__ import annotations
 import io
 import tokenize
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 SCHEMA = "kvtrace/1"
 
@@ -150,3 +150,5 @@ class Report:
     enum: Evidence | None = None
     problems: list[str] = field(default_factory=list)
     schema: str = SCHEMA
+    # The queue graph (networkx) the fates were read from, for diagrams and --graph; not in JSON.
+    graph: Any = field(default=None, repr=False, compare=False)

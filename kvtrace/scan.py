@@ -115,6 +115,7 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
         root=root,
         enum=enum_evidence,
         problems=problems,
+        graph=queue.graph,
     )
 
 

@@ -4,6 +4,7 @@ Markdown that pastes into an issue tracker."""
 from __future__ import annotations
 
 from kvtrace.model import Report
+from kvtrace.report.diagram import mermaid_section
 
 
 def _cell(text: str) -> str:
@@ -28,6 +29,7 @@ def render(reports: list[Report]) -> str:
                 out.append(f"  - `{e.path}:{e.line}` {e.note}")
         if not report.findings:
             out.append("None.")
+        out += mermaid_section(report)
         for queue in report.queues:
             out.append(f"\n### Release map: `{queue.name}`\n")
             out.append("| kind | path:line | function | states |")
