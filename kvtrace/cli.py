@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import logging
 import sys
-import time
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -35,9 +34,6 @@ class FailOn(str, Enum):
     warning = "warning"
     note = "note"
     never = "never"
-
-
-SEVERITY_RANK = {"note": 0, "warning": 1, "error": 2, "never": 3}
 
 
 class OutputFormat(str, Enum):
@@ -70,9 +66,9 @@ def _fail(message: str, code: int = EXIT_INPUT) -> typer.Exit:
 
 @app.command()
 def scan(
-    targets: Annotated[list[str], typer.Argument(
+    targets: Annotated[Optional[list[str]], typer.Argument(
         help="Local paths (an SGLang checkout, an installed sglang package, or its disaggregation "
-             "folder) or remote ones: [user@]host[:port]:path or ssh://[user@]host[:port]/path.")],
+             "folder) or remote ones: [user@]host[:port]:path or ssh://[user@]host[:port]/path.")] = None,
     output_format: Annotated[OutputFormat, typer.Option("--format", "-f", help="Report format.")] = OutputFormat.text,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report to this file.")] = None,
     rules: Annotated[Optional[str], typer.Option("--rules", help="Rules pack: a bundled name or a TOML file.")] = None,
@@ -104,11 +100,33 @@ def scan(
         help="Also write this scan's findings as a JSON baseline.")] = None,
     graph: Annotated[Optional[Path], typer.Option("--graph", metavar="FILE",
         help="Also export the analysis graph: FILE.graphml, FILE.dot or FILE.json.")] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache",
+        help="Analyse even when this code, pack and tree were scanned before (see `kvtrace cache`).")] = False,
+    hosts: Annotated[Optional[Path], typer.Option("--hosts",
+        help="File of targets, one per line (# comments allowed), scanned with the ones given.")] = None,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Hosts fetched at the same time.")] = 8,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress display and no fleet summary.")] = False,
+    metrics: Annotated[Optional[str], typer.Option("--metrics",
+        help="Prometheus page as seen from each host (e.g. http://127.0.0.1:30000/metrics), read through "
+             "the SSH connection; its queue gauges are shown beside the verdict.")] = None,
+    metrics_seconds: Annotated[float, typer.Option("--metrics-seconds", min=0,
+        help="Sample the page once a second for this long.")] = 3.0,
 ) -> None:
-    """Scan one or more targets and report pinned and dropped poll states, per backend."""
-    from kvtrace.fetch import fetch_target
+    """Scan one or more targets (a fleet: --hosts, --jobs) and report pinned and dropped poll
+    states, per backend."""
+    _scan_fleet(**locals())
+
+
+def _scan_fleet(targets: list[str] | None, output_format: OutputFormat, output: Path | None, rules: str | None,
+                no_map: bool, identity: list[str] | None, ssh_config: str | None, known_hosts: str | None,
+                accept_new_host_key: bool, connect_timeout: float, read_timeout: float, timeout: float, max_file_bytes: int,
+                max_files: int, max_total_bytes: int, verbose: bool, fail_on: FailOn | None,
+                select: list[str] | None, ignore: list[str] | None, ignore_backend: list[str] | None,
+                baseline: Path | None, write_baseline: Path | None, graph: Path | None, no_cache: bool,
+                hosts: Path | None, jobs: int, quiet: bool, metrics: str | None, metrics_seconds: float) -> None:
+    from kvtrace.cache import Cache
+    from kvtrace.fleet import FleetOptions, Progress, read_hosts_file, render_summary, run_fleet, summarise, worst_exit
     from kvtrace.packs import load_pack
-    from kvtrace.scan import scan_fetched
 
     err = Console(stderr=True, highlight=False)
 
@@ -128,37 +146,41 @@ def scan(
             from kvtrace.report.graph_export import check_path
 
             check_path(graph)  # before the scan, not after it
-        settings = {target: _settings(target, overrides) for target in targets}
+        wanted = list(targets or []) + (read_hosts_file(hosts) if hosts is not None else [])
+        settings = {target: _settings(target, overrides) for target in wanted}
         packs = {target: load_pack(s.pack) for target, s in settings.items()}
         baseline_prints = {t: baselines.load(Path(s.baseline)) for t, s in settings.items() if s.baseline}
+        if metrics is not None:
+            from kvtrace.metrics import parse_metrics_url
+
+            parse_metrics_url(metrics)
     except KvtraceError as exc:
         raise _fail(str(exc))
+    if not wanted:
+        raise _fail("no targets: give paths or hosts, or --hosts FILE")
     ssh = dict(identity_files=list(identity or []), ssh_config=ssh_config, known_hosts=known_hosts,
                accept_new_host_key=accept_new_host_key, connect_timeout=connect_timeout, read_timeout=read_timeout,
                timeout=timeout)
-    reports: list[Report] = []
-    thresholds: list[int] = []  # per report: its fail-on level
-    failed = False
-    for target in targets:
-        started = time.perf_counter()
-        try:
-            fetched = fetch_target(target, limits, ssh, log)
-            log(f"{target}: fetched {len(fetched.files)} files in {time.perf_counter() - started:.2f}s")
-            analysed = time.perf_counter()
-            report = scan_fetched(fetched, packs[target], settings[target])
-            if target in baseline_prints:
-                compared = baselines.apply(report.findings, baseline_prints[target])
-                log(f"{target}: baseline: {compared.unchanged} unchanged, {compared.new} new, "
-                    f"{len(compared.gone)} no longer found")
-            reports.append(report)
-            thresholds.append(SEVERITY_RANK[settings[target].fail_on or "note"])
-            log(f"{target}: analysed in {time.perf_counter() - analysed:.2f}s")
-        except KvtraceError as exc:
-            typer.echo(f"kvtrace: error: {exc}", err=True)
-            failed = True
-        except Exception as exc:  # a bug in kvtrace: one line, never a traceback
-            typer.echo(f"kvtrace: internal error on {target}: {type(exc).__name__}: {exc}", err=True)
-            failed = True
+
+    def after_scan(target: str, report: Report) -> None:
+        if target in baseline_prints:
+            compared = baselines.apply(report.findings, baseline_prints[target])
+            log(f"{target}: baseline: {compared.unchanged} unchanged, {compared.new} new, "
+                f"{len(compared.gone)} no longer found")
+
+    options = FleetOptions(packs, settings, limits, ssh, jobs, None if no_cache else Cache(), metrics,
+                           metrics_seconds, after_scan=after_scan)
+    fleet = len(wanted) > 1
+    with Progress(fleet and not quiet and not verbose and err.is_terminal) as progress:
+        results = run_fleet(wanted, options, log, progress)
+    for r in results:
+        if r.error is not None:
+            prefix = "kvtrace: " if r.error.startswith("internal error") else "kvtrace: error: "
+            typer.echo(prefix + r.error, err=True)
+            continue
+        log(f"{r.target}: fetched {len(r.report.files)} files in {r.timings['fetch']:.2f}s; "
+            f"{'cached result' if r.cached else 'analysed'} in {r.timings['analyse']:.2f}s")
+    reports = [r.report for r in results if r.report is not None]
     if reports:
         _write(reports, output_format, output, no_map)
     if graph is not None and reports:
@@ -172,15 +194,13 @@ def scan(
         from kvtrace.report.json import render as render_json
 
         write_baseline.write_text(render_json(reports), encoding="utf-8")
-    if failed:
-        raise typer.Exit(EXIT_INPUT)
-    if any(f.status != "ok" for r in reports for f in r.files) or any(r.problems for r in reports):
-        raise typer.Exit(EXIT_INCOMPLETE)
-    failing = any(
-        baselines.counts_against(f) and SEVERITY_RANK.get(f.severity, 0) >= threshold
-        for r, threshold in zip(reports, thresholds) for f in r.findings
-    )
-    raise typer.Exit(EXIT_FINDINGS if failing else EXIT_CLEAN)
+    if not quiet and (fleet or metrics is not None):
+        summary = render_summary([summarise(r) for r in results])
+        if output_format is OutputFormat.text and output is None:
+            typer.echo("\n" + summary, nl=False)
+        else:
+            typer.echo(summary, err=True, nl=False)
+    raise typer.Exit(worst_exit(r.exit_code for r in results))
 
 
 def _names(values: list[str] | None) -> tuple[str, ...]:
@@ -320,6 +340,53 @@ def schema() -> None:
     from kvtrace.report.schema import JSON_SCHEMA
 
     typer.echo(json.dumps(JSON_SCHEMA, indent=2))
+
+
+@app.command()
+def merge(
+    reports: Annotated[list[Path], typer.Argument(help="JSON reports (`kvtrace scan --format json`), one or more per host.")],
+    output_format: Annotated[str, typer.Option("--format", "-f", help="text or json.")] = "text",
+    fail_on: Annotated[FailOn, typer.Option("--fail-on", help="As for scan: the severity that makes a host exit 1.")] = FailOn.note,
+) -> None:
+    """Combine JSON reports made on each host (by Ansible, a job scheduler...) into the fleet
+    summary; exits with the worst host's code."""
+    from kvtrace.fleet import merge_files, render_summary, summary_json, worst_exit
+
+    if output_format not in ("text", "json"):
+        raise _fail(f"--format {output_format}: merge writes text or json")
+    try:
+        hosts = merge_files(reports, fail_on.value)
+    except KvtraceError as exc:
+        raise _fail(str(exc))
+    if output_format == "json":
+        typer.echo(json.dumps(summary_json(hosts), indent=2))
+    else:
+        typer.echo(render_summary(hosts), nl=False)
+    raise typer.Exit(worst_exit(h.exit_code for h in hosts))
+
+
+cache_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                        help="The result cache (user cache dir; KVTRACE_CACHE_DIR overrides it).")
+app.add_typer(cache_app, name="cache")
+
+
+@cache_app.command("info")
+def cache_info() -> None:
+    """Where the cache is, how many entries and bytes it holds, and its bound."""
+    from kvtrace.cache import Cache
+
+    info = Cache().info()
+    typer.echo(f"path     {info.path}\nentries  {info.entries}\nsize     {info.total_bytes} bytes "
+               f"(bound {info.max_bytes}; KVTRACE_CACHE_MAX_BYTES)")
+
+
+@cache_app.command("clear")
+def cache_clear() -> None:
+    """Remove every cached result."""
+    from kvtrace.cache import Cache
+
+    cache = Cache()
+    typer.echo(f"removed {cache.clear()} entries from {cache.dir}")
 
 
 def main() -> None:

@@ -150,5 +150,8 @@ class Report:
     enum: Evidence | None = None
     problems: list[str] = field(default_factory=list)
     schema: str = SCHEMA
-    # The queue graph (networkx) the fates were read from, for diagrams and --graph; not in JSON.
-    graph: Any = field(default=None, repr=False, compare=False)
+    # Facts about where the tree was found, set by kvtrace.fleet: host, sglang_version, metrics.
+    host_facts: dict[str, object] = field(default_factory=dict)
+    # The queue graph the fates were read from, as {"nodes": [(node, attrs)], "edges": [(a, b,
+    # attrs)]} (kvtrace.report.diagram.queue_graph rebuilds it), for diagrams and --graph.
+    graph: dict[str, list[Any]] | None = field(default=None, repr=False, compare=False)

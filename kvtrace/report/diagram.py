@@ -41,8 +41,17 @@ def _site_label(kind: str, details: set[str], line: int) -> str:
     return f"L{line} {kind}" + (" (after the loop)" if after else "")
 
 
+def queue_graph(report: Report) -> nx.DiGraph:
+    """The report's queue graph as networkx (the report carries it as plain lists)."""
+    graph = nx.DiGraph()
+    if report.graph:
+        graph.add_nodes_from(report.graph["nodes"])
+        graph.add_edges_from(report.graph["edges"])
+    return graph
+
+
 def backend_diagram(report: Report, backend: Backend) -> Diagram:
-    queue_graph: nx.DiGraph = report.graph if report.graph is not None else nx.DiGraph()
+    flow = queue_graph(report)
     states = list(report.queues[0].states) if report.queues else []
     returned = [s for s in states if s in backend.returns] if backend.poll else states
     pinned = sorted({f.state for f in report.findings if f.rule == "pinned-state" and f.backend == backend.name
@@ -58,14 +67,14 @@ def backend_diagram(report: Report, backend: Backend) -> Diagram:
                    tip=f"{backend.sender}.poll() {'can return' if state in returned else 'never returns'} {state}")
 
     wanted = set(returned)
-    for a, b, data in queue_graph.edges(data=True):
+    for a, b, data in flow.edges(data=True):
         carried = [s for s in states if s in data.get("states", ()) and s in wanted]
         if not carried:
             continue
         sources = [("state", s) for s in carried] if a == ROOT else [a]
         for node in (b,) + (() if a == ROOT else (a,)):
             if node not in g:
-                _add_site(g, queue_graph, node, _outcome_lines(report))
+                _add_site(g, flow, node, _outcome_lines(report))
         for source in sources:
             edge_states = [source[1]] if a == ROOT else carried
             if g.has_edge(source, b):
@@ -92,8 +101,8 @@ def _outcome_lines(report: Report) -> dict[str, tuple[str, int]]:
     return {o: reassign if o == "kept" else loop for o in OUTCOME_ORDER}
 
 
-def _add_site(g: nx.DiGraph, queue_graph: nx.DiGraph, node: tuple, outcome_lines: dict[str, tuple[str, int]]) -> None:
-    data = queue_graph.nodes[node]
+def _add_site(g: nx.DiGraph, flow: nx.DiGraph, node: tuple, outcome_lines: dict[str, tuple[str, int]]) -> None:
+    data = flow.nodes[node]
     if node[0] == "outcome":
         outcome = node[1]
         path, line = outcome_lines.get(outcome, ("", 0))

@@ -16,7 +16,7 @@ import networkx as nx
 
 from kvtrace.errors import InputError
 from kvtrace.model import Report
-from kvtrace.report.diagram import ROOT
+from kvtrace.report.diagram import ROOT, queue_graph
 
 FORMATS = (".graphml", ".dot", ".json")
 
@@ -32,7 +32,7 @@ def analysis_graph(reports: list[Report]) -> nx.DiGraph:
         for state in states:
             out.add_node(name(("state", state)), kind="state", label=state, target=report.target,
                          fate=",".join(fates[state].fate))
-        graph = report.graph if report.graph is not None else nx.DiGraph()
+        graph = queue_graph(report)
         for node, data in graph.nodes(data=True):
             if node == ROOT:
                 continue

@@ -28,6 +28,19 @@ JSON_SCHEMA: dict[str, Any] = {
         "schema": {"const": "kvtrace/1"},
         "target": {"type": "string", "description": "the target as given on the command line"},
         "root": {"type": "string", "description": "the located package folder, relative to the target"},
+        "host": {"type": "string", "description": "the machine scanned: the SSH target, or this host's name"},
+        "sglang_version": {"type": ["string", "null"],
+                           "description": "from the installed package metadata (sglang-*.dist-info), if any"},
+        "metrics": {
+            "type": "object",
+            "description": "--metrics: queue gauges sampled from the Prometheus page, one value per sample",
+            "required": ["url", "seconds", "samples", "gauges", "error"],
+            "properties": {
+                "url": {"type": "string"}, "seconds": {"type": "number"}, "samples": {"type": "integer"},
+                "gauges": {"type": "object", "additionalProperties": {"type": "array", "items": {"type": "number"}}},
+                "error": {"type": ["string", "null"]},
+            },
+        },
         "enum": {**_LOCATION, "description": "where the poll enum is defined"},
         "files": {
             "type": "array",
