@@ -58,7 +58,7 @@ def locate_package(files: list[SourceFile], pack: Pack, target: str) -> str:
     def score(d: str) -> tuple[int, int, int, int]:
         members = [f for f in files if inside(f, d)]
         has_enum = any(enum_def.search(f.text or "") for f in members)
-        has_queue = any(pack.queue in (f.text or "") for f in members)
+        has_queue = any(q in (f.text or "") for f in members for q in pack.queues)
         named = d.rsplit("/", 1)[-1] == pack.package_dir or (d == "" and Path(target).name == pack.package_dir)
         return (has_enum, has_queue, named, -d.count("/") if d else 0)
 
@@ -78,7 +78,8 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
     if not files:
         raise InputError(f"{fetched.target}: no .py files found")
     root = locate_package(files, pack, fetched.target)
-    in_scope = [f for f in files if (root == "" or f.path.startswith(root + "/")) or pack.queue in (f.text or "")]
+    in_scope = [f for f in files if (root == "" or f.path.startswith(root + "/"))
+                or any(q in (f.text or "") for q in pack.queues)]
     modules = [m for m in (parse_module(f) for f in in_scope) if m is not None]
     index = Index(modules, root)
     enum = find_enum(index, pack)
@@ -86,28 +87,36 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
         raise InputError(f"{fetched.target}: `class {pack.enum}` was found but could not be read (see file errors)")
     domain, enum_evidence = enum
     problems: list[str] = []
-    try:
-        queue = analyse_queue(index, pack, domain)
-    except RecursionError:
-        # Pathologically nested code: say so rather than guess (the scan is marked incomplete).
-        problems.append("the drain loop is nested too deeply to analyse")
-        queue = QueueAnalysis(None, StateGraph(), {}, static_sites(index, pack))
     senders = analyse_backends(index, pack, domain, root, problems)
-    entries = [s for s in queue.static_sites if s.kind == "entry"]
-    ctx = ScanContext(pack, domain, index, queue, senders, entries)
-    rules = [rule for rule in ALL_RULES if settings.wants_rule(rule.id, getattr(rule, "code", None))]
-    findings = [f for rule in rules for f in rule().check(ctx) if settings.wants_backend(f.backend)]
+    findings = []
+    queue_reports = []
+    rules = [rule for rule in ALL_RULES if settings.wants_rule(rule.name, rule.code)]
+    # A pack may name several queues (decode: prealloc and transfer); each is its own graph,
+    # the backends are shared. Rules about the backends alone run once.
+    for number, name in enumerate(pack.queues or (pack.queue,)):
+        queue_pack = pack.for_queue(name)
+        try:
+            queue = analyse_queue(index, queue_pack, domain)
+        except RecursionError:
+            # Pathologically nested code: say so rather than guess (the scan is marked incomplete).
+            problems.append(f"the drain loop of {name} is nested too deeply to analyse")
+            queue = QueueAnalysis(None, StateGraph(), {}, static_sites(index, queue_pack))
+        entries = [s for s in queue.static_sites if s.kind == "entry"]
+        ctx = ScanContext(queue_pack, domain, index, queue, senders, entries)
+        findings += [f for rule in rules if rule.per_queue or number == 0 for f in rule().check(ctx)
+                     if settings.wants_backend(f.backend)]
+        if queue.drain is None and not entries:
+            problems.append(f"self.{name} is neither filled nor drained in this tree")
+        if queue.truncated:
+            problems.append("path limit reached (results may be incomplete) at " + ", ".join(queue.truncated))
+        queue_reports.append(_queue_report(queue_pack, domain.members, queue))
     findings = silence(findings, index.modules, report_unused=UnusedSuppression in rules)
     findings.sort(key=lambda f: (f.path, f.line, f.rule, f.backend or "", f.state or ""))
     problems.extend(fetched.notes)
-    if queue.drain is None and not any(s.kind == "entry" for s in queue.static_sites):
-        problems.append(f"self.{pack.queue} is neither filled nor drained in this tree")
-    if queue.truncated:
-        problems.append("path limit reached (results may be incomplete) at " + ", ".join(queue.truncated))
     return Report(
         target=fetched.target,
         files=in_scope,
-        queues=[_queue_report(pack, domain.members, queue)],
+        queues=queue_reports,
         backends=[s.backend for s in senders if settings.wants_backend(s.backend.name)],
         findings=findings,
         root=root,

@@ -32,8 +32,8 @@ def _flow(evidence: list[Evidence]) -> dict[str, Any]:
 def to_sarif(reports: list[Report]) -> dict[str, Any]:
     rules = [
         {
-            "id": rule.id,
-            "name": rule.name.replace(" ", ""),
+            "id": rule.code,
+            "name": rule.name,
             "shortDescription": {"text": rule.summary()},
             "fullDescription": {"text": rule.docs()},
             "help": {"text": rule.docs()},
@@ -41,20 +41,20 @@ def to_sarif(reports: list[Report]) -> dict[str, Any]:
         }
         for rule in ALL_RULES
     ]
-    rule_index = {rule.id: i for i, rule in enumerate(ALL_RULES)}
+    rule_index = {rule.name: i for i, rule in enumerate(ALL_RULES)}
     runs = []
     for report in reports:
         results = []
         for f in report.findings:
             result: dict[str, Any] = {
-                "ruleId": f.rule,
+                "ruleId": f.code,
                 "ruleIndex": rule_index[f.rule],
                 "level": f.severity,
                 "message": {"text": f.message},
                 "locations": [_location(f.path, f.line)],
                 "partialFingerprints": {"kvtrace/v1": f"{f.rule}:{f.backend or '-'}:{f.state or '-'}",
                                         SARIF_KEY: str(fingerprint(f))},
-                "properties": {"backend": f.backend, "state": f.state, "function": f.function},
+                "properties": {"rule": f.rule, "backend": f.backend, "state": f.state, "function": f.function},
                 **sarif_marks(f),
             }
             if f.evidence:
