@@ -109,8 +109,11 @@ def test_html_report_in_chromium(browser, tmp_path: Path) -> None:
     shot = tmp_path / "nixl-pin.png"
     assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 20_000
     keep_screenshot(shot)
-    findings = browser.execute_script("return document.querySelectorAll('div.finding').length")
-    assert findings == 2
+    shown = browser.execute_script(
+        "return Array.from(document.querySelectorAll('div.finding')).map(d => d.dataset.rule)")
+    report = json.loads(kvtrace("scan", "examples/nixl-pin", "-f", "json").stdout)
+    listed = [f for r in report.get("reports", [report]) for f in r["findings"]]
+    assert sorted(shown) == sorted(f["rule"] for f in listed) and shown.count("pinned-state") == 2
 
 
 def test_html_of_a_real_sglang_release(browser, tmp_path: Path) -> None:
