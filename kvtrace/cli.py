@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from enum import Enum
 from pathlib import Path
@@ -13,6 +14,7 @@ import typer
 from rich.console import Console
 
 from kvtrace import __version__
+from kvtrace.safe_text import markup, plain
 from kvtrace.rules import ALL_RULES, find_rule
 from kvtrace.errors import EXIT_CLEAN, EXIT_FINDINGS, EXIT_INCOMPLETE, EXIT_INPUT, KvtraceError
 from kvtrace.model import FetchLimits, Report
@@ -60,7 +62,7 @@ def _root(
 
 
 def _fail(message: str, code: int = EXIT_INPUT) -> typer.Exit:
-    typer.echo(f"kvtrace: error: {message}", err=True)
+    typer.echo(f"kvtrace: error: {plain(message)}", err=True)
     return typer.Exit(code)
 
 
@@ -128,11 +130,11 @@ def _scan_fleet(targets: list[str] | None, output_format: OutputFormat, output: 
     from kvtrace.fleet import FleetOptions, Progress, read_hosts_file, render_summary, run_fleet, summarise, worst_exit
     from kvtrace.packs import load_pack
 
-    err = Console(stderr=True, highlight=False)
+    err = Console(stderr=True, highlight=False, soft_wrap=True)  # -v lines stay whole when piped
 
     def log(message: str) -> None:
         if verbose:
-            err.print(f"[dim]kvtrace: {message}[/dim]")
+            err.print(f"[dim]kvtrace: {markup(message)}[/dim]")
 
     from kvtrace import baseline as baselines
     from kvtrace.config import Overrides
@@ -176,7 +178,7 @@ def _scan_fleet(targets: list[str] | None, output_format: OutputFormat, output: 
     for r in results:
         if r.error is not None:
             prefix = "kvtrace: " if r.error.startswith("internal error") else "kvtrace: error: "
-            typer.echo(prefix + r.error, err=True)
+            typer.echo(prefix + plain(r.error), err=True)
             continue
         log(f"{r.target}: fetched {len(r.report.files)} files in {r.timings['fetch']:.2f}s; "
             f"{'cached result' if r.cached else 'analysed'} in {r.timings['analyse']:.2f}s")
@@ -390,13 +392,28 @@ def cache_clear() -> None:
     typer.echo(f"removed {cache.clear()} entries from {cache.dir}")
 
 
+class _Interrupted(BaseException):
+    """Ctrl-C as our own exception: click turns KeyboardInterrupt into "Aborted!" and exit 1
+    (or swallows it), and `except Exception` around a scan must not catch it either."""
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    raise _Interrupted()
+
+
 def main() -> None:
+    import signal
+
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+    signal.signal(signal.SIGINT, _on_sigint)
     try:
         app()
-    except KeyboardInterrupt:
+    except (_Interrupted, KeyboardInterrupt):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the message
         typer.echo("kvtrace: interrupted", err=True)
-        sys.exit(130)
+        sys.stderr.flush()
+        # Not sys.exit: it would join fleet worker threads still blocked on remote hosts.
+        os._exit(130)
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from kvtrace.model import (
     StateFate,
 )
 from kvtrace.packs import Pack, load_pack
-from kvtrace.parse import parse_module
+from kvtrace.parse import parse_modules
 from kvtrace.rules.unused_suppression import UnusedSuppression
 from kvtrace.suppress import silence
 
@@ -80,7 +80,7 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
     root = locate_package(files, pack, fetched.target)
     in_scope = [f for f in files if (root == "" or f.path.startswith(root + "/"))
                 or any(q in (f.text or "") for q in pack.queues)]
-    modules = [m for m in (parse_module(f) for f in in_scope) if m is not None]
+    modules = parse_modules(in_scope)
     index = Index(modules, root)
     enum = find_enum(index, pack)
     if enum is None:
