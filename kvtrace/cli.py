@@ -44,6 +44,7 @@ class OutputFormat(str, Enum):
     sarif = "sarif"
     markdown = "markdown"
     github = "github"
+    html = "html"
 
 
 def _version(value: bool) -> None:
@@ -99,6 +100,8 @@ def scan(
         help="An earlier kvtrace JSON report or SARIF log: its findings are shown as such and do not fail.")] = None,
     write_baseline: Annotated[Optional[Path], typer.Option("--write-baseline", metavar="FILE",
         help="Also write this scan's findings as a JSON baseline.")] = None,
+    graph: Annotated[Optional[Path], typer.Option("--graph", metavar="FILE",
+        help="Also export the analysis graph: FILE.graphml, FILE.dot or FILE.json.")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache",
         help="Analyse even when this code, pack and tree were scanned before (see `kvtrace cache`).")] = False,
     hosts: Annotated[Optional[Path], typer.Option("--hosts",
@@ -121,7 +124,7 @@ def _scan_fleet(targets: list[str] | None, output_format: OutputFormat, output: 
                 accept_new_host_key: bool, connect_timeout: float, read_timeout: float, timeout: float, max_file_bytes: int,
                 max_files: int, max_total_bytes: int, verbose: bool, fail_on: FailOn | None,
                 select: list[str] | None, ignore: list[str] | None, ignore_backend: list[str] | None,
-                baseline: Path | None, write_baseline: Path | None, no_cache: bool,
+                baseline: Path | None, write_baseline: Path | None, graph: Path | None, no_cache: bool,
                 hosts: Path | None, jobs: int, quiet: bool, metrics: str | None, metrics_seconds: float) -> None:
     from kvtrace.cache import Cache
     from kvtrace.fleet import FleetOptions, Progress, read_hosts_file, render_summary, run_fleet, summarise, worst_exit
@@ -141,6 +144,10 @@ def _scan_fleet(targets: list[str] | None, output_format: OutputFormat, output: 
                           pack=rules, fail_on=fail_on.value if fail_on else None,
                           baseline=str(baseline) if baseline else None)
     try:
+        if graph is not None:
+            from kvtrace.report.graph_export import check_path
+
+            check_path(graph)  # before the scan, not after it
         wanted = list(targets or []) + (read_hosts_file(hosts) if hosts is not None else [])
         settings = {target: _settings(target, overrides) for target in wanted}
         packs = {target: load_pack(s.pack) for target, s in settings.items()}
@@ -178,6 +185,13 @@ def _scan_fleet(targets: list[str] | None, output_format: OutputFormat, output: 
     reports = [r.report for r in results if r.report is not None]
     if reports:
         _write(reports, output_format, output, no_map)
+    if graph is not None and reports:
+        from kvtrace.report import graph_export
+
+        try:
+            graph_export.write(reports, graph)
+        except KvtraceError as exc:
+            raise _fail(str(exc))
     if write_baseline is not None and reports:
         from kvtrace.report.json import render as render_json
 
@@ -230,6 +244,8 @@ def _write(reports: list[Report], fmt: OutputFormat, output: Path | None, no_map
         from kvtrace.report.sarif import render
     elif fmt is OutputFormat.github:
         from kvtrace.report.github import render
+    elif fmt is OutputFormat.html:
+        from kvtrace.report.html import render
     else:
         from kvtrace.report.markdown import render
     text = render(reports)

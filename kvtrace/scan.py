@@ -122,6 +122,9 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
         root=root,
         enum=enum_evidence,
         problems=problems,
+        # Plain lists: reports pickle into the cache and unpickle without the analysis' types.
+        graph={"nodes": list(queue.graph.nodes.items()),
+               "edges": [(a, b, data) for (a, b), data in queue.graph.edges.items()]},
     )
 
 

@@ -4,6 +4,9 @@ Markdown that pastes into an issue tracker."""
 from __future__ import annotations
 
 from kvtrace.model import Report
+from kvtrace.report.bugreport import code_link, environment_lines, excerpt_details, target_from_cwd
+from kvtrace.report.diagram import mermaid_section
+from kvtrace.report.links import permalinks
 
 
 def _cell(text: str) -> str:
@@ -13,7 +16,9 @@ def _cell(text: str) -> str:
 def render(reports: list[Report]) -> str:
     out: list[str] = []
     for report in reports:
-        out.append(f"## kvtrace: `{report.target}`\n")
+        links = permalinks(report)
+        out.append(f"## kvtrace: `{target_from_cwd(report)}`\n")
+        out += environment_lines(report) + [""]
         out.append(f"Package `{report.root or '.'}`; {sum(f.status == 'ok' for f in report.files)}"
                    f"/{len(report.files)} files analysed.\n")
         bad = [f for f in report.files if f.status != "ok"]
@@ -23,11 +28,13 @@ def render(reports: list[Report]) -> str:
             out.append("")
         out.append(f"### Findings ({len(report.findings)})\n")
         for f in report.findings:
-            out.append(f"- **{f.rule}** ({f.severity}) `{f.path}:{f.line}`: {f.message}")
+            out.append(f"- **{f.rule}** ({f.severity}) {code_link(f.path, f.line, links)}: {f.message}")
             for e in f.evidence:
-                out.append(f"  - `{e.path}:{e.line}` {e.note}")
+                out.append(f"  - {code_link(e.path, e.line, links)} {e.note}")
+            out += ["", *("  " + row if row else "" for row in excerpt_details(report, f.path, f.line, links)), ""]
         if not report.findings:
             out.append("None.")
+        out += mermaid_section(report)
         for queue in report.queues:
             out.append(f"\n### Release map: `{queue.name}`\n")
             out.append("| kind | path:line | function | states |")
