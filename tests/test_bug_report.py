@@ -75,11 +75,13 @@ def test_markdown_bug_report(checkout: tuple[Path, str]) -> None:
     assert f"- command: `python -m kvtrace scan {root / 'python' / 'sglang'} --format markdown`" in md
     assert "- target: `python/sglang` (package `srt/disaggregation`)" in md
     # The finding links to the committed line, and its code is folded underneath.
-    link = (f"[`srt/{NIXL}:82`](https://github.com/example-org/sglang-fork/blob/{commit}/"
-            f"python/sglang/srt/{NIXL}#L82)")
+    poll = next(n for n, text in enumerate((EXAMPLES / "nixl-pin" / NIXL).read_text().splitlines(), 1)
+                if "def poll(self)" in text and "pinned-state[nixl" in text)
+    link = (f"[`srt/{NIXL}:{poll}`](https://github.com/example-org/sglang-fork/blob/{commit}/"
+            f"python/sglang/srt/{NIXL}#L{poll})")
     assert link in md
-    block = re.search(r"<details><summary>srt/disaggregation/nixl/conn\.py:82</summary>\n\n *```python\n(.*?)\n *```",
+    block = re.search(rf"<details><summary>srt/disaggregation/nixl/conn\.py:{poll}</summary>\n\n *```python\n(.*?)\n *```",
                       md, re.S)
-    assert block and "> 82 |     def poll(self) -> KVPoll:" in block.group(1)
+    assert block and f"> {poll} |     def poll(self) -> KVPoll:" in block.group(1)
     assert len(block.group(1).splitlines()) == 7  # three lines either side
     assert md.count("```mermaid") == 2
