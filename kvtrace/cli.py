@@ -1,32 +1,52 @@
-"""The typer front: `kvtrace scan`, `rules`, `explain`, `schema`. All analysis lives below."""
+"""The typer front: `kvtrace scan`, `rules`, `explain`, `schema`. All analysis lives below.
+
+Layout, so that new options and commands merge cleanly: option types and validators first, then
+one function per command, then `main()` (which turns usage errors into one line and internal
+errors into exit 4)."""
 
 from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 import time
+import traceback
+from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 
 from kvtrace import __version__
-from kvtrace.rules import ALL_RULES, rule_by_id
-from kvtrace.errors import EXIT_CLEAN, EXIT_FINDINGS, EXIT_INCOMPLETE, EXIT_INPUT, KvtraceError
+from kvtrace.errors import (
+    EXIT_CLEAN,
+    EXIT_FINDINGS,
+    EXIT_INCOMPLETE,
+    EXIT_INPUT,
+    EXIT_INTERNAL,
+    InputError,
+    KvtraceError,
+)
 from kvtrace.model import FetchLimits, Report
+from kvtrace.rules import ALL_RULES, rule_by_id
+
+log = logging.getLogger("kvtrace")
+
+EXIT_CODES_HELP = (
+    "Exit codes: 0 no findings, 1 findings (see --fail-on), 2 usage or input error (nothing "
+    "analysed), 3 the scan is INCOMPLETE (a file or backend could not be analysed), "
+    "4 internal error (-v shows the traceback)."
+)
 
 app = typer.Typer(
-    add_completion=False,
+    add_completion=True,
     no_args_is_help=True,
     rich_markup_mode=None,
-    help=(
-        "Find KV-transfer poll states that pin SGLang's disaggregated prefill queue.\n\n"
-        "Exit codes: 0 no findings, 1 findings, 2 usage or input error (nothing analysed), "
-        "3 scan finished but some files could not be analysed."
-    ),
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    help="Find KV-transfer poll states that pin SGLang's disaggregated prefill queue.\n\n" + EXIT_CODES_HELP,
 )
 
 
@@ -55,7 +75,7 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True,
+    version: Annotated[Optional[bool], typer.Option("--version", "-V", callback=_version, is_eager=True,
                                                     help="Show the version and exit.")] = None,
 ) -> None:
     pass
@@ -66,106 +86,234 @@ def _fail(message: str, code: int = EXIT_INPUT) -> typer.Exit:
     return typer.Exit(code)
 
 
-@app.command()
+# ---------------------------------------------------------------------------------------------
+# Validation done before anything is fetched: a bad option must not cost a full scan.
+
+def check_output_path(path: Path) -> None:
+    """The report file can be written (without creating or truncating it yet)."""
+    if str(path) == "-":
+        raise InputError("--output -: write to stdout by leaving out --output")
+    if path.is_dir():
+        raise InputError(f"--output {path}: is a directory")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise InputError(f"--output {path}: folder {parent} does not exist")
+    if path.exists():
+        if not os.access(path, os.W_OK):
+            raise InputError(f"--output {path}: permission denied")
+    elif not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"--output {path}: cannot create a file in {parent}: permission denied")
+
+
+def check_targets(targets: list[str]) -> None:
+    """Every TARGET parses (malformed remote forms, `-`) before the first one is fetched."""
+    from kvtrace.target import parse_target
+
+    for text in targets:
+        parse_target(text)
+
+
+# ---------------------------------------------------------------------------------------------
+# kvtrace scan
+
+SCAN_EPILOG = """\b
+Examples:
+  kvtrace scan ~/src/sglang/python/sglang
+  kvtrace scan prefill-07:/opt/venv/lib/python3.11/site-packages/sglang
+  kvtrace scan python/sglang --format sarif -o kvtrace.sarif --fail-on never
+  kvtrace scan versions/ --all --format json | jq '.reports[].findings[]'
+"""
+
+
+@dataclass
+class ScanOutcome:
+    reports: list[Report] = field(default_factory=list)
+    failed: bool = False  # a target could not be scanned at all (exit 2)
+
+
+@app.command(epilog=SCAN_EPILOG)
 def scan(
     targets: Annotated[list[str], typer.Argument(
+        metavar="TARGET...",
         help="Local paths (an SGLang checkout, an installed sglang package, or its disaggregation "
              "folder) or remote ones: [user@]host[:port]:path or ssh://[user@]host[:port]/path.")],
     output_format: Annotated[OutputFormat, typer.Option("--format", "-f", help="Report format.")] = OutputFormat.text,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report to this file.")] = None,
-    rules: Annotated[Optional[str], typer.Option("--rules", help="Rules pack: a bundled name or a TOML file.")] = None,
-    no_map: Annotated[bool, typer.Option("--no-map", help="Text format: leave out the release map.")] = False,
-    identity: Annotated[Optional[list[str]], typer.Option("--identity", "-i", help="SSH private key (repeatable).")] = None,
-    ssh_config: Annotated[Optional[str], typer.Option("--ssh-config", help="SSH config file (default ~/.ssh/config).")] = None,
-    known_hosts: Annotated[Optional[str], typer.Option("--known-hosts", help="known_hosts file (default ~/.ssh/known_hosts).")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", metavar="FILE",
+        help="Write the report to FILE (checked before scanning).")] = None,
+    rules: Annotated[Optional[str], typer.Option("--rules", metavar="PACK|FILE",
+        help="Rules pack: a bundled name or a TOML file.")] = None,
+    scan_all: Annotated[bool, typer.Option("--all",
+        help="When a TARGET holds several packages (versions side by side), scan each as its own report.")] = False,
+    no_map: Annotated[bool, typer.Option("--no-map",
+        help="Text format: leave out the release map, the poll states' fates and the backends' details.")] = False,
+    sarif_root: Annotated[Optional[Path], typer.Option("--sarif-root", metavar="DIR",
+        help="SARIF: make file locations relative to DIR (default: the current directory).")] = None,
+    identity: Annotated[Optional[list[str]], typer.Option("--identity", "-i", metavar="KEY",
+        help="SSH private key (repeatable).")] = None,
+    ssh_config: Annotated[Optional[str], typer.Option("--ssh-config", metavar="FILE",
+        help="SSH config file (default ~/.ssh/config).")] = None,
+    known_hosts: Annotated[Optional[str], typer.Option("--known-hosts", metavar="FILE",
+        help="known_hosts file (default ~/.ssh/known_hosts).")] = None,
     accept_new_host_key: Annotated[bool, typer.Option("--accept-new-host-key",
         help="Trust and record the key of a host not yet in known_hosts (OpenSSH accept-new). A changed key is always refused.")] = False,
-    connect_timeout: Annotated[float, typer.Option("--connect-timeout", help="Seconds to wait for the SSH connection.")] = 10.0,
-    read_timeout: Annotated[float, typer.Option("--read-timeout", help="Seconds to wait for remote data.")] = 60.0,
-    max_file_bytes: Annotated[int, typer.Option("--max-file-bytes", help="Skip (and report) larger files.")] = FetchLimits.max_file_bytes,
-    max_files: Annotated[int, typer.Option("--max-files", help="Refuse trees with more .py files.")] = FetchLimits.max_files,
-    max_total_bytes: Annotated[int, typer.Option("--max-total-bytes", help="Refuse trees with more bytes of .py.")] = FetchLimits.max_total_bytes,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show fetch steps and timings on stderr.")] = False,
+    connect_timeout: Annotated[float, typer.Option("--connect-timeout", metavar="SECONDS", min=0.1, max=3600,
+        help="Seconds to wait for the SSH connection.")] = 10.0,
+    read_timeout: Annotated[float, typer.Option("--read-timeout", metavar="SECONDS", min=0.1, max=86400,
+        help="Seconds to wait for remote data.")] = 60.0,
+    max_file_bytes: Annotated[int, typer.Option("--max-file-bytes", metavar="BYTES", min=1,
+        help="Skip (and report) larger files.")] = FetchLimits.max_file_bytes,
+    max_files: Annotated[int, typer.Option("--max-files", metavar="N", min=1,
+        help="Refuse trees with more .py files.")] = FetchLimits.max_files,
+    max_total_bytes: Annotated[int, typer.Option("--max-total-bytes", metavar="BYTES", min=1,
+        help="Refuse trees with more bytes of .py.")] = FetchLimits.max_total_bytes,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v",
+        help="Show fetch steps and timings on stderr (and a traceback on an internal error).")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q",
+        help="Only errors and one INCOMPLETE line on stderr (the report itself is unchanged).")] = False,
     fail_on: Annotated[FailOn, typer.Option("--fail-on",
         help="Exit 1 only for findings of this severity or worse (never: report, exit 0).")] = FailOn.note,
 ) -> None:
     """Scan one or more targets and report pinned and dropped poll states, per backend."""
-    from kvtrace.fetch import fetch_target
     from kvtrace.packs import load_pack
-    from kvtrace.scan import scan_fetched
 
-    err = Console(stderr=True, highlight=False)
-
-    def log(message: str) -> None:
-        if verbose:
-            err.print(f"[dim]kvtrace: {message}[/dim]")
-
-    limits = FetchLimits(max_file_bytes=max_file_bytes, max_files=max_files, max_total_bytes=max_total_bytes)
+    if verbose and quiet:
+        raise _fail("--verbose and --quiet cannot be used together")
+    setup_logging(verbose=verbose, quiet=quiet)
     try:
+        check_targets(targets)
+        if output is not None:
+            check_output_path(output)
         pack = load_pack(rules)
     except KvtraceError as exc:
         raise _fail(str(exc))
+    limits = FetchLimits(max_file_bytes=max_file_bytes, max_files=max_files, max_total_bytes=max_total_bytes)
     ssh = dict(identity_files=list(identity or []), ssh_config=ssh_config, known_hosts=known_hosts,
                accept_new_host_key=accept_new_host_key, connect_timeout=connect_timeout, read_timeout=read_timeout)
-    reports: list[Report] = []
-    failed = False
+    outcome = ScanOutcome()
     for target in targets:
-        started = time.perf_counter()
+        _scan_one(target, pack, limits, ssh, scan_all, verbose, outcome)
+    if outcome.reports:
         try:
-            fetched = fetch_target(target, limits, ssh, log)
-            log(f"{target}: fetched {len(fetched.files)} files in {time.perf_counter() - started:.2f}s")
+            _write(outcome.reports, output_format, output, no_map, sarif_root)
+        except OSError as exc:
+            raise _fail(f"--output {output}: {exc.strerror or exc}")
+    report_gaps(outcome.reports, quiet)
+    raise typer.Exit(exit_code(outcome, fail_on))
+
+
+def _scan_one(target: str, pack, limits: FetchLimits, ssh: dict, scan_all: bool, verbose: bool,
+              outcome: ScanOutcome) -> None:
+    from kvtrace.errors import AmbiguousTarget
+    from kvtrace.fetch import fetch_target
+    from kvtrace.scan import locate_packages, scan_fetched
+
+    started = time.perf_counter()
+    try:
+        fetched = fetch_target(target, limits, ssh, log.debug)
+        log.debug("%s: fetched %d files in %.2fs", target, len(fetched.files), time.perf_counter() - started)
+        roots = locate_packages(fetched.files, pack, fetched.target)
+        if len(roots) > 1 and not scan_all:
+            raise AmbiguousTarget(fetched.target, roots)
+        for root in roots:
             analysed = time.perf_counter()
-            reports.append(scan_fetched(fetched, pack))
-            log(f"{target}: analysed in {time.perf_counter() - analysed:.2f}s")
-        except KvtraceError as exc:
-            typer.echo(f"kvtrace: error: {exc}", err=True)
-            failed = True
-        except Exception as exc:  # a bug in kvtrace: one line, never a traceback
-            typer.echo(f"kvtrace: internal error on {target}: {type(exc).__name__}: {exc}", err=True)
-            failed = True
-    if reports:
-        _write(reports, output_format, output, no_map)
-    if failed:
-        raise typer.Exit(EXIT_INPUT)
-    if any(f.status != "ok" for r in reports for f in r.files) or any(r.problems for r in reports):
-        raise typer.Exit(EXIT_INCOMPLETE)
+            outcome.reports.append(scan_fetched(fetched, pack, root=root))
+            log.debug("%s: analysed %s/ in %.2fs", target, root or ".", time.perf_counter() - analysed)
+    except KvtraceError as exc:
+        typer.echo(f"kvtrace: error: {exc}", err=True)
+        outcome.failed = True
+    except RecursionError as exc:
+        raise InternalError(target, exc) from exc
+    except Exception as exc:  # a bug in kvtrace: exit 4, traceback with -v
+        raise InternalError(target, exc) from exc
+
+
+class InternalError(Exception):
+    def __init__(self, target: str, exc: BaseException) -> None:
+        super().__init__(f"internal error on {target}: {type(exc).__name__}: {exc}")
+
+
+def exit_code(outcome: ScanOutcome, fail_on: FailOn) -> int:
+    if outcome.failed:
+        return EXIT_INPUT
+    if any(r.incomplete for r in outcome.reports):
+        return EXIT_INCOMPLETE
     threshold = SEVERITY_RANK[fail_on.value]
-    failing = any(SEVERITY_RANK.get(f.severity, 0) >= threshold for r in reports for f in r.findings)
-    raise typer.Exit(EXIT_FINDINGS if failing else EXIT_CLEAN)
+    failing = any(SEVERITY_RANK.get(f.severity, 0) >= threshold for r in outcome.reports for f in r.findings)
+    return EXIT_FINDINGS if failing else EXIT_CLEAN
 
 
-def _write(reports: list[Report], fmt: OutputFormat, output: Path | None, no_map: bool) -> None:
+def report_gaps(reports: list[Report], quiet: bool) -> None:
+    """Incomplete is loud: one stderr line per thing not analysed (one line in all with -q)."""
+    for report in reports:
+        if not report.gaps:
+            continue
+        if quiet:
+            typer.echo(f"kvtrace: INCOMPLETE: {report.target}: {len(report.gaps)} thing(s) not analysed "
+                       "(see the report)", err=True)
+            continue
+        for gap in report.gaps:
+            typer.echo(f"kvtrace: incomplete: {report.target}: {gap_line(gap)}", err=True)
+
+
+def gap_line(gap) -> str:
+    if gap.kind == "file":
+        return f"{gap.subject} not analysed ({gap.reason})"
+    if gap.kind == "backend":
+        return f"backend {gap.subject} {gap.reason}"
+    return gap.reason
+
+
+def _write(reports: list[Report], fmt: OutputFormat, output: Path | None, no_map: bool,
+           sarif_root: Path | None) -> None:
+    from kvtrace.report import render_text_stream
+
     if fmt is OutputFormat.text:
         if output is not None:
             with output.open("w", encoding="utf-8") as handle:
-                console = Console(file=handle, width=1000, soft_wrap=True, no_color=True, force_terminal=False)
-                for report in reports:
-                    _text(report, console, no_map)
+                render_text_stream(reports, handle, terminal=False, show_map=not no_map)
         else:
-            # Piped: no colour, no folding, so each row stays one greppable line.
-            console = Console(highlight=False) if sys.stdout.isatty() else \
-                Console(highlight=False, no_color=True, width=1000, soft_wrap=True)
-            for report in reports:
-                _text(report, console, no_map)
+            render_text_stream(reports, sys.stdout, terminal=sys.stdout.isatty(), show_map=not no_map)
         return
     if fmt is OutputFormat.json:
         from kvtrace.report.json import render
+
+        text = render(reports)
     elif fmt is OutputFormat.sarif:
-        from kvtrace.report.sarif import render
+        from kvtrace.report.sarif import render as render_sarif
+
+        text = render_sarif(reports, root=sarif_root or Path.cwd())
     else:
         from kvtrace.report.markdown import render
-    text = render(reports)
+
+        text = render(reports)
     if output is not None:
         output.write_text(text, encoding="utf-8")
     else:
         sys.stdout.write(text)
 
 
-def _text(report: Report, console: Console, no_map: bool) -> None:
-    from kvtrace.report.text import render
+def setup_logging(verbose: bool, quiet: bool) -> None:
+    """-v: steps and timings; -q: errors only. Rich on a terminal; plain unwrapped lines when
+    stderr is redirected (a CI log), so no line is folded."""
+    level = logging.DEBUG if verbose else logging.ERROR if quiet else logging.WARNING
+    log.handlers.clear()
+    log.propagate = False
+    if sys.stderr.isatty():
+        from rich.console import Console
+        from rich.logging import RichHandler
 
-    render(report, console, show_map=not no_map)
+        handler: logging.Handler = RichHandler(console=Console(stderr=True), show_time=False, show_path=False,
+                                               markup=False, highlighter=None)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("kvtrace: %(message)s"))
+    log.addHandler(handler)
+    log.setLevel(level)
 
+
+# ---------------------------------------------------------------------------------------------
+# kvtrace rules / explain / schema
 
 @app.command("rules")
 def list_rules() -> None:
@@ -177,8 +325,8 @@ def list_rules() -> None:
     typer.echo(f"\nrules packs: {', '.join(available_packs())}")
 
 
-@app.command()
-def explain(rule: Annotated[str, typer.Argument(help="A rule id, e.g. pinned-state.")]) -> None:
+@app.command(epilog="\b\nExample:\n  kvtrace explain pinned-state")
+def explain(rule: Annotated[str, typer.Argument(metavar="RULE", help="A rule id, e.g. pinned-state.")]) -> None:
     """Show what a rule does, why it matters, an example and the fix."""
     found = rule_by_id(rule)
     if found is None:
@@ -187,21 +335,61 @@ def explain(rule: Annotated[str, typer.Argument(help="A rule id, e.g. pinned-sta
     typer.echo(found.docs())
 
 
-@app.command()
+@app.command(epilog="\b\nExample:\n  kvtrace scan . --format json | python -m jsonschema <(kvtrace schema)")
 def schema() -> None:
-    """Print the JSON Schema of the kvtrace/1 report (`scan --format json`)."""
+    """Print the JSON Schema of `scan --format json` (kvtrace/2: {"schema", "reports": [...]})."""
     from kvtrace.report.schema import JSON_SCHEMA
 
     typer.echo(json.dumps(JSON_SCHEMA, indent=2))
 
 
-def main() -> None:
+# ---------------------------------------------------------------------------------------------
+# Entry point
+
+def _click_exceptions():
+    try:  # typer >= 0.2x vendors click
+        from typer._click import exceptions
+    except ImportError:  # older typer runs on click itself
+        from click import exceptions  # type: ignore[no-redef]
+    return exceptions
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI: usage errors are one line (exit 2), internal errors exit 4."""
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+    args = sys.argv[1:] if argv is None else argv
+    exceptions = _click_exceptions()
+    command = typer.main.get_command(app)
     try:
-        app()
-    except KeyboardInterrupt:
+        code = command.main(args=args, prog_name="kvtrace", standalone_mode=False)
+    except exceptions.NoArgsIsHelpError as exc:
+        typer.echo(exc.ctx.get_help() if exc.ctx else "", err=True)
+        code = EXIT_INPUT
+    except exceptions.UsageError as exc:
+        hint = f" (see 'kvtrace {exc.ctx.info_name} --help')" if exc.ctx and exc.ctx.parent else " (see 'kvtrace --help')"
+        message = " ".join(exc.format_message().split())
+        typer.echo(f"kvtrace: error: {message}{hint}", err=True)
+        code = EXIT_INPUT
+    except (typer.Abort, KeyboardInterrupt):
         typer.echo("kvtrace: interrupted", err=True)
-        sys.exit(130)
+        code = 130
+    except BrokenPipeError:
+        # The reader went away (`kvtrace scan ... | head`): not an error worth a line.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = EXIT_CLEAN
+    except InternalError as exc:
+        _internal(str(exc), exc.__cause__, args)
+        code = EXIT_INTERNAL
+    except Exception as exc:  # a bug in kvtrace
+        _internal(f"internal error: {type(exc).__name__}: {exc}", exc, args)
+        code = EXIT_INTERNAL
+    sys.exit(code if isinstance(code, int) else EXIT_CLEAN)
+
+
+def _internal(message: str, exc: BaseException | None, args: list[str]) -> None:
+    if exc is not None and ("-v" in args or "--verbose" in args):
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    typer.echo(f"kvtrace: {message} (a bug in kvtrace; rerun with -v for the traceback)", err=True)
 
 
 if __name__ == "__main__":

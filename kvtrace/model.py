@@ -135,6 +135,28 @@ class Finding:
     evidence: list[Evidence]
 
 
+@dataclass(frozen=True)
+class Gap:
+    """Something the scan could not analyse; any gap makes the report INCOMPLETE.
+
+    kind: "file" (not read or not parsed), "backend" (not checked, or checked without one of
+    its files) or "analysis" (a part of the analysis was cut or failed)."""
+
+    kind: str
+    subject: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class DetectedVersion:
+    """The version the scanned tree declares (`__version__` in a version.py above the package)."""
+
+    package: str
+    version: str
+    path: str
+    line: int
+
+
 @dataclass
 class Report:
     target: str
@@ -146,3 +168,9 @@ class Report:
     enum: Evidence | None = None
     problems: list[str] = field(default_factory=list)
     schema: str = SCHEMA
+    gaps: list[Gap] = field(default_factory=list)
+    version: DetectedVersion | None = None
+
+    @property
+    def incomplete(self) -> bool:
+        return bool(self.gaps)
