@@ -15,7 +15,7 @@ import traceback
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Any, Optional
 
 import typer
 
@@ -65,6 +65,7 @@ class OutputFormat(str, Enum):
     json = "json"
     sarif = "sarif"
     markdown = "markdown"
+    github = "github"
 
 
 def _version(value: bool) -> None:
@@ -126,8 +127,19 @@ Examples:
 
 
 @dataclass
+class ScanJob:
+    """One TARGET with its settings ([tool.kvtrace] under the command line), pack and baseline."""
+
+    target: str
+    settings: Any
+    pack: Any = None
+    baseline: Any = None
+
+
+@dataclass
 class ScanOutcome:
     reports: list[Report] = field(default_factory=list)
+    thresholds: list[int] = field(default_factory=list)  # per report: its fail-on level
     failed: bool = False  # a target could not be scanned at all (exit 2)
 
 
@@ -170,53 +182,83 @@ def scan(
         help="Show fetch steps and timings on stderr (and a traceback on an internal error).")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", "-q",
         help="Only errors and one INCOMPLETE line on stderr (the report itself is unchanged).")] = False,
-    fail_on: Annotated[FailOn, typer.Option("--fail-on",
-        help="Exit 1 only for findings of this severity or worse (never: report, exit 0).")] = FailOn.note,
+    fail_on: Annotated[Optional[FailOn], typer.Option("--fail-on",
+        help="Exit 1 only for findings of this severity or worse (never: report, exit 0). Default: note.")] = None,
+    select: Annotated[Optional[list[str]], typer.Option("--select", metavar="RULE",
+        help="Only these rules (ids or codes; repeatable or comma-separated). Wins over [tool.kvtrace].")] = None,
+    ignore: Annotated[Optional[list[str]], typer.Option("--ignore", metavar="RULE",
+        help="Leave out these rules (repeatable or comma-separated). Wins over [tool.kvtrace].")] = None,
+    ignore_backend: Annotated[Optional[list[str]], typer.Option("--ignore-backend", metavar="BACKEND",
+        help="Leave out these backends, e.g. fake (repeatable or comma-separated).")] = None,
+    baseline: Annotated[Optional[Path], typer.Option("--baseline", metavar="FILE",
+        help="An earlier kvtrace JSON report or SARIF log: its findings are shown as such and do not fail.")] = None,
+    write_baseline: Annotated[Optional[Path], typer.Option("--write-baseline", metavar="FILE",
+        help="Also write this scan's findings as a JSON baseline.")] = None,
 ) -> None:
     """Scan one or more targets and report pinned and dropped poll states, per backend."""
+    from kvtrace import baseline as baselines
+    from kvtrace.config import Overrides
     from kvtrace.packs import load_pack
 
     if verbose and quiet:
         raise _fail("--verbose and --quiet cannot be used together")
     setup_logging(verbose=verbose, quiet=quiet)
+    overrides = Overrides(select=_names(select), ignore=_names(ignore), ignore_backends=_names(ignore_backend),
+                          pack=rules, fail_on=fail_on.value if fail_on else None,
+                          baseline=str(baseline) if baseline else None)
     try:
         check_targets(targets)
-        if output is not None:
-            check_output_path(output)
-        pack = load_pack(rules)
+        for path in (output, write_baseline):
+            if path is not None:
+                check_output_path(path)
+        jobs = [ScanJob(target, settings) for target in targets for settings in [_settings(target, overrides)]]
+        for job in jobs:
+            job.pack = load_pack(job.settings.pack)
+            job.baseline = baselines.load(Path(job.settings.baseline)) if job.settings.baseline else None
     except KvtraceError as exc:
         raise _fail(str(exc))
     limits = FetchLimits(max_file_bytes=max_file_bytes, max_files=max_files, max_total_bytes=max_total_bytes)
     ssh = dict(identity_files=list(identity or []), ssh_config=ssh_config, known_hosts=known_hosts,
                accept_new_host_key=accept_new_host_key, connect_timeout=connect_timeout, read_timeout=read_timeout)
     outcome = ScanOutcome()
-    for target in targets:
-        _scan_one(target, pack, limits, ssh, scan_all, verbose, outcome)
+    for job in jobs:
+        _scan_one(job, limits, ssh, scan_all, outcome)
     if outcome.reports:
         try:
             _write(outcome.reports, output_format, output, no_map, sarif_root)
+            if write_baseline is not None:
+                from kvtrace.report.json import render as render_json
+
+                write_baseline.write_text(render_json(outcome.reports), encoding="utf-8")
         except OSError as exc:
-            raise _fail(f"--output {output}: {exc.strerror or exc}")
+            raise _fail(f"cannot write the report: {exc.strerror or exc}: {exc.filename or output}")
     report_gaps(outcome.reports, quiet)
-    raise typer.Exit(exit_code(outcome, fail_on))
+    raise typer.Exit(exit_code(outcome))
 
 
-def _scan_one(target: str, pack, limits: FetchLimits, ssh: dict, scan_all: bool, verbose: bool,
-              outcome: ScanOutcome) -> None:
+def _scan_one(job: ScanJob, limits: FetchLimits, ssh: dict, scan_all: bool, outcome: ScanOutcome) -> None:
+    from kvtrace import baseline as baselines
     from kvtrace.errors import AmbiguousTarget
     from kvtrace.fetch import fetch_target
     from kvtrace.scan import locate_packages, scan_fetched
 
+    target = job.target
     started = time.perf_counter()
     try:
         fetched = fetch_target(target, limits, ssh, log.debug)
         log.debug("%s: fetched %d files in %.2fs", target, len(fetched.files), time.perf_counter() - started)
-        roots = locate_packages(fetched.files, pack, fetched.target)
+        roots = locate_packages(fetched.files, job.pack, fetched.target)
         if len(roots) > 1 and not scan_all:
             raise AmbiguousTarget(fetched.target, roots)
         for root in roots:
             analysed = time.perf_counter()
-            outcome.reports.append(scan_fetched(fetched, pack, root=root))
+            report = scan_fetched(fetched, job.pack, job.settings, root=root)
+            if job.baseline is not None:
+                compared = baselines.apply(report.findings, job.baseline)
+                log.debug("%s: baseline: %d unchanged, %d new, %d no longer found", target, compared.unchanged,
+                          compared.new, len(compared.gone))
+            outcome.reports.append(report)
+            outcome.thresholds.append(SEVERITY_RANK[job.settings.fail_on or "note"])
             log.debug("%s: analysed %s/ in %.2fs", target, root or ".", time.perf_counter() - analysed)
     except KvtraceError as exc:
         typer.echo(f"kvtrace: error: {exc}", err=True)
@@ -232,14 +274,34 @@ class InternalError(Exception):
         super().__init__(f"internal error on {target}: {type(exc).__name__}: {exc}")
 
 
-def exit_code(outcome: ScanOutcome, fail_on: FailOn) -> int:
+def exit_code(outcome: ScanOutcome) -> int:
+    from kvtrace.baseline import counts_against
+
     if outcome.failed:
         return EXIT_INPUT
     if any(r.incomplete for r in outcome.reports):
         return EXIT_INCOMPLETE
-    threshold = SEVERITY_RANK[fail_on.value]
-    failing = any(SEVERITY_RANK.get(f.severity, 0) >= threshold for r in outcome.reports for f in r.findings)
+    failing = any(
+        counts_against(f) and SEVERITY_RANK.get(f.severity, 0) >= threshold
+        for r, threshold in zip(outcome.reports, outcome.thresholds) for f in r.findings
+    )
     return EXIT_FINDINGS if failing else EXIT_CLEAN
+
+
+def _names(values: list[str] | None) -> tuple[str, ...]:
+    """Repeatable options that also take comma-separated lists, as ruff's do."""
+    return tuple(part.strip() for value in values or [] for part in value.split(",") if part.strip())
+
+
+def _settings(target: str, overrides):
+    """[tool.kvtrace] for this target (its tree, else the working directory) under the command line."""
+    from kvtrace.config import resolve
+    from kvtrace.target import LocalTarget, parse_target
+
+    local = parse_target(target)  # already checked by check_targets
+    start = Path(target) if isinstance(local, LocalTarget) else None
+    known = {r.id for r in ALL_RULES} | {code for r in ALL_RULES if (code := getattr(r, "code", None))}
+    return resolve(start, Path.cwd(), overrides, known)
 
 
 def report_gaps(reports: list[Report], quiet: bool) -> None:
@@ -282,6 +344,10 @@ def _write(reports: list[Report], fmt: OutputFormat, output: Path | None, no_map
         from kvtrace.report.sarif import render as render_sarif
 
         text = render_sarif(reports, root=sarif_root or Path.cwd())
+    elif fmt is OutputFormat.github:
+        from kvtrace.report.github import render
+
+        text = render(reports)
     else:
         from kvtrace.report.markdown import render
 

@@ -133,6 +133,10 @@ class Finding:
     backend: str | None
     state: str | None
     evidence: list[Evidence]
+    # Set after the rules run (kvtrace.suppress / kvtrace.baseline):
+    function: str | None = None  # qualified name of the function path:line is in (fingerprint part)
+    suppressed: str | None = None  # path:line of the `# kvtrace: ignore[...]` comment that silences it
+    baseline: str | None = None  # "new" or "unchanged" when compared with a baseline
 
 
 @dataclass(frozen=True)

@@ -9,6 +9,7 @@ import re
 from pathlib import Path
 
 from kvtrace.backends import analyse_backends
+from kvtrace.config import Settings
 from kvtrace.rules import ALL_RULES, ScanContext
 from kvtrace.errors import AmbiguousTarget, InputError
 from kvtrace.gaps import find_gaps
@@ -32,10 +33,13 @@ from kvtrace.model import (
 )
 from kvtrace.packs import Pack, load_pack
 from kvtrace.parse import parse_module
+from kvtrace.rules.unused_suppression import UnusedSuppression
+from kvtrace.suppress import silence
 
 
-def scan_path(path: Path, pack: Pack | None = None, limits: FetchLimits = FetchLimits()) -> Report:
-    return scan_fetched(fetch_local(path, limits), pack)
+def scan_path(path: Path, pack: Pack | None = None, limits: FetchLimits = FetchLimits(),
+              settings: Settings = Settings()) -> Report:
+    return scan_fetched(fetch_local(path, limits), pack, settings)
 
 
 def _inside(path: str, folder: str) -> bool:
@@ -152,7 +156,8 @@ def _in_scope(files: list[SourceFile], pack: Pack, root: str, scope: str) -> lis
     return [f for f in files if wanted(f)]
 
 
-def scan_fetched(fetched: FetchResult, pack: Pack | None = None, root: str | None = None) -> Report:
+def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Settings = Settings(),
+                 root: str | None = None) -> Report:
     """Analyse one package of the fetched tree: `root` (from locate_packages), or the only one."""
     pack = pack or load_pack()
     files = fetched.files
@@ -180,7 +185,9 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, root: str | Non
     senders = analyse_backends(index, pack, domain, root, problems)
     entries = [s for s in queue.static_sites if s.kind == "entry"]
     ctx = ScanContext(pack, domain, index, queue, senders, entries)
-    findings = [f for rule in ALL_RULES for f in rule().check(ctx)]
+    rules = [rule for rule in ALL_RULES if settings.wants_rule(rule.id, getattr(rule, "code", None))]
+    findings = [f for rule in rules for f in rule().check(ctx) if settings.wants_backend(f.backend)]
+    findings = silence(findings, index.modules, report_unused=UnusedSuppression in rules)
     findings.sort(key=lambda f: (f.path, f.line, f.rule, f.backend or "", f.state or ""))
     problems.extend(fetched.notes)
     if queue.drain is None and not any(s.kind == "entry" for s in queue.static_sites):
@@ -193,7 +200,7 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, root: str | Non
         target=fetched.target,
         files=in_scope,
         queues=[_queue_report(pack, domain.members, queue)],
-        backends=[s.backend for s in senders],
+        backends=[s.backend for s in senders if settings.wants_backend(s.backend.name)],
         findings=findings,
         root=root,
         enum=enum_evidence,

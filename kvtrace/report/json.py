@@ -10,6 +10,7 @@ from dataclasses import asdict
 from typing import Any
 
 from kvtrace import __version__
+from kvtrace.baseline import finding_marks
 from kvtrace.model import Evidence, Report
 from kvtrace.report.verdicts import summary_line
 
@@ -73,6 +74,7 @@ def to_json_dict(report: Report) -> dict[str, Any]:
                 "backend": f.backend,
                 "state": f.state,
                 "evidence": _evidence(f.evidence),
+                **finding_marks(f),
             }
             for f in report.findings
         ],

@@ -14,6 +14,7 @@ from pathlib import Path, PurePosixPath
 from typing import Any
 
 from kvtrace import __version__
+from kvtrace.baseline import SARIF_KEY, fingerprint, sarif_marks
 from kvtrace.model import Evidence, Report
 from kvtrace.report.verdicts import summary_line
 from kvtrace.rules import ALL_RULES
@@ -127,8 +128,10 @@ def to_sarif(reports: list[Report], root: Path | None = None) -> dict[str, Any]:
                 "level": f.severity,
                 "message": {"text": f.message},
                 "locations": [locate(f.path, f.line)],
-                "partialFingerprints": {"kvtrace/v1": f"{f.rule}:{f.backend or '-'}:{f.state or '-'}"},
-                "properties": {"backend": f.backend, "state": f.state},
+                "partialFingerprints": {"kvtrace/v1": f"{f.rule}:{f.backend or '-'}:{f.state or '-'}",
+                                        SARIF_KEY: str(fingerprint(f))},
+                "properties": {"backend": f.backend, "state": f.state, "function": f.function},
+                **sarif_marks(f),
             }
             if f.evidence:
                 result["codeFlows"] = [_flow(f.evidence, locate)]

@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from kvtrace import __version__
+from kvtrace.baseline import counts_against, mark
 from kvtrace.model import Backend, Evidence, Finding, Gap, Report, SourceFile
 from kvtrace.report.verdicts import (
     NOT_CHECKED,
@@ -48,7 +49,7 @@ def render(report: Report, console: Console, show_map: bool = True) -> None:
         _backend_findings(report, backend, items, files, console)
     console.print()
     summary = summary_line(report)
-    style = "bold red" if any(f.severity == "error" for f in report.findings) else "bold green"
+    style = "bold red" if any(f.severity == "error" and counts_against(f) for f in report.findings) else "bold green"
     console.print(Text(summary, style="bold yellow" if report.incomplete and not report.findings else style))
     if show_map:
         _details(report, console)
@@ -128,6 +129,8 @@ def _backend_findings(report: Report, backend: str | None, groups, files: dict[s
         head = Text.assemble(
             (f"{group.severity}[{group.rule}]", SEVERITY_STYLE.get(group.severity, "")), " ",
             " at ", (f"{group.path}:{group.line}", "bold"))
+        if group.mark:
+            head.append(f" ({group.mark})", "dim")
         console.print(Padding(head, (0, 0, 0, 2)))
         console.print(Padding(Text(group.message), (0, 0, 0, 4)))
         excerpt = _excerpt(files.get(group.path), group.line, console.width - 4)
@@ -238,15 +241,3 @@ def _backend_detail(b: Backend) -> Group:
     for note in b.notes:
         rows.add_row("note", note)
     return Group(Text(b.name, style="bold"), Padding(rows, (0, 0, 0, 2)))
-
-
-def render_finding(finding: Finding, files: dict[str, SourceFile], console: Console) -> None:
-    """One finding on its own (kept for callers that print a single finding)."""
-    console.print(Text.assemble((f"{finding.path}:{finding.line}", "bold"), " ",
-                                (f"{finding.severity}[{finding.rule}]", SEVERITY_STYLE.get(finding.severity, ""))))
-    console.print(Padding(Text(finding.message), (0, 0, 0, 2)))
-    excerpt = _excerpt(files.get(finding.path), finding.line, console.width - 2)
-    if excerpt is not None:
-        console.print(excerpt)
-    if finding.evidence:
-        console.print(Padding(_evidence_table(finding.evidence, console.width - 4), (0, 0, 0, 4)))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from kvtrace.baseline import counts_against, mark, tally
 from kvtrace.model import Backend, Evidence, Finding, Gap, Report
 
 OK = "ok"
@@ -59,7 +60,8 @@ def verdict_grid(report: Report) -> Grid:
         row = f"{b.name}*" if b.name in partial else b.name
         rows.append(row)
         for state in states:
-            hits = [f for f in report.findings if f.state == state and f.backend in (b.name, None)]
+            hits = [f for f in report.findings
+                    if f.state == state and f.backend in (b.name, None) and not f.suppressed]
             if b.poll is None or (state not in b.returns and not any(f.backend == b.name for f in hits)):
                 cells[row, state] = (NOT_RETURNED, None)
             elif hits:
@@ -102,6 +104,7 @@ class FindingGroup:
     path: str
     line: int
     backend: str | None
+    mark: str = ""  # why it does not fail the scan (suppressed, in baseline) or that it is new
     states: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
 
@@ -120,8 +123,8 @@ def finding_groups(report: Report) -> dict[str | None, list[FindingGroup]]:
     backend_order = {b.name: i for i, b in enumerate(report.backends)}
     groups: dict[tuple, FindingGroup] = {}
     for f in report.findings:
-        key = (f.backend, f.rule, f.path, f.line)
-        group = groups.setdefault(key, FindingGroup(f.rule, f.severity, f.path, f.line, f.backend))
+        key = (f.backend, f.rule, f.path, f.line, mark(f))
+        group = groups.setdefault(key, FindingGroup(f.rule, f.severity, f.path, f.line, f.backend, mark(f)))
         group.findings.append(f)
         if f.state and f.state not in group.states:
             group.states.append(f.state)
@@ -210,11 +213,11 @@ def summary_line(report: Report) -> str:
     """`2 errors: nixl pins WaitingForInput, Transferring · 1 warning: ... · INCOMPLETE: ...`"""
     parts = []
     order = {name: i for i, name in enumerate(_states(report))}
-    findings = sorted(report.findings, key=lambda f: order.get(f.state or "", len(order)))
+    findings = sorted((f for f in report.findings if counts_against(f)), key=lambda f: order.get(f.state or "", len(order)))
     for severity in ("error", "warning", "note"):
         found = [f for f in findings if f.severity == severity]
         if not found:
-            if severity == "warning" and report.findings:
+            if severity == "warning" and findings:
                 parts.append("0 warnings")
             continue
         what: dict[tuple[str | None, str], list[str]] = {}
@@ -228,8 +231,11 @@ def summary_line(report: Report) -> str:
             named.append(f"{subject} {RULE_VERBS.get(rule, rule)} {', '.join(states)}" if states
                          else f"{subject}: {rule}")
         parts.append(f"{_plural(len(found), severity)}: {'; '.join(named)}")
-    if not report.findings:
+    if not findings:
         parts.append("No findings in what was analysed" if report.gaps else "No findings")
+    silenced = tally(report.findings)
+    if silenced:
+        parts.append(silenced)
     line = " · ".join(parts)
     if report.gaps:
         line += f" · INCOMPLETE: {gap_text(report.gaps)}"

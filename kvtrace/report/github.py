@@ -1,0 +1,61 @@
+"""GitHub Actions workflow commands: one `::error file=...,line=...::message` line per finding,
+which GitHub shows as an annotation on the pull request's diff.
+
+Paths are made relative to the working directory (the repository root in a workflow), since the
+runner resolves `file=` from there. Findings silenced in the code are left out; findings in the
+baseline become `notice` annotations, so they are visible but not alarming.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from kvtrace.model import Finding, Report
+
+LEVEL = {"error": "error", "warning": "warning", "note": "notice"}
+
+
+def cwd_path(report: Report, path: str) -> str:
+    """A report path (relative to the scanned target) as seen from the working directory."""
+    target = Path(report.target)
+    if not target.exists():
+        return path  # a remote target: its paths are all there is
+    base = target.parent if target.is_file() else target
+    return Path(os.path.relpath(base / path)).as_posix()
+
+
+def _data(text: str) -> str:
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
+def _property(text: str) -> str:
+    return _data(text).replace(":", "%3A").replace(",", "%2C")
+
+
+def annotation(report: Report, finding: Finding) -> str:
+    level = "notice" if finding.baseline == "unchanged" else LEVEL.get(finding.severity, "warning")
+    where = " / ".join(part for part in (finding.backend, finding.state) if part)
+    title = f"kvtrace {finding.rule}" + (f" ({where})" if where else "")
+    if finding.baseline == "unchanged":
+        title += " [in baseline]"
+    props = f"file={_property(cwd_path(report, finding.path))},line={finding.line},title={_property(title)}"
+    return f"::{level} {props}::{_data(finding.message)}"
+
+
+def render(reports: list[Report]) -> str:
+    lines: list[str] = []
+    for report in reports:
+        shown = [f for f in report.findings if not f.suppressed]
+        lines += [annotation(report, f) for f in shown]
+        for problem in report.problems:
+            lines.append(f"::warning title=kvtrace incomplete scan::{_data(f'{report.target}: {problem}')}")
+        for f in report.files:
+            if f.status != "ok":
+                lines.append(f"::warning file={_property(cwd_path(report, f.path))},title=kvtrace could not analyse"
+                             f"::{_data(f'{f.status}: {f.error}')}")
+        silenced = len(report.findings) - len(shown)
+        baselined = sum(f.baseline == "unchanged" for f in shown)
+        lines.append(f"kvtrace {report.target}: {len(shown)} finding(s)"
+                     f" ({baselined} in baseline), {silenced} suppressed in the code")
+    return "\n".join(lines) + "\n"

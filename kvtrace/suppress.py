@@ -1,0 +1,152 @@
+"""In-code suppressions: `# kvtrace: ignore[pinned-state]` (rule ids or codes, comma-separated;
+a bare `# kvtrace: ignore` silences every rule).
+
+A comment silences a finding when it sits on the finding's line or on the `def` line of the
+function that line is in (for a pinned state: the sender's `poll()`). Silenced findings stay in
+the report, marked and counted, and never fail the scan. A comment that silences nothing is
+reported itself (`unused-suppression`, as ruff's RUF100 does), so stale ones do not pile up.
+"""
+
+from __future__ import annotations
+
+import ast
+import io
+import re
+import tokenize
+from dataclasses import dataclass, field
+
+from kvtrace.model import Finding
+from kvtrace.parse import ParsedModule
+
+COMMENT = re.compile(r"#\s*kvtrace:\s*ignore\b(?:\[(?P<codes>[^\]]*)\])?", re.IGNORECASE)
+ALL = "*"
+
+
+@dataclass
+class Suppression:
+    path: str
+    line: int
+    codes: tuple[str, ...]  # rule ids or codes as written; ("*",) for a bare ignore
+    used: set[str] = field(default_factory=set)
+
+
+def comments(module: ParsedModule) -> list[Suppression]:
+    """The suppression comments of one file, from real comment tokens (never from strings)."""
+    found: list[Suppression] = []
+    text = module.source.text or ""
+    if "kvtrace" not in text:
+        return found
+    try:
+        tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
+    except (tokenize.TokenError, SyntaxError):
+        return found  # the file parsed with ast, so this is an odd edge; no comments then
+    for token in tokens:
+        if token.type != tokenize.COMMENT:
+            continue
+        match = COMMENT.search(token.string)
+        if match:
+            codes = match.group("codes")
+            names = tuple(c.strip() for c in codes.split(",") if c.strip()) if codes is not None else (ALL,)
+            found.append(Suppression(module.source.path, token.start[0], names))
+    return found
+
+
+def enclosing_function(module: ParsedModule, line: int) -> tuple[str, range] | None:
+    """(qualified name, lines of its `def` header) of the innermost function containing `line`.
+
+    A function spans its decorators to its last line, so a finding on a decorator or on the
+    `def` itself belongs to it; the header runs from `def` to the line before its body, so a
+    comment at the end of a signature split over several lines counts.
+    """
+    best: tuple[str, range, int] | None = None  # (qualname, header lines, depth)
+
+    def visit(node: ast.AST, prefix: str, depth: int) -> None:
+        nonlocal best
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                start = min([child.lineno, *(d.lineno for d in child.decorator_list)])
+                end = child.end_lineno or child.lineno
+                name = f"{prefix}{child.name}"
+                if start <= line <= end:
+                    if not isinstance(child, ast.ClassDef) and (best is None or depth >= best[2]):
+                        header_end = max(child.lineno, child.body[0].lineno - 1)
+                        best = (name, range(child.lineno, header_end + 1), depth)
+                    visit(child, name + ".", depth + 1)
+            else:
+                visit(child, prefix, depth)
+
+    visit(module.tree, "", 0)
+    return (best[0], best[1]) if best else None
+
+
+def _names(finding: Finding, codes: dict[str, str]) -> set[str]:
+    names = {finding.rule}
+    if finding.rule in codes:
+        names.add(codes[finding.rule])
+    return {n.lower() for n in names}
+
+
+def apply(findings: list[Finding], modules: dict[str, ParsedModule], codes: dict[str, str],
+          ) -> list[Suppression]:
+    """Fill each finding's `function` and `suppressed`; return every suppression comment found
+    (with `used` filled) so the caller can report the unused ones."""
+    by_line: dict[tuple[str, int], list[Suppression]] = {}
+    every: list[Suppression] = []
+    for path in sorted(modules):
+        for s in comments(modules[path]):
+            by_line.setdefault((s.path, s.line), []).append(s)
+            every.append(s)
+    for finding in findings:
+        module = modules.get(finding.path)
+        if module is None:
+            continue
+        enclosing = enclosing_function(module, finding.line)
+        if enclosing is not None and finding.function is None:
+            finding.function = enclosing[0]
+        lines = {finding.line, *(enclosing[1] if enclosing else ())}
+        names = _names(finding, codes)
+        for line in sorted(lines):
+            for s in by_line.get((finding.path, line), []):
+                hit = [c for c in s.codes if c == ALL or c.lower() in names]
+                if hit:
+                    s.used.update(hit)
+                    if finding.suppressed is None:
+                        finding.suppressed = f"{s.path}:{s.line}"
+    return every
+
+
+def unused(suppressions: list[Suppression], known: set[str]) -> list[tuple[Suppression, str, str]]:
+    """(comment, code, why) for each code of a comment that silenced nothing."""
+    known_lower = {k.lower() for k in known}
+    out = []
+    for s in suppressions:
+        for code in s.codes:
+            if code in s.used:
+                continue
+            if code == ALL:
+                why = "`# kvtrace: ignore` silences no finding on this line"
+            elif code.lower() not in known_lower:
+                why = f"`{code}` is not a kvtrace rule"
+            else:
+                why = f"`{code}` silences no finding on this line"
+            out.append((s, code, why))
+    return out
+
+
+def silence(findings: list[Finding], modules: dict[str, ParsedModule], report_unused: bool = True) -> list[Finding]:
+    """The findings with `function` and `suppressed` filled, plus one `unused-suppression`
+    finding per stale comment code (when that rule is selected)."""
+    from kvtrace.rules import ALL_RULES
+    from kvtrace.rules.unused_suppression import UnusedSuppression
+
+    codes = {r.id: code for r in ALL_RULES if (code := getattr(r, "code", None))}
+    found = apply(findings, modules, codes)
+    if not report_unused:
+        return findings
+    known = {r.id for r in ALL_RULES} | set(codes.values())
+    rule = UnusedSuppression()
+    extra = [rule.report_unused(s.path, s.line, why) for s, _, why in unused(found, known)]
+    for finding in extra:
+        enclosing = enclosing_function(modules[finding.path], finding.line)
+        finding.function = enclosing[0] if enclosing else None
+    return findings + extra

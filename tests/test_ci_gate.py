@@ -1,0 +1,221 @@
+"""What CI needs to adopt kvtrace: baselines, in-code suppressions, [tool.kvtrace] and the
+`github` annotation format, run as a workflow would (real processes, exit codes)."""
+
+from __future__ import annotations
+
+import ast
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from kvtrace.report.schema import JSON_SCHEMA
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+SARIF_SCHEMA = json.loads((Path(__file__).parent / "data" / "sarif-schema-2.1.0.json").read_text())
+MOONCAKE = "disaggregation/mooncake/conn.py"
+NIXL = "disaggregation/nixl/conn.py"
+ABORT_CHECK = "        if self.conclude_state is not None:\n            return self.conclude_state\n"
+
+
+def kvtrace(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kvtrace", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.fixture
+def tree(tmp_path: Path) -> Path:
+    """A copy of the nixl-pin example: nixl pins two states, mooncake is sound."""
+    root = tmp_path / "tree"
+    shutil.copytree(EXAMPLES / "nixl-pin", root)
+    return root
+
+
+def findings(result: subprocess.CompletedProcess[str]) -> list[dict]:
+    data = json.loads(result.stdout)
+    jsonschema.validate(data, JSON_SCHEMA)
+    return data["reports"][0]["findings"]
+
+
+def insert_above_every_function(path: Path) -> int:
+    """Add two lines above each def (above its decorators) and at the top; return the count."""
+    lines = path.read_text().splitlines(keepends=True)
+    tree = ast.parse("".join(lines))
+    starts = sorted({min([n.lineno, *(d.lineno for d in n.decorator_list)])
+                     for n in ast.walk(tree) if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))}, reverse=True)
+    for start in starts:
+        indent = lines[start - 1][: len(lines[start - 1]) - len(lines[start - 1].lstrip())]
+        lines[start - 1:start - 1] = [f"{indent}# moved down\n", f"{indent}_ = None  # moved down\n"]
+    lines[0:0] = ["# a new header line\n"]
+    path.write_text("".join(lines))
+    return len(starts)
+
+
+# --- baseline -----------------------------------------------------------------------------------
+
+def test_baseline_survives_moved_lines_and_catches_a_new_pinned_state(tree: Path, tmp_path: Path) -> None:
+    base = tmp_path / "base.json"
+    first = kvtrace("scan", str(tree), "--write-baseline", str(base), "-f", "json")
+    assert first.returncode == 1, first.stderr
+    before = findings(first)
+    assert {(f["backend"], f["state"]) for f in before} == {("nixl", "WaitingForInput"), ("nixl", "Transferring")}
+    assert all(f["fingerprint"] == f"pinned-state|nixl|{f['state']}|NixlKVSender.poll" for f in before)
+
+    moved = sum(insert_above_every_function(p) for p in tree.rglob("*.py"))
+    assert moved > 20
+    second = kvtrace("scan", str(tree), "--baseline", str(base), "-f", "json")
+    after = findings(second)
+    assert second.returncode == 0, second.stdout
+    assert [f["line"] for f in after] != [f["line"] for f in before]  # the lines did move...
+    assert sorted(f["fingerprint"] for f in after) == sorted(f["fingerprint"] for f in before)  # ...the prints not
+    assert {f["baseline"] for f in after} == {"unchanged"}
+
+    # mooncake's poll() stops reading its abort state: its non-terminal states are newly pinned.
+    conn = tree / MOONCAKE
+    conn.write_text(conn.read_text().replace(ABORT_CHECK, "", 1))
+    third = kvtrace("scan", str(tree), "--baseline", str(base), "-f", "json")
+    assert third.returncode == 1
+    status = {(f["backend"], f["state"]): f["baseline"] for f in findings(third)}
+    assert status[("nixl", "WaitingForInput")] == status[("nixl", "Transferring")] == "unchanged"
+    new = {key for key, value in status.items() if value == "new"}
+    assert new and all(backend == "mooncake" for backend, _ in new)
+    assert ("mooncake", "WaitingForInput") in new
+
+
+def test_sarif_is_a_baseline_too(tree: Path, tmp_path: Path) -> None:
+    sarif = tmp_path / "base.sarif"
+    assert kvtrace("scan", str(tree), "-f", "sarif", "-o", str(sarif)).returncode == 1
+    result = kvtrace("scan", str(tree), "--baseline", str(sarif), "-f", "sarif")
+    assert result.returncode == 0, result.stderr
+    log = json.loads(result.stdout)
+    jsonschema.validate(log, SARIF_SCHEMA)
+    assert {r["baselineState"] for r in log["runs"][0]["results"]} == {"unchanged"}
+
+
+def test_bad_baseline_is_one_line(tree: Path, tmp_path: Path) -> None:
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"something": "else"}')
+    for path, fragment in ((bad, "not a kvtrace JSON report or SARIF log"), (tmp_path / "missing.json", "baseline")):
+        result = kvtrace("scan", str(tree), "--baseline", str(path))
+        assert result.returncode == 2 and "Traceback" not in result.stderr
+        assert result.stderr.startswith("kvtrace: error: baseline") and fragment in result.stderr
+
+
+# --- suppressions --------------------------------------------------------------------------------
+
+def test_suppression_on_def_line_counted_and_unused_one_reported(tree: Path) -> None:
+    conn = tree / NIXL
+    text = conn.read_text()
+    text = text.replace("    def poll(self) -> KVPoll:", "    def poll(self) -> KVPoll:  # kvtrace: ignore[pinned-state]", 1)
+    conn.write_text(text)
+    mooncake = tree / MOONCAKE
+    mooncake.write_text(mooncake.read_text().replace(
+        "    def poll(self) -> KVPoll:", "    def poll(self) -> KVPoll:  # kvtrace: ignore[pinned-state]", 1))
+    result = kvtrace("scan", str(tree), "-f", "json")
+    found = findings(result)
+    pinned = [f for f in found if f["rule"] == "pinned-state"]
+    line = next(i for i, l in enumerate(text.splitlines(), 1) if "kvtrace: ignore" in l)
+    assert len(pinned) == 2 and all(f["suppressed"] == f"{NIXL}:{line}" for f in pinned)
+    unused = [f for f in found if f["rule"] == "unused-suppression"]
+    assert len(unused) == 1 and unused[0]["path"] == MOONCAKE and unused[0]["severity"] == "warning"
+    assert result.returncode == 1  # the stale comment is itself a finding...
+    assert kvtrace("scan", str(tree), "--fail-on", "error").returncode == 0  # ...but pinned-state no longer fails
+
+    text_report = kvtrace("scan", str(tree), "--no-map").stdout
+    assert "2 suppressed" in text_report
+    sarif = json.loads(kvtrace("scan", str(tree), "-f", "sarif").stdout)
+    jsonschema.validate(sarif, SARIF_SCHEMA)
+    suppressed = [r for r in sarif["runs"][0]["results"] if r.get("suppressions")]
+    assert len(suppressed) == 2
+    assert suppressed[0]["suppressions"][0]["location"]["physicalLocation"]["region"]["startLine"] == line
+
+
+def test_suppression_by_reported_line_code_and_not_in_strings(tree: Path) -> None:
+    """A finding's own line, a multi-name comment, and the text inside a string never counts."""
+    conn = tree / NIXL
+    text = conn.read_text().replace(
+        "    def poll(self) -> KVPoll:",
+        '    NOTE = "# kvtrace: ignore[pinned-state]"\n\n'
+        "    def poll(self) -> KVPoll:  # kvtrace: ignore[dropped-state, pinned-state]", 1)
+    conn.write_text(text)
+    found = findings(kvtrace("scan", str(tree), "-f", "json"))
+    assert all(f.get("suppressed") for f in found if f["rule"] == "pinned-state")
+    unused = [f for f in found if f["rule"] == "unused-suppression"]
+    assert [u["message"] for u in unused] == ["unused suppression: `dropped-state` silences no finding on this line"]
+
+
+# --- configuration ------------------------------------------------------------------------------
+
+def pyproject(folder: Path, body: str) -> Path:
+    path = folder / "pyproject.toml"
+    path.write_text(f"[project]\nname = 'x'\n\n[tool.kvtrace]\n{body}\n")
+    return path
+
+
+def test_config_in_tree_then_cwd_and_command_line_wins(tree: Path, tmp_path: Path) -> None:
+    cwd = tmp_path / "elsewhere"
+    cwd.mkdir()
+    pyproject(cwd, 'ignore-backends = ["nixl"]')
+    # The working directory's file applies when the tree has none.
+    assert findings(kvtrace("scan", str(tree), "-f", "json", cwd=cwd)) == []
+    # The tree's own file wins over the working directory's.
+    pyproject(tree, 'ignore = ["dropped-state"]\nfail-on = "never"')
+    result = kvtrace("scan", str(tree), "-f", "json", cwd=cwd)
+    assert {f["backend"] for f in findings(result)} == {"nixl"} and result.returncode == 0
+    # The command line wins over the file, option by option.
+    result = kvtrace("scan", str(tree), "-f", "json", "--fail-on", "error", "--ignore-backend", "mooncake", cwd=cwd)
+    assert {f["backend"] for f in findings(result)} == {"nixl"} and result.returncode == 1
+    result = kvtrace("scan", str(tree), "-f", "json", "--ignore-backend", "nixl,mooncake", cwd=cwd)
+    assert findings(result) == [] and result.returncode == 0
+    result = kvtrace("scan", str(tree), "-f", "json", "--select", "dropped-state", cwd=cwd)
+    assert findings(result) == []
+    backends = json.loads(kvtrace("scan", str(tree), "-f", "json", "--ignore-backend", "nixl", cwd=cwd).stdout)
+    assert [b["name"] for b in backends["reports"][0]["backends"]] == ["mooncake"]
+
+
+def test_config_baseline_path_is_relative_to_the_file(tree: Path, tmp_path: Path) -> None:
+    assert kvtrace("scan", str(tree), "--write-baseline", str(tree / "kvtrace-baseline.json")).returncode == 1
+    pyproject(tree, 'baseline = "kvtrace-baseline.json"')
+    assert kvtrace("scan", str(tree), cwd=tmp_path).returncode == 0
+
+
+@pytest.mark.parametrize(("body", "fragment"), [
+    ('selcet = ["pinned-state"]', "unknown key 'selcet'"),
+    ('select = "pinned-state"', "select must be a list of strings"),
+    ('ignore = ["pined-state"]', "unknown rule 'pined-state'"),
+    ('fail-on = "sometimes"', "fail-on must be one of"),
+    ("select = [", "not valid TOML"),
+])
+def test_bad_config_is_one_line_with_file_and_key(tree: Path, body: str, fragment: str) -> None:
+    path = pyproject(tree, body)
+    result = kvtrace("scan", str(tree))
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and str(path) in lines[0] and fragment in lines[0], lines
+
+
+def test_unknown_rule_on_the_command_line(tree: Path) -> None:
+    result = kvtrace("scan", str(tree), "--select", "nope")
+    assert result.returncode == 2 and "command line" in result.stderr and "'nope'" in result.stderr
+
+
+# --- github annotations -------------------------------------------------------------------------
+
+def test_github_annotations_relative_to_cwd(tree: Path, tmp_path: Path) -> None:
+    result = kvtrace("scan", "tree", "-f", "github", cwd=tmp_path)
+    assert result.returncode == 1
+    lines = result.stdout.splitlines()
+    errors = [l for l in lines if l.startswith("::error ")]
+    assert len(errors) == 2
+    for line in errors:
+        props, message = line[len("::error "):].split("::", 1)
+        fields = dict(p.split("=", 1) for p in props.split(","))
+        assert (tmp_path / fields["file"]).is_file() and fields["file"] == f"tree/{NIXL}"
+        assert "def poll" in (tmp_path / fields["file"]).read_text().splitlines()[int(fields["line"]) - 1]
+        assert "%0A" not in message and "can pin" in message
+    assert lines[-1].startswith("kvtrace tree: 2 finding(s)")
