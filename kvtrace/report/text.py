@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from rich import box
 from rich.console import Console, Group
 from rich.padding import Padding
 from rich.syntax import Syntax
@@ -18,8 +17,8 @@ from rich.table import Table
 from rich.text import Text
 
 from kvtrace import __version__
-from kvtrace.baseline import counts_against, mark
-from kvtrace.model import Backend, Evidence, Finding, Gap, Report, SourceFile
+from kvtrace.baseline import counts_against
+from kvtrace.model import Backend, Evidence, Gap, Report, SourceFile
 from kvtrace.report.verdicts import (
     NOT_CHECKED,
     NOT_RETURNED,
