@@ -1,10 +1,11 @@
 #!/bin/sh
-# Install the OpenSSH server that tests/test_ssh.py starts privately on 127.0.0.1.
-# Idempotent (does nothing when /usr/sbin/sshd exists) and quiet (apt output is shown only
-# when something fails). Never starts the system service.
+# Install the OpenSSH server that tests/test_ssh.py starts privately on 127.0.0.1, and the
+# csh, tcsh and fish login shells the injection tests give their throwaway users.
+# Idempotent (does nothing when all are there) and quiet (apt output is shown only when
+# something fails). Never starts the system service.
 set -eu
 
-if [ -x /usr/sbin/sshd ]; then
+if [ -x /usr/sbin/sshd ] && [ -x /usr/bin/tcsh ] && [ -x /usr/bin/csh ] && [ -x /usr/bin/fish ]; then
     exit 0
 fi
 
@@ -28,7 +29,7 @@ trap 'rm -f "$log"' EXIT
 export DEBIAN_FRONTEND=noninteractive
 if ! $SUDO apt-get update -qq >"$log" 2>&1 ||
    ! $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
-        openssh-server >>"$log" 2>&1; then
+        openssh-server tcsh csh fish >>"$log" 2>&1; then
     cat "$log" >&2
     echo "install-sshd: apt-get failed (output above)" >&2
     exit 1

@@ -172,6 +172,8 @@ def scan(
         help="Seconds to wait for the SSH connection.")] = 10.0,
     read_timeout: Annotated[float, typer.Option("--read-timeout", metavar="SECONDS", min=0.1, max=86400,
         help="Seconds to wait for remote data.")] = 60.0,
+    timeout: Annotated[float, typer.Option("--timeout", metavar="SECONDS", min=0.1, max=86400,
+        help="Seconds for a whole remote fetch (connect, authenticate, transfer), however the server paces it.")] = 300.0,
     max_file_bytes: Annotated[int, typer.Option("--max-file-bytes", metavar="BYTES", min=1,
         help="Skip (and report) larger files.")] = FetchLimits.max_file_bytes,
     max_files: Annotated[int, typer.Option("--max-files", metavar="N", min=1,
@@ -219,7 +221,8 @@ def scan(
         raise _fail(str(exc))
     limits = FetchLimits(max_file_bytes=max_file_bytes, max_files=max_files, max_total_bytes=max_total_bytes)
     ssh = dict(identity_files=list(identity or []), ssh_config=ssh_config, known_hosts=known_hosts,
-               accept_new_host_key=accept_new_host_key, connect_timeout=connect_timeout, read_timeout=read_timeout)
+               accept_new_host_key=accept_new_host_key, connect_timeout=connect_timeout, read_timeout=read_timeout,
+               timeout=timeout)
     outcome = ScanOutcome()
     for job in jobs:
         _scan_one(job, limits, ssh, scan_all, outcome)

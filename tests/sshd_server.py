@@ -222,3 +222,61 @@ class SshdServer:
             return self.log_path.read_text(errors="replace")
         except FileNotFoundError:
             return ""
+
+
+# -- throwaway logins -----------------------------------------------------------------------
+
+# useradd/userdel take /etc/passwd's lock and FAIL ("cannot lock /etc/passwd") when another one
+# holds it, so parallel test runs creating users collided. All of ours are serialised on one
+# flock, which the kernel releases even if the holder dies.
+_USERS_LOCK = "/run/lock/kvtrace-test-users.lock" if os.path.isdir("/run/lock") else "/tmp/kvtrace-test-users.lock"
+
+
+def can_create_users() -> str | None:
+    """Why throwaway logins cannot be made here, or None when they can."""
+    if os.geteuid() != 0:
+        return "needs root to create throwaway logins (root itself ignores file modes)"
+    if not shutil.which("useradd") or not shutil.which("userdel"):
+        return "needs useradd and userdel"
+    return None
+
+
+def _locked_run(cmd: list[str]) -> subprocess.CompletedProcess[bytes]:
+    import fcntl
+
+    with open(_USERS_LOCK, "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        return subprocess.run(cmd, capture_output=True)
+
+
+class ThrowawayUser:
+    """A non-root login with the given shell and its own home, removed on exit."""
+
+    def __init__(self, shell: str = "/bin/sh") -> None:
+        import uuid
+
+        self.name = f"kvt{uuid.uuid4().hex[:10]}"
+        self.shell = shell
+        self.home = Path(tempfile.mkdtemp(prefix="kvtrace-home-"))
+
+    def __enter__(self) -> ThrowawayUser:
+        os.chmod(self.home, 0o755)
+        # '*' (not the default '!') so sshd does not treat the account as locked.
+        done = _locked_run(["useradd", "-M", "-N", "-d", str(self.home), "-s", self.shell, "-p", "*", self.name])
+        if done.returncode != 0:
+            shutil.rmtree(self.home, ignore_errors=True)
+            raise RuntimeError(f"useradd {self.name} failed: {done.stderr.decode(errors='replace').strip()}")
+        os.chown(self.home, pwd_uid(self.name), -1)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        # -f: a session process of this user may still be exiting after its sshd stopped;
+        # userdel would refuse (exit 8) and leave the account behind.
+        _locked_run(["userdel", "-f", self.name])
+        shutil.rmtree(self.home, ignore_errors=True)
+
+
+def pwd_uid(name: str) -> int:
+    import pwd
+
+    return pwd.getpwnam(name).pw_uid
