@@ -382,6 +382,64 @@ def setup_logging(verbose: bool, quiet: bool) -> None:
 
 
 # ---------------------------------------------------------------------------------------------
+# kvtrace diff
+
+class DiffFormat(str, Enum):
+    text = "text"
+    json = "json"
+
+
+@app.command()
+def diff(
+    base: Annotated[str, typer.Argument(metavar="BASE", help="A folder, or a git revision of the checkout.")],
+    head: Annotated[str, typer.Argument(metavar="HEAD", help="A folder, or a git revision of the checkout.")],
+    path: Annotated[Optional[str], typer.Option("--path", metavar="SUBDIR",
+        help="Scan this folder inside each tree or revision (e.g. python/sglang).")] = None,
+    repo: Annotated[Path, typer.Option("--repo", metavar="PATH", help="The git checkout revisions are read from.")] = Path("."),
+    output_format: Annotated[DiffFormat, typer.Option("--format", "-f", help="Output format.")] = DiffFormat.text,
+    rules: Annotated[Optional[str], typer.Option("--rules", help="Rules pack: a bundled name or a TOML file.")] = None,
+    select: Annotated[Optional[list[str]], typer.Option("--select", metavar="RULE", help="Only these rules.")] = None,
+    ignore: Annotated[Optional[list[str]], typer.Option("--ignore", metavar="RULE", help="Leave out these rules.")] = None,
+    ignore_backend: Annotated[Optional[list[str]], typer.Option("--ignore-backend", metavar="BACKEND",
+        help="Leave out these backends.")] = None,
+) -> None:
+    """Compare two trees or two git revisions: added, fixed and unchanged findings, and the
+    release-map rows whose states moved. Exit 1 only when findings were added.
+
+    Examples: `kvtrace diff origin/main HEAD --path python/sglang`, `kvtrace diff old/ new/`.
+    """
+    from kvtrace import diff as diffs
+    from kvtrace.config import Overrides
+    from kvtrace.fetch.local import fetch_local
+    from kvtrace.packs import load_pack
+    from kvtrace.scan import scan_fetched
+
+    overrides = Overrides(select=_names(select), ignore=_names(ignore), ignore_backends=_names(ignore_backend),
+                          pack=rules)
+    try:
+        with diffs.Checkout(repo, path) as checkout:
+            trees = {"base": checkout.tree(base), "head": checkout.tree(head)}
+            settings = _settings(str(trees["head"]) if Path(head).is_dir() else ".", overrides)
+            pack = load_pack(settings.pack)
+            reports = {}
+            for side, tree in trees.items():
+                fetched = fetch_local(tree)
+                fetched.target = {"base": base, "head": head}[side] + (f":{path}" if path and not Path(
+                    {"base": base, "head": head}[side]).is_dir() else "")
+                reports[side] = scan_fetched(fetched, pack, settings)
+    except KvtraceError as exc:
+        raise _fail(str(exc))
+    result = diffs.compare(reports["base"], reports["head"])
+    render = diffs.render_text if output_format is DiffFormat.text else diffs.to_json
+    sys.stdout.write(render(result, base, head))
+    incomplete = any(f.status != "ok" for r in reports.values() for f in r.files) or \
+        any(r.problems for r in reports.values())
+    if incomplete:
+        typer.echo("kvtrace: the scan of BASE or HEAD is incomplete (see the report)", err=True)
+    raise typer.Exit(EXIT_FINDINGS if result.added else EXIT_INCOMPLETE if incomplete else EXIT_CLEAN)
+
+
+# ---------------------------------------------------------------------------------------------
 # kvtrace rules / explain / schema
 
 @app.command("rules")

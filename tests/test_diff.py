@@ -1,0 +1,139 @@
+"""`kvtrace diff`: two released SGLang trees from PyPI, and two git revisions of a checkout.
+
+The expected differences between releases were read from the code of each release (quoted
+next to each expectation); kvtrace's own scan of either tree is not the reference.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.sglang_wheels import sglang_tree
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+GIT = ["git", "-c", "user.name=kvtrace tests", "-c", "user.email=tests@kvtrace.invalid",
+       "-c", "commit.gpgsign=false", "-c", "init.defaultBranch=main"]
+
+
+def kvtrace(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kvtrace", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+
+
+def keys(items: list[dict]) -> set[tuple[str, str | None, str | None]]:
+    return {(f["rule"], f["backend"], f["state"]) for f in items}
+
+
+def test_diff_of_two_sglang_releases() -> None:
+    result = kvtrace("diff", str(sglang_tree("0.4.6.post5")), str(sglang_tree("0.5.2")), "-f", "json")
+    assert result.returncode == 1, result.stderr  # findings were added
+    data = json.loads(result.stdout)
+    assert keys(data["added"]) == {
+        # 0.5.2 NixlKVSender.poll(): `if not self.has_sent: return self.kv_mgr.check_status(...)`
+        # (0.4.6.post5 returned the literal KVPoll.WaitingForInput there), so it can now return
+        # any state, and it still reads no abort state and checks no timeout.
+        ("pinned-state", "nixl", "Transferring"),
+        # ...and Bootstrapping, which the 0.5.2 drain loop now keeps (`if req.rid not in
+        # rids_to_check: undone_reqs.append(req); continue`) or asserts on, where 0.4.6.post5's
+        # if/elif chain had no branch for it and dropped the request.
+        ("pinned-state", "nixl", "Bootstrapping"),
+    }
+    assert keys(data["fixed"]) == {
+        # 0.4.6.post5 MooncakeKVSender.poll() was `return self.kv_mgr.check_status(...)`; 0.5.2
+        # returns self.conclude_state first and times out Bootstrapping.
+        ("pinned-state", "mooncake", "WaitingForInput"),
+        ("pinned-state", "mooncake", "Transferring"),
+        # 0.5.2 ends the chain with `else: assert False, f"Unexpected polling state {poll=}"`.
+        ("dropped-state", None, "Bootstrapping"),
+    }
+    assert keys(data["unchanged"]) == {
+        # FakeKVSender.poll(): `if self.has_sent is False: return KVPoll.WaitingForInput` in both.
+        ("pinned-state", "fake", "WaitingForInput"),
+        # NixlKVSender.poll() ends `return KVPoll.WaitingForInput` in both, no abort state read.
+        ("pinned-state", "nixl", "WaitingForInput"),
+    }
+    # The lines moved (the nixl poll() is at 450 in 0.4.6.post5, 598 in 0.5.2): matched anyway.
+    assert {f["line"] for f in data["unchanged"] if f["backend"] == "nixl"} == {598}
+    assert data["fates"]["Bootstrapping"] == {"base": ["dropped"], "head": ["kept", "raises"]}
+
+
+def test_diff_of_releases_that_fix_everything_exits_0() -> None:
+    result = kvtrace("diff", str(sglang_tree("0.5.2")), str(sglang_tree("0.5.23")))
+    assert result.returncode == 0, result.stdout + result.stderr
+    # 0.5.23: FakeKVSender.poll() returns self.conclude_state first and times out waiting;
+    # NixlKVSender is `pass` over CommonKVSender, whose poll() returns self.conclude_state first.
+    assert "fixed (4)" in result.stdout and "added (0)" in result.stdout
+    assert "0 added, 4 fixed, 0 unchanged" in result.stdout
+
+
+@pytest.fixture
+def repo(tmp_path: Path) -> Path:
+    """A git checkout with two commits: the nixl-pin tree, then a change that widens the keep
+    branch to Bootstrapping and makes mooncake's poll() ignore its abort state."""
+    root = tmp_path / "fork"
+    shutil.copytree(EXAMPLES / "nixl-pin", root / "python" / "sglang" / "srt")
+
+    def git(*args: str) -> None:
+        subprocess.run([*GIT, *args], cwd=root, check=True, capture_output=True)
+
+    git("init", "-q")
+    git("add", "-A")
+    git("commit", "-qm", "base")
+    srt = root / "python" / "sglang" / "srt" / "disaggregation"
+    prefill = srt / "prefill.py"
+    old = "if poll in [KVPoll.WaitingForInput, KVPoll.Transferring]:"
+    assert old in prefill.read_text()
+    prefill.write_text(prefill.read_text().replace(
+        old, "if poll in [KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring]:"))
+    conn = srt / "mooncake" / "conn.py"
+    conn.write_text(conn.read_text().replace(
+        "        if self.conclude_state is not None:\n            return self.conclude_state\n", "", 1))
+    (srt / "README").write_text("moved lines below\n")
+    git("add", "-A")
+    git("commit", "-qm", "head")
+    return root
+
+
+def test_diff_of_two_git_revisions(repo: Path) -> None:
+    before = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True).stdout
+    result = kvtrace("diff", "HEAD~1", "HEAD", "--path", "python/sglang", "-f", "json", cwd=repo)
+    assert result.returncode == 1, result.stderr
+    data = json.loads(result.stdout)
+    added = keys(data["added"])
+    assert ("pinned-state", "mooncake", "WaitingForInput") in added
+    assert ("pinned-state", "nixl", "Bootstrapping") in added  # Bootstrapping is now kept, not left
+    assert all(backend in ("mooncake", "nixl") for _, backend, _ in added)
+    assert keys(data["unchanged"]) == {("pinned-state", "nixl", "WaitingForInput"),
+                                       ("pinned-state", "nixl", "Transferring")}
+    moved = {(s["kind"], tuple(s["base"]), tuple(s["head"])) for s in data["sites"]
+             if s["base"] is not None and s["head"] is not None}
+    assert ("keep", ("WaitingForInput", "Transferring"), ("Bootstrapping", "WaitingForInput", "Transferring")) in moved
+    # Bootstrapping used to fall through to the else branch that aborts and finishes it.
+    assert ("abort", ("Failed", "Bootstrapping"), ("Failed",)) in moved
+    # The edited condition is another statement: one row gone, one row new.
+    checks = [(s["base"], s["head"]) for s in data["sites"] if s["kind"] == "check"
+              and (s["base"] is None or s["head"] is None)]
+    assert sorted(checks, key=str) == [(None, ["Bootstrapping", "WaitingForInput", "Transferring"]),
+                                       (["WaitingForInput", "Transferring"], None)]
+    # The checkout was read through git archive, never touched.
+    assert subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True).stdout == before
+
+    # The other way round only fixes: exit 0.
+    reverse = kvtrace("diff", "HEAD", "HEAD~1", "--path", "python/sglang", cwd=repo)
+    assert reverse.returncode == 0, reverse.stdout + reverse.stderr
+    assert "\nadded (0)\n" in reverse.stdout
+
+
+def test_diff_bad_revision_is_one_line(repo: Path, tmp_path: Path) -> None:
+    result = kvtrace("diff", "no-such-rev", "HEAD", cwd=repo)
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert result.stderr.strip() == "kvtrace: error: no-such-rev: not a revision of the git repository at ."
+    outside = kvtrace("diff", "HEAD~1", "HEAD", cwd=tmp_path)
+    assert outside.returncode == 2 and "is not a git checkout" in outside.stderr
