@@ -432,8 +432,7 @@ def diff(
     result = diffs.compare(reports["base"], reports["head"])
     render = diffs.render_text if output_format is DiffFormat.text else diffs.to_json
     sys.stdout.write(render(result, base, head))
-    incomplete = any(f.status != "ok" for r in reports.values() for f in r.files) or \
-        any(r.problems for r in reports.values())
+    incomplete = any(r.incomplete for r in reports.values())
     if incomplete:
         typer.echo("kvtrace: the scan of BASE or HEAD is incomplete (see the report)", err=True)
     raise typer.Exit(EXIT_FINDINGS if result.added else EXIT_INCOMPLETE if incomplete else EXIT_CLEAN)
