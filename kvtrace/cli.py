@@ -10,12 +10,10 @@ import json
 import logging
 import os
 import sys
-import time
 import traceback
-from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Any, Optional
+from typing import Annotated, Optional
 
 import typer
 
@@ -126,27 +124,10 @@ Examples:
 """
 
 
-@dataclass
-class ScanJob:
-    """One TARGET with its settings ([tool.kvtrace] under the command line), pack and baseline."""
-
-    target: str
-    settings: Any
-    pack: Any = None
-    baseline: Any = None
-
-
-@dataclass
-class ScanOutcome:
-    reports: list[Report] = field(default_factory=list)
-    thresholds: list[int] = field(default_factory=list)  # per report: its fail-on level
-    failed: bool = False  # a target could not be scanned at all (exit 2)
-
-
 @app.command(epilog=SCAN_EPILOG)
 def scan(
-    targets: Annotated[list[str], typer.Argument(
-        metavar="TARGET...",
+    targets: Annotated[Optional[list[str]], typer.Argument(
+        metavar="[TARGET]...",
         help="Local paths (an SGLang checkout, an installed sglang package, or its disaggregation "
              "folder) or remote ones: [user@]host[:port]:path or ssh://[user@]host[:port]/path.")],
     output_format: Annotated[OutputFormat, typer.Option("--format", "-f", help="Report format.")] = OutputFormat.text,
@@ -182,8 +163,6 @@ def scan(
         help="Refuse trees with more bytes of .py.")] = FetchLimits.max_total_bytes,
     verbose: Annotated[bool, typer.Option("--verbose", "-v",
         help="Show fetch steps and timings on stderr (and a traceback on an internal error).")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q",
-        help="Only errors and one INCOMPLETE line on stderr (the report itself is unchanged).")] = False,
     fail_on: Annotated[Optional[FailOn], typer.Option("--fail-on",
         help="Exit 1 only for findings of this severity or worse (never: report, exit 0). Default: note.")] = None,
     select: Annotated[Optional[list[str]], typer.Option("--select", metavar="RULE",
@@ -196,10 +175,25 @@ def scan(
         help="An earlier kvtrace JSON report or SARIF log: its findings are shown as such and do not fail.")] = None,
     write_baseline: Annotated[Optional[Path], typer.Option("--write-baseline", metavar="FILE",
         help="Also write this scan's findings as a JSON baseline.")] = None,
+    no_cache: Annotated[bool, typer.Option("--no-cache",
+        help="Analyse even when this code, pack and tree were scanned before (see `kvtrace cache`).")] = False,
+    hosts: Annotated[Optional[Path], typer.Option("--hosts", metavar="FILE",
+        help="File of targets, one per line (# comments allowed), scanned with the ones given.")] = None,
+    jobs: Annotated[int, typer.Option("--jobs", "-j", metavar="N", min=1, help="Hosts fetched at the same time.")] = 8,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q",
+        help="No progress display and no fleet summary; on stderr only errors and one INCOMPLETE line.")] = False,
+    metrics: Annotated[Optional[str], typer.Option("--metrics", metavar="URL",
+        help="Prometheus page as seen from each host (e.g. http://127.0.0.1:30000/metrics), read through "
+             "the SSH connection; its queue gauges are shown beside the verdict.")] = None,
+    metrics_seconds: Annotated[float, typer.Option("--metrics-seconds", metavar="SECONDS", min=0,
+        help="Sample the page once a second for this long.")] = 3.0,
 ) -> None:
-    """Scan one or more targets and report pinned and dropped poll states, per backend."""
+    """Scan one or more targets (a fleet: --hosts, --jobs) and report pinned and dropped poll
+    states, per backend."""
     from kvtrace import baseline as baselines
+    from kvtrace.cache import Cache
     from kvtrace.config import Overrides
+    from kvtrace.fleet import FleetOptions, Progress, read_hosts_file, render_summary, run_fleet, summarise, worst_exit
     from kvtrace.packs import load_pack
 
     if verbose and quiet:
@@ -209,86 +203,66 @@ def scan(
                           pack=rules, fail_on=fail_on.value if fail_on else None,
                           baseline=str(baseline) if baseline else None)
     try:
-        check_targets(targets)
+        wanted = list(targets or []) + (read_hosts_file(hosts) if hosts is not None else [])
+        if not wanted:
+            raise InputError("no targets: give paths or hosts, or --hosts FILE")
+        check_targets(wanted)
         for path in (output, write_baseline):
             if path is not None:
                 check_output_path(path)
-        jobs = [ScanJob(target, settings) for target in targets for settings in [_settings(target, overrides)]]
-        for job in jobs:
-            job.pack = load_pack(job.settings.pack)
-            job.baseline = baselines.load(Path(job.settings.baseline)) if job.settings.baseline else None
+        settings = {target: _settings(target, overrides) for target in wanted}
+        packs = {target: load_pack(s.pack) for target, s in settings.items()}
+        baseline_prints = {t: baselines.load(Path(s.baseline)) for t, s in settings.items() if s.baseline}
+        if metrics is not None:
+            from kvtrace.metrics import parse_metrics_url
+
+            parse_metrics_url(metrics)
     except KvtraceError as exc:
         raise _fail(str(exc))
     limits = FetchLimits(max_file_bytes=max_file_bytes, max_files=max_files, max_total_bytes=max_total_bytes)
     ssh = dict(identity_files=list(identity or []), ssh_config=ssh_config, known_hosts=known_hosts,
                accept_new_host_key=accept_new_host_key, connect_timeout=connect_timeout, read_timeout=read_timeout,
                timeout=timeout)
-    outcome = ScanOutcome()
-    for job in jobs:
-        _scan_one(job, limits, ssh, scan_all, outcome)
-    if outcome.reports:
+
+    def after_scan(target: str, report: Report) -> None:
+        if target in baseline_prints:
+            compared = baselines.apply(report.findings, baseline_prints[target])
+            log.debug("%s: baseline: %d unchanged, %d new, %d no longer found", target, compared.unchanged,
+                      compared.new, len(compared.gone))
+
+    options = FleetOptions(packs, settings, limits, ssh, jobs, None if no_cache else Cache(), metrics,
+                           metrics_seconds, after_scan=after_scan, scan_all=scan_all)
+    fleet = len(wanted) > 1
+    with Progress(fleet and not quiet and not verbose and sys.stderr.isatty()) as progress:
+        results = run_fleet(wanted, options, log.debug, progress)
+    for r in results:
+        if r.exception is not None:  # a bug in kvtrace: exit 4, the traceback with -v
+            if verbose:
+                traceback.print_exception(type(r.exception), r.exception, r.exception.__traceback__, file=sys.stderr)
+            typer.echo(f"kvtrace: {r.error} (a bug in kvtrace; rerun with -v for the traceback)", err=True)
+        elif r.error is not None:
+            typer.echo(f"kvtrace: error: {r.error}", err=True)
+        else:
+            log.debug("%s: fetched %d files in %.2fs; %s in %.2fs", r.target, len(r.report.files), r.timings["fetch"],
+                      "cached result" if r.cached else "analysed", r.timings["analyse"])
+    reports = [report for r in results for report in r.reports]
+    if reports:
         try:
-            _write(outcome.reports, output_format, output, no_map, sarif_root)
+            _write(reports, output_format, output, no_map, sarif_root)
             if write_baseline is not None:
                 from kvtrace.report.json import render as render_json
 
-                write_baseline.write_text(render_json(outcome.reports), encoding="utf-8")
+                write_baseline.write_text(render_json(reports), encoding="utf-8")
         except OSError as exc:
             raise _fail(f"cannot write the report: {exc.strerror or exc}: {exc.filename or output}")
-    report_gaps(outcome.reports, quiet)
-    raise typer.Exit(exit_code(outcome))
-
-
-def _scan_one(job: ScanJob, limits: FetchLimits, ssh: dict, scan_all: bool, outcome: ScanOutcome) -> None:
-    from kvtrace import baseline as baselines
-    from kvtrace.errors import AmbiguousTarget
-    from kvtrace.fetch import fetch_target
-    from kvtrace.scan import locate_packages, scan_fetched
-
-    target = job.target
-    started = time.perf_counter()
-    try:
-        fetched = fetch_target(target, limits, ssh, log.debug)
-        log.debug("%s: fetched %d files in %.2fs", target, len(fetched.files), time.perf_counter() - started)
-        roots = locate_packages(fetched.files, job.pack, fetched.target)
-        if len(roots) > 1 and not scan_all:
-            raise AmbiguousTarget(fetched.target, roots)
-        for root in roots:
-            analysed = time.perf_counter()
-            report = scan_fetched(fetched, job.pack, job.settings, root=root)
-            if job.baseline is not None:
-                compared = baselines.apply(report.findings, job.baseline)
-                log.debug("%s: baseline: %d unchanged, %d new, %d no longer found", target, compared.unchanged,
-                          compared.new, len(compared.gone))
-            outcome.reports.append(report)
-            outcome.thresholds.append(SEVERITY_RANK[job.settings.fail_on or "note"])
-            log.debug("%s: analysed %s/ in %.2fs", target, root or ".", time.perf_counter() - analysed)
-    except KvtraceError as exc:
-        typer.echo(f"kvtrace: error: {exc}", err=True)
-        outcome.failed = True
-    except RecursionError as exc:
-        raise InternalError(target, exc) from exc
-    except Exception as exc:  # a bug in kvtrace: exit 4, traceback with -v
-        raise InternalError(target, exc) from exc
-
-
-class InternalError(Exception):
-    def __init__(self, target: str, exc: BaseException) -> None:
-        super().__init__(f"internal error on {target}: {type(exc).__name__}: {exc}")
-
-
-def exit_code(outcome: ScanOutcome) -> int:
-    from kvtrace.baseline import counts_against
-
-    if outcome.failed:
-        return EXIT_INPUT
-    if any(r.incomplete for r in outcome.reports):
-        return EXIT_INCOMPLETE
-    failing = any(
-        counts_against(f) and SEVERITY_RANK.get(f.severity, 0) >= threshold
-        for r, threshold in zip(outcome.reports, outcome.thresholds) for f in r.findings
-    )
-    return EXIT_FINDINGS if failing else EXIT_CLEAN
+    report_gaps(reports, quiet)
+    if not quiet and (fleet or metrics is not None):
+        summary = render_summary([summarise(r) for r in results])
+        if output_format is OutputFormat.text and output is None:
+            typer.echo("\n" + summary, nl=False)
+        else:
+            typer.echo(summary, err=True, nl=False)
+    raise typer.Exit(worst_exit(r.exit_code for r in results))
 
 
 def _names(values: list[str] | None) -> tuple[str, ...]:
@@ -439,6 +413,56 @@ def diff(
 
 
 # ---------------------------------------------------------------------------------------------
+# kvtrace merge / cache (fleets)
+
+@app.command()
+def merge(
+    reports: Annotated[list[Path], typer.Argument(help="JSON reports (`kvtrace scan --format json`), one or more per host.")],
+    output_format: Annotated[str, typer.Option("--format", "-f", help="text or json.")] = "text",
+    fail_on: Annotated[FailOn, typer.Option("--fail-on", help="As for scan: the severity that makes a host exit 1.")] = FailOn.note,
+) -> None:
+    """Combine JSON reports made on each host (by Ansible, a job scheduler...) into the fleet
+    summary; exits with the worst host's code."""
+    from kvtrace.fleet import merge_files, render_summary, summary_json, worst_exit
+
+    if output_format not in ("text", "json"):
+        raise _fail(f"--format {output_format}: merge writes text or json")
+    try:
+        hosts = merge_files(reports, fail_on.value)
+    except KvtraceError as exc:
+        raise _fail(str(exc))
+    if output_format == "json":
+        typer.echo(json.dumps(summary_json(hosts), indent=2))
+    else:
+        typer.echo(render_summary(hosts), nl=False)
+    raise typer.Exit(worst_exit(h.exit_code for h in hosts))
+
+
+cache_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
+                        help="The result cache (user cache dir; KVTRACE_CACHE_DIR overrides it).")
+app.add_typer(cache_app, name="cache")
+
+
+@cache_app.command("info")
+def cache_info() -> None:
+    """Where the cache is, how many entries and bytes it holds, and its bound."""
+    from kvtrace.cache import Cache
+
+    info = Cache().info()
+    typer.echo(f"path     {info.path}\nentries  {info.entries}\nsize     {info.total_bytes} bytes "
+               f"(bound {info.max_bytes}; KVTRACE_CACHE_MAX_BYTES)")
+
+
+@cache_app.command("clear")
+def cache_clear() -> None:
+    """Remove every cached result."""
+    from kvtrace.cache import Cache
+
+    cache = Cache()
+    typer.echo(f"removed {cache.clear()} entries from {cache.dir}")
+
+
+# ---------------------------------------------------------------------------------------------
 # kvtrace rules / explain / schema
 
 @app.command("rules")
@@ -503,9 +527,6 @@ def main(argv: list[str] | None = None) -> None:
         # The reader went away (`kvtrace scan ... | head`): not an error worth a line.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         code = EXIT_CLEAN
-    except InternalError as exc:
-        _internal(str(exc), exc.__cause__, args)
-        code = EXIT_INTERNAL
     except Exception as exc:  # a bug in kvtrace
         _internal(f"internal error: {type(exc).__name__}: {exc}", exc, args)
         code = EXIT_INTERNAL

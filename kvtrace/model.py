@@ -178,3 +178,5 @@ class Report:
     @property
     def incomplete(self) -> bool:
         return bool(self.gaps)
+    # Facts about where the tree was found, set by kvtrace.fleet: host, sglang_version, metrics.
+    host_facts: dict[str, object] = field(default_factory=dict)

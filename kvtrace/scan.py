@@ -14,10 +14,8 @@ from kvtrace.rules import ALL_RULES, ScanContext
 from kvtrace.errors import AmbiguousTarget, InputError
 from kvtrace.gaps import find_gaps
 from kvtrace.fetch.local import fetch_local
-import networkx as nx
-
 from kvtrace.flow import NOT_SITES
-from kvtrace.graph import QueueAnalysis, analyse_queue, find_enum, static_sites
+from kvtrace.graph import QueueAnalysis, StateGraph, analyse_queue, find_enum, static_sites
 from kvtrace.index import Index
 from kvtrace.model import (
     OUTCOME_ORDER,
@@ -181,7 +179,7 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
     except RecursionError:
         # Pathologically nested code: say so rather than guess (the scan is marked incomplete).
         problems.append("the drain loop is nested too deeply to analyse")
-        queue = QueueAnalysis(None, nx.DiGraph(), {}, static_sites(index, pack))
+        queue = QueueAnalysis(None, StateGraph(), {}, static_sites(index, pack))
     senders = analyse_backends(index, pack, domain, root, problems)
     entries = [s for s in queue.static_sites if s.kind == "entry"]
     ctx = ScanContext(pack, domain, index, queue, senders, entries)

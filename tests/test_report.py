@@ -205,7 +205,7 @@ def test_internal_error_exit_4_and_traceback_only_with_v(monkeypatch: pytest.Mon
     monkeypatch.setattr(kvtrace.scan, "scan_fetched", broken)
     for extra, traceback_shown in (([], False), (["-v"], True)):
         with pytest.raises(SystemExit) as exited:
-            cli.main(["scan", str(EXAMPLES / "healthy"), *extra])
+            cli.main(["scan", str(EXAMPLES / "healthy"), "--no-cache", *extra])
         assert exited.value.code == 4
         err = capsys.readouterr().err
         assert ("Traceback" in err) is traceback_shown

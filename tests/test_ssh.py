@@ -535,6 +535,9 @@ def test_cli_remote_scan_of_a_real_release_matches_local(sshd: SshdServer) -> No
     local_data, remote_data = json.loads(local.stdout)["reports"][0], json.loads(remote.stdout)["reports"][0]
     assert remote_data.pop("target") == f"{sshd.user}@{sshd.host}:{sshd.port}:{release}"
     local_data.pop("target")
+    # Where the tree was read differs by design: the SSH target there, this machine's name here.
+    assert remote_data.pop("host") == f"{sshd.user}@{sshd.host}:{sshd.port}:{release}"
+    assert local_data.pop("host") == socket.gethostname()
     assert remote_data == local_data
     assert any(f["backend"] == "nixl" and f["state"] == "WaitingForInput" for f in remote_data["findings"])
 
@@ -693,3 +696,89 @@ def test_the_remote_command_is_a_constant() -> None:
 
     assert "\n" not in COMMAND and "!" not in COMMAND and "\\'" not in COMMAND
     assert stdin_payload("/a b/$(x)", 10) == b"/a b/$(x)\n10\n11\n"
+
+
+# --- known_hosts as OpenSSH reads it ---------------------------------------------------------
+
+
+def test_odd_known_hosts_lines_are_skipped_not_fatal(sshd: SshdServer, tree: Path, tmp_path: Path) -> None:
+    """Before: one @cert-authority, @revoked or malformed line, even about another host, made
+    every scan fail with 'internal error ... InvalidHostKey'. OpenSSH connects with this file."""
+    other = generate_key(tmp_path / "other", "other")
+    other_key = " ".join(other.split()[:2])
+    known = tmp_path / "known_hosts"
+    known.write_text(
+        "# a comment\n\n"
+        f"@cert-authority *.example.com {other_key}\n"
+        f"@revoked unrelated.example.com {other_key}\n"
+        "garbage-line-without-fields\n"
+        "broken.example.com ssh-ed25519 AAAA!!!not-base64\n"
+        "weird.example.com ssh-unknown-type AAAAB3NzaC1yc2EAAAADAQABAAABAQ\n"
+        + sshd.known_hosts_entry()
+    )
+    ssh_ok = subprocess.run(
+        ["ssh", "-o", f"UserKnownHostsFile={known}", "-o", "StrictHostKeyChecking=yes", "-o", "BatchMode=yes",
+         "-i", str(sshd.client_key), "-F", os.devnull, "-p", str(sshd.port), f"{sshd.user}@127.0.0.1", "true"],
+        capture_output=True, text=True, timeout=30,
+    ) if shutil.which("ssh") else None
+    if ssh_ok is not None:
+        assert ssh_ok.returncode == 0, ssh_ok.stderr  # the reference: OpenSSH accepts this file
+    steps: list[str] = []
+    remote = fetch_ssh(target(sshd, tree), options(sshd, known_hosts=str(known)), FetchLimits(), steps.append)
+    assert rows(remote) == rows(fetch_local(tree))
+    assert any("line 3" in s and "@cert-authority" in s for s in steps), steps
+    assert any("line 5" in s and "skipped" in s for s in steps), steps
+
+
+def test_revoked_host_key_is_refused_by_name(sshd: SshdServer, tmp_path: Path) -> None:
+    known = tmp_path / "known_hosts"
+    known.write_text(f"@revoked * {sshd.host_key_line}\n" + sshd.known_hosts_entry())
+    for accept_new in (False, True):
+        opts = options(sshd, known_hosts=str(known), accept_new_host_key=accept_new)
+        msg = remote_error(lambda: fetch_ssh(target(sshd, "/tmp"), opts, FetchLimits()))
+        assert "REVOKED" in msg and "line 1" in msg, msg
+    assert known.read_text().count("\n") == 2  # nothing recorded
+
+
+# --- ssh_config as OpenSSH reads it ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("resolver", ["ssh", None])
+def test_ssh_config_include_and_match(sshd: SshdServer, tree: Path, tmp_path: Path, resolver: str | None) -> None:
+    """Before: Include was silently ignored (paramiko), so the alias below did not resolve."""
+    included = tmp_path / "conf.d" / "lab.conf"
+    included.parent.mkdir()
+    included.write_text(f"Host kvt-lab\n  HostName 127.0.0.1\n  Port {sshd.port}\n")
+    config = tmp_path / "config"
+    config.write_text(
+        f"Include {tmp_path}/conf.d/*.conf\n"
+        f"Match host 127.0.0.1\n  User {sshd.user}\n  IdentityFile {sshd.client_key}\n  IdentitiesOnly yes\n"
+    )
+    parsed = parse_target(f"kvt-lab:{tree}")
+    assert isinstance(parsed, SshTarget)
+    opts = options(sshd, identity_files=[], ssh_config=str(config), ssh_binary=resolver)
+    assert rows(fetch_ssh(parsed, opts, FetchLimits())) == rows(fetch_local(tree))
+
+
+@pytest.mark.parametrize("resolver", ["ssh", None])
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("Host x\n  HostName\n", "cannot parse"),
+        ("Host *\n  = nothing\n", "cannot parse"),
+        ("Match exec \"touch {canary}\"\n  User nobody\n", "Match exec"),
+        ("Host kvt-x\n  ProxyCommand touch {canary}\n", "ProxyCommand"),
+    ],
+)
+def test_bad_or_command_running_ssh_config_is_refused(
+    sshd: SshdServer, tmp_path: Path, text: str, words: str, resolver: str | None
+) -> None:
+    canary = tmp_path / "ran"
+    config = tmp_path / "config"
+    config.write_text(text.format(canary=canary))
+    parsed = parse_target("kvt-x:/tmp")
+    assert isinstance(parsed, SshTarget)
+    opts = options(sshd, identity_files=[], ssh_config=str(config), ssh_binary=resolver)
+    msg = remote_error(lambda: fetch_ssh(parsed, opts, FetchLimits()))
+    assert words in msg, msg
+    assert not canary.exists()  # nothing the config names was run

@@ -9,14 +9,23 @@ from kvtrace.model import FetchLimits, FetchResult
 
 
 def fetch_target(text: str, limits: FetchLimits, ssh: dict[str, Any] | None = None,
-                 log: Callable[[str], None] | None = None) -> FetchResult:
+                 log: Callable[[str], None] | None = None,
+                 after_fetch: Callable[[Any, FetchResult], None] | None = None) -> FetchResult:
+    """`after_fetch(client, result)` runs on the open SSH connection of a remote target."""
     from kvtrace.target import SshTarget, parse_target
 
     target = parse_target(text)
     if isinstance(target, SshTarget):
-        from kvtrace.fetch.ssh import SshOptions, fetch_ssh
+        from kvtrace.fetch.ssh import SshOptions, check_remote_path, fetch_ssh, fetch_tree, open_connection
 
-        return fetch_ssh(target, SshOptions(**(ssh or {})), limits, log)
+        options = SshOptions(**(ssh or {}))
+        if after_fetch is None:
+            return fetch_ssh(target, options, limits, log)
+        check_remote_path(target.path)
+        with open_connection(target, options, log) as conn:
+            result = fetch_tree(conn, target.path, target.label, limits)
+            after_fetch(conn.client, result)
+            return result
     from kvtrace.fetch.local import fetch_local
 
     return fetch_local(Path(text), limits)

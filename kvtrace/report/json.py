@@ -79,6 +79,7 @@ def to_json_dict(report: Report) -> dict[str, Any]:
             for f in report.findings
         ],
         "problems": report.problems,
+        **report.host_facts,  # host, sglang_version, metrics (kvtrace.fleet)
     }
 
 

@@ -50,6 +50,19 @@ REPORT_SCHEMA: dict[str, Any] = {
         "complete": {"type": "boolean", "description": "false when anything was not analysed (see gaps)"},
         "summary": {"type": "string", "description": "the text report's summary line"},
         "gaps": {"type": "array", "items": _GAP, "description": "every file, backend or part not analysed, and why"},
+        "host": {"type": "string", "description": "the machine scanned: the SSH target, or this host's name"},
+        "sglang_version": {"type": ["string", "null"],
+                           "description": "from the installed package metadata (sglang-*.dist-info), if any"},
+        "metrics": {
+            "type": "object",
+            "description": "--metrics: queue gauges sampled from the Prometheus page, one value per sample",
+            "required": ["url", "seconds", "samples", "gauges", "error"],
+            "properties": {
+                "url": {"type": "string"}, "seconds": {"type": "number"}, "samples": {"type": "integer"},
+                "gauges": {"type": "object", "additionalProperties": {"type": "array", "items": {"type": "number"}}},
+                "error": {"type": ["string", "null"]},
+            },
+        },
         "enum": {**_LOCATION, "description": "where the poll enum is defined"},
         "files": {
             "type": "array",

@@ -60,8 +60,13 @@ class ExecFetch:
             collected = Collected(self.label, limits, root_real, conn.log)
             readable = self._records(stream, collected)
             self._archive(stream, collected)
-            stream.drain_to_eof()
-            status = self._exit_status(chan)
+            if stream.drain_to_eof():
+                # Only logged: the records and the archive already say what happened.
+                finished = chan.status_event.wait(conn.deadline.cap(2.0))
+                status = str(chan.recv_exit_status()) if finished else "not sent"
+            else:
+                status = "not awaited"
+                conn.log("ssh: the remote kept sending after its archive; the rest is ignored")
             for name in readable:  # hard links arrive as link members; finish() resolves them
                 if name not in collected.files and name not in collected.hardlinks:
                     collected.add(name, SourceFile(name, b"", "", status="unreadable", error=NOT_IN_ARCHIVE))

@@ -5,6 +5,7 @@ total is capped; stderr is drained (so the shared window never stalls) but only 
 from __future__ import annotations
 
 import socket
+import time
 
 import paramiko
 
@@ -53,8 +54,9 @@ class ChannelStream:
         self.buf += data
 
     def drain_stderr(self) -> None:
-        """Read what stderr has ready now (never waits); keep the first 64 KiB."""
-        while self.chan.recv_stderr_ready():
+        """Read what stderr has ready now (never waits); keep the first 64 KiB. Once the
+        command has exited nothing more is needed from it: a flood after exit is left unread."""
+        while self.chan.recv_stderr_ready() and not self.chan.exit_status_ready():
             self.deadline.check()
             chunk = self.chan.recv_stderr(_CHUNK)
             if not chunk:
@@ -115,11 +117,27 @@ class ChannelStream:
                 return False
             self._fill()
 
-    def drain_to_eof(self) -> None:
-        """Read (and drop) what follows the archive: tar's padding, bounded by the cap."""
+    def drain_to_eof(self, within: int = 1 << 20) -> bool:
+        """Read (and drop) what follows the archive: tar's padding. False when more than
+        `within` bytes follow: the archive is complete, the rest is not read."""
+        start = self.count - self.available()
+        waited_since = time.monotonic()
         while not self.eof:
             self.pos = len(self.buf)
+            if self.count - start > within:
+                return False
+            if not self.chan.recv_ready() and not self.chan.eof_received:
+                if self.chan.exit_status_ready():
+                    return True  # exited; whatever it still says on stderr is not waited for
+                self.deadline.check()
+                if time.monotonic() - waited_since > self.read_timeout:
+                    raise RemoteError(f"{self.where}: timed out after {self.read_timeout:g} s waiting for the remote command to finish")
+                self.drain_stderr()
+                self.chan.status_event.wait(0.05)
+                continue
             self._fill()
+            waited_since = time.monotonic()
+        return True
 
     def stderr_first_line(self) -> str:
         self.drain_stderr()

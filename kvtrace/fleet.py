@@ -1,0 +1,454 @@
+"""Several targets at once: bounded concurrent fetches, one analysis per distinct tree, a fleet
+summary (per host: SGLang version, tree digest, verdicts, the queue gauges), hosts grouped by
+identical trees, and the exit code of the worst host. `kvtrace merge` builds the same summary
+from JSON reports made elsewhere (Ansible, a job scheduler).
+
+Fetches run in a thread pool (`--jobs`): they wait on the network. Analysis holds the GIL, so it
+runs one at a time under a lock, which also makes a second host with the same tree a memo hit.
+Each host is bounded by the SSH connect and read timeouts; a failing host is reported as one line
+and the others are still scanned.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import socket
+import threading
+import time
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from kvtrace.errors import (EXIT_CLEAN, EXIT_FINDINGS, EXIT_INCOMPLETE, EXIT_INPUT, EXIT_INTERNAL, AmbiguousTarget,
+                            InputError, KvtraceError)
+from kvtrace.model import FetchLimits, FetchResult, Report
+
+SEVERITY_RANK = {"note": 0, "warning": 1, "error": 2, "never": 3}
+# Worst first: nothing analysed, then analysed but incomplete, then findings, then clean.
+EXIT_BADNESS = {EXIT_INTERNAL: 4, EXIT_INPUT: 3, EXIT_INCOMPLETE: 2, EXIT_FINDINGS: 1, EXIT_CLEAN: 0}
+
+Log = Callable[[str], None]
+
+
+@dataclass
+class HostResult:
+    target: str
+    report: Report | None = None
+    error: str | None = None
+    exit_code: int = EXIT_INPUT
+    sglang_version: str | None = None
+    metrics: Any = None  # kvtrace.metrics.MetricsSample
+    cached: bool = False
+    timings: dict[str, float] = field(default_factory=dict)
+    extra_reports: list[Report] = field(default_factory=list)  # --all: the other packages under the target
+    exception: BaseException | None = None  # an internal error (a bug in kvtrace), for -v
+
+    @property
+    def reports(self) -> list[Report]:
+        return ([self.report] if self.report is not None else []) + self.extra_reports
+
+    @property
+    def tree(self) -> str | None:
+        return tree_digest_of(self.report) if self.report is not None else None
+
+
+def tree_digest_of(report: Report) -> str:
+    """sha256 of the analysed files' (path, sha256) pairs: equal digests, equal trees."""
+    digest = hashlib.sha256()
+    for f in sorted(report.files, key=lambda f: f.path):
+        digest.update(f"{f.path}\0{f.sha256}\n".encode("utf-8", "surrogateescape"))
+    return digest.hexdigest()
+
+
+def exit_code_for(report: Report, fail_on: str) -> int:
+    if report.incomplete:
+        return EXIT_INCOMPLETE
+    from kvtrace.baseline import counts_against
+
+    threshold = SEVERITY_RANK[fail_on]
+    failing = any(counts_against(f) and SEVERITY_RANK.get(f.severity, 0) >= threshold for f in report.findings)
+    return EXIT_FINDINGS if failing else EXIT_CLEAN
+
+
+def worst_exit(codes: Iterable[int]) -> int:
+    return max(codes, key=lambda c: EXIT_BADNESS.get(c, 3), default=EXIT_CLEAN)
+
+
+def read_hosts_file(path: Path) -> list[str]:
+    """One target per line; blank lines and `#` comments (whole-line or after a space) ignored."""
+    try:
+        text = path.read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise InputError(f"--hosts {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    targets = []
+    for line in text.splitlines():
+        line = re.sub(r"(^|\s)#.*$", "", line).strip()
+        if line:
+            targets.append(line)
+    if not targets:
+        raise InputError(f"--hosts {path}: no targets in the file")
+    return targets
+
+
+# --- SGLang version from installed package metadata ------------------------------------------
+
+_DIST_INFO = re.compile(r"^sglang-[^/]*\.dist-info$", re.IGNORECASE)
+
+
+def version_from_metadata(text: str) -> str | None:
+    """`Version:` of a dist-info METADATA file whose `Name:` is sglang."""
+    name = re.search(r"^Name:\s*(\S+)\s*$", text, re.MULTILINE)
+    version = re.search(r"^Version:\s*(\S+)\s*$", text, re.MULTILINE)
+    if name and version and name.group(1).lower().replace("_", "-") == "sglang":
+        return version.group(1)
+    return None
+
+
+def metadata_dirs(target_path: str, root: str) -> list[str]:
+    """Folders that would hold `sglang-*.dist-info` if the target is inside a site-packages
+    install: the parents of the `sglang` package folder that contains the located root."""
+    full = f"{target_path.rstrip('/')}/{root}" if root else target_path.rstrip("/")
+    parts = full.split("/")
+    dirs = []
+    for i in range(len(parts) - 1, 0, -1):
+        if parts[i] == "sglang":
+            dirs.append("/".join(parts[:i]) or "/")
+    if target_path.rstrip("/"):
+        dirs.append(target_path.rstrip("/"))  # the target is site-packages itself
+    return list(dict.fromkeys(dirs))
+
+
+def local_sglang_version(target_path: str, root: str) -> str | None:
+    for folder in metadata_dirs(str(Path(target_path).resolve()), root):
+        try:
+            candidates = sorted(p for p in Path(folder).iterdir() if _DIST_INFO.match(p.name))
+        except OSError:
+            continue
+        for dist in candidates:
+            try:
+                found = version_from_metadata((dist / "METADATA").read_text(encoding="utf-8", errors="replace"))
+            except OSError:
+                continue
+            if found:
+                return found
+    return None
+
+
+def remote_sglang_version(client: Any, target_path: str, root: str) -> str | None:
+    """The same look-up over SFTP reads (listdir + one small file): read-only, no command."""
+    try:
+        sftp = client.open_sftp()
+    except Exception:  # noqa: BLE001 -- no SFTP subsystem: the version is simply unknown
+        return None
+    try:
+        for folder in metadata_dirs(target_path, root):
+            try:
+                names = sorted(n for n in sftp.listdir(folder) if _DIST_INFO.match(n))
+            except Exception:  # noqa: BLE001
+                continue
+            for name in names:
+                try:
+                    with sftp.open(f"{folder.rstrip('/')}/{name}/METADATA", "rb") as handle:
+                        found = version_from_metadata(handle.read(1 << 20).decode("utf-8", "replace"))
+                except Exception:  # noqa: BLE001
+                    continue
+                if found:
+                    return found
+    finally:
+        sftp.close()
+    return None
+
+
+# --- running ---------------------------------------------------------------------------------
+
+
+class Progress:
+    """Per-host status lines on a terminal (rich), nothing otherwise."""
+
+    def __init__(self, enabled: bool) -> None:
+        self.enabled = enabled
+        self._progress: Any = None
+        self._tasks: dict[str, Any] = {}
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> Progress:
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import Progress as RichProgress, SpinnerColumn, TextColumn, TimeElapsedColumn
+
+            self._progress = RichProgress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                                          console=Console(stderr=True), transient=True)
+            self._progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._progress is not None:
+            self._progress.__exit__(None, None, None)
+
+    def update(self, target: str, stage: str) -> None:
+        if self._progress is None:
+            return
+        with self._lock:
+            if target not in self._tasks:
+                self._tasks[target] = self._progress.add_task(f"{target}: {stage}", total=None)
+            else:
+                self._progress.update(self._tasks[target], description=f"{target}: {stage}")
+
+
+@dataclass
+class FleetOptions:
+    packs: dict[str, Any]  # target -> rules pack
+    settings: dict[str, Any]  # target -> kvtrace.config.Settings (select/ignore, fail_on, baseline)
+    limits: FetchLimits = FetchLimits()
+    ssh: dict[str, Any] = field(default_factory=dict)
+    jobs: int = 8
+    cache: Any = None  # kvtrace.cache.Cache or None (--no-cache)
+    metrics_url: str | None = None
+    metrics_seconds: float = 3.0
+    metrics_interval: float = 1.0
+    after_scan: Callable[[str, Report], None] | None = None  # e.g. marking findings against a baseline
+    scan_all: bool = False  # several packages under one target: scan each (else an error listing them)
+
+
+def run_fleet(targets: list[str], options: FleetOptions, log: Log | None = None,
+              progress: Progress | None = None) -> list[HostResult]:
+    """Scan every target; results come back in the order of `targets`."""
+    say: Log = log or (lambda _m: None)
+    show = progress or Progress(False)
+    url = None
+    if options.metrics_url:
+        from kvtrace.metrics import parse_metrics_url
+
+        url = parse_metrics_url(options.metrics_url)
+    memo: dict[str, bytes] = {}
+    analysis_lock = threading.Lock()
+
+    def one(target: str) -> HostResult:
+        result = HostResult(target)
+        started = time.perf_counter()
+        found: dict[str, Any] = {}
+
+        def after_fetch(client: Any, fetched: FetchResult) -> None:
+            # On the open, verified connection: the page behind it and the installed version.
+            if url is not None:
+                from kvtrace.metrics import sample, ssh_opener
+
+                show.update(target, "sampling metrics")
+                found["metrics"] = sample(ssh_opener(client), url, options.metrics_seconds, options.metrics_interval)
+            found["client"] = client
+
+        try:
+            show.update(target, "connecting and fetching")
+            from kvtrace.fetch import fetch_target
+
+            fetched = fetch_target(target, options.limits, options.ssh, lambda m: say(f"{target}: {m}"),
+                                   after_fetch=_remember(found, after_fetch))
+            result.timings["fetch"] = time.perf_counter() - started
+            show.update(target, "analysing")
+            analysed = time.perf_counter()
+            from kvtrace.cache import scan_cached
+
+            from kvtrace.scan import locate_packages
+
+            settings = options.settings.get(target)
+            roots = locate_packages(fetched.files, options.packs[target], fetched.target)
+            if len(roots) > 1 and not options.scan_all:
+                raise AmbiguousTarget(fetched.target, roots)
+            with analysis_lock:
+                # One package: scan_fetched finds it again (and the cache key stays the one-package key).
+                scanned = [scan_cached(fetched, options.packs[target], options.cache, memo, settings=settings,
+                                       root=root if len(roots) > 1 else None) for root in roots]
+            result.report, result.cached = scanned[0]
+            result.extra_reports = [report for report, _ in scanned[1:]]
+            result.timings["analyse"] = time.perf_counter() - analysed
+            for report in result.reports:
+                if options.after_scan is not None:
+                    options.after_scan(target, report)
+            fail_on = getattr(settings, "fail_on", None) or "note"
+            result.exit_code = worst_exit(exit_code_for(report, fail_on) for report in result.reports)
+            result.sglang_version = found.get("version")
+            if "client" not in found:  # a local target
+                from kvtrace.target import SshTarget, parse_target
+
+                if not isinstance(parse_target(target), SshTarget):
+                    result.sglang_version = local_sglang_version(target, result.report.root)
+                if url is not None:
+                    from kvtrace.metrics import sample, tcp_opener
+
+                    show.update(target, "sampling metrics")
+                    found["metrics"] = sample(tcp_opener, url, options.metrics_seconds, options.metrics_interval)
+            result.metrics = found.get("metrics")
+            for report in result.reports:
+                report.host_facts = {
+                    "host": _host_label(target),
+                    "sglang_version": result.sglang_version,
+                    **({"metrics": result.metrics.to_dict()} if result.metrics is not None else {}),
+                }
+        except KvtraceError as exc:
+            result.error = str(exc)
+        except Exception as exc:  # noqa: BLE001 -- a bug in kvtrace: one line for this host only
+            result.error = f"internal error on {target}: {type(exc).__name__}: {exc}"
+            result.exit_code, result.exception = EXIT_INTERNAL, exc
+        result.timings["total"] = time.perf_counter() - started
+        show.update(target, "done" if result.error is None else "failed")
+        return result
+
+    if len(targets) == 1:
+        return [one(targets[0])]
+    with ThreadPoolExecutor(max_workers=max(1, options.jobs)) as pool:
+        return list(pool.map(one, targets))
+
+
+def _host_label(target: str) -> str:
+    from kvtrace.target import SshTarget, parse_target
+
+    parsed = parse_target(target)
+    return parsed.label if isinstance(parsed, SshTarget) else socket.gethostname()
+
+
+def _remember(found: dict[str, Any], then: Callable[[Any, FetchResult], None]) -> Callable[[Any, FetchResult], None]:
+    """Also read the installed SGLang version while the connection is open."""
+
+    def hook(client: Any, fetched: FetchResult) -> None:
+        then(client, fetched)
+        from kvtrace.target import parse_target
+
+        target = parse_target(fetched.target)
+        root = _root_guess(fetched)
+        found["version"] = remote_sglang_version(client, getattr(target, "path", ""), root)
+
+    return hook
+
+
+def _root_guess(fetched: FetchResult) -> str:
+    """Where the disaggregation folder is, before analysis: enough to find the dist-info."""
+    for f in fetched.files:
+        parts = f.path.split("/")
+        if "sglang" in parts[:-1]:
+            return "/".join(parts[: parts.index("sglang") + 1])
+    return ""
+
+
+# --- the summary -------------------------------------------------------------------------------
+
+
+@dataclass
+class HostSummary:
+    """What the fleet summary shows for one host: built from a live result or a JSON report."""
+
+    target: str
+    exit_code: int
+    error: str | None = None
+    sglang_version: str | None = None
+    tree: str | None = None
+    verdicts: list[str] = field(default_factory=list)
+    gauges: list[str] = field(default_factory=list)
+
+
+def verdicts_of(findings: Iterable[dict[str, Any]]) -> list[str]:
+    lines = []
+    for f in findings:
+        what = f"{f.get('backend')} can pin {f.get('state')}" if f.get("rule") == "pinned-state" and f.get("backend") \
+            else f"{f.get('rule')}" + (f" {f.get('state')}" if f.get("state") else "")
+        lines.append(f"{f.get('severity')}[{f.get('rule')}] {what} ({f.get('path')}:{f.get('line')})")
+    return lines
+
+
+def summarise(result: HostResult) -> HostSummary:
+    if result.report is None:
+        return HostSummary(result.target, result.exit_code, error=result.error)
+    findings = [{"rule": f.rule, "severity": f.severity, "backend": f.backend, "state": f.state, "path": f.path,
+                 "line": f.line} for f in result.report.findings]
+    gauges = result.metrics.summary() if result.metrics is not None else []
+    return HostSummary(result.target, result.exit_code, None, result.sglang_version, result.tree,
+                       verdicts_of(findings), gauges)
+
+
+def render_summary(hosts: list[HostSummary]) -> str:
+    """Plain text, one block per host then the groups of identical trees; greppable when piped."""
+    lines = [f"Fleet: {len(hosts)} hosts, exit {worst_exit(h.exit_code for h in hosts)} (worst host)"]
+    for h in hosts:
+        if h.error is not None:
+            lines.append(f"  {h.target}  FAILED (exit {h.exit_code}): {h.error}")
+            continue
+        version = h.sglang_version or "version unknown"
+        verdict = "clean" if not h.verdicts else f"{len(h.verdicts)} findings"
+        lines.append(f"  {h.target}  sglang {version}  tree {(h.tree or '?')[:12]}  exit {h.exit_code}  {verdict}")
+        lines.extend(f"    gauge: {g}" for g in h.gauges)
+        lines.extend(f"    {v}" for v in h.verdicts)
+    groups: dict[str, list[str]] = {}
+    for h in hosts:
+        if h.tree is not None:
+            groups.setdefault(h.tree, []).append(h.target)
+    if groups:
+        lines.append(f"Identical trees: {len(groups)} distinct")
+        for tree, members in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
+            count = f"{len(members)} host" + ("s" if len(members) > 1 else "")
+            lines.append(f"  tree {tree[:12]} ({count}): {', '.join(members)}")
+    return "\n".join(lines) + "\n"
+
+
+def summary_json(hosts: list[HostSummary]) -> dict[str, Any]:
+    return {
+        "exit_code": worst_exit(h.exit_code for h in hosts),
+        "hosts": [h.__dict__ for h in hosts],
+    }
+
+
+# --- merge -------------------------------------------------------------------------------------
+
+
+def summaries_from_json(data: Any, source: str, fail_on: str = "note") -> list[HostSummary]:
+    """Host summaries from one JSON file: a kvtrace/1 report, a list of them, or kvtrace/2's
+    {"schema": "kvtrace/2", "reports": [...]}."""
+    if isinstance(data, dict) and isinstance(data.get("reports"), list):
+        reports = data["reports"]
+    elif isinstance(data, list):
+        reports = data
+    elif isinstance(data, dict):
+        reports = [data]
+    else:
+        raise InputError(f"{source}: not a kvtrace JSON report")
+    hosts = []
+    for report in reports:
+        if not isinstance(report, dict) or not str(report.get("schema", "")).startswith("kvtrace/") \
+                or "target" not in report or not isinstance(report.get("files"), list):
+            raise InputError(f"{source}: not a kvtrace JSON report (run `kvtrace scan --format json`)")
+        files = report["files"]
+        digest = hashlib.sha256()
+        for f in sorted(files, key=lambda f: f["path"]):
+            digest.update(f"{f['path']}\0{f['sha256']}\n".encode("utf-8", "surrogateescape"))
+        findings = report.get("findings", [])
+        incomplete = any(f.get("status") != "ok" for f in files) or bool(report.get("problems"))
+        threshold = SEVERITY_RANK[fail_on]
+        code = EXIT_INCOMPLETE if incomplete else EXIT_FINDINGS if any(
+            SEVERITY_RANK.get(f.get("severity", "note"), 0) >= threshold for f in findings) else EXIT_CLEAN
+        metrics = report.get("metrics")
+        gauges = []
+        if isinstance(metrics, dict):
+            from kvtrace.metrics import MetricsSample
+
+            gauges = MetricsSample(metrics.get("url", "?"), seconds=metrics.get("seconds", 0.0),
+                                   samples=metrics.get("samples", 0), gauges=metrics.get("gauges") or {},
+                                   error=metrics.get("error")).summary()
+        hosts.append(HostSummary(str(report.get("host") or report["target"]), code, None,
+                                 report.get("sglang_version"), digest.hexdigest(), verdicts_of(findings), gauges))
+    return hosts
+
+
+def merge_files(paths: list[Path], fail_on: str = "note") -> list[HostSummary]:
+    import json
+
+    hosts: list[HostSummary] = []
+    for path in paths:
+        try:
+            data = json.loads(path.read_text(encoding="utf-8"))
+        except OSError as exc:
+            raise InputError(f"{path}: {exc.strerror or exc}") from None
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise InputError(f"{path}: not JSON ({exc})") from None
+        hosts.extend(summaries_from_json(data, str(path), fail_on))
+    return hosts
