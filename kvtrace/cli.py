@@ -127,9 +127,9 @@ Examples:
 @app.command(epilog=SCAN_EPILOG)
 def scan(
     targets: Annotated[Optional[list[str]], typer.Argument(
-        metavar="[TARGET]...",
+        metavar="TARGET",
         help="Local paths (an SGLang checkout, an installed sglang package, or its disaggregation "
-             "folder) or remote ones: [user@]host[:port]:path or ssh://[user@]host[:port]/path.")],
+             "folder) or remote ones: [user@]host[:port]:path or ssh://[user@]host[:port]/path.")] = None,
     output_format: Annotated[OutputFormat, typer.Option("--format", "-f", help="Report format.")] = OutputFormat.text,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", metavar="FILE",
         help="Write the report to FILE (checked before scanning).")] = None,
@@ -205,7 +205,7 @@ def scan(
     try:
         wanted = list(targets or []) + (read_hosts_file(hosts) if hosts is not None else [])
         if not wanted:
-            raise InputError("no targets: give paths or hosts, or --hosts FILE")
+            raise InputError("no TARGET: give paths or hosts, or --hosts FILE")
         check_targets(wanted)
         for path in (output, write_baseline):
             if path is not None:

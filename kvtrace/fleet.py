@@ -422,7 +422,8 @@ def summaries_from_json(data: Any, source: str, fail_on: str = "note") -> list[H
         for f in sorted(files, key=lambda f: f["path"]):
             digest.update(f"{f['path']}\0{f['sha256']}\n".encode("utf-8", "surrogateescape"))
         findings = report.get("findings", [])
-        incomplete = any(f.get("status") != "ok" for f in files) or bool(report.get("problems"))
+        incomplete = report["complete"] is False if "complete" in report else \
+            any(f.get("status") != "ok" for f in files) or bool(report.get("problems"))
         threshold = SEVERITY_RANK[fail_on]
         code = EXIT_INCOMPLETE if incomplete else EXIT_FINDINGS if any(
             SEVERITY_RANK.get(f.get("severity", "note"), 0) >= threshold for f in findings) else EXIT_CLEAN

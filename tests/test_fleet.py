@@ -247,7 +247,7 @@ def test_merge_json_reports_from_each_host(tmp_path: Path, site_packages: Path) 
         out.parent.mkdir()
         kvtrace("scan", str(target), "--format", "json", "-o", str(out))
         data = json.loads(out.read_text())
-        data["host"] = name  # as each host would name itself
+        data["reports"][0]["host"] = name  # as each host would name itself
         out.write_text(json.dumps(data))
         made.append(out)
     result = kvtrace("merge", *map(str, made))

@@ -24,6 +24,7 @@ def _evidence(items: list[Evidence]) -> list[dict[str, Any]]:
 def to_json_dict(report: Report) -> dict[str, Any]:
     """One report (one package of one target)."""
     return {
+        "schema": SCHEMA,
         "target": report.target,
         "root": report.root,
         "version": asdict(report.version) if report.version else None,

@@ -36,8 +36,9 @@ REPORT_SCHEMA: dict[str, Any] = {
     "title": "one report: one package of one target",
     "description": "Paths are relative to the scanned target, with '/' separators; lines are 1-based.",
     "type": "object",
-    "required": ["target", "root", "complete", "summary", "gaps", "files", "queues", "backends", "findings"],
+    "required": ["schema", "target", "root", "complete", "summary", "gaps", "files", "queues", "backends", "findings"],
     "properties": {
+        "schema": {"const": "kvtrace/2"},
         "target": {"type": "string", "description": "the target as given on the command line"},
         "root": {"type": "string", "description": "the located package folder, relative to the target"},
         "version": {
