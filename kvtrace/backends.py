@@ -5,7 +5,7 @@ writes, and which timeout checks it passes on the way to returning each state.""
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvtrace.flow import Config, CstBody, Explorer, Frame, PathState, function_body
 from kvtrace.index import ClassInfo, FuncRef, Index
@@ -19,6 +19,7 @@ class SenderAnalysis:
     backend: Backend
     cls: ClassInfo
     poll: FuncRef | None
+    raise_sites: list[tuple[str, int, str]] = field(default_factory=list)  # (path, line, function) poll() raises at
 
 
 def backend_name(path: str, root: str) -> str:
@@ -89,10 +90,12 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
     raises = False
     covers: dict[tuple[str, int], set[str]] = {}
     reads_abort = False
+    raise_sites: set[tuple[str, int, str]] = set()
     for end in ends:
         if end.term == "raise":
             raises = True
             value: Val = frozenset()
+            raise_sites.update((e.path, e.line, e.function) for e in end.events if e.kind == "raise")
         else:
             value = end.ret if end.ret is not None else frozenset({NONE})
         states = domain.states(value)
@@ -120,7 +123,7 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
         timeouts=timeouts,
         notes=notes,
     )
-    return SenderAnalysis(backend, cls, poll)
+    return SenderAnalysis(backend, cls, poll, sorted(raise_sites))
 
 
 def _abort_attributes(index: Index, domain: Domain, cls: ClassInfo, abort: FuncRef) -> frozenset[str]:

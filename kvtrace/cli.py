@@ -28,7 +28,7 @@ from kvtrace.errors import (
     KvtraceError,
 )
 from kvtrace.model import FetchLimits, Report
-from kvtrace.rules import ALL_RULES, rule_by_id
+from kvtrace.rules import ALL_RULES, find_rule
 
 log = logging.getLogger("kvtrace")
 
@@ -277,7 +277,7 @@ def _settings(target: str, overrides):
 
     local = parse_target(target)  # already checked by check_targets
     start = Path(target) if isinstance(local, LocalTarget) else None
-    known = {r.id for r in ALL_RULES} | {code for r in ALL_RULES if (code := getattr(r, "code", None))}
+    known = {r.name for r in ALL_RULES} | {r.code for r in ALL_RULES}
     return resolve(start, Path.cwd(), overrides, known)
 
 
@@ -467,21 +467,23 @@ def cache_clear() -> None:
 
 @app.command("rules")
 def list_rules() -> None:
-    """List the rules and the bundled rules packs."""
+    """List the rules (code, name, default severity, summary) and the bundled rules packs."""
     from kvtrace.packs import available_packs
 
     for rule in ALL_RULES:
-        typer.echo(f"{rule.id:16} {rule.severity:8} {rule.summary()}")
-    typer.echo(f"\nrules packs: {', '.join(available_packs())}")
+        typer.echo(f"{rule.code}  {rule.name:20} {rule.severity:8} {rule.summary()}")
+    typer.echo(f"\nrules packs: {', '.join(available_packs())}  (kvtrace explain CODE|NAME for one rule)")
 
 
 @app.command(epilog="\b\nExample:\n  kvtrace explain pinned-state")
-def explain(rule: Annotated[str, typer.Argument(metavar="RULE", help="A rule id, e.g. pinned-state.")]) -> None:
-    """Show what a rule does, why it matters, an example and the fix."""
-    found = rule_by_id(rule)
+def explain(rule: Annotated[str, typer.Argument(metavar="RULE",
+        help="A rule code or name, e.g. KVT001 or pinned-state.")]) -> None:
+    """Show what a rule finds, why it matters, an example and the fix."""
+    found = find_rule(rule)
     if found is None:
-        raise _fail(f"unknown rule {rule!r}; known: {', '.join(r.id for r in ALL_RULES)}")
-    typer.echo(f"{found.id} ({found.severity}): {found.name}\n")
+        known = ", ".join(f"{r.code} {r.name}" for r in ALL_RULES)
+        raise _fail(f"unknown rule {rule!r}; known: {known}")
+    typer.echo(f"{found.code} {found.name} ({found.severity}): {found.title}\n")
     typer.echo(found.docs())
 
 

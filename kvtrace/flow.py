@@ -25,12 +25,13 @@ MAX_DEPTH = 12  # helper call depth
 
 EMPTY: Val = frozenset()
 # Events that describe a path but are not rows of the release map.
-NOT_SITES = frozenset({"timeout", "abort-read", "log"})
+NOT_SITES = frozenset({"timeout", "abort-read", "log", "metric", "answer"})
 
 
 @dataclass(frozen=True)
 class Event:
-    kind: str  # check, keep, done, requeue, release, abort, raise, helper, poll, timeout, abort-read, log
+    kind: str  # check, keep, done, requeue, release, abort, raise, helper, poll, timeout, abort-read, log,
+    #            metric, answer
     path: str
     line: int
     function: str
@@ -675,6 +676,10 @@ class Explorer:
             return [(p.emit(Event("log", here, line(), fn, callee)), frozenset({NONE}))]
         if callee and self.c.pack.is_abort(callee):
             return [(p.emit(Event("abort", here, line(), fn, callee)), d.universe)]
+        if callee and self.c.pack.is_metric(callee):
+            return [(p.emit(Event("metric", here, line(), fn, callee)), d.universe)]
+        if callee and self.c.pack.is_answer(callee):
+            return [(p.emit(Event("answer", here, line(), fn, callee)), d.universe)]
         if callee and self.c.state is not None and self.c.pack.is_poll_call(callee):
             return [(p.emit(Event("poll", here, line(), fn, callee)), frozenset({self.c.state}))]
         target, cls = self.resolve(callee, frame)

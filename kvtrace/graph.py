@@ -213,18 +213,28 @@ def _walk(node: cst.CSTNode):
 
 
 def _post_loop_effects(index: Index, pack: Pack, func: FuncRef, body: CstBody, drain_loop: cst.For) -> dict[str, list[Event]]:
-    """Releases done for every request in a finished list, in loops after the drain loop."""
+    """What is done, after the drain loop, for every request of a finished list: releases,
+    aborts and answers in a loop over the list, or a call given the whole list."""
     effects: dict[str, list[Event]] = {}
+
+    def kind_of(callee: str) -> str | None:
+        return "release" if pack.is_release(callee) else "abort" if pack.is_abort(callee) \
+            else "answer" if pack.is_answer(callee) else None
+
+    inside_loop = {id(n) for n in _walk(drain_loop)}
     for node in _walk(body.node):
-        if not isinstance(node, cst.For) or node is drain_loop or not isinstance(node.iter, cst.Name):
+        if id(node) in inside_loop:
             continue
-        for inner in _walk(node.body):
-            if isinstance(inner, cst.Call):
-                callee = dotted(inner.func)
-                kind = "release" if pack.is_release(callee) else "abort" if pack.is_abort(callee) else None
-                if kind:
-                    effects.setdefault(node.iter.value, []).append(
-                        Event(kind, func.path, body.line(inner), func.qualname, callee + " (after the loop)"))
+        if isinstance(node, cst.For) and isinstance(node.iter, cst.Name):
+            for inner in _walk(node.body):
+                if isinstance(inner, cst.Call) and (kind := kind_of(dotted(inner.func))):
+                    effects.setdefault(node.iter.value, []).append(Event(
+                        kind, func.path, body.line(inner), func.qualname, dotted(inner.func) + " (after the loop)"))
+        elif isinstance(node, cst.Call) and (kind := kind_of(dotted(node.func))):
+            for arg in node.args:
+                if isinstance(arg.value, cst.Name):
+                    effects.setdefault(arg.value.value, []).append(Event(
+                        kind, func.path, body.line(node), func.qualname, dotted(node.func) + " (after the loop)"))
     return effects
 
 

@@ -137,6 +137,7 @@ class Finding:
     function: str | None = None  # qualified name of the function path:line is in (fingerprint part)
     suppressed: str | None = None  # path:line of the `# kvtrace: ignore[...]` comment that silences it
     baseline: str | None = None  # "new" or "unchanged" when compared with a baseline
+    code: str = ""  # the rule's short code (KVT001); `rule` is its name
 
 
 @dataclass(frozen=True)

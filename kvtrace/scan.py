@@ -140,7 +140,7 @@ def detect_version(files: list[SourceFile], root: str) -> DetectedVersion | None
 def _in_scope(files: list[SourceFile], pack: Pack, root: str, scope: str) -> list[SourceFile]:
     """The package's files, plus files around it that mention the queue. A file whose content
     could not be read is kept when it may mention the queue, so the report says it was missed."""
-    queue = pack.queue.encode()
+    queues = [q.encode() for q in pack.queues or (pack.queue,)]
 
     def wanted(f: SourceFile) -> bool:
         if _inside(f.path, root):
@@ -149,7 +149,7 @@ def _in_scope(files: list[SourceFile], pack: Pack, root: str, scope: str) -> lis
             return False
         if f.status in ("too-large", "unreadable"):
             return True
-        return queue in f.data
+        return any(q in f.data for q in queues)
 
     return [f for f in files if wanted(f)]
 
@@ -174,30 +174,38 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
         raise InputError(_enum_unreadable_message(fetched.target, pack, in_scope))
     domain, enum_evidence = enum
     problems: list[str] = []
-    try:
-        queue = analyse_queue(index, pack, domain)
-    except RecursionError:
-        # Pathologically nested code: say so rather than guess (the scan is marked incomplete).
-        problems.append("the drain loop is nested too deeply to analyse")
-        queue = QueueAnalysis(None, StateGraph(), {}, static_sites(index, pack))
     senders = analyse_backends(index, pack, domain, root, problems)
-    entries = [s for s in queue.static_sites if s.kind == "entry"]
-    ctx = ScanContext(pack, domain, index, queue, senders, entries)
-    rules = [rule for rule in ALL_RULES if settings.wants_rule(rule.id, getattr(rule, "code", None))]
-    findings = [f for rule in rules for f in rule().check(ctx) if settings.wants_backend(f.backend)]
+    findings = []
+    queue_reports = []
+    rules = [rule for rule in ALL_RULES if settings.wants_rule(rule.name, rule.code)]
+    # A pack may name several queues (decode: prealloc and transfer); each is its own graph,
+    # the backends are shared. Rules about the backends alone run once.
+    for number, name in enumerate(pack.queues or (pack.queue,)):
+        queue_pack = pack.for_queue(name)
+        try:
+            queue = analyse_queue(index, queue_pack, domain)
+        except RecursionError:
+            # Pathologically nested code: say so rather than guess (the scan is marked incomplete).
+            problems.append(f"the drain loop of {name} is nested too deeply to analyse")
+            queue = QueueAnalysis(None, StateGraph(), {}, static_sites(index, queue_pack))
+        entries = [s for s in queue.static_sites if s.kind == "entry"]
+        ctx = ScanContext(queue_pack, domain, index, queue, senders, entries)
+        findings += [f for rule in rules if rule.per_queue or number == 0 for f in rule().check(ctx)
+                     if settings.wants_backend(f.backend)]
+        if queue.drain is None and not entries:
+            unread = [f.path for f in in_scope if f.status != "ok"]
+            cause = f" (files not analysed: {', '.join(unread[:3])}{' ...' if len(unread) > 3 else ''})" if unread else ""
+            problems.append(f"self.{name} is neither filled nor drained in the analysed files{cause}")
+        if queue.truncated:
+            problems.append("path limit reached (results may be incomplete) at " + ", ".join(queue.truncated))
+        queue_reports.append(_queue_report(queue_pack, domain.members, queue))
     findings = silence(findings, index.modules, report_unused=UnusedSuppression in rules)
     findings.sort(key=lambda f: (f.path, f.line, f.rule, f.backend or "", f.state or ""))
     problems.extend(fetched.notes)
-    if queue.drain is None and not any(s.kind == "entry" for s in queue.static_sites):
-        unread = [f.path for f in in_scope if f.status != "ok"]
-        cause = f" (files not analysed: {', '.join(unread[:3])}{' ...' if len(unread) > 3 else ''})" if unread else ""
-        problems.append(f"self.{pack.queue} is neither filled nor drained in the analysed files{cause}")
-    if queue.truncated:
-        problems.append("path limit reached (results may be incomplete) at " + ", ".join(queue.truncated))
     report = Report(
         target=fetched.target,
         files=in_scope,
-        queues=[_queue_report(pack, domain.members, queue)],
+        queues=queue_reports,
         backends=[s.backend for s in senders if settings.wants_backend(s.backend.name)],
         findings=findings,
         root=root,

@@ -139,11 +139,11 @@ def silence(findings: list[Finding], modules: dict[str, ParsedModule], report_un
     from kvtrace.rules import ALL_RULES
     from kvtrace.rules.unused_suppression import UnusedSuppression
 
-    codes = {r.id: code for r in ALL_RULES if (code := getattr(r, "code", None))}
+    codes = {r.name: r.code for r in ALL_RULES}
     found = apply(findings, modules, codes)
     if not report_unused:
         return findings
-    known = {r.id for r in ALL_RULES} | set(codes.values())
+    known = {r.name for r in ALL_RULES} | set(codes.values())
     rule = UnusedSuppression()
     extra = [rule.report_unused(s.path, s.line, why) for s, _, why in unused(found, known)]
     for finding in extra:

@@ -1,5 +1,6 @@
-"""What every rule is: an id, a severity, documentation in its docstring, samples that the
-test suite runs (Fixit's VALID/INVALID convention), and a check over the analysed scan."""
+"""What every rule is: a short code (KVT001...) and a name (pinned-state), a default severity,
+documentation in its docstring, samples that the test suite runs (Fixit's VALID/INVALID
+convention), and a check over the analysed scan."""
 
 from __future__ import annotations
 
@@ -39,9 +40,11 @@ class Sample:
 
 
 class Rule:
-    id: ClassVar[str]
-    name: ClassVar[str]
-    severity: ClassVar[str]  # error, warning, note (SARIF levels)
+    code: ClassVar[str]  # KVT001...: stable, what SARIF ruleId and JSON `id` carry
+    name: ClassVar[str]  # pinned-state...: what people type, JSON `rule`
+    title: ClassVar[str]  # a human heading
+    severity: ClassVar[str]  # default: error, warning, note (SARIF levels)
+    per_queue: ClassVar[bool] = True  # False: about the backends alone, checked once per scan
     VALID: ClassVar[list[Sample]] = []
     INVALID: ClassVar[list[Sample]] = []
 
@@ -58,4 +61,31 @@ class Rule:
 
     def finding(self, message: str, path: str, line: int, backend: str | None, state: str | None,
                 evidence: list[Evidence]) -> Finding:
-        return Finding(self.id, self.severity, message, path, line, backend, state, evidence)
+        return Finding(self.name, self.severity, message, path, line, backend, state, evidence, code=self.code)
+
+
+def drain_evidence(ctx: ScanContext) -> list[Evidence]:
+    """The start of every drain-side chain: where requests enter, where the queue is polled, the loop."""
+    evidence = [Evidence(s.path, s.line, f"entry: {s.function} appends to {ctx.pack.queue}") for s in ctx.entries]
+    drain = ctx.queue.drain
+    if drain is not None:
+        if drain.poll_line is not None:
+            evidence.append(Evidence(drain.func.path, drain.poll_line, "poll: states read for the queue"))
+        evidence.append(Evidence(drain.func.path, drain.body.line(drain.loop), f"drain loop in {drain.func.qualname}"))
+    return evidence
+
+
+def path_evidence(events, state: str, kinds: tuple[str, ...] = ("check", "helper")) -> list[Evidence]:
+    """The decisions along one path, one line each, in order."""
+    out: list[Evidence] = []
+    seen: set[tuple[str, int]] = set()
+    for e in events:
+        if e.kind in kinds and (e.path, e.line) not in seen:
+            seen.add((e.path, e.line))
+            detail = {"T": "true", "F": "false"}.get(e.detail, e.detail)
+            out.append(Evidence(e.path, e.line, f"{e.kind}: {detail} for {state}" if e.kind == "check" else f"{e.kind}: {detail}"))
+    return out
+
+
+def returned_by(ctx: ScanContext, state: str) -> list[str]:
+    return [s.backend.name for s in ctx.senders if state in s.backend.returns]

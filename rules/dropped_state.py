@@ -34,8 +34,9 @@ class DroppedState(Rule):
         it loudly (release, prepare_abort, done list).
     """
 
-    id = "dropped-state"
-    name = "Dropped poll state"
+    code = "KVT002"
+    name = "dropped-state"
+    title = "Dropped poll state"
     severity = "warning"
 
     VALID = [

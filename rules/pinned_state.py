@@ -29,8 +29,9 @@ class PinnedState(Rule):
         state it can return, turning it into Failed.
     """
 
-    id = "pinned-state"
-    name = "Pinned poll state"
+    code = "KVT001"
+    name = "pinned-state"
+    title = "Pinned poll state"
     severity = "error"
 
     VALID = [

@@ -62,7 +62,10 @@ class PrefillMixin:
         done_reqs = []
         for req, poll in zip(self.disagg_prefill_inflight_queue, polls):
 {branches}
+        for req in done_reqs:
+            self.req_to_metadata_buffer_idx_allocator.free(req.metadata_buffer_index)
         self.disagg_prefill_inflight_queue = undone_reqs
+        return done_reqs
 {methods}'''
 
 

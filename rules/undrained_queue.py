@@ -35,8 +35,9 @@ class UndrainedQueue(Rule):
         whose queue or drain differs).
     """
 
-    id = "undrained-queue"
-    name = "Queue never drained"
+    code = "KVT003"
+    name = "undrained-queue"
+    title = "Queue never drained"
     severity = "error"
 
     VALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES)})]

@@ -35,8 +35,9 @@ class UnusedSuppression(Rule):
         Delete the comment (or the names in it that no longer match).
     """
 
-    id = "unused-suppression"
-    name = "Unused suppression"
+    code = "KVT100"  # the meta range: about kvtrace's own comments, not about SGLang
+    name = "unused-suppression"
+    title = "Unused suppression"
     severity = "warning"
 
     VALID = [

@@ -36,10 +36,15 @@ def tree(tmp_path: Path) -> Path:
     return root
 
 
+# The CI machinery is shown on the fate rules and suppressions; the link rules (silent-wait,
+# no-timeout, ...) also report on this tree and go through the same baseline and filters.
+GATE_RULES = {"pinned-state", "dropped-state", "undrained-queue", "unused-suppression"}
+
+
 def findings(result: subprocess.CompletedProcess[str]) -> list[dict]:
     data = json.loads(result.stdout)
     jsonschema.validate(data, JSON_SCHEMA)
-    return data["reports"][0]["findings"]
+    return [f for f in data["reports"][0]["findings"] if f["rule"] in GATE_RULES]
 
 
 def insert_above_every_function(path: Path) -> int:
@@ -207,7 +212,7 @@ def test_unknown_rule_on_the_command_line(tree: Path) -> None:
 # --- github annotations -------------------------------------------------------------------------
 
 def test_github_annotations_relative_to_cwd(tree: Path, tmp_path: Path) -> None:
-    result = kvtrace("scan", "tree", "-f", "github", cwd=tmp_path)
+    result = kvtrace("scan", "tree", "-f", "github", "--select", ",".join(sorted(GATE_RULES)), cwd=tmp_path)
     assert result.returncode == 1
     lines = result.stdout.splitlines()
     errors = [l for l in lines if l.startswith("::error ")]

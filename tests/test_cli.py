@@ -41,7 +41,7 @@ def test_findings_exit_1_and_text_report() -> None:
 
 
 def test_clean_tree_exits_0() -> None:
-    result = kvtrace("scan", "examples/healthy")
+    result = kvtrace("scan", "examples/all-clear")
     assert result.returncode == 0, result.stdout + result.stderr
     assert "No findings" in result.stdout and "INCOMPLETE" not in result.stdout
 
@@ -64,13 +64,17 @@ def test_json_report_matches_its_schema_and_the_findings() -> None:
 
 def test_sarif_validates_against_the_oasis_schema(tmp_path: Path) -> None:
     out = tmp_path / "k.sarif"
-    result = kvtrace("scan", "examples/nixl-pin", "examples/healthy", "--format", "sarif", "-o", str(out))
+    result = kvtrace("scan", "examples/nixl-pin", "examples/all-clear", "--format", "sarif", "-o", str(out))
     assert result.returncode == 1
     sarif = json.loads(out.read_text())
     jsonschema.validate(sarif, SARIF_SCHEMA)
     results = sarif["runs"][0]["results"]
     assert results and all(r["locations"][0]["physicalLocation"]["region"]["startLine"] >= 1 for r in results)
     assert results[0]["codeFlows"][0]["threadFlows"][0]["locations"]
+    rules = sarif["runs"][0]["tool"]["driver"]["rules"]
+    for r in results:  # ruleId is the code; the rule it indexes has that id and the name
+        assert r["ruleId"].startswith("KVT") and rules[r["ruleIndex"]]["id"] == r["ruleId"]
+        assert rules[r["ruleIndex"]]["name"] == r["properties"]["rule"]
     assert sarif["runs"][1]["results"] == []
 
 
@@ -112,12 +116,17 @@ def test_bad_file_is_reported_and_scan_goes_on(tmp_path: Path, name: str, conten
 
 
 def test_rules_and_explain() -> None:
-    listed = kvtrace("rules").stdout
-    for rule in ("pinned-state", "dropped-state", "undrained-queue"):
-        assert rule in listed
-    explained = kvtrace("explain", "pinned-state").stdout
-    for section in ("What it does:", "Why it matters:", "Example:", "Fix:"):
-        assert section in explained
+    from kvtrace.rules import ALL_RULES
+
+    listed = kvtrace("rules").stdout.splitlines()
+    for rule in ALL_RULES:
+        row = next(line for line in listed if line.startswith(rule.code))
+        assert rule.name in row and rule.severity in row and rule.summary() in row
+        for key in (rule.code, rule.name) if rule.name == "pinned-state" else (rule.code,):
+            explained = kvtrace("explain", key).stdout
+            assert explained.startswith(f"{rule.code} {rule.name} ({rule.severity})")
+            for section in ("What it does:", "Why it matters:", "Example:", "Fix:"):
+                assert section in explained
     assert_one_line_error(kvtrace("explain", "no-such-rule"), "unknown rule")
 
 

@@ -136,7 +136,7 @@ def test_all_files_over_the_size_limit_says_so() -> None:
 @pytest.fixture
 def two_versions(tmp_path: Path) -> Path:
     shutil.copytree(EXAMPLES / "nixl-pin", tmp_path / "v-old")
-    shutil.copytree(EXAMPLES / "healthy", tmp_path / "v-new")
+    shutil.copytree(EXAMPLES / "all-clear", tmp_path / "v-new")
     return tmp_path
 
 
@@ -158,7 +158,7 @@ def test_all_scans_each_package_alone_whatever_the_hash_seed(two_versions: Path)
     for report in reports:
         version = report["root"].split("/")[0] + "/"
         assert all(f["path"].startswith(version) for f in report["files"]), report["root"]
-    assert not reports[0]["findings"]  # healthy
+    assert not reports[0]["findings"]  # all-clear
     assert {(f["backend"], f["state"]) for f in reports[1]["findings"]} == {
         ("nixl", "WaitingForInput"), ("nixl", "Transferring")}
 
@@ -246,8 +246,8 @@ def test_sarif_from_a_subfolder_resolves_from_the_working_directory(tmp_path: Pa
                 uris.append(uri)
     assert uris and all(u.startswith("nixl-pin/" if sarif_root else "examples/") or
                         u.startswith("dropped-else/") for u in uris)
-    rules = {r["id"]: r for r in doc["runs"][0]["tool"]["driver"]["rules"]}
-    assert rules["pinned-state"]["name"] == "PinnedState"
+    rules = {r["name"]: r for r in doc["runs"][0]["tool"]["driver"]["rules"]}
+    assert rules["pinned-state"]["id"] == "KVT001"
     assert rules["pinned-state"]["helpUri"].startswith("https://")
     assert "### Fix" in rules["pinned-state"]["help"]["markdown"]
 

@@ -1,4 +1,5 @@
-"""Every rule's VALID and INVALID samples (Fixit's convention), run through a real scan."""
+"""Every rule's VALID and INVALID samples (Fixit's convention), run through a real scan; every
+bundled pack's own samples (`kvtrace/packs/<pack>.samples.toml`); the pack schema."""
 
 from __future__ import annotations
 
@@ -6,21 +7,23 @@ from pathlib import Path
 
 import pytest
 
-from kvtrace.rules import ALL_RULES, rule_by_id
+from kvtrace.errors import InputError
+from kvtrace.packs import PackSample, available_packs, load_pack, load_samples
+from kvtrace.rules import ALL_RULES, find_rule
 from kvtrace.rules.base import Rule, Sample
 from kvtrace.rules.samples import SHARED_FILES
 from kvtrace.scan import scan_path
 
 CASES = [
-    pytest.param(rule, sample, kind, id=f"{rule.id}-{kind}-{i}")
+    pytest.param(rule, sample, kind, id=f"{rule.code}-{rule.name}-{kind}-{i}")
     for rule in ALL_RULES
     for kind, samples in (("valid", rule.VALID), ("invalid", rule.INVALID))
     for i, sample in enumerate(samples)
 ]
 
 
-def write_tree(root: Path, files: dict[str, str]) -> Path:
-    for rel, text in {**SHARED_FILES, **files}.items():
+def write_tree(root: Path, files: dict[str, str], shared: dict[str, str] = SHARED_FILES) -> Path:
+    for rel, text in {**shared, **files}.items():
         path = root / rel
         path.parent.mkdir(parents=True, exist_ok=True)
         path.write_text(text)
@@ -31,17 +34,111 @@ def write_tree(root: Path, files: dict[str, str]) -> Path:
 def test_rule_samples(rule: type[Rule], sample: Sample, kind: str, tmp_path: Path) -> None:
     report = scan_path(write_tree(tmp_path, sample.files))
     assert all(f.status == "ok" for f in report.files), [(f.path, f.error) for f in report.files]
-    found = {(f.backend, f.state) for f in report.findings if f.rule == rule.id}
+    found = {(f.backend, f.state) for f in report.findings if f.rule == rule.name}
     assert found == set(sample.expect)
+    assert all(f.code == rule.code for f in report.findings if f.rule == rule.name)
     if kind == "valid":
         assert not sample.expect
 
 
+PACK_CASES = [
+    pytest.param(pack, sample, shared, id=f"{pack}-{sample.rule}-{sample.kind}-line{sample.line}")
+    for pack in available_packs()
+    for shared, samples in [load_samples(pack)]
+    for sample in samples
+]
+
+
+@pytest.mark.parametrize(("pack", "sample", "shared"), PACK_CASES)
+def test_pack_samples(pack: str, sample: PackSample, shared: dict[str, str], tmp_path: Path) -> None:
+    """A pack's samples run with that pack: a new pack is tested without editing this file."""
+    rule = find_rule(sample.rule)
+    assert rule is not None, f"{pack}.samples.toml:{sample.line}: unknown rule {sample.rule!r}"
+    report = scan_path(write_tree(tmp_path, sample.files, shared), load_pack(pack))
+    assert all(f.status == "ok" for f in report.files), [(f.path, f.error) for f in report.files]
+    found = {(f.backend, f.state) for f in report.findings if f.rule == rule.name}
+    assert found == set(sample.expect), sample.note
+    if sample.kind == "valid":
+        assert not sample.expect
+
+
+def test_every_pack_has_valid_and_invalid_samples_or_none() -> None:
+    for pack in available_packs():
+        _, samples = load_samples(pack)
+        kinds = {s.kind for s in samples}
+        assert kinds in (set(), {"valid", "invalid"}), pack
+
+
 def test_every_rule_is_documented_and_has_samples() -> None:
+    codes = [rule.code for rule in ALL_RULES]
+    assert len(set(codes)) == len(codes) and len({r.name for r in ALL_RULES}) == len(codes)
     for rule in ALL_RULES:
+        assert rule.code.startswith("KVT") and len(rule.code) == 6
         docs = rule.docs()
         for section in ("What it does:", "Why it matters:", "Example:", "Fix:"):
-            assert section in docs, f"{rule.id} docs lack {section!r}"
-        assert rule.VALID and rule.INVALID, f"{rule.id} needs VALID and INVALID samples"
+            assert section in docs, f"{rule.name} docs lack {section!r}"
+        assert rule.VALID and rule.INVALID, f"{rule.name} needs VALID and INVALID samples"
         assert rule.severity in ("error", "warning", "note")
-        assert rule_by_id(rule.id) is rule
+        assert find_rule(rule.code) is rule and find_rule(rule.name) is rule
+        assert find_rule(rule.code.lower()) is rule
+
+
+MINIMAL = '''\
+[pack]
+name = "mine"
+package_dir = "disaggregation"
+
+[queue]
+name = "my_queue"
+poll_calls = ["*.poll"]
+
+[enum]
+name = "KVPoll"
+terminal = ["Success", "Failed"]
+
+[effects]
+abort_calls = ["*prepare_abort"]
+
+[backends]
+sender_base = "BaseKVSender"
+'''
+
+
+def _pack_error(tmp_path: Path, text: str) -> str:
+    path = tmp_path / "mine.toml"
+    path.write_text(text)
+    with pytest.raises(InputError) as caught:
+        load_pack(str(path))
+    return str(caught.value)
+
+
+def test_minimal_pack_loads_with_defaults(tmp_path: Path) -> None:
+    path = tmp_path / "mine.toml"
+    path.write_text(MINIMAL)
+    pack = load_pack(str(path))
+    assert pack.queues == ("my_queue",) and pack.poll_method == "poll" and pack.resources == ()
+
+
+@pytest.mark.parametrize(("edit", "marker", "message"), [
+    (lambda t: t.replace('poll_calls = ["*.poll"]', 'poll_calls = ["*.poll"]\npoll_cals = []'), "poll_cals",
+     "[queue] unknown key 'poll_cals'"),
+    (lambda t: t.replace('terminal = ["Success", "Failed"]', 'terminal = "Success"'), "terminal",
+     "[enum] terminal must be a list of strings"),
+    (lambda t: t + "\n[backend]\nsender_base = 'X'\n", "[backend]", "unknown section [backend]"),
+    (lambda t: t.replace('sender_base = "BaseKVSender"', ''), "[backends]", "[backends] sender_base is missing"),
+    (lambda t: t.replace('[effects]', '[effects.resources]\nkv = "x"\n[effects]'), "[effects.resources]",
+     "[effects] resources must be a table of lists of strings"),
+    (lambda t: t.replace('name = "my_queue"', 'names = "my_queue"'), "names", "[queue] names must be a list of strings"),
+])
+def test_pack_schema_errors_name_file_and_line(tmp_path: Path, edit, marker: str, message: str) -> None:
+    text = edit(MINIMAL)
+    line = next(n for n, row in enumerate(text.splitlines(), 1) if row.startswith(marker))
+    error = _pack_error(tmp_path, text)
+    assert f"mine.toml:{line}: " in error and message in error, error
+    assert "\n" not in error
+
+
+def test_bundled_packs_validate() -> None:
+    for name in available_packs():
+        pack = load_pack(name)
+        assert pack.queues and pack.source.endswith(f"{name}.toml")

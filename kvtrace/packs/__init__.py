@@ -1,20 +1,62 @@
 """Rules packs: the TOML files beside this module that name what the engine looks for.
 
-The engine knows no SGLang names; a pack says which queue, which poll calls, which enum and
-which calls release or abort a request. A new engine or queue is a new pack.
+The engine knows no SGLang names; a pack says which queues, which poll calls, which enum and
+which calls release, answer or abort a request. A new engine or queue is a new pack. A pack is
+checked against `SCHEMA` when loaded: a wrong type, a missing key or an unknown key (a typo
+that would otherwise silently fall back to a default) is a one-line error with the file and line.
+
+Rule samples for a pack live beside it, in `<pack>.samples.toml` (see `load_samples`), so a new
+pack is tested by the suite without editing the engine's tests.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import re
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
+from typing import Any
 
 from kvtrace.errors import InputError
 
 DEFAULT_PACK = "sglang-prefill"
+
+STR, STRS, TABLE_OF_STRS = "a string", "a list of strings", "a table of lists of strings"
+
+# section -> key -> (expected type, default; None = required). The whole schema of a pack.
+SCHEMA: dict[str, dict[str, tuple[str, Any]]] = {
+    "pack": {"name": (STR, None), "description": (STR, ""), "package_dir": (STR, None)},
+    "queue": {
+        "name": (STR, ""),  # one queue ...
+        "names": (STRS, []),  # ... or several, analysed one by one with the same settings
+        "poll_calls": (STRS, None),
+        "gauge_calls": (STRS, []),
+    },
+    "enum": {"name": (STR, None), "terminal": (STRS, None)},
+    "effects": {
+        "release_calls": (STRS, []),
+        "abort_calls": (STRS, None),
+        "answer_calls": (STRS, []),
+        "log_calls": (STRS, []),
+        "metric_calls": (STRS, []),
+        # resource name -> calls that give it back; a request leaving the queue must give back each.
+        "resources": (TABLE_OF_STRS, {}),
+    },
+    "backends": {
+        "sender_base": (STR, None),
+        "exclude_classes": (STRS, []),
+        "poll_method": (STR, "poll"),
+        "abort_method": (STR, "abort"),
+        "timeout_names": (STRS, ["*timeout*"]),
+    },
+    "manager": {
+        "base": (STR, ""),
+        "update_method": (STR, "update_status"),
+        "check_method": (STR, "check_status"),
+    },
+}
 
 
 @dataclass(frozen=True)
@@ -22,7 +64,7 @@ class Pack:
     name: str
     description: str
     package_dir: str
-    queue: str
+    queue: str  # the queue being analysed (the first of `queues` until `for_queue` picks another)
     poll_calls: tuple[str, ...]
     gauge_calls: tuple[str, ...]
     enum: str
@@ -36,6 +78,17 @@ class Pack:
     abort_method: str
     timeout_names: tuple[str, ...]
     source: str
+    queues: tuple[str, ...] = ()
+    answer_calls: tuple[str, ...] = ()
+    metric_calls: tuple[str, ...] = ()
+    resources: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    manager_base: str = ""
+    update_method: str = "update_status"
+    check_method: str = "check_status"
+    path: Path | None = field(default=None, compare=False)  # the TOML file, None when bundled
+
+    def for_queue(self, queue: str) -> "Pack":
+        return replace(self, queue=queue)
 
     def is_poll_call(self, callee: str) -> bool:
         return matches(callee, self.poll_calls)
@@ -46,8 +99,18 @@ class Pack:
     def is_abort(self, callee: str) -> bool:
         return matches(callee, self.abort_calls)
 
+    def is_answer(self, callee: str) -> bool:
+        return matches(callee, self.answer_calls)
+
     def is_log(self, callee: str) -> bool:
         return matches(callee, self.log_calls)
+
+    def is_metric(self, callee: str) -> bool:
+        return matches(callee, self.metric_calls)
+
+    def resource_of(self, callee: str) -> str | None:
+        """The named resource a release call gives back, if the pack names one."""
+        return next((name for name, patterns in self.resources if matches(callee, patterns)), None)
 
     def is_timeout_name(self, text: str) -> bool:
         return matches(text.lower(), self.timeout_names)
@@ -57,64 +120,182 @@ def matches(text: str, patterns: tuple[str, ...]) -> bool:
     return any(fnmatch.fnmatchcase(text, pattern) for pattern in patterns)
 
 
+def _bundled() -> Any:
+    return resources.files("kvtrace.packs")
+
+
 def available_packs() -> list[str]:
-    folder = resources.files("kvtrace.packs")
-    return sorted(p.name[: -len(".toml")] for p in folder.iterdir() if p.name.endswith(".toml"))
+    return sorted(p.name[: -len(".toml")] for p in _bundled().iterdir()
+                  if p.name.endswith(".toml") and not p.name.endswith(".samples.toml"))
+
+
+def _read(name_or_path: str, suffix: str = ".toml") -> tuple[str, str, Path | None] | None:
+    """(text, source label, path) of a pack file given by path or bundled name; None if absent."""
+    path = Path(name_or_path)
+    if path.suffix == ".toml" or path.exists():
+        if suffix != ".toml":
+            path = path.with_name(path.name[: -len(".toml")] + suffix)
+            if not path.is_file():
+                return None
+        try:
+            return path.read_text(encoding="utf-8"), str(path), path
+        except OSError as exc:
+            raise InputError(f"rules pack {path}: {exc.strerror or exc}") from None
+    resource = _bundled() / f"{name_or_path}{suffix}"
+    if not resource.is_file():
+        return None
+    return resource.read_text(encoding="utf-8"), f"kvtrace/packs/{name_or_path}{suffix}", None
 
 
 def load_pack(name_or_path: str | None = None) -> Pack:
-    """Load a bundled pack by name, or a TOML file by path."""
+    """Load a bundled pack by name, or a TOML file by path, validated against SCHEMA."""
     name_or_path = name_or_path or DEFAULT_PACK
-    path = Path(name_or_path)
-    if path.suffix == ".toml" or path.exists():
-        try:
-            text = path.read_text(encoding="utf-8")
-        except OSError as exc:
-            raise InputError(f"rules pack {path}: {exc.strerror or exc}") from None
-        source = str(path)
-    else:
-        resource = resources.files("kvtrace.packs") / f"{name_or_path}.toml"
-        if not resource.is_file():
-            known = ", ".join(available_packs())
-            raise InputError(f"unknown rules pack {name_or_path!r} (bundled: {known})")
-        text = resource.read_text(encoding="utf-8")
-        source = f"{name_or_path} (bundled)"
+    found = _read(name_or_path)
+    if found is None:
+        raise InputError(f"unknown rules pack {name_or_path!r} (bundled: {', '.join(available_packs())})")
+    text, source, path = found
+    data = _parse(text, source)
+    return _from_dict(validate(data, text, source), source, path)
+
+
+def _parse(text: str, source: str) -> dict[str, Any]:
     try:
-        data = tomllib.loads(text)
+        return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
         raise InputError(f"rules pack {source}: {exc}") from None
-    return _from_dict(data, source)
 
 
-def _from_dict(data: dict, source: str) -> Pack:
-    def get(section: str, key: str, default: object = None) -> object:
-        value = data.get(section, {}).get(key, default)
-        if value is None:
-            raise InputError(f"rules pack {source}: [{section}] {key} is missing")
-        return value
+def key_line(text: str, section: str, key: str | None = None) -> int:
+    """The line of `[section]` (or of `key` inside it) in the TOML text; 1 if not found.
 
-    def strings(section: str, key: str, default: list[str] | None = None) -> tuple[str, ...]:
-        value = get(section, key, default)
-        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-            raise InputError(f"rules pack {source}: [{section}] {key} must be a list of strings")
-        return tuple(value)
+    tomllib gives no positions, so this reads headers and `key =` lines, enough for a pointer."""
+    current = None
+    header = re.compile(r"^\s*\[\[?\s*([^\]]+?)\s*\]\]?\s*(#.*)?$")
+    for number, line in enumerate(text.splitlines(), 1):
+        match = header.match(line)
+        if match:
+            current = match.group(1).strip().strip('"')
+            if current == (section if key is None else f"{section}.{key}"):
+                return number
+            continue
+        if key is not None and current == section and re.match(rf"^\s*[\"']?{re.escape(key)}[\"']?\s*=", line):
+            return number
+    return 1
 
+
+def _type_ok(kind: str, value: Any) -> bool:
+    if kind == STR:
+        return isinstance(value, str)
+    if kind == STRS:
+        return isinstance(value, list) and all(isinstance(v, str) for v in value)
+    return isinstance(value, dict) and all(
+        isinstance(v, list) and all(isinstance(s, str) for s in v) for v in value.values())
+
+
+def validate(data: dict[str, Any], text: str, source: str) -> dict[str, dict[str, Any]]:
+    """Every section and key known and well typed, required ones present; defaults filled in."""
+    def fail(line: int, message: str) -> InputError:
+        return InputError(f"rules pack {source}:{line}: {message}")
+
+    for section, value in data.items():
+        if section not in SCHEMA:
+            raise fail(key_line(text, section), f"unknown section [{section}] (known: {', '.join(SCHEMA)})")
+        if not isinstance(value, dict):
+            raise fail(_top_key_line(text, section), f"{section} must be a [{section}] table")
+    checked: dict[str, dict[str, Any]] = {}
+    for section, keys in SCHEMA.items():
+        given = data.get(section, {})
+        for key in given:
+            if key not in keys:
+                raise fail(key_line(text, section, key),
+                           f"[{section}] unknown key {key!r} (known: {', '.join(keys)})")
+        checked[section] = {}
+        for key, (kind, default) in keys.items():
+            if key not in given:
+                if default is None:
+                    raise fail(key_line(text, section), f"[{section}] {key} is missing")
+                checked[section][key] = default
+                continue
+            if not _type_ok(kind, given[key]):
+                raise fail(key_line(text, section, key), f"[{section}] {key} must be {kind}")
+            checked[section][key] = given[key]
+    if not checked["queue"]["name"] and not checked["queue"]["names"]:
+        raise fail(key_line(text, "queue"), "[queue] needs name (one queue) or names (several)")
+    if not checked["enum"]["terminal"]:
+        raise fail(key_line(text, "enum", "terminal"), "[enum] terminal must name at least one member")
+    return checked
+
+
+def _top_key_line(text: str, key: str) -> int:
+    return next((n for n, line in enumerate(text.splitlines(), 1)
+                 if re.match(rf"^\s*{re.escape(key)}\s*=", line)), 1)
+
+
+def _from_dict(data: dict[str, dict[str, Any]], source: str, path: Path | None) -> Pack:
+    queue, effects, backends, manager = data["queue"], data["effects"], data["backends"], data["manager"]
+    queues = tuple(dict.fromkeys(([queue["name"]] if queue["name"] else []) + list(queue["names"])))
+    owned = tuple((name, tuple(patterns)) for name, patterns in effects["resources"].items())
+    # Every named resource's calls are release calls too.
+    release = tuple(dict.fromkeys(list(effects["release_calls"]) + [p for _, ps in owned for p in ps]))
     return Pack(
-        name=str(get("pack", "name")),
-        description=str(get("pack", "description", "")),
-        package_dir=str(get("pack", "package_dir")),
-        queue=str(get("queue", "name")),
-        poll_calls=strings("queue", "poll_calls"),
-        gauge_calls=strings("queue", "gauge_calls", []),
-        enum=str(get("enum", "name")),
-        terminal=strings("enum", "terminal"),
-        release_calls=strings("effects", "release_calls"),
-        abort_calls=strings("effects", "abort_calls"),
-        log_calls=strings("effects", "log_calls", []),
-        sender_base=str(get("backends", "sender_base")),
-        exclude_classes=strings("backends", "exclude_classes", []),
-        poll_method=str(get("backends", "poll_method", "poll")),
-        abort_method=str(get("backends", "abort_method", "abort")),
-        timeout_names=strings("backends", "timeout_names", ["*timeout*"]),
+        name=data["pack"]["name"],
+        description=data["pack"]["description"],
+        package_dir=data["pack"]["package_dir"],
+        queue=queues[0],
+        poll_calls=tuple(queue["poll_calls"]),
+        gauge_calls=tuple(queue["gauge_calls"]),
+        enum=data["enum"]["name"],
+        terminal=tuple(data["enum"]["terminal"]),
+        release_calls=release,
+        abort_calls=tuple(effects["abort_calls"]),
+        log_calls=tuple(effects["log_calls"]),
+        sender_base=backends["sender_base"],
+        exclude_classes=tuple(backends["exclude_classes"]),
+        poll_method=backends["poll_method"],
+        abort_method=backends["abort_method"],
+        timeout_names=tuple(backends["timeout_names"]),
         source=source,
+        queues=queues,
+        answer_calls=tuple(effects["answer_calls"]),
+        metric_calls=tuple(effects["metric_calls"]),
+        resources=owned,
+        manager_base=manager["base"],
+        update_method=manager["update_method"],
+        check_method=manager["check_method"],
+        path=path,
     )
+
+
+@dataclass(frozen=True)
+class PackSample:
+    """One sample tree of a pack's samples file: which rule, valid or invalid, what to expect."""
+
+    rule: str
+    kind: str  # valid | invalid
+    files: dict[str, str]
+    expect: tuple[tuple[str | None, str | None], ...]
+    note: str
+    line: int
+
+
+def load_samples(name_or_path: str) -> tuple[dict[str, str], list[PackSample]]:
+    """`<pack>.samples.toml`: `[shared] files` added to every sample, and `[[sample]]` entries
+    (rule = name or code, kind = valid|invalid, note, expect = [[backend, state], ...] with ""
+    for none, and a `files` table of path -> code)."""
+    found = _read(name_or_path, ".samples.toml")
+    if found is None:
+        return {}, []
+    text, source, _ = found
+    data = _parse(text, source)
+    shared = data.get("shared", {}).get("files", {})
+    samples = []
+    sample_lines = [n for n, line in enumerate(text.splitlines(), 1) if line.strip() == "[[sample]]"]
+    for i, entry in enumerate(data.get("sample", [])):
+        line = sample_lines[i] if i < len(sample_lines) else 1
+        unknown = set(entry) - {"rule", "kind", "files", "expect", "note"}
+        if unknown or entry.get("kind") not in ("valid", "invalid") or not isinstance(entry.get("files"), dict):
+            raise InputError(f"rules pack samples {source}:{line}: a [[sample]] needs rule, kind = valid|invalid "
+                             f"and files, and nothing else (got {sorted(entry)})")
+        expect = tuple((b or None, s or None) for b, s in entry.get("expect", []))
+        samples.append(PackSample(entry["rule"], entry["kind"], entry["files"], expect, entry.get("note", ""), line))
+    return shared, samples

@@ -68,6 +68,7 @@ def to_json_dict(report: Report) -> dict[str, Any]:
         "findings": [
             {
                 "rule": f.rule,
+                "id": f.code,
                 "severity": f.severity,
                 "message": f.message,
                 "path": f.path,

@@ -28,19 +28,14 @@ def help_uri(rule_id: str) -> str:
     return f"{INFORMATION_URI}{__version__}/#rules"
 
 
-def rule_name(rule_id: str) -> str:
-    """SARIF's `name` is an identifier-like PascalCase name: pinned-state -> PinnedState."""
-    return "".join(part.capitalize() for part in rule_id.split("-"))
-
-
 def _rules() -> list[dict[str, Any]]:
     return [
         {
-            "id": rule.id,
-            "name": rule_name(rule.id),
+            "id": rule.code,
+            "name": rule.name,
             "shortDescription": {"text": rule.summary()},
             "fullDescription": {"text": rule.docs()},
-            "helpUri": help_uri(rule.id),
+            "helpUri": help_uri(rule.name),
             "help": {"text": rule.docs(), "markdown": _markdown_help(rule)},
             "defaultConfiguration": {"level": rule.severity},
             "properties": {"tags": ["kvtrace", "reliability"]},
@@ -59,7 +54,7 @@ def _markdown_help(rule: type) -> str:
             lines.append(f"### {stripped[:-1]}")
         else:
             lines.append(stripped)
-    return f"**{rule.id}** ({rule.severity}): {rule.name}\n\n" + "\n".join(lines)  # type: ignore[attr-defined]
+    return f"**{rule.code} {rule.name}** ({rule.severity}): {rule.title}\n\n" + "\n".join(lines)  # type: ignore[attr-defined]
 
 
 class _Locator:
@@ -116,21 +111,21 @@ def _invocation(report: Report, locate: _Locator) -> dict[str, Any]:
 def to_sarif(reports: list[Report], root: Path | None = None) -> dict[str, Any]:
     root = root or Path.cwd()
     rules = _rules()
-    rule_index = {rule["id"]: i for i, rule in enumerate(rules)}
+    rule_index = {rule.name: i for i, rule in enumerate(ALL_RULES)}
     runs = []
     for report in reports:
         locate = _Locator(report, root)
         results = []
         for f in report.findings:
             result: dict[str, Any] = {
-                "ruleId": f.rule,
+                "ruleId": f.code,
                 "ruleIndex": rule_index[f.rule],
                 "level": f.severity,
                 "message": {"text": f.message},
                 "locations": [locate(f.path, f.line)],
                 "partialFingerprints": {"kvtrace/v1": f"{f.rule}:{f.backend or '-'}:{f.state or '-'}",
                                         SARIF_KEY: str(fingerprint(f))},
-                "properties": {"backend": f.backend, "state": f.state, "function": f.function},
+                "properties": {"rule": f.rule, "backend": f.backend, "state": f.state, "function": f.function},
                 **sarif_marks(f),
             }
             if f.evidence:

@@ -149,9 +149,10 @@ REPORT_SCHEMA: dict[str, Any] = {
             "type": "array",
             "items": {
                 "type": "object",
-                "required": ["rule", "severity", "message", "path", "line", "backend", "state", "evidence"],
+                "required": ["rule", "id", "severity", "message", "path", "line", "backend", "state", "evidence"],
                 "properties": {
                     "rule": {"type": "string"},
+                    "id": {"type": "string", "pattern": "^KVT[0-9]{3}$"},
                     "severity": {"enum": ["error", "warning", "note"]},
                     "message": {"type": "string"},
                     "path": {"type": "string"},

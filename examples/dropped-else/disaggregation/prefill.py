@@ -47,7 +47,7 @@ class SchedulerDisaggregationPrefillMixin:
         undone_reqs: List[Req] = []
         for req, poll in zip(self.disagg_prefill_inflight_queue, polls):  # fates: Failed=leaves Bootstrapping=dropped WaitingForInput=kept Transferring=kept Success=leaves ; expect: dropped-state[:Bootstrapping]
             if poll in [KVPoll.WaitingForInput, KVPoll.Transferring]:  # site: check
-                undone_reqs.append(req)  # site: keep
+                undone_reqs.append(req)  # site: keep ; expect: silent-wait[:Transferring], silent-wait[:WaitingForInput]
             elif poll == KVPoll.Success:  # site: check
                 self.tree_cache.cache_finished_req(req)  # site: release
                 req.finished_reason = FINISH_LENGTH(length=0)

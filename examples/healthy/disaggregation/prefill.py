@@ -58,7 +58,7 @@ class SchedulerDisaggregationPrefillMixin:
                 # The handshake was done before this request was batched; going back is a bug.
                 raise RuntimeError(f"request {req.rid} fell back to Bootstrapping while its KV was in flight")  # site: raise
             if not (poll == KVPoll.Success or poll == KVPoll.Failed):  # site: check
-                undone_reqs.append(req)  # site: keep
+                undone_reqs.append(req)  # site: keep ; expect: silent-wait[:Transferring], silent-wait[:WaitingForInput]
                 continue
 
             if poll == KVPoll.Failed:  # site: check

@@ -61,18 +61,18 @@ class SchedulerDisaggregationPrefillMixin:
                 # Prefill ran before decode finished the handshake.
                 if self.handle_pending_bootstrap(req, poll):  # site: helper
                     self.send_kv_chunk(req, last_chunk=True)
-                    undone_reqs.append(req)  # site: keep
+                    undone_reqs.append(req)  # site: keep ; expect: silent-wait[:WaitingForInput]
                 elif poll == KVPoll.Bootstrapping and self.yield_slot_when_full and (  # site: check
                     self.req_to_token_pool.available_size() == 0
                 ):
                     # Decode may have admitted other requests; give this slot to them.
                     self.release_and_requeue(req)  # site: helper
                 elif poll != KVPoll.Failed:  # site: check
-                    undone_reqs.append(req)  # site: keep
+                    undone_reqs.append(req)  # site: keep ; expect: silent-wait[:Bootstrapping]
                 continue
 
             if poll in [KVPoll.WaitingForInput, KVPoll.Transferring]:  # site: check
-                undone_reqs.append(req)  # site: keep
+                undone_reqs.append(req)  # site: keep ; expect: silent-wait[:Transferring]
             elif poll == KVPoll.Success:  # site: check
                 self.finish_inflight_success(req)  # site: helper
                 done_reqs.append(req)  # site: done
@@ -80,7 +80,7 @@ class SchedulerDisaggregationPrefillMixin:
                 self.handle_inflight_transfer_failure(req)  # site: helper
                 done_reqs.append(req)  # site: done
             else:
-                raise RuntimeError(f"request {req.rid} is inflight with unexpected poll state {poll}")  # site: raise
+                raise RuntimeError(f"request {req.rid} is inflight with unexpected poll state {poll}")  # site: raise ; expect: unhandled-state[:Bootstrapping]
 
         self.stream_output(done_reqs, any(r.return_logprob for r in done_reqs), None)
         self.disagg_prefill_inflight_queue = undone_reqs  # site: reassign
@@ -97,7 +97,7 @@ class SchedulerDisaggregationPrefillMixin:
             assert self.disagg_prefill_bootstrap_queue.finalize_bootstrap(req)  # site: raise
             req.pending_bootstrap = False
             return True
-        raise RuntimeError(f"request {req.rid} waits for bootstrap but polled {state}")  # site: raise
+        raise RuntimeError(f"request {req.rid} waits for bootstrap but polled {state}")  # site: raise ; expect: unhandled-state[:Success], unhandled-state[:Transferring]
 
     def handle_bootstrap_failure(self: Scheduler, req: Req) -> None:
         reason = f"bootstrap of request {req.rid} failed"

@@ -69,7 +69,7 @@ class SchedulerDisaggregationPrefillMixin:
                 maybe_release_metadata_buffer(req, self.req_to_metadata_buffer_idx_allocator)  # site: release
                 finished.append(req)  # site: done
             else:
-                still_inflight.append(req)  # site: keep
+                still_inflight.append(req)  # site: keep ; expect: silent-wait[:Bootstrapping], silent-wait[:Transferring], silent-wait[:WaitingForInput]
 
         self.stream_output(finished, any(r.return_logprob for r in finished), None)
         self.disagg_prefill_inflight_queue = still_inflight  # site: reassign

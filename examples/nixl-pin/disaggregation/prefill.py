@@ -55,7 +55,7 @@ class SchedulerDisaggregationPrefillMixin:
 
         for req, poll in zip(self.disagg_prefill_inflight_queue, polls):  # fates: Failed=leaves Bootstrapping=leaves WaitingForInput=kept Transferring=kept Success=leaves
             if poll in [KVPoll.WaitingForInput, KVPoll.Transferring]:  # site: check
-                undone_reqs.append(req)  # site: keep
+                undone_reqs.append(req)  # site: keep ; expect: silent-wait[:Transferring], silent-wait[:WaitingForInput]
             elif poll == KVPoll.Success:  # site: check
                 release_kv_cache(req, self.tree_cache)  # site: release
                 req.finished_reason = FINISH_LENGTH(length=0)

@@ -66,7 +66,7 @@ class SchedulerDisaggregationPrefillMixin:
                     continue
 
             if poll != KVPoll.Success and poll != KVPoll.Failed:  # site: check
-                undone_reqs.append(req)  # site: keep
+                undone_reqs.append(req)  # site: keep ; expect: silent-wait[:Bootstrapping], silent-wait[:Staging], silent-wait[:Transferring], silent-wait[:WaitingForInput]
             elif poll is KVPoll.Success:  # site: check
                 self.tree_cache.cache_finished_req(req)  # site: release
                 req.finished_reason = FINISH_LENGTH(length=0)

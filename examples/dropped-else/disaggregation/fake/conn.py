@@ -27,7 +27,7 @@ class FakeKVSender(BaseKVSender):
     def send(self, kv_indices: npt.NDArray[np.int32]):
         self.has_sent = True
 
-    def poll(self) -> KVPoll:  # expect: pinned-state[fake:WaitingForInput]
+    def poll(self) -> KVPoll:  # expect: pinned-state[fake:WaitingForInput] ; expect: abort-ignored[fake:], no-timeout[fake:WaitingForInput]
         if not self.has_sent:
             return KVPoll.WaitingForInput
         return KVPoll.Success

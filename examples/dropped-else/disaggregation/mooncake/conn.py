@@ -47,7 +47,7 @@ class MooncakeKVSender(BaseKVSender):
     def send(self, kv_indices: npt.NDArray[np.int32]):
         self.kv_mgr.add_transfer_request(self.bootstrap_room, kv_indices, self.aux_index)
 
-    def poll(self) -> KVPoll:  # expect: pinned-state[mooncake:Transferring], pinned-state[mooncake:WaitingForInput]
+    def poll(self) -> KVPoll:  # expect: pinned-state[mooncake:Transferring], pinned-state[mooncake:WaitingForInput] ; expect: abort-ignored[mooncake:], no-timeout[mooncake:Bootstrapping], no-timeout[mooncake:Transferring], no-timeout[mooncake:WaitingForInput]
         return self.kv_mgr.check_status(self.bootstrap_room)
 
     def failure_exception(self):

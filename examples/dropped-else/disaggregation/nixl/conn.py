@@ -51,14 +51,14 @@ class NixlKVSender(BaseKVSender):
         if is_last:
             self.has_sent = True
 
-    def poll(self) -> KVPoll:  # expect: pinned-state[nixl:WaitingForInput]
+    def poll(self) -> KVPoll:  # expect: pinned-state[nixl:WaitingForInput] ; expect: abort-ignored[nixl:], no-timeout[nixl:WaitingForInput]
         if not self.has_sent:
             return KVPoll.WaitingForInput
         states = [self.kv_mgr.agent.check_xfer_state(h) for h in self.xfer_handles]
         if all(s == "DONE" for s in states):
             return KVPoll.Success
         if any(s == "ERR" for s in states):
-            raise RuntimeError(f"NIXL reported an error for room {self.bootstrap_room}")
+            raise RuntimeError(f"NIXL reported an error for room {self.bootstrap_room}")  # expect: poll-raises[nixl:]
         return KVPoll.WaitingForInput
 
     def failure_exception(self):

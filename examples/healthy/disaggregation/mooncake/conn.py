@@ -52,7 +52,7 @@ class MooncakeKVSender(BaseKVSender):
     def send(self, kv_indices: npt.NDArray[np.int32]):
         self.kv_mgr.add_transfer_request(self.bootstrap_room, kv_indices, self.aux_index)
 
-    def poll(self) -> KVPoll:
+    def poll(self) -> KVPoll:  # expect: no-timeout[mooncake:Transferring], no-timeout[mooncake:WaitingForInput]
         return self._poll_with_status(self.kv_mgr.check_status)
 
     def _poll_with_status(self, check_status: Callable[[int], int]) -> int:

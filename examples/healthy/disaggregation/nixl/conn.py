@@ -55,7 +55,7 @@ class NixlKVSender(BaseKVSender):
         self.chunk_id += 1
         self.has_sent = self.has_sent or is_last
 
-    def poll(self) -> KVPoll:
+    def poll(self) -> KVPoll:  # expect: no-timeout[nixl:Bootstrapping], no-timeout[nixl:Transferring], no-timeout[nixl:WaitingForInput]
         if self.conclude_state is not None:
             return self.conclude_state
         if not self.has_sent:

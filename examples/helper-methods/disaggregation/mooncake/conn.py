@@ -46,7 +46,7 @@ class MooncakeKVSender(BaseKVSender):
     def send(self, kv_indices: npt.NDArray[np.int32]):
         self.kv_mgr.add_transfer_request(self.bootstrap_room, kv_indices, self.aux_index)
 
-    def poll(self) -> KVPoll:
+    def poll(self) -> KVPoll:  # expect: no-timeout[mooncake:Bootstrapping], no-timeout[mooncake:Transferring], no-timeout[mooncake:WaitingForInput]
         if self.conclude_state in (KVPoll.Success, KVPoll.Failed):
             return self.conclude_state
         status = self.kv_mgr.check_status(self.bootstrap_room)

@@ -49,7 +49,7 @@ class MoriKVSender(BaseKVSender):
             self.transfer_start = time.perf_counter()
         self.kv_mgr.submit(self.bootstrap_room, kv_indices, self.aux_index)
 
-    def poll(self) -> KVPoll:  # expect: pinned-state[mori:WaitingForInput]
+    def poll(self) -> KVPoll:  # expect: pinned-state[mori:WaitingForInput] ; expect: abort-ignored[mori:], no-timeout[mori:Bootstrapping], no-timeout[mori:WaitingForInput]
         status = self.kv_mgr.check_status(self.bootstrap_room)
         if status == KVPoll.Transferring:
             waited = time.perf_counter() - (self.transfer_start or 0.0)

@@ -67,7 +67,7 @@ class CommonKVSender(BaseKVSender):
         self.aux_index = aux_index
         self.init_time = time.time()
 
-    def poll(self) -> KVPoll:  # expect: pinned-state[ascend:Transferring], pinned-state[ascend:WaitingForInput], pinned-state[mooncake:Transferring], pinned-state[mooncake:WaitingForInput]
+    def poll(self) -> KVPoll:  # expect: pinned-state[ascend:Transferring], pinned-state[ascend:WaitingForInput], pinned-state[mooncake:Transferring], pinned-state[mooncake:WaitingForInput] ; expect: abort-ignored[ascend:], abort-ignored[mooncake:], no-timeout[ascend:Transferring], no-timeout[ascend:WaitingForInput], no-timeout[mooncake:Transferring], no-timeout[mooncake:WaitingForInput]
         if self.bootstrap_room not in self.kv_mgr.request_status:
             return KVPoll.Failed
         status = self.kv_mgr.check_status(self.bootstrap_room)

@@ -31,7 +31,7 @@ class MoriKVSender(CommonKVSender):
     def send(self, kv_indices: npt.NDArray[np.int32]):
         self.kv_mgr.submit(self.bootstrap_room, kv_indices, self.aux_index)
 
-    def poll(self) -> KVPoll:
+    def poll(self) -> KVPoll:  # expect: no-timeout[mori:Transferring], no-timeout[mori:WaitingForInput]
         if self.conclude_state is not None:
             return self.conclude_state
         status = super().poll()

@@ -48,7 +48,7 @@ class NixlKVSender(CommonKVSender):
         if is_last:
             self.has_sent = True
 
-    def poll(self) -> KVPoll:  # expect: pinned-state[nixl:Bootstrapping], pinned-state[nixl:Transferring], pinned-state[nixl:WaitingForInput]
+    def poll(self) -> KVPoll:  # expect: pinned-state[nixl:Bootstrapping], pinned-state[nixl:Transferring], pinned-state[nixl:WaitingForInput] ; expect: abort-ignored[nixl:], no-timeout[nixl:Bootstrapping], no-timeout[nixl:Transferring], no-timeout[nixl:WaitingForInput]
         if not self.has_sent:
             return self.kv_mgr.check_status(self.bootstrap_room)
         states = [self.kv_mgr.agent.check_xfer_state(h) for h in self.xfer_handles]

@@ -48,7 +48,7 @@ class NixlKVSender(BaseKVSender):
     def send(self, kv_indices: npt.NDArray[np.int32]):
         self.xfer_handles.extend(self.kv_mgr.add_transfer_request(self.bootstrap_room, kv_indices, self.aux_index))
 
-    def poll(self) -> KVPoll:  # expect: pinned-state[nixl:Bootstrapping], pinned-state[nixl:Staging], pinned-state[nixl:Transferring]
+    def poll(self) -> KVPoll:  # expect: pinned-state[nixl:Bootstrapping], pinned-state[nixl:Staging], pinned-state[nixl:Transferring] ; expect: abort-ignored[nixl:], no-timeout[nixl:Bootstrapping], no-timeout[nixl:Staging], no-timeout[nixl:Transferring]
         status = self.kv_mgr.check_status(self.bootstrap_room)
         if status == KVPoll.WaitingForInput:
             if self.wait_start is None:

@@ -79,7 +79,7 @@ class NixlKVSender(BaseKVSender):
         if is_last:
             self.has_sent = True
 
-    def poll(self) -> KVPoll:  # expect: pinned-state[nixl:WaitingForInput], pinned-state[nixl:Transferring]
+    def poll(self) -> KVPoll:  # expect: pinned-state[nixl:WaitingForInput], pinned-state[nixl:Transferring] ; expect: abort-ignored[nixl:], no-timeout[nixl:Bootstrapping], no-timeout[nixl:Transferring], no-timeout[nixl:WaitingForInput]
         if not self.has_sent:
             # The bootstrap thread moves the room along in request_status.
             return self.kv_mgr.check_status(self.bootstrap_room)

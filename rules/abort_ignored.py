@@ -1,0 +1,77 @@
+from __future__ import annotations
+
+from kvtrace.model import Evidence, Finding
+from kvtrace.rules.base import Rule, Sample, ScanContext
+from kvtrace.rules.samples import STANDARD_BRANCHES, drain, sender
+
+_READS_ABORT = '''\
+        if self.conclude_state is not None:
+            return self.conclude_state
+        return self.mgr.status(self.room)'''
+_IGNORES_ABORT = '''\
+        return self.mgr.status(self.room)'''
+
+
+class AbortIgnored(Rule):
+    """A sender's poll() never consults what its abort() changes: aborting it changes nothing.
+
+    What it does:
+        For each backend, collects what abort() writes (the sender's own attributes, through the
+        methods it calls) and walks the poll() the backend really runs. Reports poll(), at its
+        def, when no path reads any of it, or when the backend has no concrete abort() at all.
+
+    Why it matters:
+        abort() is how the scheduler gives up on a transfer (a client disconnect, a failed peer,
+        a bootstrap failure on the other side). If poll() never looks, the queue keeps polling
+        the old status: the request is only freed if the transfer itself moves on, which is the
+        one thing that is not happening when it was aborted.
+
+    Example:
+        `abort()` sets `self.conclude_state = KVPoll.Failed`; `poll()` returns
+        `self.kv_mgr.check_status(self.room)` and never looks at conclude_state.
+
+    Fix:
+        Start poll() with `if self.conclude_state is not None: return self.conclude_state`
+        (or have abort() record Failed in the manager's status table that poll() reads).
+    """
+
+    code = "KVT008"
+    name = "abort-ignored"
+    title = "poll() ignores abort()"
+    severity = "warning"
+    per_queue = False
+
+    VALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES),
+                     "disaggregation/good/conn.py": sender("Good", _READS_ABORT)})]
+    INVALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES),
+                       "disaggregation/deaf/conn.py": sender("Deaf", _IGNORES_ABORT)},
+                      expect=(("deaf", None),))]
+
+    def check(self, ctx: ScanContext) -> list[Finding]:
+        findings = []
+        for analysis in ctx.senders:
+            b = analysis.backend
+            if b.poll is None or b.reads_abort_state:
+                continue
+            if not any(state in ctx.domain.non_terminal for state in b.returns):
+                continue  # poll() only ever concludes: there is no wait for an abort to cut short
+            abort = ctx.index.find_method(analysis.cls, ctx.pack.abort_method)
+            evidence = [Evidence(b.path, b.line, f"class {b.sender} (backend {b.name})")]
+            if abort is not None:
+                evidence.append(Evidence(abort.path, abort.line, f"{ctx.pack.abort_method}() writes "
+                                         f"{b.abort_state or 'nothing poll() could read'}"))
+            inherited = f" (inherited from {b.poll.inherited_from})" if b.poll.inherited_from else ""
+            evidence.append(Evidence(b.poll.path, b.poll.line, f"{b.sender}.poll(){inherited} never reads it"))
+            if b.abort_state:
+                what = f"never reads {b.abort_state}, which {ctx.pack.abort_method}() writes"
+            elif abort is None:
+                what = (f"cannot be aborted: {b.sender} has no {ctx.pack.abort_method}() at all, so nothing can "
+                        f"cancel the transfer and the queue waits for it")
+            elif any("no concrete" in n for n in b.notes):
+                what = f"cannot be aborted: {ctx.pack.abort_method}() is abstract in every class {b.sender} inherits"
+            else:
+                what = f"cannot see an abort: {ctx.pack.abort_method}() writes no attribute of the sender"
+            message = f"{b.sender}.poll(){inherited} {what}" + (
+                f": aborting a {b.name} transfer does not change what the queue polls" if abort is not None else "")
+            findings.append(self.finding(message, b.poll.path, b.poll.line, b.name, None, evidence))
+        return findings

@@ -1,0 +1,81 @@
+from __future__ import annotations
+
+import ast
+
+from kvtrace.model import Evidence, Finding
+from kvtrace.rules.base import Rule, Sample, ScanContext, drain_evidence
+from kvtrace.rules.samples import STANDARD_BRANCHES, drain, sender
+
+_RAISING_POLL = '''\
+        if self.conclude_state is not None:
+            return self.conclude_state
+        if self.mgr.lost(self.room):
+            raise RuntimeError("peer lost")
+        return self.mgr.status(self.room)'''
+_FAILING_POLL = _RAISING_POLL.replace('raise RuntimeError("peer lost")', "return KVPoll.Failed")
+
+
+class PollRaises(Rule):
+    """A backend's poll() raises instead of returning Failed, and the drain loop does not catch it.
+
+    What it does:
+        Walks the poll() each backend really runs (inherited ones and the helpers it calls) and
+        reports it, at the raise, when a path ends in an exception. It says what the drain loop
+        does with it: whether the poll call of the queue sits inside a try that handles it.
+
+    Why it matters:
+        poll() is called for every queued request on every scheduler step. An exception there
+        leaves the drain loop and the scheduler's event loop: one bad transfer takes down the
+        server instead of failing one request. Failed exists so that the drain loop can release
+        and answer that one request.
+
+    Example:
+        `if self.peer_lost: raise RuntimeError("peer lost")` inside poll(), called through
+        `poll_and_all_reduce([req.sender for req in queue], ...)` with no try around it.
+
+    Fix:
+        Record the error (`self.failure = exc`), set the abort state and return Failed; let
+        `failure_exception()` raise it for the log line the drain loop already writes.
+    """
+
+    code = "KVT007"
+    name = "poll-raises"
+    title = "poll() raises instead of returning Failed"
+    severity = "error"
+    per_queue = True  # the verdict depends on the queue's drain (does it catch?)
+
+    VALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES),
+                     "disaggregation/calm/conn.py": sender("Calm", _FAILING_POLL)})]
+    INVALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES),
+                       "disaggregation/loud/conn.py": sender("Loud", _RAISING_POLL)},
+                      expect=(("loud", None),))]
+
+    def check(self, ctx: ScanContext) -> list[Finding]:
+        drain = ctx.queue.drain
+        if drain is None:
+            return []
+        caught = drain.poll_line is not None and _inside_handled_try(drain.func.node, drain.poll_line)
+        if caught:
+            return []  # the drain loop handles the exception: a failure, not a crash
+        where = (f"the poll of {ctx.pack.queue} at {drain.func.path}:{drain.poll_line} is not inside a try, so the "
+                 f"exception leaves {drain.func.qualname} and the scheduler loop"
+                 if drain.poll_line is not None else f"{drain.func.qualname} does not catch it")
+        findings = []
+        for analysis in ctx.senders:
+            b = analysis.backend
+            if b.poll is None or not analysis.raise_sites:
+                continue
+            path, line, function = analysis.raise_sites[0]
+            others = len(analysis.raise_sites) - 1
+            message = (f"{b.sender}.poll() (backend {b.name}) raises at {function} line {line}"
+                       f"{f' (and {others} more places)' if others else ''} instead of returning Failed: {where}")
+            evidence = drain_evidence(ctx) + [Evidence(b.poll.path, b.poll.line, f"{b.sender}.poll()")] + [
+                Evidence(p, l, f"raise in {f}") for p, l, f in analysis.raise_sites]
+            findings.append(self.finding(message, path, line, b.name, None, evidence))
+        return findings
+
+
+def _inside_handled_try(func: ast.AST, line: int) -> bool:
+    return any(isinstance(node, ast.Try) and node.handlers and node.body
+               and node.body[0].lineno <= line <= (node.body[-1].end_lineno or node.body[-1].lineno)
+               for node in ast.walk(func))

@@ -1,0 +1,97 @@
+from __future__ import annotations
+
+from kvtrace.model import Evidence, Finding
+from kvtrace.rules.base import Rule, Sample, ScanContext, drain_evidence, path_evidence, returned_by
+from kvtrace.rules.samples import STANDARD_BRANCHES, drain
+
+# The standard chain whose catch-all raises instead of keeping: Bootstrapping crashes the loop.
+_ELSE_RAISES = STANDARD_BRANCHES.replace(
+    "            else:\n                undone_reqs.append(req)",
+    '            else:\n                raise ValueError(f"Unexpected poll case: {poll}")')
+# A chain that tests only the waiting states and keeps everything else: Failed is kept for ever.
+_CATCH_ALL_KEEPS = '''\
+            if poll == KVPoll.Success:
+                release_kv_cache(req, self.tree_cache)
+                done_reqs.append(req)
+            else:
+                undone_reqs.append(req)'''
+
+
+class UnhandledState(Rule):
+    """A poll state no branch of the drain loop handles: it crashes the scheduler or is kept for ever.
+
+    What it does:
+        Follows every path of the drain loop for each poll state S and keeps the paths on which
+        no test of the poll value was true for S (S reached a catch-all, or no branch at all).
+        Reports S when such a path raises (an `else: raise`, an `assert False`: the exception
+        leaves the scheduler's event loop), or when S is terminal and the catch-all keeps it (a
+        finished transfer that never leaves). A catch-all that drops S is `dropped-state`'s.
+
+    Why it matters:
+        A state the author did not expect is exactly the one a new backend or a timeout starts
+        returning. An `else` that raises turns it into a scheduler crash that takes every
+        request on the server down; a catch-all that keeps a terminal state pins it silently.
+
+    Example:
+        `if poll in [WaitingForInput, Transferring]: keep / elif Success / elif Failed / else:
+        raise ValueError(...)`: Bootstrapping, returned by a sender whose handshake is not yet
+        done, raises out of the drain loop.
+
+    Fix:
+        Give every state a branch: keep the non-terminal ones (with a deadline), and fail the
+        request (release, prepare_abort, finished list) for anything unexpected instead of raising.
+    """
+
+    code = "KVT004"
+    name = "unhandled-state"
+    title = "Poll state no branch handles"
+    severity = "warning"
+
+    VALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES)})]
+    INVALID = [
+        Sample({"disaggregation/prefill.py": drain(_ELSE_RAISES)}, expect=((None, "Bootstrapping"),)),
+        Sample({"disaggregation/prefill.py": drain(_CATCH_ALL_KEEPS)}, expect=((None, "Failed"),)),
+    ]
+
+    def check(self, ctx: ScanContext) -> list[Finding]:
+        queue = ctx.queue
+        if queue.drain is None:
+            return []
+        findings = []
+        for state in ctx.domain.members:
+            # Paths on which the poll value was tested and no test matched: S fell to a catch-all.
+            # A path that keeps S without testing it at all (a mode: "not my turn yet") is not one.
+            unmatched = [(events, outcome) for events, outcome in queue.paths.get(state, [])
+                         if any(e.kind == "check" for e in events)
+                         and not any(e.kind == "check" and e.detail == "T" for e in events)]
+            crashes: dict[tuple[str, int], list] = {}
+            for events, outcome in unmatched:
+                raise_event = next((e for e in reversed(events) if e.kind == "raise"), None)
+                if outcome == "raises" and raise_event is not None:
+                    crashes.setdefault((raise_event.path, raise_event.line), events)
+            kept = [events for events, outcome in unmatched
+                    if outcome == "kept" and state in ctx.domain.terminal]
+            by = returned_by(ctx, state)
+            who = f" (returned by: {', '.join(by)})" if by else " (no backend's poll() is seen returning it)"
+            for (path, line), events in crashes.items():
+                raise_event = next(e for e in reversed(events) if e.kind == "raise")
+                message = (f"{state}{who} matches no test of the poll value in the drain loop of {ctx.pack.queue} "
+                           f"and reaches {'an' if raise_event.detail == 'assert' else 'a'} {raise_event.detail} at "
+                           f"line {line} ({raise_event.function}): the exception leaves the drain loop (a scheduler crash)")
+                evidence = drain_evidence(ctx) + path_evidence(events, state) + [
+                    Evidence(path, line, f"raise: {state} is not expected here")]
+                findings.append(self.finding(message, path, line, None, state, evidence))
+            for events in kept[:1]:
+                keep = next((e for e in events if e.kind == "keep"), None)
+                if keep is not None:
+                    where, how = keep, f"the catch-all at line {keep.line} keeps it"
+                else:  # kept because the loop returns before the queue is reassigned
+                    where = [e for e in events if e.kind == "check"][-1]
+                    how = f"after the test at line {where.line} the drain returns before reassigning the queue"
+                message = (f"{state} is terminal but matches no test of the poll value in the drain loop of "
+                           f"{ctx.pack.queue}: {how}, and it never changes again, so the request stays in the "
+                           f"queue for ever")
+                evidence = drain_evidence(ctx) + path_evidence(events, state) + [
+                    Evidence(where.path, where.line, f"{state} stays in the queue")]
+                findings.append(self.finding(message, where.path, where.line, None, state, evidence))
+        return findings
