@@ -90,8 +90,26 @@ def _gaps(gaps: list[Gap], console: Console, more: int, heading: bool = True) ->
         console.print(Text(f"  ... and {more} more (listed at the end)", style="yellow"))
 
 
+def _grid_width(grid, by_state: bool) -> int:
+    def width(values: list[str], head: str) -> int:
+        return max([len(head)] + [len(v) for v in values]) + 2
+
+    if by_state:  # one column per state
+        return width(grid.backends, "backend") + sum(
+            width([grid.cells[b, s][0] for b in grid.backends], s) for s in grid.states)
+    return width(grid.states, "state") + sum(
+        width([grid.cells[b, s][0] for s in grid.states], b) for b in grid.backends)
+
+
 def _grid(report: Report, console: Console) -> None:
-    grid = verdict_grid(report)
+    """Names in the cells when they fit (states as columns, else backends as columns), else
+    rule codes with a legend: a name is never folded or cut."""
+    for short in (False, True):
+        grid = verdict_grid(report, short)
+        fits = [by_state for by_state in (True, False) if _grid_width(grid, by_state) <= console.width]
+        if fits:
+            break
+    by_states = bool(fits) and fits[0]
     queue = report.queues[0].name if report.queues else "the queue"
     if not grid.backends:
         console.print(Text(f"No backends found for {queue}.", style="yellow"))
@@ -103,8 +121,7 @@ def _grid(report: Report, console: Console) -> None:
     def cell(value: str, severity: str | None) -> Text:
         return Text(value, style=SEVERITY_STYLE.get(severity or "", styles.get(value, "")))
 
-    width_states = sum(max(len(s), 7) + 2 for s in grid.states) + max(len(b) for b in grid.backends) + 2
-    if width_states <= console.width:
+    if by_states:
         table.add_column("backend", no_wrap=True)
         for state in grid.states:
             table.add_column(state, no_wrap=True)
@@ -124,15 +141,19 @@ def _backend_findings(report: Report, backend: str | None, groups, files: dict[s
                       console: Console) -> None:
     info = next((b for b in report.backends if b.name == backend), None)
     console.print(Text(backend_label(backend, info), style="bold"))
+    shown: set[tuple[str, int]] = set()
     for group in groups:
         head = Text.assemble(
-            (f"{group.severity}[{group.rule}]", SEVERITY_STYLE.get(group.severity, "")), " ",
+            (f"{group.severity}[{group.rule}]", SEVERITY_STYLE.get(group.severity, "")),
             " at ", (f"{group.path}:{group.line}", "bold"))
         if group.mark:
             head.append(f" ({group.mark})", "dim")
         console.print(Padding(head, (0, 0, 0, 2)))
         console.print(Padding(Text(group.message), (0, 0, 0, 4)))
-        excerpt = _excerpt(files.get(group.path), group.line, console.width - 4)
+        excerpt = None
+        if (group.path, group.line) not in shown:  # one excerpt per place, however many rules
+            shown.add((group.path, group.line))
+            excerpt = _excerpt(files.get(group.path), group.line, console.width - 4)
         if excerpt is not None:
             console.print(Padding(excerpt, (0, 0, 0, 2)))
         if group.evidence:

@@ -18,9 +18,12 @@ SEVERITY_ORDER = {"error": 0, "warning": 1, "note": 2}
 RULE_VERBS = {"pinned-state": "pins", "dropped-state": "drops"}
 
 
-def rule_label(rule: str) -> str:
-    """The grid's word for a rule: its id's first word, upper case (PINNED, DROPPED)."""
-    return rule.split("-")[0].upper()
+def rule_label(finding: Finding, short: bool = False) -> str:
+    """The grid's word for a finding: its rule's name (upper case for an error, so it stands out
+    in plain text too), or its code where names would not fit."""
+    if short:
+        return finding.code or finding.rule
+    return finding.rule.upper() if finding.severity == "error" else finding.rule
 
 
 @dataclass
@@ -50,7 +53,7 @@ def partial_backends(report: Report) -> set[str]:
     return {g.subject for g in report.gaps if g.kind == "backend" and g.subject in checked}
 
 
-def verdict_grid(report: Report) -> Grid:
+def verdict_grid(report: Report, short: bool = False) -> Grid:
     states = _states(report)
     partial = partial_backends(report)
     rows: list[str] = []
@@ -66,7 +69,7 @@ def verdict_grid(report: Report) -> Grid:
                 cells[row, state] = (NOT_RETURNED, None)
             elif hits:
                 worst = min(hits, key=lambda f: SEVERITY_ORDER.get(f.severity, 3))
-                cells[row, state] = (rule_label(worst.rule), worst.severity)
+                cells[row, state] = (rule_label(worst, short), worst.severity)
             else:
                 cells[row, state] = (OK, None)
             used.add(cells[row, state][0])
@@ -75,15 +78,15 @@ def verdict_grid(report: Report) -> Grid:
         for state in states:
             cells[name, state] = (NOT_CHECKED, "warning")
         used.add(NOT_CHECKED)
-    legend = _legend(report, used, bool(partial))
+    legend = _legend(report, used, bool(partial), short)
     return Grid(states, rows, cells, legend)
 
 
-def _legend(report: Report, used: set[str], partial: bool) -> str:
+def _legend(report: Report, used: set[str], partial: bool, short: bool) -> str:
     parts = []
-    for rule in sorted({f.rule for f in report.findings if f.state}):
-        if rule_label(rule) in used:
-            parts.append(f"{rule_label(rule)}: {rule}")
+    if short:
+        labels = {rule_label(f, True): f.rule for f in report.findings if f.state}
+        parts += [f"{label}: {rule}" for label, rule in sorted(labels.items()) if label in used]
     if OK in used:
         parts.append("ok: poll() returns it, it has a way out")
     if NOT_RETURNED in used:
@@ -210,7 +213,8 @@ def gap_text(gaps: list[Gap], more: int = 0) -> str:
 
 
 def summary_line(report: Report) -> str:
-    """`2 errors: nixl pins WaitingForInput, Transferring · 1 warning: ... · INCOMPLETE: ...`"""
+    """`2 errors: nixl pins WaitingForInput, Transferring · 1 warning · 3 notes · INCOMPLETE: ...`:
+    errors are named (backend, what, states); warnings and notes are counted."""
     parts = []
     order = {name: i for i, name in enumerate(_states(report))}
     findings = sorted((f for f in report.findings if counts_against(f)), key=lambda f: order.get(f.state or "", len(order)))
@@ -219,6 +223,9 @@ def summary_line(report: Report) -> str:
         if not found:
             if severity == "warning" and findings:
                 parts.append("0 warnings")
+            continue
+        if severity != "error":
+            parts.append(_plural(len(found), severity))
             continue
         what: dict[tuple[str | None, str], list[str]] = {}
         for f in found:
