@@ -218,7 +218,7 @@ def test_local_fleet_identical_trees_and_worst_exit(tmp_path: Path) -> None:
     a, b = tmp_path / "a", tmp_path / "b"
     shutil.copytree(ROOT / "examples" / "nixl-pin", a)
     shutil.copytree(ROOT / "examples" / "nixl-pin", b)
-    result = kvtrace("scan", str(a), str(b), "examples/healthy", "--no-map", "--no-cache", "-v")
+    result = kvtrace("scan", str(a), str(b), "examples/all-clear", "--no-map", "--no-cache", "-v")
     assert result.returncode == 1, result.stderr  # findings on two hosts, none failed
     assert result.stderr.count("analysed in") == 2 and result.stderr.count("cached result") == 1
     assert "Fleet: 3 hosts, exit 1 (worst host)" in result.stdout
@@ -242,7 +242,7 @@ def test_hosts_file_comments_and_errors(tmp_path: Path) -> None:
 def test_merge_json_reports_from_each_host(tmp_path: Path, site_packages: Path) -> None:
     made = []
     for name, target in [("h1", ROOT / "examples" / "nixl-pin"), ("h2", ROOT / "examples" / "nixl-pin"),
-                         ("h3", ROOT / "examples" / "healthy"), ("h4", site_packages / "sglang")]:
+                         ("h3", ROOT / "examples" / "all-clear"), ("h4", site_packages / "sglang")]:
         out = tmp_path / name / "kvtrace.json"
         out.parent.mkdir()
         kvtrace("scan", str(target), "--format", "json", "-o", str(out))
