@@ -406,8 +406,9 @@ def summaries_from_json(data: Any, source: str, fail_on: str = "note") -> list[H
     {"schema": "kvtrace/2", "reports": [...]}."""
     if isinstance(data, dict) and isinstance(data.get("reports"), list):
         reports = data["reports"]
-    elif isinstance(data, list):
-        reports = data
+    elif isinstance(data, list):  # kvtrace/1 reports, or kvtrace/2 documents (one per host)
+        reports = [report for item in data for report in (
+            item["reports"] if isinstance(item, dict) and isinstance(item.get("reports"), list) else [item])]
     elif isinstance(data, dict):
         reports = [data]
     else:
