@@ -27,6 +27,7 @@ from kvtrace.errors import (
     InputError,
     KvtraceError,
 )
+from kvtrace.safe_text import plain
 from kvtrace.model import FetchLimits, Report
 from kvtrace.rules import ALL_RULES, find_rule
 
@@ -81,7 +82,7 @@ def _root(
 
 
 def _fail(message: str, code: int = EXIT_INPUT) -> typer.Exit:
-    typer.echo(f"kvtrace: error: {message}", err=True)
+    typer.echo(f"kvtrace: error: {plain(message)}", err=True)
     return typer.Exit(code)
 
 
@@ -239,9 +240,9 @@ def scan(
         if r.exception is not None:  # a bug in kvtrace: exit 4, the traceback with -v
             if verbose:
                 traceback.print_exception(type(r.exception), r.exception, r.exception.__traceback__, file=sys.stderr)
-            typer.echo(f"kvtrace: {r.error} (a bug in kvtrace; rerun with -v for the traceback)", err=True)
+            typer.echo(f"kvtrace: {plain(r.error)} (a bug in kvtrace; rerun with -v for the traceback)", err=True)
         elif r.error is not None:
-            typer.echo(f"kvtrace: error: {r.error}", err=True)
+            typer.echo(f"kvtrace: error: {plain(r.error)}", err=True)
         else:
             log.debug("%s: fetched %d files in %.2fs; %s in %.2fs", r.target, len(r.report.files), r.timings["fetch"],
                       "cached result" if r.cached else "analysed", r.timings["analyse"])
@@ -506,9 +507,21 @@ def _click_exceptions():
     return exceptions
 
 
+class _Interrupted(BaseException):
+    """Ctrl-C as our own exception: click turns KeyboardInterrupt into "Aborted!" and exit 1
+    (or swallows it), and `except Exception` around a scan must not catch it either."""
+
+
+def _on_sigint(signum: int, frame: object) -> None:
+    raise _Interrupted()
+
+
 def main(argv: list[str] | None = None) -> None:
-    """Run the CLI: usage errors are one line (exit 2), internal errors exit 4."""
+    """Run the CLI: usage errors are one line (exit 2), internal errors exit 4, Ctrl-C 130."""
+    import signal
+
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)
+    signal.signal(signal.SIGINT, _on_sigint)
     args = sys.argv[1:] if argv is None else argv
     exceptions = _click_exceptions()
     command = typer.main.get_command(app)
@@ -522,15 +535,18 @@ def main(argv: list[str] | None = None) -> None:
         message = " ".join(exc.format_message().split())
         typer.echo(f"kvtrace: error: {message}{hint}", err=True)
         code = EXIT_INPUT
-    except (typer.Abort, KeyboardInterrupt):
+    except (_Interrupted, KeyboardInterrupt, typer.Abort):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the message
         typer.echo("kvtrace: interrupted", err=True)
-        code = 130
+        sys.stderr.flush()
+        # Not sys.exit: it would join fleet worker threads still blocked on remote hosts.
+        os._exit(130)
     except BrokenPipeError:
         # The reader went away (`kvtrace scan ... | head`): not an error worth a line.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         code = EXIT_CLEAN
     except Exception as exc:  # a bug in kvtrace
-        _internal(f"internal error: {type(exc).__name__}: {exc}", exc, args)
+        _internal(plain(f"internal error: {type(exc).__name__}: {exc}"), exc, args)
         code = EXIT_INTERNAL
     sys.exit(code if isinstance(code, int) else EXIT_CLEAN)
 

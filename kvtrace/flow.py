@@ -96,6 +96,7 @@ class Config:
     domain: Domain
     state: str | None = None
     queue_attr: str | None = None
+    removal_set: str | None = None  # `self.q = [x for i, x in enumerate(self.q) if i not in S]`: S.add(i) removes
     abort_attrs: frozenset[str] = frozenset()
     attr_values: Callable[[str], Val] | None = None
     truncated: list[str] = field(default_factory=list)
@@ -663,7 +664,13 @@ class Explorer:
 
         method = callee.rsplit(".", 1)[-1] if callee else ""
         receiver = callee.rsplit(".", 1)[0] if "." in callee else ""
-        has_req = any(REQ in v for v in values)
+        # The request, or a part of it (`decode_req.req`: the queue entry wraps the request).
+        has_req = any(REQ in v for v in values) or any(
+            isinstance(a.value, cst.Attribute) and isinstance(a.value.value, cst.Name)
+            and REQ in (p.get(a.value.value.value) or ()) for a in node.args)
+        if method == "add" and receiver and receiver == self.c.removal_set:
+            # The request's index joins the set the queue is filtered by: it leaves the queue.
+            return [(p.emit(Event("done", here, line(), fn, receiver)), frozenset({NONE}))]
         if method in ("append", "extend", "insert", "appendleft") and receiver and has_req:
             recv_value = p.get(receiver) if "." not in receiver else None
             if receiver.endswith(f"self.{self.c.queue_attr}") or (recv_value is not None and KEEP in recv_value):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import ast
 import bisect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import libcst as cst
 
@@ -64,6 +64,12 @@ class Drain:
     initial: dict[str, str]  # name -> role token, or "@state" for the poll value
     poll_line: int | None
     post_effects: dict[str, list[Event]]  # done-list name -> releases/aborts after the loop
+    removal_set: str | None = None  # the queue is filtered by this set of indices: not added = kept
+    list_attr: str | None = None  # for a queue held by another object: its list attribute (`.queue`)
+    # When the poll loop is in a helper the drain calls first: the drain's own loops over the
+    # queue, run after it (they remove requests by what the poll pass left on them).
+    then: list[tuple[FuncRef, CstBody, cst.For, dict[str, str]]] = field(default_factory=list)
+    owner: FuncRef | None = None  # the function that reassigns the queue (func, unless it polls in a helper)
 
 
 @dataclass
@@ -122,19 +128,21 @@ def _all_functions(index: Index) -> list[FuncRef]:
     return sorted(funcs, key=lambda f: (not index.in_root(f.path), f.path, f.line))
 
 
-def find_drains(index: Index, pack: Pack) -> list[Drain]:
+def find_drains(index: Index, pack: Pack, within: list[FuncRef] | None = None) -> list[Drain]:
     drains = []
-    for func in _all_functions(index):
+    for func in within if within is not None else _all_functions(index):
         if pack.queue not in "\n".join(func.module.lines[func.node.lineno - 1 : func.node.end_lineno]):
             continue
         keep = _reassigned_name(func.node, pack.queue)
+        removal = _removal_set(func.node, pack.queue) if keep is None else None
         loops = [n for n in ast.walk(func.node) if isinstance(n, ast.For) and _mentions_queue(n.iter, pack.queue)]
-        if keep is None or not loops:
+        if (keep is None and removal is None) or not loops:
             continue
-        drain = _build_drain(index, pack, func, keep)
+        drain = _build_drain(index, pack, func, keep or "", removal)
         if drain is not None:
             drains.append(drain)
-    return drains
+    # A drain that reads poll values first (a removal-filtered drain may poll in a helper).
+    return sorted(drains, key=lambda d: not any(role == "@state" for role in d.initial.values()))
 
 
 def _reassigned_name(func: ast.AST, queue: str) -> str | None:
@@ -147,7 +155,101 @@ def _reassigned_name(func: ast.AST, queue: str) -> str | None:
     return None
 
 
-def _build_drain(index: Index, pack: Pack, func: FuncRef, keep: str) -> Drain | None:
+def _removal_set(func: ast.AST, queue: str) -> str | None:
+    """`self.<queue> = [x for i, x in enumerate(self.<queue>) if i not in S]`: the set S."""
+    for node in ast.walk(func):
+        if not isinstance(node, ast.Assign) or not any(isinstance(t, ast.Attribute) and t.attr == queue
+                                                       for t in node.targets):
+            continue
+        comp = node.value
+        if isinstance(comp, ast.ListComp) and len(comp.generators) == 1 and _mentions_queue(comp.generators[0].iter, queue):
+            for test in comp.generators[0].ifs:
+                if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.NotIn) \
+                        and isinstance(test.comparators[0], ast.Name):
+                    return test.comparators[0].id
+    return None
+
+
+def held_queue(index: Index, pack: Pack) -> tuple[ClassInfo, str] | None:
+    """A queue that is an object (`self.<queue> = SomeQueue(...)`) whose class keeps the requests
+    in a list attribute and drains it itself: (that class, the list attribute).
+
+    The list is the attribute the class polls (`poll_and_all_reduce([r.receiver for r in self.X])`)
+    and reassigns; the outside reads it as `self.<queue>.X` (the gauge)."""
+    for module in index.modules.values():
+        for node in ast.walk(module.tree):
+            if not isinstance(node, ast.Assign) or not isinstance(node.value, ast.Call):
+                continue
+            if not any(isinstance(t, ast.Attribute) and t.attr == pack.queue for t in node.targets):
+                continue
+            name = ast_dotted(node.value.func).rsplit(".", 1)[-1] if ast_dotted(node.value.func) else ""
+            for cls in index.classes.get(name, []):
+                attr = _polled_list(index, pack, cls)
+                if attr is not None:
+                    return cls, attr
+    return None
+
+
+def _polled_list(index: Index, pack: Pack, cls: ClassInfo) -> str | None:
+    reassigned: set[str] = set()
+    polled: list[str] = []
+    for c in index.mro(cls):
+        for func in c.methods.values():
+            for node in ast.walk(func.node):
+                if isinstance(node, ast.Assign) and func.name != "__init__":
+                    reassigned.update(t.attr for t in node.targets if isinstance(t, ast.Attribute)
+                                      and isinstance(t.value, ast.Name) and t.value.id == "self")
+                if isinstance(node, ast.Call) and node.args:
+                    callee = ast_dotted(node.func) or ""
+                    if pack.is_poll_call(callee):
+                        polled += [n.attr for a in node.args for n in ast.walk(a) if isinstance(n, ast.Attribute)
+                                   and isinstance(n.value, ast.Name) and n.value.id == "self"]
+    return next((attr for attr in polled if attr in reassigned), None)
+
+
+def _build_drain(index: Index, pack: Pack, func: FuncRef, keep: str, removal: str | None = None) -> Drain | None:
+    found = _queue_loop(index, pack, func)
+    if found is None:
+        return None
+    loop, body, initial, poll_line = found
+    owner_func, owner_body = func, body
+    if removal is not None and not any(role == "@state" for role in initial.values()) and func.owner is not None:
+        # A filtered queue may read its poll values in a helper the drain calls first (a pass
+        # that marks requests) and remove them in its own loops: analyse the loop that polls.
+        for node in ast.walk(func.node):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "self":
+                helper = index.find_method(func.owner, node.func.attr)
+                polled = _queue_loop(index, pack, helper) if helper is not None and helper is not func else None
+                if polled is not None and any(role == "@state" for role in polled[2].values()):
+                    then = _own_loops(pack, owner_func, owner_body)
+                    func, (loop, body, initial, poll_line) = helper, polled
+                    break
+    if keep:
+        initial[keep] = KEEP
+    drain = Drain(func, loop, body, func.owner, keep, initial, poll_line,
+                  _post_loop_effects(index, pack, owner_func, owner_body, loop), removal)
+    drain.owner = owner_func
+    if func is not owner_func:
+        drain.then = then
+    return drain
+
+
+def _own_loops(pack: Pack, func: FuncRef, body: CstBody) -> list[tuple[FuncRef, CstBody, cst.For, dict[str, str]]]:
+    """The top-level loops of `func` over the queue, in order, with their names' roles."""
+    loops = []
+    for stmt in body.node.body.body if isinstance(body.node.body, cst.IndentedBlock) else []:
+        if isinstance(stmt, cst.For) and any(isinstance(n, cst.Attribute) and n.attr.value == pack.queue
+                                             for n in _walk(stmt.iter)):
+            roles: dict[str, str] = {}
+            _bind_loop_target(stmt.target, stmt.iter, pack.queue, {}, roles)
+            loops.append((func, body, stmt, roles))
+    return loops
+
+
+def _queue_loop(index: Index, pack: Pack, func: FuncRef) -> tuple[cst.For, CstBody, dict[str, str], int | None] | None:
+    """The loop of `func` over the queue (the first one that pairs requests with poll values,
+    else the first), its body, the roles of its names, and the line of the poll call."""
     cst_func = index.cst(func)
     if cst_func is None:
         return None
@@ -169,14 +271,18 @@ def _build_drain(index: Index, pack: Pack, func: FuncRef, keep: str) -> Drain | 
     cst_func.node.visit(Find())
     if not loops:
         return None
-    loop = loops[0]
-    initial: dict[str, str] = {keep: KEEP}
     poll_line = None
+    base: dict[str, str] = {}
     for name, line in poll_vars.items():
-        initial[name] = POLLS
+        base[name] = POLLS
         poll_line = line
-    _bind_loop_target(loop.target, loop.iter, pack.queue, poll_vars, initial)
-    return Drain(func, loop, body, func.owner, keep, initial, poll_line, _post_loop_effects(index, pack, func, body, loop))
+    choices = []
+    for loop in loops:
+        initial = dict(base)
+        _bind_loop_target(loop.target, loop.iter, pack.queue, poll_vars, initial)
+        choices.append((loop, initial))
+    loop, initial = next(((l, i) for l, i in choices if "@state" in i.values()), choices[0])
+    return loop, body, initial, poll_line
 
 
 def _bind_loop_target(target: cst.BaseExpression, it: cst.BaseExpression, queue: str,
@@ -238,12 +344,15 @@ def _post_loop_effects(index: Index, pack: Pack, func: FuncRef, body: CstBody, d
     return effects
 
 
-def outcome_of(events: tuple[Event, ...] | list[Event], term: str | None) -> str:
+def outcome_of(events: tuple[Event, ...] | list[Event], term: str | None, removal: bool = False) -> str:
     if term == "raise":
         return "raises"
     if term == "return":
         return "kept"  # returned before `self.<queue> = ...`: the queue is unchanged
     kinds = {e.kind for e in events}
+    if removal:
+        # The queue is filtered by a set of indices: a request stays unless it was added to it.
+        return "leaves" if kinds & {"done", "requeue"} else "kept"
     if "keep" in kinds:
         return "kept"
     if kinds & {"done", "requeue", "release", "abort"}:
@@ -256,24 +365,45 @@ def analyse_queue(index: Index, pack: Pack, domain: Domain) -> QueueAnalysis:
     graph = StateGraph()
     graph.add_node(ROOT)
     static = static_sites(index, pack)
+    list_pack = pack
+    if not drains:
+        held = held_queue(index, pack)
+        if held is not None:
+            # The queue is an object whose class holds the list and drains it itself.
+            cls, attr = held
+            list_pack = pack.for_queue(attr)
+            methods = [m for c in index.mro(cls) for m in c.methods.values()]
+            drains = find_drains(index, list_pack, methods)
+            static = sorted(static + _held_sites(index, list_pack, cls, methods), key=lambda s: (s.path, s.line, s.kind))
+            for drain in drains:
+                drain.list_attr = attr
     if not drains:
         return QueueAnalysis(None, graph, {}, static)
     drain = drains[0]
     truncated: list[str] = []
     paths: dict[str, list[tuple[list[Event], str]]] = {}
     for state in domain.members:
-        config = Config(index, pack, domain, state=state, queue_attr=pack.queue)
+        config = Config(index, list_pack, domain, state=state, queue_attr=list_pack.queue, removal_set=drain.removal_set)
         explorer = Explorer(config)
         env = {name: frozenset({state}) if role == "@state" else frozenset({role}) for name, role in drain.initial.items()}
         start = PathState(env=tuple(sorted(env.items())))
         frame = Frame(drain.func, drain.body, drain.cls)
         explorer.stack.append(id(drain.func.node))
         ends = explorer.run_block(drain.loop.body.body, [start], frame)
+        for func, body, loop, roles in drain.then:
+            # The drain's own loops see each request the poll pass did not raise on.
+            ready = [replace(end, term=None, env=tuple(sorted({n: frozenset({r}) for n, r in roles.items()}.items())))
+                     for end in ends if end.term != "raise"]
+            explorer.stack.append(id(func.node))
+            after = explorer.run_block(loop.body.body, ready, Frame(func, body, func.owner)) if ready else []
+            explorer.stack.pop()
+            ends = [end for end in ends if end.term == "raise"] + [
+                replace(end, term=None) if end.term in ("continue", "break") else end for end in after]
         truncated.extend(config.truncated)
         state_paths = []
         for end in ends:
             events = list(end.events)
-            outcome = outcome_of(events, end.term)
+            outcome = outcome_of(events, end.term, removal=drain.removal_set is not None)
             if outcome == "leaves":
                 for e in list(events):
                     if e.kind == "done":
@@ -282,6 +412,23 @@ def analyse_queue(index: Index, pack: Pack, domain: Domain) -> QueueAnalysis:
         paths[state] = state_paths
         _add_paths(graph, state, state_paths)
     return QueueAnalysis(drain, graph, paths, static, sorted(set(truncated)))
+
+
+def _held_sites(index: Index, list_pack: Pack, cls: ClassInfo, methods: list[FuncRef]) -> list[Site]:
+    """Entries into and reassignments of the holder's own list (`self.queue.append(...)` in its
+    methods); other classes' lists of the same name are not this queue."""
+    sites = []
+    for func in methods:
+        for node in ast.walk(func.node):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
+                    and node.func.attr in ("append", "extend", "insert", "appendleft") \
+                    and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == list_pack.queue \
+                    and isinstance(node.func.value.value, ast.Name) and node.func.value.value.id == "self":
+                sites.append(Site("entry", func.path, node.lineno, func.qualname))
+            elif isinstance(node, ast.Assign) and func.name != "__init__" and any(
+                    isinstance(t, ast.Attribute) and t.attr == list_pack.queue for t in node.targets):
+                sites.append(Site("reassign", func.path, node.lineno, func.qualname))
+    return sites
 
 
 def _add_paths(graph: StateGraph, state: str, state_paths: list[tuple[list[Event], str]]) -> None:

@@ -22,9 +22,11 @@ OUTCOME_ORDER: tuple[str, ...] = ("kept", "leaves", "raises", "dropped")
 class FetchLimits:
     """Bounds on what a fetch may read; exceeding one is an input error, not a silent cut."""
 
-    max_file_bytes: int = 8 * 1024 * 1024
+    # With these, a scan stays under ~500 MB (bytes held + the parse budget in parse.py).
+    # SGLang 0.5.23: largest file 0.3 MB; the whole installed package 67 MB in 4,719 files.
+    max_file_bytes: int = 1024 * 1024
     max_files: int = 20_000
-    max_total_bytes: int = 256 * 1024 * 1024
+    max_total_bytes: int = 128 * 1024 * 1024
 
 
 @dataclass

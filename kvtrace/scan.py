@@ -30,7 +30,7 @@ from kvtrace.model import (
     StateFate,
 )
 from kvtrace.packs import Pack, load_pack
-from kvtrace.parse import parse_module
+from kvtrace.parse import parse_modules
 from kvtrace.rules.unused_suppression import UnusedSuppression
 from kvtrace.suppress import silence
 
@@ -167,7 +167,7 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
             raise AmbiguousTarget(fetched.target, candidates)
         root = candidates[0]
     in_scope = _in_scope(files, pack, root, package_scope(root, candidates))
-    modules = [m for m in (parse_module(f) for f in in_scope) if m is not None]
+    modules = parse_modules(in_scope)
     index = Index(modules, root)
     enum = find_enum(index, pack)
     if enum is None:

@@ -23,8 +23,9 @@ class ReleaseLeak(Rule):
     What it does:
         Follows every path on which a poll state takes the request out of the queue. A path
         that ends the request (it calls an abort such as `prepare_abort`) must release every
-        resource the pack names (`[effects] resources`: the KV cache, the metadata buffer),
-        on the path or after the loop for the finished list it joins. Any path out must answer
+        resource the pack names (`[effects] resources`: the KV cache, the metadata buffer; a
+        queue's `[queue] holds` entry narrows it to what a request in that queue holds), on the
+        path or after the loop for the finished list it joins. Any path out must answer
         the client (an abort, an answer call such as `stream_output`, also after the loop) or
         hand the request on (a finished list the drain returns or another queue). Reports the
         state, at the statement that ends the request, with the resources or the answer missing.
@@ -59,7 +60,7 @@ class ReleaseLeak(Rule):
         queue = ctx.queue
         if queue.drain is None:
             return []
-        returned = _returned_names(queue.drain.func.node)
+        returned = _returned_names((queue.drain.owner or queue.drain.func).node)
         findings = []
         for state in ctx.domain.members:
             # Group the paths out by the statement that takes the request out: a resource missing
@@ -89,7 +90,7 @@ class ReleaseLeak(Rule):
         released = {ctx.pack.resource_of(e.detail.removesuffix(" (after the loop)")) for e in events if e.kind == "release"}
         handed_on = "requeue" in kinds or any(e.kind == "done" and e.detail in returned for e in events)
         if "abort" in kinds:
-            missing = [name for name, _ in ctx.pack.resources if name not in released]
+            missing = [name for name in ctx.pack.held_in(ctx.pack.queue) if name not in released]
             if missing:
                 return (f"ending the request (abort) without releasing {', '.join(missing)}: "
                         f"{' and '.join(missing)} leak{'s' if len(missing) == 1 else ''} for every such request")

@@ -8,6 +8,7 @@ with the wheel's own dist-info, so the version comes from real package metadata.
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -278,3 +279,32 @@ def test_summary_lines_for_a_sample() -> None:
     assert stuck.summary() == [f"{GAUGE} 1 for 30.0 s (31 samples)"]
     assert MetricsSample("u", error="cannot read: refused").summary() == ["metrics u: cannot read: refused"]
 
+
+
+def test_progress_shows_on_a_terminal_only(tmp_path: Path) -> None:
+    """On a terminal (a real pty) stderr gets the per-host progress display; piped it gets none."""
+    import pty
+
+    a, b = tmp_path / "a", tmp_path / "b"
+    shutil.copytree(ROOT / "examples" / "nixl-pin", a)
+    shutil.copytree(ROOT / "examples" / "healthy", b)
+    controller, terminal = pty.openpty()
+    out = tmp_path / "report.json"
+    proc = subprocess.Popen([sys.executable, "-m", "kvtrace", "scan", str(a), str(b), "--no-cache", "-f", "json",
+                             "-o", str(out)], cwd=ROOT, stdin=terminal, stdout=terminal, stderr=terminal,
+                            env={**os.environ, "TERM": "xterm", "COLUMNS": "120"})
+    os.close(terminal)
+    shown = b""
+    while True:
+        try:
+            chunk = os.read(controller, 65536)
+        except OSError:  # the pty closes (EIO) when the process exits
+            break
+        if not chunk:
+            break
+        shown += chunk
+    os.close(controller)
+    assert proc.wait(timeout=120) == 1
+    text = shown.decode("utf-8", "replace")
+    assert f"{a}: " in text and "\x1b[" in text  # the live display, drawn with terminal codes
+    assert "Fleet: 2 hosts" in text and len(json.loads(out.read_text())) == 2

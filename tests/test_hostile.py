@@ -195,3 +195,153 @@ def test_non_utf8_source_and_name(tree: Path) -> None:
     assert declared["status"] == "ok"  # a PEP 263 coding cookie is honoured, as Python does
     assert any("not UTF-8" in p for p in data["problems"])  # the odd file name is reported, not lost
     assert pins(data) == EXPECTED_PINS
+
+
+# --- hostile local trees: permissions, depth, size of expressions ----------------------------
+
+# Root ignores file modes; these runs drop the two capabilities that let it, as a normal user is.
+NO_OVERRIDE = ["setpriv", "--inh-caps=-all", "--bounding-set=-dac_override,-dac_read_search", "--"]
+
+
+def as_unprivileged(*args: str) -> subprocess.CompletedProcess[str]:
+    if os.geteuid() != 0:
+        command = [sys.executable, "-m", "kvtrace", *args]
+    else:
+        assert shutil.which("setpriv"), "setpriv (util-linux) is needed to drop root's override capabilities"
+        command = [*NO_OVERRIDE, sys.executable, "-m", "kvtrace", *args]
+    return subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_unreadable_and_unenterable_folders_are_listed_and_the_scan_goes_on(tree: Path) -> None:
+    """Before: a folder with read but no execute permission (`chmod -R 644`) ended the scan with
+    'internal error: PermissionError'."""
+    pkg = tree / "disaggregation"
+    for name, mode in (("listable_only", 0o644), ("closed", 0o000)):
+        folder = pkg / name
+        folder.mkdir()
+        (folder / "inner.py").write_text("x = 1\n")
+        folder.chmod(mode)
+    try:
+        result = as_unprivileged("scan", str(tree), "--format", "json")
+    finally:
+        for name in ("listable_only", "closed"):
+            (pkg / name).chmod(0o755)
+    assert "Traceback" not in result.stderr and "internal error" not in result.stderr, result.stderr
+    assert result.returncode == 3, result.stderr
+    data = json.loads(result.stdout)
+    assert pins(data) == EXPECTED_PINS
+    inner = {f["path"]: f for f in data["files"]}
+    assert inner["disaggregation/listable_only/inner.py"]["status"] == "unreadable"
+    assert any("closed" in p and "Permission denied" in p for p in data["problems"]), data["problems"]
+
+
+def test_1100_nested_folders(tree: Path) -> None:
+    """Before: 'internal error: RecursionError' (os.walk recurses in Python 3.11)."""
+    levels = [tree / "disaggregation" / "d"]
+    for _ in range(1099):
+        levels.append(levels[-1] / "d")
+    try:
+        for level in levels:  # one at a time: Path.mkdir(parents=True) recurses too
+            level.mkdir()
+        (levels[-1] / "bottom.py").write_text("BOTTOM = 1\n")
+        code, data = scan_json(tree)
+        assert code == 1 and pins(data) == EXPECTED_PINS
+        assert any(f["path"].endswith("/d/bottom.py") and f["status"] == "ok" for f in data["files"])
+    finally:  # bottom-up by hand: shutil.rmtree (and so pytest's tmp cleanup) recurses
+        (levels[-1] / "bottom.py").unlink(missing_ok=True)
+        for level in reversed(levels):
+            if level.exists():
+                level.rmdir()
+
+
+def test_10000_operand_and_in_the_drain_loop_is_not_analysed_not_a_crash(tree: Path) -> None:
+    """Before: SIGSEGV inside libcst's native parser."""
+    prefill = tree / "disaggregation" / "prefill.py"
+    text = prefill.read_text()
+    anchor = "        for req, poll in zip(self.disagg_prefill_inflight_queue, polls):"
+    assert anchor in text
+    chain = " and ".join(f"req.f{i}" for i in range(10_000))
+    start = text.index(anchor)
+    end = text.index("\n", start) + 1  # after the loop header line (it carries a comment)
+    prefill.write_text(text[:end] + f"            if {chain}:\n                pass\n" + text[end:])
+    assert "req.f9999" in prefill.read_text()
+    result = kvtrace("scan", str(tree), "--format", "json")
+    assert result.returncode == 3, (result.returncode, result.stderr[-500:])  # not -11 (SIGSEGV)
+    data = json.loads(result.stdout)
+    entry = next(f for f in data["files"] if f["path"] == "disaggregation/prefill.py")
+    assert entry["status"] == "skipped" and "levels deep" in entry["error"] and "not analysed" in entry["error"]
+
+
+def test_markup_and_escapes_in_names_are_printed_as_written(tree: Path, tmp_path: Path) -> None:
+    """Before: `[bold]` in a path was eaten by rich markup, with -v a `[/x]` raised
+    MarkupError, and escape sequences reached the terminal raw."""
+    odd = tmp_path / "a[bold][" / "oops]\x1b[2J"  # the path reads ".../a[bold][/oops]ESC[2J"
+    odd.parent.mkdir()
+    shutil.copytree(tree, odd)
+    result = kvtrace("scan", str(odd), "-v", "--format", "json")
+    assert "Traceback" not in result.stderr and "MarkupError" not in result.stderr, result.stderr
+    assert result.returncode == 1, result.stderr
+    unwrapped = result.stderr.replace("\n", "")  # -v lines may wrap at the terminal width
+    assert "\x1b" not in result.stderr and "a[bold][/oops]\\x1b[2J" in unwrapped, result.stderr
+    missing = kvtrace("scan", str(tmp_path / "no[bold]such\x1b[31m"))
+    assert missing.returncode == 2 and "no[bold]such\\x1b[31m" in missing.stderr, missing.stderr
+    assert missing.stderr.count("\n") == 1
+
+
+def test_ctrl_c_during_a_scan_is_one_line_and_exit_130() -> None:
+    """Before: exit 130 with no message (the handler never ran), or with typer 0.12.5
+    'Aborted!' and exit 1. The scan here waits on a server that never answers."""
+    import signal
+    import time
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from hostile_ssh_server import HostileServer
+
+    with HostileServer("stall-after-marker") as server:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "kvtrace", "scan", server.target(), "-i", str(server.client_key),
+             "--known-hosts", str(server.known_hosts), "--ssh-config", os.devnull, "--timeout", "120"],
+            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )
+        deadline = time.monotonic() + 60
+        while not server.commands and time.monotonic() < deadline:  # the fetch is running
+            time.sleep(0.05)
+        assert server.commands, "the scan never reached the server"
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130, (proc.returncode, err)
+    assert err == "kvtrace: interrupted\n", err
+    assert out == ""
+
+
+def test_memory_stays_bounded_with_huge_generated_files(tree: Path) -> None:
+    """Before: four 8 MiB files inside the default limits peaked at 3.8 GB RSS. Now files over
+    1 MiB are not read, and the parse budget leaves out (and names) what would not fit."""
+    import tempfile
+
+    pkg = tree / "disaggregation"
+    for i in range(4):  # over the per-file limit: listed, not read
+        with (pkg / f"huge{i}.py").open("w") as handle:
+            handle.write("".join(f"H{i}_{j} = [1, 2, 3]\n" for j in range(8 * 1024 * 1024 // 16)))
+    for i in range(6):  # just under it, dense: ~340,000 syntax nodes each
+        rows, size = [], 0
+        while size < 1_000_000:
+            rows.append(f"V{i}_{len(rows)} = [1, 2, 3]\n")
+            size += len(rows[-1])
+        (pkg / f"dense{i}.py").write_text("".join(rows[:-1]))
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen([sys.executable, "-m", "kvtrace", "scan", str(tree), "--format", "json", "--no-cache"],
+                                cwd=ROOT, stdout=out, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        proc.returncode = os.waitstatus_to_exitcode(status)
+        out.seek(0)
+        err.seek(0)
+        data, stderr = json.loads(out.read()), err.read().decode()
+    assert "Traceback" not in stderr and proc.returncode == 3, stderr
+    assert usage.ru_maxrss / 1024 < 500, f"peak RSS {usage.ru_maxrss / 1024:.0f} MB"
+    files = {f["path"].rsplit("/", 1)[-1]: f for f in data["files"]}
+    assert all(files[f"huge{i}.py"]["status"] == "too-large" for i in range(4))
+    budget = [n for n in files if n.startswith("dense") and "parse budget" in (files[n]["error"] or "")]
+    assert len(budget) >= 4, {n: files[n]["error"] for n in files if n.startswith("dense")}
+    assert pins(data) == EXPECTED_PINS  # the real package is still analysed

@@ -63,22 +63,40 @@ def fetch_local(root: Path, limits: FetchLimits = FetchLimits()) -> FetchResult:
     files: list[SourceFile] = []
     notes: list[str] = []
     real_root = root.resolve()
-
-    def unreadable_dir(error: OSError) -> None:
-        notes.append(f"skipped unreadable directory {error.filename}: {error.strerror}")
-
-    # os.walk does not follow directory symlinks by default, so a link loop cannot recurse.
-    for dirpath, dirnames, filenames in os.walk(root, onerror=unreadable_dir):
-        dirnames[:] = sorted(d for d in dirnames if not _pruned(d))
-        for name in sorted(filenames):
-            if not name.endswith(".py"):
+    # Iterative, in os.walk's top-down order (a folder's files, then each subfolder in sorted
+    # order): os.walk recurses in Python 3.11 and a tree 1,000 folders deep overflowed it.
+    # Directory links are never entered, so a link loop cannot recurse either.
+    pending: list[Path] = [root]
+    while pending:
+        folder = pending.pop()
+        try:
+            with os.scandir(folder) as listing:
+                entries = sorted(listing, key=lambda e: e.name)
+        except OSError as exc:
+            notes.append(f"skipped unreadable directory {_shown(folder)}: {exc.strerror or exc}")
+            continue
+        subfolders: list[Path] = []
+        for entry in entries:
+            full = Path(entry.path)
+            try:
+                is_dir = entry.is_dir(follow_symlinks=False)
+            except OSError:
+                is_dir = False
+            if is_dir:
+                if not _pruned(entry.name):
+                    subfolders.append(full)
                 continue
-            full = Path(dirpath) / name
+            if not entry.name.endswith(".py"):
+                continue
             rel = full.relative_to(root).as_posix()
             if not _printable_name(rel):
                 notes.append(f"skipped a file whose name is not UTF-8: {rel.encode('utf-8', 'surrogateescape')!r}")
                 continue
-            if full.is_symlink() and not _link_stays_inside(full, real_root):
+            try:
+                is_link = entry.is_symlink()
+            except OSError:
+                is_link = False
+            if is_link and not _link_stays_inside(full, real_root):
                 continue
             try:
                 regular = stat.S_ISREG(full.stat().st_mode)
@@ -87,7 +105,13 @@ def fetch_local(root: Path, limits: FetchLimits = FetchLimits()) -> FetchResult:
             if not regular:
                 continue  # a FIFO or device named *.py would block or mislead
             files.append(_read(full, rel, limits, budget))
+        pending.extend(reversed(subfolders))
     return FetchResult(target=label, files=files, notes=notes)
+
+
+def _shown(path: Path) -> str:
+    text = str(path)
+    return text if text.isprintable() else repr(text)
 
 
 def _pruned(directory: str) -> bool:

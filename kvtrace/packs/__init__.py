@@ -33,6 +33,8 @@ SCHEMA: dict[str, dict[str, tuple[str, Any]]] = {
         "names": (STRS, []),  # ... or several, analysed one by one with the same settings
         "poll_calls": (STRS, None),
         "gauge_calls": (STRS, []),
+        # queue -> the resources (of [effects] resources) a request holds while in it; default all.
+        "holds": (TABLE_OF_STRS, {}),
     },
     "enum": {"name": (STR, None), "terminal": (STRS, None)},
     "effects": {
@@ -82,6 +84,7 @@ class Pack:
     answer_calls: tuple[str, ...] = ()
     metric_calls: tuple[str, ...] = ()
     resources: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    holds: tuple[tuple[str, tuple[str, ...]], ...] = ()
     manager_base: str = ""
     update_method: str = "update_status"
     check_method: str = "check_status"
@@ -107,6 +110,10 @@ class Pack:
 
     def is_metric(self, callee: str) -> bool:
         return matches(callee, self.metric_calls)
+
+    def held_in(self, queue: str) -> tuple[str, ...]:
+        """The resources a request holds while in `queue` (all named ones unless the pack says)."""
+        return next((names for name, names in self.holds if name == queue), tuple(n for n, _ in self.resources))
 
     def resource_of(self, callee: str) -> str | None:
         """The named resource a release call gives back, if the pack names one."""
@@ -221,9 +228,19 @@ def validate(data: dict[str, Any], text: str, source: str) -> dict[str, dict[str
             checked[section][key] = given[key]
     if not checked["queue"]["name"] and not checked["queue"]["names"]:
         raise fail(key_line(text, "queue"), "[queue] needs name (one queue) or names (several)")
+    for name, held in checked["queue"]["holds"].items():
+        unknown = [h for h in held if h not in checked["effects"]["resources"]]
+        if name not in queues_of(checked) or unknown:
+            raise fail(key_line(text, "queue", "holds"), f"[queue] holds: {name!r} must be a queue of this pack "
+                       f"and {unknown or held} resources of [effects.resources]")
     if not checked["enum"]["terminal"]:
         raise fail(key_line(text, "enum", "terminal"), "[enum] terminal must name at least one member")
     return checked
+
+
+def queues_of(checked: dict[str, dict[str, Any]]) -> tuple[str, ...]:
+    queue = checked["queue"]
+    return tuple(dict.fromkeys(([queue["name"]] if queue["name"] else []) + list(queue["names"])))
 
 
 def _top_key_line(text: str, key: str) -> int:
@@ -233,7 +250,7 @@ def _top_key_line(text: str, key: str) -> int:
 
 def _from_dict(data: dict[str, dict[str, Any]], source: str, path: Path | None) -> Pack:
     queue, effects, backends, manager = data["queue"], data["effects"], data["backends"], data["manager"]
-    queues = tuple(dict.fromkeys(([queue["name"]] if queue["name"] else []) + list(queue["names"])))
+    queues = queues_of(data)
     owned = tuple((name, tuple(patterns)) for name, patterns in effects["resources"].items())
     # Every named resource's calls are release calls too.
     release = tuple(dict.fromkeys(list(effects["release_calls"]) + [p for _, ps in owned for p in ps]))
@@ -259,6 +276,7 @@ def _from_dict(data: dict[str, dict[str, Any]], source: str, path: Path | None) 
         answer_calls=tuple(effects["answer_calls"]),
         metric_calls=tuple(effects["metric_calls"]),
         resources=owned,
+        holds=tuple((name, tuple(held)) for name, held in queue["holds"].items()),
         manager_base=manager["base"],
         update_method=manager["update_method"],
         check_method=manager["check_method"],

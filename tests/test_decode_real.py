@@ -1,0 +1,107 @@
+"""The sglang-decode pack on SGLang 0.5.2 from PyPI: both decode queues mapped, checked against
+a reading of `sglang/srt/disaggregation/decode.py` by hand (line numbers of that release)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kvtrace.model import Report
+from kvtrace.packs import load_pack
+from kvtrace.scan import scan_path
+from tests.sglang_wheels import sglang_tree
+
+DECODE = "sglang/srt/disaggregation/decode.py"
+D = "sglang/srt/disaggregation"
+
+
+@pytest.fixture(scope="module")
+def report() -> Report:
+    return scan_path(sglang_tree("0.5.2"), load_pack("sglang-decode"))
+
+
+def sites(report: Report, queue: str) -> set[tuple[str, str, int, tuple[str, ...]]]:
+    q = next(q for q in report.queues if q.name == queue)
+    return {(s.kind, s.path, s.line, s.states) for s in q.sites}
+
+
+def test_transfer_queue_mapped_by_hand(report: Report) -> None:
+    """`scheduler.py:730 self.disagg_decode_transfer_queue = DecodeTransferQueue(...)`; the class
+    keeps `self.queue` and drains it in pop_transferred (574-672): polls at 577, loop at 583,
+    removal by `indices_to_remove` and `self.queue = [... if i not in indices_to_remove]` (667)."""
+    q = next(q for q in report.queues if q.name == "disagg_decode_transfer_queue")
+    assert (q.drain.path, q.drain.line, q.drain.note) == (DECODE, 583, "DecodeTransferQueue.pop_transferred")
+    fates = {state: fate.fate for state, fate in q.states.items()}
+    # 584 Failed: prepare_abort (591), cache_finished_req (600), indices_to_remove.add (601);
+    # 605 Success: indices_to_remove.add (652); 653 the three waiting states: `pass` (kept).
+    assert fates == {"Failed": ["leaves"], "Success": ["leaves"], "Bootstrapping": ["kept"],
+                     "WaitingForInput": ["kept"], "Transferring": ["kept"]}
+    expected = {
+        ("entry", DECODE, 569, ()),  # DecodeTransferQueue.add: self.queue.append(decode_req)
+        ("entry", DECODE, 572, ()),  # DecodeTransferQueue.extend: self.queue.extend(decode_reqs)
+        ("entry", DECODE, 890, ()),  # process_decode_queue: self.disagg_decode_transfer_queue.extend(req_conns)
+        ("poll", DECODE, 577, ()),
+        ("check", DECODE, 584, ("Failed",)),
+        ("abort", DECODE, 591, ("Failed",)),
+        ("release", DECODE, 600, ("Failed",)),
+        ("done", DECODE, 601, ("Failed",)),
+        ("check", DECODE, 605, ("Success",)),
+        ("done", DECODE, 652, ("Success",)),
+        ("check", DECODE, 653, ("Bootstrapping", "WaitingForInput", "Transferring")),
+        # `for i in indices_to_remove: self.req_to_metadata_buffer_idx_allocator.free(idx)`
+        ("release", DECODE, 665, ("Failed", "Success")),
+        ("reassign", DECODE, 667, ()),
+        ("gauge", "sglang/srt/managers/scheduler_metrics_mixin.py", 238, ()),  # len(...transfer_queue.queue)
+    }
+    assert expected <= sites(report, "disagg_decode_transfer_queue")
+
+
+def test_prealloc_queue_mapped_by_hand(report: Report) -> None:
+    """`scheduler.py:740 self.disagg_decode_prealloc_queue = DecodePreallocQueue(...)`;
+    pop_preallocated (344) first calls _update_handshake_waiters, whose loop (322) zips
+    `self.queue` with `poll_and_all_reduce(...)` (318): Bootstrapping `pass`, WaitingForInput sets
+    `waiting_for_input`, Failed calls prepare_abort (334), anything else `raise ValueError` (342).
+    Then pop_preallocated's own loops remove aborted requests (366) and preallocated ones (425)
+    through `indices_to_remove`, and `self.queue = [...]` (427)."""
+    q = next(q for q in report.queues if q.name == "disagg_decode_prealloc_queue")
+    assert (q.drain.path, q.drain.line) == (DECODE, 322)
+    fates = {state: fate.fate for state, fate in q.states.items()}
+    # The removal loops test request flags kvtrace does not tie to the poll pass, so a polled
+    # request may stay or leave; their `assert decode_req.metadata_buffer_index is not None` (419)
+    # may fail. Transferring and Success reach the ValueError.
+    for state in ("Failed", "Bootstrapping", "WaitingForInput"):
+        assert fates[state] == ["kept", "leaves", "raises"], state
+    assert fates["Transferring"] == fates["Success"] == ["raises"]
+    expected = {
+        ("entry", DECODE, 256, ()),  # DecodePreallocQueue.add: self.queue.append(DecodeRequest(...))
+        ("entry", "sglang/srt/managers/scheduler.py", 1351, ()),  # ...prealloc_queue.extend(reqs, ...)
+        ("poll", DECODE, 318, ()),
+        ("check", DECODE, 323, ("Bootstrapping",)),
+        ("check", DECODE, 325, ("WaitingForInput",)),
+        ("check", DECODE, 327, ("Failed",)),
+        ("abort", DECODE, 334, ("Failed",)),
+        ("raise", DECODE, 342, ("Transferring", "Success")),
+        ("done", DECODE, 366, ("Failed", "Bootstrapping", "WaitingForInput")),
+        ("done", DECODE, 425, ("Failed", "Bootstrapping", "WaitingForInput")),
+        ("reassign", DECODE, 427, ()),
+        ("gauge", "sglang/srt/managers/scheduler_metrics_mixin.py", 235, ()),
+    }
+    assert expected <= sites(report, "disagg_decode_prealloc_queue")
+
+
+def test_decode_findings(report: Report) -> None:
+    found = {(f.rule, f.path, f.line, f.backend, f.state) for f in report.findings
+             if f.rule in ("pinned-state", "unhandled-state", "release-leak", "dropped-state")}
+    assert found == {
+        # NixlKVReceiver.poll() (nixl/conn.py:650): `if not self.started_transfer: return
+        # WaitingForInput`, then WaitingForInput until check_transfer_done; conclude_state is
+        # only set by poll() itself (no abort() in the receiver or its bases), no deadline; the
+        # transfer queue keeps WaitingForInput with `pass` (653).
+        ("pinned-state", f"{D}/nixl/conn.py", 650, "nixl", "WaitingForInput"),
+        # FakeKVReceiver.poll() (fake/conn.py:69) returns WaitingForInput until init().
+        ("pinned-state", f"{D}/fake/conn.py", 69, "fake", "WaitingForInput"),
+        # _update_handshake_waiters: `else: raise ValueError(f"Unexpected poll case: {poll}")`.
+        ("unhandled-state", DECODE, 342, None, "Transferring"),
+        ("unhandled-state", DECODE, 342, None, "Success"),
+    }
+    # The prealloc queue keeps WaitingForInput only until pop_preallocated moves it on: no pin there.
+    assert not any(f.rule == "pinned-state" and "prealloc" in f.message for f in report.findings)
