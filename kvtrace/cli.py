@@ -288,11 +288,11 @@ def report_gaps(reports: list[Report], quiet: bool) -> None:
         if not report.gaps:
             continue
         if quiet:
-            typer.echo(f"kvtrace: INCOMPLETE: {report.target}: {len(report.gaps)} thing(s) not analysed "
-                       "(see the report)", err=True)
+            typer.echo(plain(f"kvtrace: INCOMPLETE: {report.target}: {len(report.gaps)} thing(s) not analysed "
+                             "(see the report)"), err=True)
             continue
         for gap in report.gaps:
-            typer.echo(f"kvtrace: incomplete: {report.target}: {gap_line(gap)}", err=True)
+            typer.echo(plain(f"kvtrace: incomplete: {report.target}: {gap_line(gap)}"), err=True)
 
 
 def gap_line(gap) -> str:
@@ -352,8 +352,17 @@ def setup_logging(verbose: bool, quiet: bool) -> None:
     else:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("kvtrace: %(message)s"))
+    handler.addFilter(_SafeRecord())
     log.addHandler(handler)
     log.setLevel(level)
+
+
+class _SafeRecord(logging.Filter):
+    """Log lines carry outside text (remote stderr, file names): print it inert, on one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = plain(record.getMessage()), ()
+        return True
 
 
 # ---------------------------------------------------------------------------------------------
