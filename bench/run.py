@@ -64,6 +64,19 @@ from kvtrace.packs import load_pack
 report, hit = scan_cached(fetch_local(pathlib.Path(sys.argv[1]), FetchLimits()), load_pack(), Cache())
 assert hit and report.queues[0].drain is not None, 'the cache was not warm'
 """,
+    "kvtrace-unbounded": """
+import functools, pathlib, sys
+import kvtrace.parse, kvtrace.scan
+from kvtrace.cache import scan_cached
+from kvtrace.fetch.local import fetch_local
+from kvtrace.model import FetchLimits
+from kvtrace.packs import load_pack
+# Lift the parse budget (which bounds memory by leaving files out) so every copy is analysed.
+kvtrace.scan.parse_modules = functools.partial(kvtrace.parse.parse_modules, max_nodes=10**9)
+report, hit = scan_cached(fetch_local(pathlib.Path(sys.argv[1]), FetchLimits()), load_pack(), None)
+assert not hit and report.queues[0].drain is not None
+assert all(f.status == 'ok' for f in report.files), [f.error for f in report.files if f.status != 'ok'][:3]
+""",
     "kvtrace-fill": """
 import pathlib, sys
 from kvtrace.cache import Cache, scan_cached
@@ -212,11 +225,11 @@ def main() -> None:
         print(f"  {'warm / cold (whole process, for reference)':44} {cli_warm / cli_cold:6.2f}x")
         results.append(verdict("peak RSS of a cold scan", cold_m / 1024, 300, " MB"))
 
-        print("copies side by side (cold, in-process)", flush=True)
+        print("copies side by side (cold, in-process, parse budget lifted so every copy is analysed)", flush=True)
         base_t = base_m = 0.0
         for count in (1, 4, 16):
             folder = make_copies(tree, count, work)
-            t, m = median(lambda: run_python("kvtrace-cold", str(folder), env=env), max(1, r // 2 or 1))
+            t, m = median(lambda: run_python("kvtrace-unbounded", str(folder), env=env), max(1, r // 2 or 1))
             if count == 1:
                 base_t, base_m = t, m
             print(f"  {count:2d}x  {t:7.3f} s  ({t / base_t:5.2f}x time of 1x, {t / count:6.3f} s per copy)"

@@ -37,17 +37,20 @@ def sshd_missing_reason() -> str | None:
     return None
 
 
-def require_sshd() -> None:
-    """Skip locally, but FAIL under CI (env CI set), when sshd is missing: CI must not go green
-    by skipping the SSH tests."""
+def require(reason: str | None, what: str = "SSH tests need sshd") -> None:
+    """Skip locally, but FAIL under CI (env CI set), when `reason` says something is missing:
+    CI must not go green by skipping the SSH tests."""
     import pytest
 
-    reason = sshd_missing_reason()
     if reason is None:
         return
     if os.environ.get("CI"):
-        pytest.fail(f"SSH tests need sshd under CI: {reason}", pytrace=False)
+        pytest.fail(f"{what} under CI: {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+def require_sshd() -> None:
+    require(sshd_missing_reason())
 
 
 def generate_key(path: Path, comment: str = "kvtrace-test") -> str:

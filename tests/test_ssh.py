@@ -22,7 +22,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/ is not a package
 
-from sshd_server import SshdServer, ThrowawayUser, can_create_users, generate_key, require_sshd  # noqa: E402
+from sshd_server import SshdServer, ThrowawayUser, can_create_users, generate_key, require, require_sshd  # noqa: E402
 
 from kvtrace.errors import LimitExceeded, RemoteError  # noqa: E402
 from kvtrace.fetch.local import fetch_local  # noqa: E402
@@ -446,12 +446,7 @@ def test_remote_path_normalisation() -> None:
 
 
 def require_users() -> None:
-    reason = can_create_users()
-    if reason is None:
-        return
-    if os.environ.get("CI"):
-        pytest.fail(f"SSH permission tests need throwaway logins under CI: {reason}", pytrace=False)
-    pytest.skip(reason)
+    require(can_create_users(), "SSH permission tests need throwaway logins")
 
 
 @pytest.fixture
@@ -623,11 +618,8 @@ def shell_logins() -> Iterator[tuple[SshdServer, dict[str, str]]]:
     require_sshd()
     require_users()
     missing = [path for path in SHELLS.values() if not os.access(path, os.X_OK)]
-    if missing:
-        message = f"login shells missing: {missing} (run .ci/install-sshd.sh)"
-        if os.environ.get("CI"):
-            pytest.fail(message, pytrace=False)
-        pytest.skip(message)
+    require(f"login shells missing: {missing} (run .ci/install-sshd.sh)" if missing else None,
+            "the login-shell tests need csh, tcsh and fish")
     users = {shell: ThrowawayUser(path) for shell, path in SHELLS.items()}
     entered: list[ThrowawayUser] = []
     try:

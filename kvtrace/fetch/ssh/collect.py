@@ -4,11 +4,27 @@ sorted into fetch_local's order."""
 from __future__ import annotations
 
 import posixpath
+from typing import TYPE_CHECKING
 
 from kvtrace.errors import LimitExceeded
 from kvtrace.fetch.local import Budget, oversized_file
 from kvtrace.model import FetchLimits, FetchResult, SourceFile
 from kvtrace.fetch.ssh.options import Log
+
+if TYPE_CHECKING:
+    from kvtrace.fetch.ssh.connect import SshConnection
+
+
+class Route:
+    """What both remote routes (exec + tar, SFTP) are given: a connection, the path and limits."""
+
+    def __init__(self, conn: SshConnection, label: str, path: str, shown: str, limits: FetchLimits) -> None:
+        self.conn = conn
+        self.label = label
+        self.path = path
+        self.shown = shown  # the path as printed: one line
+        self.limits = limits
+        self.where = conn.where
 
 
 class Collected:

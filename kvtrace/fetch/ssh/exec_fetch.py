@@ -9,8 +9,8 @@ import paramiko
 
 from kvtrace.errors import LimitExceeded, RemoteError
 from kvtrace.fetch.local import make_source_file, oversized_file
-from kvtrace.fetch.ssh.collect import Collected, relative, too_large, utf8_name
-from kvtrace.fetch.ssh.connect import SshConnection, ms, shown as _shown
+from kvtrace.fetch.ssh.collect import Collected, Route, relative, too_large, utf8_name
+from kvtrace.fetch.ssh.connect import ms, shown as _shown
 from kvtrace.fetch.ssh.script import COMMAND, MARKER, stdin_payload
 from kvtrace.fetch.ssh.stream import ChannelStream
 from kvtrace.fetch.ssh.tarstream import TarReader, member_over_limit
@@ -24,15 +24,7 @@ def total_cap_message(label: str, limits: FetchLimits) -> str:
             "point kvtrace at the disaggregation folder or raise --max-total-bytes")
 
 
-class ExecFetch:
-    def __init__(self, conn: SshConnection, label: str, path: str, shown: str, limits: FetchLimits) -> None:
-        self.conn = conn
-        self.label = label
-        self.path = path
-        self.shown = shown
-        self.limits = limits
-        self.where = conn.where
-
+class ExecFetch(Route):
     def run(self) -> FetchResult | None:
         """One round trip; None when the server cannot run it (the caller then uses SFTP)."""
         t0 = time.monotonic()
@@ -47,8 +39,13 @@ class ExecFetch:
                 conn.log(f"ssh: exec refused ({exc}); using SFTP")
                 return None
             chan.settimeout(conn.deadline.cap(conn.options.read_timeout))
-            chan.sendall(stdin_payload(self.path, limits.max_file_bytes))
-            chan.shutdown_write()
+            try:
+                chan.sendall(stdin_payload(self.path, limits.max_file_bytes))
+                chan.shutdown_write()
+            except OSError:
+                # The remote ended the command before reading it (a server that runs no
+                # commands answers and closes at once): what it sent says what to do next.
+                conn.log("ssh: the remote command closed its input early")
             # Records, headers, padding and .py symlinks ride on top of the file bytes; anything
             # far beyond the byte budget is cut off without reading it all.
             cap = limits.max_total_bytes + 2048 * (limits.max_files + 1) + (1 << 20)

@@ -14,22 +14,15 @@ from paramiko.sftp import CMD_CLOSE, CMD_HANDLE, CMD_NAME, CMD_OPENDIR, CMD_READ
 
 from kvtrace.errors import LimitExceeded, RemoteError
 from kvtrace.fetch.local import make_source_file, oversized_file
-from kvtrace.fetch.ssh.collect import Collected
-from kvtrace.fetch.ssh.connect import SshConnection, ms, why
-from kvtrace.model import FetchLimits, FetchResult, SourceFile
+from kvtrace.fetch.ssh.collect import Collected, Route
+from kvtrace.fetch.ssh.connect import ms, why
+from kvtrace.model import FetchResult, SourceFile
 
 MAX_PATH = 4096  # PATH_MAX: a deeper tree is a hostile (or endless) one
 
 
-class SftpFetch:
-    def __init__(self, conn: SshConnection, label: str, path: str, shown: str, limits: FetchLimits) -> None:
-        self.conn = conn
-        self.label = label
-        self.path = path
-        self.shown = shown
-        self.limits = limits
-        self.where = conn.where
-        self.entries_seen = 0
+class SftpFetch(Route):
+    entries_seen = 0  # READDIR names over the whole walk, bounded
 
     def run(self) -> FetchResult:
         t0 = time.monotonic()
