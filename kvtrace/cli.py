@@ -65,6 +65,7 @@ class OutputFormat(str, Enum):
     sarif = "sarif"
     markdown = "markdown"
     github = "github"
+    html = "html"
 
 
 def _version(value: bool) -> None:
@@ -176,6 +177,8 @@ def scan(
         help="An earlier kvtrace JSON report or SARIF log: its findings are shown as such and do not fail.")] = None,
     write_baseline: Annotated[Optional[Path], typer.Option("--write-baseline", metavar="FILE",
         help="Also write this scan's findings as a JSON baseline.")] = None,
+    graph: Annotated[Optional[Path], typer.Option("--graph", metavar="FILE",
+        help="Also export the analysis graph: FILE.graphml, FILE.dot or FILE.json.")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache",
         help="Analyse even when this code, pack and tree were scanned before (see `kvtrace cache`).")] = False,
     hosts: Annotated[Optional[Path], typer.Option("--hosts", metavar="FILE",
@@ -204,6 +207,10 @@ def scan(
                           pack=rules, fail_on=fail_on.value if fail_on else None,
                           baseline=str(baseline) if baseline else None)
     try:
+        if graph is not None:
+            from kvtrace.report.graph_export import check_path
+
+            check_path(graph)  # before the scan, not after it
         wanted = list(targets or []) + (read_hosts_file(hosts) if hosts is not None else [])
         if not wanted:
             raise InputError("no TARGET: give paths or hosts, or --hosts FILE")
@@ -250,6 +257,10 @@ def scan(
     if reports:
         try:
             _write(reports, output_format, output, no_map, sarif_root)
+            if graph is not None:
+                from kvtrace.report import graph_export
+
+                graph_export.write(reports, graph)
             if write_baseline is not None:
                 from kvtrace.report.json import render as render_json
 
@@ -324,6 +335,10 @@ def _write(reports: list[Report], fmt: OutputFormat, output: Path | None, no_map
         text = render_sarif(reports, root=sarif_root or Path.cwd())
     elif fmt is OutputFormat.github:
         from kvtrace.report.github import render
+
+        text = render(reports)
+    elif fmt is OutputFormat.html:
+        from kvtrace.report.html import render
 
         text = render(reports)
     else:

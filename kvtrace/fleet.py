@@ -369,7 +369,8 @@ def summarise(result: HostResult) -> HostSummary:
 
 def render_summary(hosts: list[HostSummary]) -> str:
     """Plain text, one block per host then the groups of identical trees; greppable when piped."""
-    lines = [f"Fleet: {len(hosts)} hosts, exit {worst_exit(h.exit_code for h in hosts)} (worst host)"]
+    count = f"{len(hosts)} host" + ("s" if len(hosts) != 1 else "")
+    lines = [f"Fleet: {count}, exit {worst_exit(h.exit_code for h in hosts)} (worst host)"]
     for h in hosts:
         if h.error is not None:
             lines.append(f"  {h.target}  FAILED (exit {h.exit_code}): {h.error}")

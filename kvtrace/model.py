@@ -9,7 +9,7 @@ from __future__ import annotations
 import io
 import tokenize
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 SCHEMA = "kvtrace/1"
 
@@ -183,3 +183,6 @@ class Report:
         return bool(self.gaps)
     # Facts about where the tree was found, set by kvtrace.fleet: host, sglang_version, metrics.
     host_facts: dict[str, object] = field(default_factory=dict)
+    # The queue graph the fates were read from, as {"nodes": [(node, attrs)], "edges": [(a, b,
+    # attrs)]} (kvtrace.report.diagram.queue_graph rebuilds it), for diagrams and --graph.
+    graph: dict[str, list[Any]] | None = field(default=None, repr=False, compare=False)

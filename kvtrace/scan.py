@@ -212,6 +212,9 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
         enum=enum_evidence,
         problems=problems,
         version=detect_version(files, root),
+        # Plain lists: reports pickle into the cache and unpickle without the analysis' types.
+        graph={"nodes": list(queue.graph.nodes.items()),
+               "edges": [(a, b, data) for (a, b), data in queue.graph.edges.items()]},
     )
     report.gaps = find_gaps(report, enum_evidence.path)
     return report

@@ -23,11 +23,8 @@ GIT = ["git", "-c", "user.name=kvtrace tests", "-c", "user.email=tests@kvtrace.i
 
 
 def kvtrace(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
-    # Diffs are shown on the fate rules; the link rules' verdicts on these trees and releases are
-    # checked in test_rules_real.py and the examples' annotations.
-    fate_rules = ["--select", "pinned-state,dropped-state"] if args[:1] == ("diff",) else []
-    return subprocess.run([sys.executable, "-m", "kvtrace", *args, *fate_rules], cwd=cwd, capture_output=True,
-                          text=True, timeout=300)
+    return subprocess.run([sys.executable, "-m", "kvtrace", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
 
 
 def keys(items: list[dict]) -> set[tuple[str, str | None, str | None]]:
@@ -35,7 +32,10 @@ def keys(items: list[dict]) -> set[tuple[str, str | None, str | None]]:
 
 
 def test_diff_of_two_sglang_releases() -> None:
-    result = kvtrace("diff", str(sglang_tree("0.4.6.post5")), str(sglang_tree("0.5.2")), "-f", "json")
+    # The fate rules, whose verdicts are verified below by reading the code; the link rules have
+    # their own real-release tests (tests/test_rules_real.py).
+    result = kvtrace("diff", str(sglang_tree("0.4.6.post5")), str(sglang_tree("0.5.2")), "-f", "json",
+                     "--select", "pinned-state,dropped-state")
     assert result.returncode == 1, result.stderr  # findings were added
     data = json.loads(result.stdout)
     assert keys(data["added"]) == {
@@ -68,7 +68,7 @@ def test_diff_of_two_sglang_releases() -> None:
 
 
 def test_diff_of_releases_that_fix_everything_exits_0() -> None:
-    result = kvtrace("diff", str(sglang_tree("0.5.2")), str(sglang_tree("0.5.23")))
+    result = kvtrace("diff", str(sglang_tree("0.5.2")), str(sglang_tree("0.5.23")), "--select", "pinned-state")
     assert result.returncode == 0, result.stdout + result.stderr
     # 0.5.23: FakeKVSender.poll() returns self.conclude_state first and times out waiting;
     # NixlKVSender is `pass` over CommonKVSender, whose poll() returns self.conclude_state first.
@@ -106,7 +106,8 @@ def repo(tmp_path: Path) -> Path:
 
 def test_diff_of_two_git_revisions(repo: Path) -> None:
     before = subprocess.run(["git", "status", "--porcelain"], cwd=repo, capture_output=True, text=True).stdout
-    result = kvtrace("diff", "HEAD~1", "HEAD", "--path", "python/sglang", "-f", "json", cwd=repo)
+    result = kvtrace("diff", "HEAD~1", "HEAD", "--path", "python/sglang", "-f", "json", "--select", "pinned-state",
+                     cwd=repo)
     assert result.returncode == 1, result.stderr
     data = json.loads(result.stdout)
     added = keys(data["added"])

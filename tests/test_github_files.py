@@ -72,7 +72,7 @@ def test_pre_commit_hook(tmp_path: Path) -> None:
     skipped = run()
     assert skipped.returncode == 0 and "(no files to check)Skipped" in skipped.stdout, skipped.stdout
 
-    # The sender fixed (the all-clear example, which every rule accepts): the hook passes.
+    # A tree every rule accepts (the all-clear example): the hook passes.
     shutil.rmtree(project / "python" / "sglang" / "srt")
     shutil.copytree(EXAMPLES / "all-clear", project / "python" / "sglang" / "srt")
     git(project, "add", "-A")
@@ -122,10 +122,13 @@ def test_action_steps_run_as_a_script(tmp_path: Path) -> None:
             sarif = workspace / evaluate(step["with"]["sarif_file"])
             log = json.loads(sarif.read_text())
             jsonschema.validate(log, SARIF_SCHEMA)
-            # The errors (the two pins); the link rules add notes and warnings elsewhere.
-            uris = [r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] for r in log["runs"][0]["results"]
-                    if r["level"] == "error"]
-            assert uris and all(u.endswith("nixl/conn.py") for u in uris)
+            results = log["runs"][0]["results"]
+            uris = [r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] for r in results]
+            # Relative to the scanned folder or to the workspace, depending on --sarif-root.
+            assert uris and all((workspace / u).is_file() or (workspace / "python/sglang" / u).is_file() for u in uris)
+            assert any(r["ruleId"] in ("pinned-state", "KVT001") and u.endswith("nixl/conn.py")
+                       for r, u in zip(results, uris))
+            errors_in_sarif = sum(r["level"] == "error" for r in results)
             ran.append("upload-sarif")
             continue
         assert step.get("shell") == "bash" and "run" in step, step
@@ -147,8 +150,11 @@ def test_action_steps_run_as_a_script(tmp_path: Path) -> None:
     scan = logs["scan"]
     assert scan.returncode == 0, scan.stderr
     annotations = [line for line in scan.stdout.splitlines() if line.startswith("::error file=")]
-    assert len(annotations) == 2
-    assert all("file=python/sglang/srt/disaggregation/nixl/conn.py," in a for a in annotations)
+    assert len(annotations) == errors_in_sarif
+    pinned = [a for a in annotations if "pinned-state" in a]
+    assert len(pinned) == 2 and all("file=python/sglang/srt/disaggregation/nixl/conn.py," in a for a in pinned)
+    for line in annotations:
+        assert (workspace / re.search(r"file=([^,]+),", line).group(1)).is_file()
     assert outputs["scan"]["exit-code"] == "1"
     assert logs["Fail on findings"].returncode == 1
     assert evaluate(action["outputs"]["exit-code"]["value"]) == "1"

@@ -4,9 +4,11 @@ fates and the backends. Markdown that pastes into an issue tracker."""
 
 from __future__ import annotations
 
-from kvtrace import __version__
 from kvtrace.model import Report
-from kvtrace.report.verdicts import backend_label, finding_groups, gap_text, summary_line, verdict_grid
+from kvtrace.report.verdicts import gap_text, summary_line, verdict_grid
+from kvtrace.report.bugreport import code_link, environment_lines, excerpt_details, target_from_cwd
+from kvtrace.report.diagram import mermaid_section
+from kvtrace.report.links import permalinks
 
 
 def _cell(text: str) -> str:
@@ -16,15 +18,46 @@ def _cell(text: str) -> str:
 def render(reports: list[Report]) -> str:
     out: list[str] = []
     for report in reports:
-        _report(report, out)
+        links = permalinks(report)
+        out.append(f"## kvtrace: `{target_from_cwd(report)}`\n")
+        out += environment_lines(report) + [""]
+        out.append(f"Package `{report.root or '.'}`; {sum(f.status == 'ok' for f in report.files)}"
+                   f"/{len(report.files)} files analysed.\n")
+        _answer_first(report, out)
+        out.append(f"### Findings ({len(report.findings)})\n")
+        for f in report.findings:
+            out.append(f"- **{f.rule}** ({f.severity}) {code_link(f.path, f.line, links)}: {f.message}")
+            for e in f.evidence:
+                out.append(f"  - {code_link(e.path, e.line, links)} {e.note}")
+            out += ["", *("  " + row if row else "" for row in excerpt_details(report, f.path, f.line, links)), ""]
+        if not report.findings:
+            out.append("None.")
+        out += mermaid_section(report)
+        for queue in report.queues:
+            out.append(f"\n### Release map: `{queue.name}`\n")
+            out.append("| kind | path:line | function | states |")
+            out.append("|---|---|---|---|")
+            for s in queue.sites:
+                note = f" ({_cell(s.note)})" if s.note else ""
+                out.append(f"| {s.kind} | `{s.path}:{s.line}` | `{s.function}` | {', '.join(s.states)}{note} |")
+            out.append("\n| state | fate |")
+            out.append("|---|---|")
+            for state, fate in queue.states.items():
+                out.append(f"| {state} | {', '.join(fate.fate)} |")
+        out.append("\n### Backends\n")
+        out.append("| backend | sender | poll() | returns | reads abort state | timeouts |")
+        out.append("|---|---|---|---|---|---|")
+        for b in report.backends:
+            poll = f"`{b.poll.path}:{b.poll.line}`" if b.poll else "-"
+            timeouts = "; ".join(f"`{t.path}:{t.line}` {', '.join(t.covers)}" for t in b.timeouts) or "none"
+            out.append(f"| {b.name} | `{b.sender}` | {poll} | {', '.join(b.returns)} | "
+                       f"{'yes' if b.reads_abort_state else 'no'} | {timeouts} |")
+        out.append("")
     return "\n".join(out) + "\n"
 
 
-def _report(report: Report, out: list[str]) -> None:
-    version = f" ({report.version.package} {report.version.version})" if report.version else ""
-    out.append(f"## kvtrace {__version__}: `{report.target}`{version}\n")
-    analysed = sum(f.status == "ok" for f in report.files)
-    out.append(f"Package `{report.root or '.'}`; {analysed}/{len(report.files)} files analysed.\n")
+def _answer_first(report: Report, out: list[str]) -> None:
+    """What was not analysed (loud), then the backend x state verdict grid."""
     if report.gaps:
         out.append(f"> **INCOMPLETE**: {gap_text(report.gaps)}\n")
         for gap in report.gaps:
@@ -32,7 +65,6 @@ def _report(report: Report, out: list[str]) -> None:
                 if gap.kind == "backend" else "scan"
             out.append(f"- {subject}: {_cell(gap.reason)}")
         out.append("")
-
     grid = verdict_grid(report)
     if grid.backends:
         out.append("| backend | " + " | ".join(grid.states) + " |")
@@ -42,38 +74,5 @@ def _report(report: Report, out: list[str]) -> None:
                      for text, severity in (grid.cells[backend, s] for s in grid.states)]
             out.append(f"| {backend} | " + " | ".join(cells) + " |")
         out.append(f"\n{grid.legend}\n")
+    out.append(f"**{summary_line(report)}**\n")
 
-    out.append(f"### Findings ({len(report.findings)})\n")
-    for backend, groups in finding_groups(report).items():
-        info = next((b for b in report.backends if b.name == backend), None)
-        out.append(f"#### {_cell(backend_label(backend, info))}\n")
-        for g in groups:
-            states = f" — {', '.join(g.states)}" if g.states else ""
-            out.append(f"- **{g.rule}** ({g.severity}) `{g.path}:{g.line}`{states}: {_cell(g.message)}")
-            for e in g.evidence:
-                out.append(f"  - `{e.path}:{e.line}` {_cell(e.note)}")
-        out.append("")
-    if not report.findings:
-        out.append("None.\n")
-    out.append(f"**{summary_line(report)}**")
-
-    for queue in report.queues:
-        out.append(f"\n### Release map: `{queue.name}`\n")
-        out.append("| kind | path:line | function | states |")
-        out.append("|---|---|---|---|")
-        for s in queue.sites:
-            note = f" ({_cell(s.note)})" if s.note else ""
-            out.append(f"| {s.kind} | `{s.path}:{s.line}` | `{s.function}` | {', '.join(s.states)}{note} |")
-        out.append("\n| state | fate |")
-        out.append("|---|---|")
-        for state, fate in queue.states.items():
-            out.append(f"| {state} | {', '.join(fate.fate)} |")
-    out.append("\n### Backends\n")
-    out.append("| backend | sender | poll() | returns | reads abort state | timeouts |")
-    out.append("|---|---|---|---|---|---|")
-    for b in report.backends:
-        poll = f"`{b.poll.path}:{b.poll.line}`" if b.poll else "-"
-        timeouts = "; ".join(f"`{t.path}:{t.line}` {', '.join(t.covers)}" for t in b.timeouts) or "none"
-        out.append(f"| {b.name} | `{b.sender}` | {poll} | {', '.join(b.returns)} | "
-                   f"{'yes' if b.reads_abort_state else 'no'} | {timeouts} |")
-    out.append("")

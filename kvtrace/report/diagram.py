@@ -1,0 +1,329 @@
+"""The state diagram of one backend, drawn from the analysis graph (networkx), with a layered
+layout computed here (no layout engine at view time). Used by the HTML page, the mermaid block
+of the markdown report and `--graph` export.
+
+Per backend: each poll state the sender's poll() can return -> the checks, appends, releases and
+helpers its paths pass in the drain loop -> kept / leaves / raises / dropped -> for kept states,
+the sender's way out (poll() reading the state abort() writes, timeout checks) or its absence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import networkx as nx
+
+from kvtrace.model import OUTCOME_ORDER, Backend, Report
+
+ROOT = ("root",)
+COLUMN, ROW = 222, 92  # layout grid in SVG units: layers run top to bottom, nodes side by side
+NODE_W, NODE_H = 206, 44
+
+
+@dataclass
+class Diagram:
+    backend: Backend
+    graph: nx.DiGraph  # nodes: kind, label, path, line, css (list), layer, order, x, y; edges: states, css
+    pinned: list[str]
+    width: int
+    height: int
+
+
+def node_id(node: tuple) -> str:
+    """A stable, HTML- and mermaid-safe id for a graph node."""
+    text = "-".join(str(part) for part in node)
+    return "n-" + "".join(c if c.isalnum() else "-" for c in text)
+
+
+def _site_label(kind: str, details: set[str], line: int) -> str:
+    shown = sorted(d for d in details if d not in ("T", "F"))
+    after = any("(after the loop)" in d for d in shown)
+    return f"L{line} {kind}" + (" (after the loop)" if after else "")
+
+
+def queue_graph(report: Report) -> nx.DiGraph:
+    """The report's queue graph as networkx (the report carries it as plain lists)."""
+    graph = nx.DiGraph()
+    if report.graph:
+        graph.add_nodes_from(report.graph["nodes"])
+        graph.add_edges_from(report.graph["edges"])
+    return graph
+
+
+def backend_diagram(report: Report, backend: Backend) -> Diagram:
+    flow = queue_graph(report)
+    states = list(report.queues[0].states) if report.queues else []
+    returned = [s for s in states if s in backend.returns] if backend.poll else states
+    pinned = sorted({f.state for f in report.findings if f.rule == "pinned-state" and f.backend == backend.name
+                     and f.state}, key=states.index)
+    dropped = {f.state for f in report.findings if f.rule == "dropped-state" and f.state}
+    g = nx.DiGraph()
+    poll = backend.poll
+    for state in states:
+        css = ["state"] + (["pinned"] if state in pinned else []) + (["dropped"] if state in dropped else []) \
+            + ([] if state in returned else ["unreturned"])
+        where = (poll.path, poll.line) if poll else (report.enum.path, report.enum.line) if report.enum else ("", 0)
+        g.add_node(("state", state), kind="state", label=state, path=where[0], line=where[1], css=css,
+                   tip=f"{backend.sender}.poll() {'can return' if state in returned else 'never returns'} {state}")
+
+    wanted = set(returned)
+    for a, b, data in flow.edges(data=True):
+        carried = [s for s in states if s in data.get("states", ()) and s in wanted]
+        if not carried:
+            continue
+        sources = [("state", s) for s in carried] if a == ROOT else [a]
+        for node in (b,) + (() if a == ROOT else (a,)):
+            if node not in g:
+                _add_site(g, flow, node, _outcome_lines(report))
+        for source in sources:
+            edge_states = [source[1]] if a == ROOT else carried
+            if g.has_edge(source, b):
+                g.edges[source, b]["states"] += [s for s in edge_states if s not in g.edges[source, b]["states"]]
+            else:
+                g.add_edge(source, b, states=list(edge_states), css=[])
+    _way_out(g, backend, states, returned)
+    for a, b, data in g.edges(data=True):
+        if any(s in pinned for s in data["states"]):
+            data["css"].append("pinned")
+    width, height = _layout(g)
+    return Diagram(backend, g, pinned, width, height)
+
+
+def _outcome_lines(report: Report) -> dict[str, tuple[str, int]]:
+    """Where each outcome happens: `kept` at the line that assigns the keep list back to the queue,
+    the others at the drain loop's `for` (the request leaves, raises or falls out of it there)."""
+    if not report.queues or report.queues[0].drain is None:
+        return {}
+    queue = report.queues[0]
+    loop = (queue.drain.path, queue.drain.line)
+    reassign = next(((s.path, s.line) for s in queue.sites if s.kind == "reassign" and s.function == queue.drain.note
+                     and s.path == queue.drain.path), loop)
+    return {o: reassign if o == "kept" else loop for o in OUTCOME_ORDER}
+
+
+def _add_site(g: nx.DiGraph, flow: nx.DiGraph, node: tuple, outcome_lines: dict[str, tuple[str, int]]) -> None:
+    data = flow.nodes[node]
+    if node[0] == "outcome":
+        outcome = node[1]
+        path, line = outcome_lines.get(outcome, ("", 0))
+        g.add_node(node, kind="outcome", label=outcome, path=path, line=line, css=["outcome", f"outcome-{outcome}"],
+                   tip={"kept": "back into the queue", "leaves": "out of the queue (finished, released or aborted)",
+                        "raises": "the drain loop raises", "dropped": "out of the queue with nothing done"}[outcome])
+        return
+    kind = data.get("kind", node[0])
+    g.add_node(node, kind=kind, label=_site_label(kind, data.get("details", set()), data.get("line", 0)),
+               path=data.get("path", ""), line=data.get("line", 0), css=["site", f"site-{kind}"],
+               tip=f"{kind} in {data.get('function', '?')}")
+
+
+def _way_out(g: nx.DiGraph, backend: Backend, states: list[str], returned: list[str]) -> None:
+    """The sender's exits for the states the drain loop keeps: abort state read, timeouts."""
+    kept = ("outcome", "kept")
+    if kept not in g:
+        return
+    kept_states = [s for s in states if any(s in d["states"] for _, _, d in g.in_edges(kept, data=True))]
+    if not kept_states:
+        return
+    poll = backend.poll
+    path, line = (poll.path, poll.line) if poll else (backend.path, backend.line)
+    if backend.reads_abort_state:
+        label, css = f"abort: poll() reads {backend.abort_state}", ["wayout", "ok"]
+    elif backend.abort_state:
+        label, css = f"abort: {backend.abort_state} never read", ["wayout", "missing"]
+    else:
+        label, css = "abort: no state to read", ["wayout", "missing"]
+    g.add_node(("wayout", "abort"), kind="wayout", label=label, path=path, line=line, css=css,
+               tip=f"{backend.sender}.abort() writes {backend.abort_state or 'nothing poll() reads'}")
+    g.add_edge(kept, ("wayout", "abort"), states=kept_states if backend.reads_abort_state else [],
+               css=[] if backend.reads_abort_state else ["missing"])
+    covered: set[str] = set()
+    for i, t in enumerate(backend.timeouts):
+        covers = [s for s in kept_states if s in t.covers]
+        covered.update(covers)
+        g.add_node(("wayout", "timeout", i), kind="wayout", label=f"L{t.line} timeout: {', '.join(t.covers) or 'none'}",
+                   path=t.path, line=t.line, css=["wayout", "ok" if covers else "partial"],
+                   tip=f"timeout check covering {', '.join(t.covers) or 'no state'}")
+        g.add_edge(kept, ("wayout", "timeout", i), states=covers, css=[] if covers else ["missing"])
+    uncovered = [s for s in kept_states if s in returned and s not in covered]
+    if uncovered:
+        # Without a timeout the abort state is the only way out; without either, the state pins.
+        severity = "partial" if backend.reads_abort_state else "missing"
+        g.add_node(("wayout", "no-timeout"), kind="wayout", label=f"no timeout: {', '.join(uncovered)}",
+                   path=path, line=line, css=["wayout", severity],
+                   tip=f"no timeout check in {backend.sender}.poll() covers {', '.join(uncovered)}")
+        g.add_edge(kept, ("wayout", "no-timeout"), states=uncovered, css=[severity])
+
+
+def _layers(g: nx.DiGraph) -> dict[tuple, int]:
+    """Longest-path layers on the graph without its back edges (found by DFS from the states)."""
+    dag = nx.DiGraph()
+    dag.add_nodes_from(g)
+    visited: set[tuple] = set()
+    for start in [n for n in g if g.nodes[n]["kind"] == "state"] + list(g):
+        if start in visited:
+            continue
+        stack: list[tuple[tuple, list]] = [(start, list(g.successors(start)))]
+        on_stack = {start}
+        visited.add(start)
+        while stack:
+            node, todo = stack[-1]
+            if not todo:
+                stack.pop()
+                on_stack.discard(node)
+                continue
+            nxt = todo.pop(0)
+            if nxt in on_stack:
+                continue  # a back edge: drawn, but not used for layering
+            dag.add_edge(node, nxt)
+            if nxt not in visited:
+                visited.add(nxt)
+                on_stack.add(nxt)
+                stack.append((nxt, list(g.successors(nxt))))
+    layer: dict[tuple, int] = {}
+    for node in nx.topological_sort(dag):
+        preds = [layer[p] + 1 for p in dag.predecessors(node)]
+        layer[node] = max(preds, default=0)
+    kind = nx.get_node_attributes(g, "kind")
+    sites = [layer[n] for n in g if kind[n] not in ("outcome", "wayout")]
+    outcome_layer = max(sites, default=0) + 1
+    for n in g:
+        if kind[n] == "state":
+            layer[n] = 0
+        elif kind[n] == "outcome":
+            layer[n] = outcome_layer
+        elif kind[n] == "wayout":
+            layer[n] = outcome_layer + 1
+    return layer
+
+
+def _layout(g: nx.DiGraph) -> tuple[int, int]:
+    """Sugiyama-style: layers top to bottom; an edge spanning several layers gets a virtual slot
+    in each layer it crosses (so it is routed around nodes, not through them); barycentre
+    sweeps order each layer; x, y (and each edge's `points`) are written into the graph."""
+    layer = _layers(g)
+    routing = nx.DiGraph()
+    routing.add_nodes_from(g)
+    chains: dict[tuple, list[tuple]] = {}
+    for a, b in g.edges():
+        if layer[b] - layer[a] > 1:
+            chain = [("virtual", a, b, k) for k in range(layer[a] + 1, layer[b])]
+            for k, v in zip(range(layer[a] + 1, layer[b]), chain):
+                layer[v] = k
+            nx.add_path(routing, [a, *chain, b])
+            chains[(a, b)] = chain
+        else:
+            routing.add_edge(a, b)
+    columns: dict[int, list[tuple]] = {}
+    for n in routing:
+        columns.setdefault(layer[n], []).append(n)
+    outcome_rank = {("outcome", o): i for i, o in enumerate(OUTCOME_ORDER)}
+    state_rank = {n: i for i, n in enumerate(n for n in g if g.nodes[n]["kind"] == "state")}
+
+    def initial(n: tuple) -> tuple:
+        if n[0] == "virtual":
+            n = n[1]
+        data = g.nodes[n]
+        return (state_rank.get(n, 0), outcome_rank.get(n, 0), data["path"], data["line"], str(n))
+
+    for nodes in columns.values():
+        nodes.sort(key=initial)
+    # Barycentre sweeps: each layer ordered by the mean position of its neighbours.
+    for sweep in range(6):
+        order = {n: i for nodes in columns.values() for i, n in enumerate(nodes)}
+        down = sweep % 2 == 0
+        keys = sorted(columns) if down else sorted(columns, reverse=True)
+        for col in keys[1:]:
+            if col == 0:
+                continue  # the states keep the enum's order
+
+            def centre(n: tuple) -> float:
+                near = [order[m] for m in (routing.predecessors(n) if down else routing.successors(n))
+                        if layer[m] != layer[n]]
+                return sum(near) / len(near) if near else order[n]
+
+            columns[col].sort(key=lambda n: (centre(n), initial(n)))
+            order.update({n: i for i, n in enumerate(columns[col])})
+    widest = max((len(nodes) for nodes in columns.values()), default=1)
+    position: dict[tuple, tuple[int, int]] = {}
+    for col, nodes in columns.items():
+        offset = (widest - len(nodes)) * COLUMN / 2
+        for i, n in enumerate(nodes):
+            position[n] = (int(10 + offset + i * COLUMN), 10 + col * ROW)
+    for n in g:
+        g.nodes[n].update(layer=layer[n], x=position[n][0], y=position[n][1])
+    for a, b in g.edges():
+        # Centre points of the virtual slots the edge passes through, top to bottom.
+        g.edges[a, b]["points"] = [(position[v][0] + NODE_W // 2, position[v][1] + NODE_H // 2)
+                                   for v in chains.get((a, b), [])]
+    return 20 + widest * COLUMN - (COLUMN - NODE_W), 20 + (max(columns, default=0) + 1) * ROW - (ROW - NODE_H)
+
+
+def diagrams(report: Report) -> list[Diagram]:
+    return [backend_diagram(report, b) for b in report.backends]
+
+
+def _mermaid_id(node: tuple) -> str:
+    # Letters, digits and underscores only: `-` runs could read as mermaid edge syntax.
+    return "n_" + "".join(c if c.isalnum() else "_" for c in "_".join(str(p) for p in node))
+
+
+def _mermaid_text(text: str) -> str:
+    return text.replace('"', "#quot;").replace("<", "#lt;").replace(">", "#gt;")
+
+
+def mermaid(diagram: Diagram) -> str:
+    """The diagram as a mermaid flowchart (GitHub renders ```mermaid blocks)."""
+    g = diagram.graph
+    out = ["flowchart TD"]
+    for n, data in g.nodes(data=True):
+        file = data["path"].rsplit("/", 1)[-1]
+        if data["kind"] == "wayout" and data["path"]:
+            label = f"{data['label']} · {file}:{data['line']}"
+        elif data["kind"] not in ("state", "outcome", "wayout"):
+            label = f"{file}:{data['line']} {data['kind']}"
+        else:
+            label = data["label"]
+        label = _mermaid_text(label)
+        shape = f'(["{label}"])' if data["kind"] == "state" else f'{{{{"{label}"}}}}' \
+            if data["kind"] == "outcome" else f'["{label}"]'
+        out.append(f"    {_mermaid_id(n)}{shape}")
+    for a, b, data in g.edges(data=True):
+        states = ", ".join(data["states"])
+        arrow = "-.->" if "missing" in data["css"] or "partial" in data["css"] else "==>" if "pinned" in data["css"] else "-->"
+        text = f'|"{_mermaid_text(states)}"|' if states and a[0] != "state" else ""
+        out.append(f"    {_mermaid_id(a)} {arrow}{text} {_mermaid_id(b)}")
+    styles = {
+        "pinned": "fill:#ffebe9,stroke:#cf222e,stroke-width:3px,color:#a40e26",
+        "unreturned": "fill:#f6f8fa,stroke:#d0d7de,color:#8c959f",
+        "state": "fill:#ddf4ff,stroke:#0969da",
+        "missing": "fill:#ffebe9,stroke:#cf222e,stroke-dasharray:5 3",
+        "ok": "fill:#dafbe1,stroke:#1a7f37",
+        "kept": "fill:#fff8c5",
+        "dropped": "fill:#fff1e5,stroke:#bc4c00",
+    }
+    members: dict[str, list[str]] = {}
+    for n, data in g.nodes(data=True):
+        css = data["css"]
+        cls = next((c for c in ("pinned", "unreturned", "missing", "ok") if c in css), None)
+        if cls is None and "state" in css:
+            cls = "state"
+        if cls is None and n in (("outcome", "kept"), ("outcome", "dropped")):
+            cls = n[1]
+        if cls:
+            members.setdefault(cls, []).append(_mermaid_id(n))
+    for cls, ids in members.items():
+        out.append(f"    classDef kv_{cls} {styles[cls]}")
+        out.append(f"    class {','.join(ids)} kv_{cls}")
+    return "\n".join(out) + "\n"
+
+
+def mermaid_section(report: Report) -> list[str]:
+    """Markdown lines: one ```mermaid state diagram per backend, pinned ones first."""
+    out = ["\n### State diagrams\n",
+           "Each poll state → the drain loop's branches → kept / leaves / raises / dropped → the sender's "
+           "way out; red: pinned, thick arrows: a pinned state's path, dotted: a missing way out.\n"]
+    for diagram in sorted(diagrams(report), key=lambda d: (not d.pinned, d.backend.name)):
+        verdict = f"pins {', '.join(diagram.pinned)}" if diagram.pinned else "no pinned state"
+        out += [f"#### {diagram.backend.name} (`{diagram.backend.sender}`): {verdict}\n",
+                "```mermaid", mermaid(diagram).rstrip("\n"), "```\n"]
+    return out

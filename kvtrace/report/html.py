@@ -1,0 +1,203 @@
+"""`--format html`: one self-contained page a person opens first. Per backend the state diagram
+(inline SVG laid out in Python by kvtrace.report.diagram; pinned states red; every node a link to
+its path:line with the code excerpt on hover), then the findings and the release map.
+
+Nothing is fetched when the page is viewed: styles are inline, there is no script. Node links
+go to GitHub permalinks when the tree is a GitHub checkout, else to the excerpt on this page.
+"""
+
+from __future__ import annotations
+
+from html import escape
+
+from kvtrace import __version__
+from kvtrace.baseline import mark
+from kvtrace.model import Report
+from kvtrace.report.diagram import NODE_H, NODE_W, ROW, Diagram, diagrams, node_id
+from kvtrace.report.links import Permalinks, permalinks
+
+CSS = """
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0 auto;max-width:1400px;padding:16px 24px;color:#1f2328}
+h1{font-size:22px;margin:0 0 4px}h2{font-size:18px;margin:28px 0 6px;border-bottom:1px solid #d0d7de}
+.meta{color:#59636e}.bad{color:#b42318;font-weight:600}.good{color:#1a7f37;font-weight:600}
+table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #d0d7de;padding:3px 8px;text-align:left;vertical-align:top}
+code,pre{font:12px/1.4 ui-monospace,SFMono-Regular,Menlo,monospace}pre{background:#f6f8fa;padding:8px;overflow:auto;margin:4px 0}
+.hl{background:#fff1b8;display:block}.diagram{overflow-x:auto;border:1px solid #d0d7de;border-radius:6px;margin:6px 0}
+svg text{font:12px system-ui,sans-serif;pointer-events:none}svg text.code{font:11px ui-monospace,Menlo,monospace;fill:#59636e}
+.node rect{fill:#fff;stroke:#8c959f;stroke-width:1.2}.node:hover rect{stroke-width:2.5}
+.state rect{fill:#ddf4ff;stroke:#0969da}.state.unreturned rect{fill:#f6f8fa;stroke:#d0d7de}.state.unreturned text{fill:#8c959f}
+.state.pinned rect{fill:#ffebe9;stroke:#cf222e;stroke-width:2.5}.state.pinned text{fill:#a40e26;font-weight:700}
+.state.dropped rect{stroke:#bc4c00;stroke-dasharray:4 2}
+.outcome-kept rect{fill:#fff8c5}.outcome-leaves rect{fill:#dafbe1}.outcome-raises rect{fill:#fbefff}.outcome-dropped rect{fill:#fff1e5;stroke:#bc4c00}
+.wayout.ok rect{fill:#dafbe1;stroke:#1a7f37}.wayout.missing rect{fill:#ffebe9;stroke:#cf222e;stroke-dasharray:5 3}.wayout.partial rect{stroke-dasharray:2 2}
+.edge{fill:none;stroke:#8c959f;stroke-width:1.3}.edge.pinned{stroke:#cf222e;stroke-width:2}.edge.missing{stroke:#cf222e;stroke-dasharray:5 3}
+.elabel{fill:#1f2328;font-size:10px!important;paint-order:stroke;stroke:#fff;stroke-width:4px;stroke-linejoin:round}
+"""
+
+
+def _excerpt(report: Report, path: str, line: int, context: int = 2) -> list[tuple[int, str]]:
+    source = next((f for f in report.files if f.path == path), None)
+    lines = (source.text or "").splitlines() if source is not None else []
+    if not 0 < line <= len(lines):
+        return []
+    return [(n, lines[n - 1]) for n in range(max(1, line - context), min(len(lines), line + context) + 1)]
+
+
+def _anchor(path: str, line: int) -> str:
+    return "src-" + "".join(c if c.isalnum() else "-" for c in f"{path}-{line}")
+
+
+class _Page:
+    def __init__(self, report: Report):
+        self.report = report
+        self.links: Permalinks | None = permalinks(report)
+        self.sources: dict[tuple[str, int], None] = {}  # excerpts to list at the end, in order
+
+    def href(self, path: str, line: int) -> str:
+        self.sources.setdefault((path, line), None)
+        url = self.links.url(path, line) if self.links else None
+        return url or f"#{_anchor(path, line)}"
+
+    def code(self, path: str, line: int) -> str:
+        return "\n".join(f"{'>' if n == line else ' '}{n:5d} | {text}" for n, text in _excerpt(self.report, path, line))
+
+
+def _diagram_svg(page: _Page, diagram: Diagram) -> str:
+    g = diagram.graph
+    out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="state-diagram" width="{diagram.width}" '
+           f'height="{diagram.height}" viewBox="0 0 {diagram.width} {diagram.height}" '
+           f'role="img" aria-label="state diagram of the {escape(diagram.backend.name)} backend">',
+           '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" '
+           'orient="auto-start-reverse"><path d="M0,0L10,5L0,10z" fill="#8c959f"/></marker></defs>']
+    labels = []
+    for a, b, data in g.edges(data=True):
+        na, nb = g.nodes[a], g.nodes[b]
+        x1, y1 = na["x"] + NODE_W / 2, na["y"] + NODE_H
+        x2, y2 = nb["x"] + NODE_W / 2, nb["y"]
+        if y2 <= y1:  # a back edge: around the right side of both nodes
+            side = max(na["x"], nb["x"]) + NODE_W + 30
+            d = f"M{na['x'] + NODE_W},{y1 - NODE_H / 2} C{side},{y1} {side},{y2} {nb['x'] + NODE_W},{y2 + NODE_H / 2}"
+        else:
+            # Through the centres of the virtual slots of a long edge, one curve per layer gap.
+            stops = [(x1, y1), *[(px, py - NODE_H / 2) for px, py in data["points"]], (x2, y2)]
+            d = f"M{x1},{y1}"
+            for i, (sx, sy) in enumerate(stops[1:]):
+                px, py = stops[i]
+                if i > 0:  # straight down through the slot, then curve to the next one
+                    py += NODE_H
+                    d += f" L{px},{py}"
+                mid = (py + sy) / 2
+                d += f" C{px},{mid} {sx},{mid} {sx},{sy}"
+        css = " ".join(["edge", *data["css"]])
+        states = ", ".join(data["states"]) or "not covered"
+        out.append(f'<path class="{css}" d="{d}" marker-end="url(#arrow)"><title>{escape(states)}</title></path>')
+        if a[0] != "state" and y2 > y1 and data["states"]:
+            # In the gap below the source, on the side the edge leaves towards.
+            label = states if len(states) <= 40 else states[:38] + "…"
+            first_x = data["points"][0][0] if data["points"] else x2
+            lx = (x1 + first_x) / 2
+            anchor = "end" if first_x < x1 - 1 else "start" if first_x > x1 + 1 else "middle"
+            lx += {"end": -6, "start": 6, "middle": 0}[anchor]
+            labels.append(f'<text class="elabel" x="{lx:.0f}" y="{y1 + (ROW - NODE_H) / 2 + 4:.0f}" '
+                          f'text-anchor="{anchor}">{escape(label)}</text>')
+    for n, data in g.nodes(data=True):
+        tip = data["tip"]
+        where = f"{data['path']}:{data['line']}" if data["path"] else ""
+        code = page.code(data["path"], data["line"]) if data["path"] else ""
+        title = "\n".join(part for part in (tip, where, code) if part)
+        label = data["label"] if len(data["label"]) <= 30 else data["label"][:29] + "…"
+        statement = _statement(page.report, data["path"], data["line"]) if data["kind"] not in ("state", "wayout") else ""
+        statement = statement if len(statement) <= 32 else statement[:31] + "…"
+        second = f'<text class="code" x="{data["x"] + 8}" y="{data["y"] + 35}">{escape(statement)}</text>' if statement else ""
+        text_y = data["y"] + (18 if statement else 27)
+        body = (f'<g class="{" ".join(["node", *data["css"]])}" id="{node_id(n)}-{escape(diagram.backend.name)}" '
+                f'data-kind="{escape(data["kind"])}" data-label="{escape(data["label"])}" '
+                f'data-path="{escape(data["path"])}" data-line="{data["line"]}">'
+                f'<title>{escape(title)}</title>'
+                f'<rect x="{data["x"]}" y="{data["y"]}" width="{NODE_W}" height="{NODE_H}" rx="6"/>'
+                f'<text x="{data["x"] + 8}" y="{text_y}">{escape(label)}</text>{second}</g>')
+        out.append(f'<a href="{escape(page.href(data["path"], data["line"]))}">{body}</a>' if data["path"] else body)
+    out += labels  # drawn last, over the edges and nodes
+    out.append("</svg>")
+    return "\n".join(out)
+
+
+def _statement(report: Report, path: str, line: int) -> str:
+    rows = [text for n, text in _excerpt(report, path, line, 0)]
+    return rows[0].strip() if rows else ""
+
+
+def _report(report: Report, out: list[str]) -> None:
+    page = _Page(report)
+    version = getattr(report, "version", None)
+    detected = f" — {escape(version.package)} {escape(version.version)}" if version else ""
+    out.append(f"<h1>kvtrace: <code>{escape(report.target)}</code>{detected}</h1>")
+    analysed = sum(f.status == "ok" for f in report.files)
+    out.append(f'<p class="meta">kvtrace {__version__}; package <code>{escape(report.root or ".")}</code>; '
+               f"{analysed}/{len(report.files)} files analysed.</p>")
+    problems = [f"{f.path}: {f.status}: {f.error}" for f in report.files if f.status != "ok"] + list(report.problems)
+    if problems:
+        out.append('<p class="bad">INCOMPLETE: ' + "; ".join(escape(p) for p in problems) + "</p>")
+    failing = [f for f in report.findings if not f.suppressed]
+    out.append(f'<p class="{"bad" if failing else "good"}">{len(report.findings)} finding(s)'
+               + (f", {len(report.findings) - len(failing)} suppressed" if len(failing) != len(report.findings) else "")
+               + "</p>")
+
+    out.append("<h2>State diagrams</h2>")
+    out.append('<p class="meta">Each poll state the sender\'s poll() can return → the branches and helpers of the '
+               "drain loop it passes → kept / leaves / raises / dropped → for kept states, the sender's way out "
+               "(the abort state read by poll(), timeout checks) or its absence. <span class=\"bad\">Red</span>: pinned. "
+               "Hover a node for its code, click it to open the line.</p>")
+    for diagram in diagrams(report):
+        b = diagram.backend
+        poll = f"{b.poll.path}:{b.poll.line}" if b.poll else "no poll()"
+        verdict = (f'<span class="bad">pins {", ".join(diagram.pinned)}</span>' if diagram.pinned
+                   else '<span class="good">no pinned state</span>')
+        out.append(f'<section class="backend" id="backend-{escape(b.name)}" data-backend="{escape(b.name)}">')
+        out.append(f"<h3>{escape(b.name)} — <code>{escape(b.sender)}</code>, poll() at "
+                   f'<a href="{escape(page.href(b.poll.path, b.poll.line) if b.poll else "#")}"><code>{escape(poll)}</code></a>: {verdict}</h3>')
+        out.append(f'<div class="diagram">{_diagram_svg(page, diagram)}</div></section>')
+
+    out.append(f"<h2>Findings ({len(report.findings)})</h2>")
+    if not report.findings:
+        out.append('<p class="good">None.</p>')
+    for f in report.findings:
+        tag = mark(f)
+        out.append(f'<div class="finding" data-rule="{escape(f.rule)}"><p><b>{escape(f.severity)}[{escape(f.rule)}]</b> '
+                   f'<a href="{escape(page.href(f.path, f.line))}"><code>{escape(f.path)}:{f.line}</code></a>'
+                   + (f" <i>({escape(tag)})</i>" if tag else "") + f"<br>{escape(f.message)}</p>")
+        out.append(f"<pre>{escape(page.code(f.path, f.line))}</pre>")
+        if f.evidence:
+            out.append("<ul>" + "".join(
+                f'<li><a href="{escape(page.href(e.path, e.line))}"><code>{escape(e.path)}:{e.line}</code></a> '
+                f"{escape(e.note)}</li>" for e in f.evidence) + "</ul>")
+        out.append("</div>")
+
+    for queue in report.queues:
+        out.append(f"<h2>Release map: <code>{escape(queue.name)}</code></h2>")
+        out.append("<table><tr><th>kind</th><th>path:line</th><th>function</th><th>states</th></tr>")
+        for s in queue.sites:
+            note = f" [{escape(s.note)}]" if s.note else ""
+            out.append(f'<tr><td>{escape(s.kind)}</td><td><a href="{escape(page.href(s.path, s.line))}">'
+                       f"<code>{escape(s.path)}:{s.line}</code></a></td><td><code>{escape(s.function)}</code></td>"
+                       f"<td>{escape(', '.join(s.states))}{note}</td></tr>")
+        out.append("</table>")
+        out.append("<table><tr><th>state</th><th>fate</th></tr>" + "".join(
+            f"<tr><td>{escape(state)}</td><td>{escape(', '.join(fate.fate))}</td></tr>"
+            for state, fate in queue.states.items()) + "</table>")
+
+    out.append("<h2>Code</h2>")
+    for path, line in sorted(page.sources):
+        rows = "".join(f'<span class="hl">{escape(f"{n:5d} | {t}")}</span>' if n == line else escape(f"{n:5d} | {t}") + "\n"
+                       for n, t in _excerpt(report, path, line))
+        out.append(f'<div class="source" id="{_anchor(path, line)}"><code>{escape(path)}:{line}</code><pre>{rows}</pre></div>')
+
+
+def render(reports: list[Report]) -> str:
+    out = ['<!DOCTYPE html><html lang="en"><head><meta charset="utf-8">',
+           '<meta name="viewport" content="width=device-width,initial-scale=1">',
+           f"<title>kvtrace: {escape(', '.join(r.target for r in reports))}</title><style>{CSS}</style></head><body>"]
+    for report in reports:
+        _report(report, out)
+    out.append("</body></html>")
+    return "\n".join(out) + "\n"

@@ -1,0 +1,228 @@
+"""The pictures, checked in a real browser: the HTML report in headless Chromium (Debian's
+`chromium` + `chromium-driver`, installed by .ci/install-chromium.sh) with no console errors and
+no network requests, its DOM (a node for every state, pinned ones red, links to lines) and a
+screenshot; the markdown report's mermaid blocks parsed and rendered by mermaid itself (the npm
+package, downloaded at test time into a cache outside the repository, run in the same browser).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+import networkx as nx
+import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+
+from tests.sglang_wheels import CACHE, sglang_tree
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
+MERMAID = "11.17.2"
+STATES = ["Failed", "Bootstrapping", "WaitingForInput", "Transferring", "Success"]
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+         "--disable-component-update", "--no-first-run", "--window-size=1400,1800"]
+
+
+def kvtrace(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kvtrace", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300)
+
+
+@pytest.fixture(scope="module")
+def browser():
+    for binary in (CHROMIUM, CHROMEDRIVER):
+        assert binary.exists(), f"{binary} is missing: run `bash .ci/install-chromium.sh` (the README's test command does)"
+    profile = tempfile.mkdtemp(prefix="kvtrace-chromium-")
+    options = webdriver.ChromeOptions()
+    options.binary_location = str(CHROMIUM)
+    for flag in FLAGS + [f"--user-data-dir={profile}"]:
+        options.add_argument(flag)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
+    driver.set_script_timeout(120)
+    try:
+        yield driver
+    finally:
+        driver.quit()
+        shutil.rmtree(profile, ignore_errors=True)
+
+
+def open_page(driver, path: Path) -> None:
+    driver.get(path.resolve().as_uri())
+    problems = [e for e in driver.get_log("browser") if e["level"] in ("SEVERE", "WARNING")]
+    assert problems == [], problems
+    # Nothing fetched at view time: no stylesheet, script, font or image besides the page.
+    assert driver.execute_script("return performance.getEntriesByType('resource').length") == 0
+
+
+NODES_JS = """
+return Array.from(document.querySelectorAll('section.backend')).map(s => ({
+  backend: s.dataset.backend,
+  nodes: Array.from(s.querySelectorAll('g.node')).map(g => ({
+    kind: g.dataset.kind, label: g.dataset.label, path: g.dataset.path, line: +g.dataset.line,
+    classes: Array.from(g.classList), title: g.querySelector('title').textContent,
+    href: g.parentElement.tagName.toLowerCase() === 'a' ? g.parentElement.getAttribute('href') : null,
+    fill: getComputedStyle(g.querySelector('rect')).fill,
+  })),
+}));
+"""
+
+
+def test_html_report_in_chromium(browser, tmp_path: Path) -> None:
+    page = tmp_path / "report.html"
+    result = kvtrace("scan", "examples/nixl-pin", "-f", "html", "-o", str(page))
+    assert result.returncode == 1, result.stderr
+    open_page(browser, page)
+    sections = {s["backend"]: s["nodes"] for s in browser.execute_script(NODES_JS)}
+    assert set(sections) == {"mooncake", "nixl"}
+    for backend, nodes in sections.items():
+        states = [n for n in nodes if n["kind"] == "state"]
+        assert [n["label"] for n in states] == STATES
+        pinned = {n["label"] for n in states if "pinned" in n["classes"]}
+        assert pinned == ({"WaitingForInput", "Transferring"} if backend == "nixl" else set())
+        for n in states:  # red means red on screen, not only a class name
+            assert (n["fill"] == "rgb(255, 235, 233)") == (n["label"] in pinned), n
+        assert {n["label"] for n in nodes if n["kind"] == "outcome"} == {"kept", "leaves"}
+        for n in nodes:
+            assert n["href"], n  # every node opens its line
+            anchor = browser.execute_script(
+                "const e = document.getElementById(arguments[0].slice(1)); return e && e.textContent;", n["href"])
+            assert anchor and f"{n['path']}:{n['line']}" in anchor, n
+            # The hover text carries the excerpt: the very line of the file, marked.
+            line = (EXAMPLES / "nixl-pin" / n["path"]).read_text().splitlines()[n["line"] - 1]
+            assert f">{n['line']:5d} | {line}" in n["title"], n
+    wayout = {n["label"]: n["classes"] for n in sections["nixl"] if n["kind"] == "wayout"}
+    assert wayout == {"abort: conclude_state never read": ["node", "wayout", "missing"],
+                      "no timeout: WaitingForInput, Transferring": ["node", "wayout", "missing"]}
+    assert {n["label"] for n in sections["mooncake"] if n["kind"] == "wayout" and "ok" in n["classes"]} \
+        == {"abort: poll() reads conclude_state"}
+    shot = tmp_path / "nixl-pin.png"
+    assert browser.save_screenshot(str(shot)) and shot.stat().st_size > 20_000
+    keep_screenshot(shot)
+    shown = browser.execute_script(
+        "return Array.from(document.querySelectorAll('div.finding')).map(d => d.dataset.rule)")
+    report = json.loads(kvtrace("scan", "examples/nixl-pin", "-f", "json").stdout)
+    listed = [f for r in report.get("reports", [report]) for f in r["findings"]]
+    assert sorted(shown) == sorted(f["rule"] for f in listed) and shown.count("pinned-state") == 2
+
+
+def test_html_of_a_real_sglang_release(browser, tmp_path: Path) -> None:
+    page = tmp_path / "sglang-0.5.2.html"
+    result = kvtrace("scan", str(sglang_tree("0.5.2")), "-f", "html", "-o", str(page))
+    assert result.returncode == 1, result.stderr
+    open_page(browser, page)
+    sections = {s["backend"]: s["nodes"] for s in browser.execute_script(NODES_JS)}
+    assert set(sections) == {"ascend", "fake", "mooncake", "nixl"}
+    pinned = {(b, n["label"]) for b, nodes in sections.items() for n in nodes if "pinned" in n["classes"]}
+    # The pinned-state findings of this release (see tests/test_diff.py for why each holds).
+    assert pinned == {("fake", "WaitingForInput"), ("nixl", "Bootstrapping"), ("nixl", "WaitingForInput"),
+                      ("nixl", "Transferring")}
+    # Nodes never overlap: every pair of boxes in a diagram is apart.
+    boxes = browser.execute_script("""
+      return Array.from(document.querySelectorAll('section.backend')).map(s =>
+        Array.from(s.querySelectorAll('g.node rect')).map(r => { const b = r.getBoundingClientRect();
+          return [b.left, b.top, b.right, b.bottom]; }));""")
+    for rects in boxes:
+        for i, a in enumerate(rects):
+            for b in rects[i + 1:]:
+                assert a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1], (a, b)
+    browser.execute_script("document.getElementById('backend-nixl').scrollIntoView()")
+    shot = tmp_path / "sglang-0.5.2-nixl.png"
+    assert browser.save_screenshot(str(shot))
+    keep_screenshot(shot)
+
+
+def keep_screenshot(shot: Path) -> None:
+    """To look at the screenshots: KVTRACE_SCREENSHOTS=/some/folder pytest tests/test_html.py"""
+    if os.environ.get("KVTRACE_SCREENSHOTS"):
+        shutil.copy(shot, Path(os.environ["KVTRACE_SCREENSHOTS"]) / shot.name)
+
+
+# --- mermaid -------------------------------------------------------------------------------------
+
+def mermaid_js() -> Path:
+    """mermaid's browser bundle from the npm registry (`npm pack`, no install scripts run)."""
+    folder = CACHE / "npm" / f"mermaid-{MERMAID}"
+    bundle = folder / "package" / "dist" / "mermaid.min.js"
+    if not bundle.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=folder) as staging:
+            subprocess.run(["npm", "pack", f"mermaid@{MERMAID}", "--silent", "--pack-destination", staging],
+                           check=True, capture_output=True, timeout=600)
+            archive = next(Path(staging).glob("mermaid-*.tgz"))
+            with tarfile.open(archive) as tar:
+                member = tar.getmember("package/dist/mermaid.min.js")
+                unpacked = Path(staging) / "mermaid.min.js"
+                unpacked.write_bytes(tar.extractfile(member).read())
+            bundle.parent.mkdir(parents=True, exist_ok=True)
+            os.replace(unpacked, bundle)
+    return bundle
+
+
+RENDER_JS = """
+const [text, done] = [arguments[0], arguments[arguments.length - 1]];
+mermaid.initialize({startOnLoad: false, securityLevel: 'strict'});
+mermaid.parse(text)
+  .then(() => mermaid.render('d' + Math.random().toString(36).slice(2), text))
+  .then(r => {
+    const box = document.createElement('div'); box.innerHTML = r.svg; document.body.appendChild(box);
+    done({ok: true, nodes: Array.from(box.querySelectorAll('g.node')).map(g => ({
+      text: g.textContent.trim(), classes: g.getAttribute('class')}))});
+  })
+  .catch(e => done({ok: false, error: String(e && e.message || e)}));
+"""
+
+
+def test_markdown_mermaid_blocks_parse_and_render(browser, tmp_path: Path) -> None:
+    result = kvtrace("scan", "examples/nixl-pin", "-f", "markdown")
+    blocks = re.findall(r"```mermaid\n(.*?)```", result.stdout, re.S)
+    assert len(blocks) == 2  # one per backend
+    host = tmp_path / "mermaid.html"
+    host.write_text(f'<!DOCTYPE html><html><head><meta charset="utf-8"><script src="{mermaid_js().as_uri()}">'
+                    "</script></head><body></body></html>")
+    browser.get(host.as_uri())
+    assert browser.execute_script("return typeof mermaid") == "object"
+    rendered = [browser.execute_async_script(RENDER_JS, block) for block in blocks]
+    assert all(r["ok"] for r in rendered), rendered
+    nixl = next(r for r, block in zip(rendered, blocks) if "kv_pinned" in block)
+    red = {n["text"] for n in nixl["nodes"] if "kv_pinned" in (n["classes"] or "")}
+    assert red == {"WaitingForInput", "Transferring"}
+    texts = {n["text"] for n in nixl["nodes"]}
+    assert set(STATES) <= texts and "prefill.py:58 keep" in texts
+    # The check can fail: a broken block is refused by the same parser.
+    broken = browser.execute_async_script(RENDER_JS, blocks[0].replace('"])', '"', 1))  # unclosed node
+    assert not broken["ok"] and broken["error"]
+
+
+def test_graph_export(tmp_path: Path) -> None:
+    for suffix in (".graphml", ".json", ".dot"):
+        target = tmp_path / f"graph{suffix}"
+        assert kvtrace("scan", "examples/nixl-pin", "--graph", str(target)).returncode == 1
+        assert target.stat().st_size > 500
+    graph = nx.read_graphml(tmp_path / "graph.graphml")
+    data = json.loads((tmp_path / "graph.json").read_text())
+    assert len(data["nodes"]) == graph.number_of_nodes()
+    returns = {(graph.nodes[a]["label"], graph.nodes[b]["label"]) for a, b, d in graph.edges(data=True)
+               if d["kind"] == "returns" and d["pinned"]}
+    assert returns == {("nixl", "WaitingForInput"), ("nixl", "Transferring")}
+    # Each state's flow edges reach the outcome its fate names.
+    for state in STATES:
+        node = f"examples/nixl-pin|state|{state}"
+        flow = nx.subgraph_view(graph, filter_edge=lambda a, b: graph.edges[a, b]["kind"] == "flow" and
+                                state in graph.edges[a, b]["states"].split(","))
+        reached = {graph.nodes[n]["label"] for n in nx.descendants(flow, node) if graph.nodes[n]["kind"] == "outcome"}
+        assert reached == set(graph.nodes[node]["fate"].split(","))
+    dot = (tmp_path / "graph.dot").read_text()
+    assert dot.startswith("digraph kvtrace {") and dot.count(" -> ") == graph.number_of_edges()
+    bad = kvtrace("scan", "examples/nixl-pin", "--graph", str(tmp_path / "graph.png"))
+    assert bad.returncode == 2 and "must end in" in bad.stderr and "Traceback" not in bad.stderr
