@@ -1,12 +1,15 @@
 """The rules, one per module. `ALL_RULES` is the registry the scan and the CLI use, in code order."""
 
 from kvtrace.rules.abort_ignored import AbortIgnored
+from kvtrace.rules.absent_room_default import AbsentRoomDefault
 from kvtrace.rules.base import Rule, ScanContext
 from kvtrace.rules.dropped_state import DroppedState
+from kvtrace.rules.failed_not_sticky import FailedNotSticky
 from kvtrace.rules.no_timeout import NoTimeout
 from kvtrace.rules.pinned_state import PinnedState
 from kvtrace.rules.poll_raises import PollRaises
 from kvtrace.rules.release_leak import ReleaseLeak
+from kvtrace.rules.silent_status_drop import SilentStatusDrop
 from kvtrace.rules.silent_wait import SilentWait
 from kvtrace.rules.undrained_queue import UndrainedQueue
 from kvtrace.rules.unhandled_state import UnhandledState
@@ -16,7 +19,7 @@ from kvtrace.rules.unused_suppression import UnusedSuppression
 # (kvtrace.suppress).
 ALL_RULES: list[type[Rule]] = sorted(
     [PinnedState, DroppedState, UndrainedQueue, UnhandledState, SilentWait, ReleaseLeak, PollRaises,
-     AbortIgnored, NoTimeout, UnusedSuppression],
+     AbortIgnored, NoTimeout, SilentStatusDrop, AbsentRoomDefault, FailedNotSticky, UnusedSuppression],
     key=lambda rule: rule.code,
 )
 

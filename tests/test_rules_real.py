@@ -33,6 +33,13 @@ EXPECTED: dict[str, dict[str, set[tuple[str, str, int, str | None, str | None]]]
         # No else, no raise in the drain loop; Failed releases (cache_finished_req) and aborts.
         "unhandled-state": set(),
         "release-leak": set(),
+        # MooncakeKVManager.update_status (417): `self.request_status[room] = max(
+        # self.request_status[room], status)` (422) and base/conn.py `class KVPoll: Failed = 0`.
+        "failed-not-sticky": {("failed-not-sticky", f"{D}/mooncake/conn.py", 422, None, "Failed")},
+        # check_status (414) is `return self.request_status[bootstrap_room]` (KeyError, no default);
+        # update_status stores any status for an absent room (419).
+        "absent-room-default": set(),
+        "silent-status-drop": set(),
     },
     "0.5.2": {
         # fake and nixl senders define no abort(); MooncakeKVSender.abort() (mooncake/conn.py:1197)
@@ -56,6 +63,13 @@ EXPECTED: dict[str, dict[str, set[tuple[str, str, int, str | None, str | None]]]
         # Failed: cache_finished_req (524) + prepare_abort (525) + done_reqs; after the loop
         # stream_output(done_reqs) and req_to_metadata_buffer_idx_allocator.free for each.
         "release-leak": set(),
+        # Mooncake (1004) stores Failed over the old value, but any other status goes through
+        # `max(self.request_status[bootstrap_room], status)` (1012): a stored Failed (0) is
+        # replaced; NixlKVManager.update_status (160) is the 0.4.6 max() merge (165).
+        "failed-not-sticky": {("failed-not-sticky", f"{D}/mooncake/conn.py", 1012, None, "Failed"),
+                              ("failed-not-sticky", f"{D}/nixl/conn.py", 165, None, "Failed")},
+        "absent-room-default": set(),
+        "silent-status-drop": set(),
     },
     "0.5.23": {
         # Every sender inherits CommonKVSender.poll(), which reads conclude_state, and no poll()
@@ -72,6 +86,13 @@ EXPECTED: dict[str, dict[str, set[tuple[str, str, int, str | None, str | None]]]
         # maybe_release_metadata_buffer, prepare_abort, stream_output: a guarded release is a
         # release, so nothing leaks.
         "release-leak": set(),
+        # CommonKVManager.update_status (653): `current = self.request_status.get(room)`; `if
+        # current is None:` (655) stores only Bootstrapping/WaitingForInput, then `return`.
+        "silent-status-drop": {("silent-status-drop", f"{D}/common/conn.py", 655, None, "Failed")},
+        # NixlKVManager.check_status (1084): `.get(bootstrap_room, KVPoll.WaitingForInput)` (1085).
+        "absent-room-default": {("absent-room-default", f"{D}/nixl/conn.py", 1085, None, "WaitingForInput")},
+        # update_status returns early when the stored value is already Failed.
+        "failed-not-sticky": set(),
     },
 }
 

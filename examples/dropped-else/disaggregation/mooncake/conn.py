@@ -30,7 +30,7 @@ class MooncakeKVManager(BaseKVManager):
         if bootstrap_room not in self.request_status:
             self.request_status[bootstrap_room] = status
         else:
-            self.request_status[bootstrap_room] = max(self.request_status[bootstrap_room], status)
+            self.request_status[bootstrap_room] = max(self.request_status[bootstrap_room], status)  # expect: failed-not-sticky[:Failed]
 
 
 class MooncakeKVSender(BaseKVSender):

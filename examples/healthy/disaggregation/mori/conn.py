@@ -26,7 +26,7 @@ class MoriKVManager(BaseKVManager):
         self.transfer_budget_s = float(os.getenv("SGLANG_DISAGGREGATION_WAITING_TIMEOUT", "300"))
 
     def check_status(self, bootstrap_room: int) -> int:
-        return self.request_status.get(bootstrap_room, KVPoll.Bootstrapping)
+        return self.request_status.get(bootstrap_room, KVPoll.Bootstrapping)  # expect: absent-room-default[:Bootstrapping]
 
     def update_status(self, bootstrap_room: int, status: int) -> None:
         self.request_status[bootstrap_room] = status

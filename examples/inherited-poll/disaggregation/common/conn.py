@@ -39,12 +39,12 @@ class CommonKVManager(BaseKVManager):
         self.request_status.setdefault(bootstrap_room, KVPoll.Bootstrapping)
 
     def update_status(self, bootstrap_room: int, status: int) -> None:
-        if bootstrap_room not in self.request_status:
+        if bootstrap_room not in self.request_status:  # expect: silent-status-drop[:Failed]
             return
         if status == KVPoll.Failed:
             self.request_status[bootstrap_room] = KVPoll.Failed
         else:
-            self.request_status[bootstrap_room] = max(self.request_status[bootstrap_room], status)
+            self.request_status[bootstrap_room] = max(self.request_status[bootstrap_room], status)  # expect: failed-not-sticky[:Failed]
 
     def record_failure(self, bootstrap_room: int, reason: str) -> None:
         with self.failure_lock:

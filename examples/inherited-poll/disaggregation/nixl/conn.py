@@ -26,7 +26,7 @@ class NixlKVManager(CommonKVManager):
         self.agent = nixl_agent(f"prefill-{args.engine_rank}", None)
 
     def check_status(self, bootstrap_room: int) -> int:
-        return self.request_status.get(bootstrap_room, KVPoll.WaitingForInput)
+        return self.request_status.get(bootstrap_room, KVPoll.WaitingForInput)  # expect: absent-room-default[:WaitingForInput]
 
     def add_transfer_request(self, bootstrap_room, kv_indices, index_slice, is_last, chunk_id, aux_index):
         ...

@@ -35,7 +35,7 @@ class MooncakeKVManager(BaseKVManager):
         if status == KVPoll.Failed or bootstrap_room not in self.request_status:
             self.request_status[bootstrap_room] = status
         else:
-            self.request_status[bootstrap_room] = max(self.request_status[bootstrap_room], status)
+            self.request_status[bootstrap_room] = max(self.request_status[bootstrap_room], status)  # expect: failed-not-sticky[:Failed]
 
     def record_failure(self, bootstrap_room: int, reason: str) -> None:
         with self.failure_lock:

@@ -38,18 +38,18 @@ class NixlKVManager(BaseKVManager):
 
     def check_status(self, bootstrap_room: int) -> int:
         # An unknown room is reported as still waiting for decode.
-        return self.request_status.get(bootstrap_room, KVPoll.WaitingForInput)
+        return self.request_status.get(bootstrap_room, KVPoll.WaitingForInput)  # expect: absent-room-default[:WaitingForInput]
 
     def update_status(self, bootstrap_room: int, status: int) -> None:
         with self.status_lock:
-            if bootstrap_room not in self.request_status:
+            if bootstrap_room not in self.request_status:  # expect: silent-status-drop[:Failed]
                 # The room was already cleared, so a late update changes nothing.
                 return
             if status == KVPoll.Failed:
                 self.request_status[bootstrap_room] = KVPoll.Failed
             else:
                 current = self.request_status[bootstrap_room]
-                self.request_status[bootstrap_room] = max(current, status)
+                self.request_status[bootstrap_room] = max(current, status)  # expect: failed-not-sticky[:Failed]
 
     def add_transfer_request(self, bootstrap_room, kv_indices, index_slice, is_last, chunk_id, aux_index):
         ...

@@ -1,0 +1,90 @@
+from __future__ import annotations
+
+import ast
+
+from kvtrace.model import Evidence, Finding
+from kvtrace.rules.base import Rule, Sample, ScanContext
+from kvtrace.rules.manager_model import _self_attr, manager_methods, member
+from kvtrace.rules.samples import STANDARD_BRANCHES, drain, sender
+
+_SENDER = sender("Net", '''\
+        if self.conclude_state is not None:
+            return self.conclude_state
+        return self.mgr.check_status(self.room)''')
+
+
+def _manager(check_body: str) -> str:
+    return f'''\
+from ..base.conn import KVPoll
+
+
+class NetKVManager:
+    def __init__(self):
+        self.request_status = {{}}
+
+    def check_status(self, room):
+{check_body}
+
+    def update_status(self, room, status):
+        self.request_status[room] = status
+'''
+
+
+class AbsentRoomDefault(Rule):
+    """check_status answers a non-terminal state for a room the manager does not know.
+
+    What it does:
+        Reads each transfer manager's check method (the pack's `check_method`): reports the
+        return that gives a non-terminal poll state for a room absent from the status table,
+        `self.request_status.get(room, KVPoll.WaitingForInput)` or `if room not in ...: return
+        KVPoll.Bootstrapping`.
+
+    Why it matters:
+        A room leaves the table when a request concludes or is cleared, and an update for an
+        absent room may be dropped. From then on the sender's poll() answers "still waiting"
+        for ever: the default turns a forgotten room into a pinned request.
+
+    Example:
+        `return self.request_status.get(bootstrap_room, KVPoll.WaitingForInput)`.
+
+    Fix:
+        Answer Failed for a room the manager does not know (and record why), or raise so the
+        caller fails the request.
+    """
+
+    code = "KVT011"
+    name = "absent-room-default"
+    title = "Unknown room reads as waiting"
+    severity = "warning"
+    per_queue = False
+
+    VALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES), "disaggregation/net/conn.py": _SENDER,
+                     "disaggregation/net/mgr.py": _manager(
+                         "        return self.request_status.get(room, KVPoll.Failed)")})]
+    INVALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES), "disaggregation/net/conn.py": _SENDER,
+                       "disaggregation/net/mgr.py": _manager(
+                           "        return self.request_status.get(room, KVPoll.WaitingForInput)")},
+                      expect=((None, "WaitingForInput"),))]
+
+    def check(self, ctx: ScanContext) -> list[Finding]:
+        findings = []
+        enum, waiting = ctx.pack.enum, set(ctx.domain.non_terminal)
+        for m in manager_methods(ctx.index, ctx.pack.check_method):
+            for node in ast.walk(m.func.node):
+                state = line = None
+                if isinstance(node, ast.Return) and isinstance(node.value, ast.Call) \
+                        and isinstance(node.value.func, ast.Attribute) and node.value.func.attr == "get" \
+                        and _self_attr(node.value.func.value) is not None and len(node.value.args) == 2:
+                    state, line = member(node.value.args[1], enum), node.lineno
+                elif isinstance(node, ast.If) and isinstance(node.test, ast.Compare) \
+                        and isinstance(node.test.ops[0], ast.NotIn) and isinstance(node.test.left, ast.Name) \
+                        and node.test.left.id == m.room and node.body and isinstance(node.body[0], ast.Return) \
+                        and node.body[0].value is not None:
+                    state, line = member(node.body[0].value, enum), node.body[0].lineno
+                if state in waiting and line is not None:
+                    message = (f"{m.cls.name}.{m.func.name}() answers {state} for a room it does not know: a room "
+                               f"that was cleared (or whose update was dropped) reads as waiting for ever")
+                    evidence = [Evidence(m.func.path, m.func.line, f"{m.cls.name}.{m.func.name}()"),
+                                Evidence(m.func.path, line, f"absent room -> {state}")]
+                    findings.append(self.finding(message, m.func.path, line, None, state, evidence))
+        return findings

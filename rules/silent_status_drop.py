@@ -1,0 +1,168 @@
+from __future__ import annotations
+
+import ast
+
+from kvtrace.model import Evidence, Finding
+from kvtrace.rules.base import Rule, Sample, ScanContext
+from kvtrace.rules.manager_model import ManagerMethod, _self_attr, manager_methods, member, slot_aliases
+from kvtrace.rules.samples import STANDARD_BRANCHES, drain, sender
+
+_SENDER = sender("Net", '''\
+        if self.conclude_state is not None:
+            return self.conclude_state
+        return self.mgr.check_status(self.room)''')
+
+
+def _manager(update_body: str) -> str:
+    return f'''\
+from ..base.conn import KVPoll
+
+
+class NetKVManager:
+    def __init__(self):
+        self.request_status = {{}}
+
+    def check_status(self, room):
+        return self.request_status.get(room, KVPoll.Failed)
+
+    def update_status(self, room, status):
+{update_body}
+'''
+
+
+_OPENING_ONLY = '''\
+        current = self.request_status.get(room)
+        if current is None:
+            if status in (KVPoll.Bootstrapping, KVPoll.WaitingForInput):
+                self.request_status[room] = status
+            return
+        self.request_status[room] = status'''
+_ANY_STATUS = '''\
+        if room not in self.request_status:
+            self.request_status[room] = status
+            return
+        self.request_status[room] = status'''
+
+
+class SilentStatusDrop(Rule):
+    """update_status(room, Failed) returns without effect when the room is not in the table.
+
+    What it does:
+        Reads each transfer manager's update method (the pack's `update_method`): finds the
+        branch taken when the room is absent from the status table (`room not in
+        self.request_status`, `current is None` after `.get(room)`, or the missing `else` of
+        `if room in ...`) and follows it with status = Failed. Reports the branch when no store
+        into the table is reached. Callers that only call it when `room in request_status` are
+        added as evidence: their abort never reaches the table either.
+
+    Why it matters:
+        A room is absent after the sender cleared it or before the first update arrived. An
+        abort or a transfer failure recorded then is silently lost: check_status keeps
+        answering the old (or default) state, and the request waits for ever.
+
+    Example:
+        `if current is None: if status in (Bootstrapping, WaitingForInput): store; return`.
+
+    Fix:
+        Store Failed whatever the room's presence (Failed must always land), or return a value
+        the caller checks and fails the request itself.
+    """
+
+    code = "KVT010"
+    name = "silent-status-drop"
+    title = "Failed update dropped for an absent room"
+    severity = "warning"
+    per_queue = False
+
+    VALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES), "disaggregation/net/conn.py": _SENDER,
+                     "disaggregation/net/mgr.py": _manager(_ANY_STATUS)})]
+    INVALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES), "disaggregation/net/conn.py": _SENDER,
+                       "disaggregation/net/mgr.py": _manager(_OPENING_ONLY)}, expect=((None, "Failed"),))]
+
+    def check(self, ctx: ScanContext) -> list[Finding]:
+        findings = []
+        failed = next((t for t in ctx.domain.terminal if t == "Failed"), None) or (ctx.domain.terminal or (None,))[0]
+        if failed is None:
+            return []
+        for m in manager_methods(ctx.index, ctx.pack.update_method):
+            if m.table is None:
+                continue
+            args = [a.arg for a in m.func.node.args.args]
+            status = args[2] if len(args) > 2 else None
+            aliases = slot_aliases(m.func.node, m.table, m.room)
+            for node in ast.walk(m.func.node):
+                if not isinstance(node, ast.If):
+                    continue
+                absent = _absent_branch(node, m, aliases)
+                if absent is None or _reaches_store(absent, m, status, failed, ctx.pack.enum):
+                    continue
+                guards = _guarded_callers(ctx, m, failed)
+                message = (f"{m.cls.name}.{m.func.name}({m.room}, {failed}) returns without effect when {m.room} is "
+                           f"not in self.{m.table} (the branch at line {node.lineno}): the failure is lost and "
+                           f"{ctx.pack.check_method} keeps answering the old state")
+                if guards:
+                    message += f"; {len(guards)} caller(s) also skip it unless the room is present"
+                evidence = [Evidence(m.func.path, m.func.line, f"{m.cls.name}.{m.func.name}()"),
+                            Evidence(m.func.path, node.lineno, f"absent room: no store of {failed}")]
+                evidence += [Evidence(p, l, f"note: abort guarded by `if room in ...{m.table}`") for p, l in guards]
+                findings.append(self.finding(message, m.func.path, node.lineno, None, failed, evidence))
+                break
+        return findings
+
+
+def _absent_branch(node: ast.If, m: ManagerMethod, aliases: set[str]) -> list[ast.stmt] | None:
+    test = node.test
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.left, ast.Name) \
+            and test.left.id == m.room and _self_attr(test.comparators[0]) == m.table:
+        if isinstance(test.ops[0], ast.NotIn):
+            return node.body
+        if isinstance(test.ops[0], ast.In):
+            return node.orelse
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.left, ast.Name) \
+            and test.left.id in aliases and isinstance(test.comparators[0], ast.Constant) \
+            and test.comparators[0].value is None:
+        return node.body if isinstance(test.ops[0], ast.Is) else node.orelse if isinstance(test.ops[0], ast.IsNot) else None
+    return None
+
+
+def _decide(test: ast.expr, status: str | None, value: str, enum: str) -> bool | None:
+    """The test's truth with `status` == value, or None when it does not depend on it alone."""
+    if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.left, ast.Name) and test.left.id == status:
+        op, right = test.ops[0], test.comparators[0]
+        if isinstance(op, (ast.Eq, ast.NotEq, ast.Is, ast.IsNot)) and member(right, enum):
+            same = member(right, enum) == value
+            return same if isinstance(op, (ast.Eq, ast.Is)) else not same
+        if isinstance(op, (ast.In, ast.NotIn)) and isinstance(right, (ast.Tuple, ast.List, ast.Set)):
+            names = [member(e, enum) for e in right.elts]
+            if all(names):
+                return (value in names) == isinstance(op, ast.In)
+    return None
+
+
+def _reaches_store(stmts: list[ast.stmt], m: ManagerMethod, status: str | None, value: str, enum: str) -> bool:
+    for stmt in stmts:
+        if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Subscript) and _self_attr(t.value) == m.table
+                                                for t in stmt.targets):
+            return True
+        if isinstance(stmt, (ast.Return, ast.Raise)):
+            return False
+        if isinstance(stmt, ast.If):
+            truth = _decide(stmt.test, status, value, enum)
+            if (truth is not False and _reaches_store(stmt.body, m, status, value, enum)) or \
+                    (truth is not True and _reaches_store(stmt.orelse, m, status, value, enum)):
+                return True
+    return False
+
+
+def _guarded_callers(ctx: ScanContext, m: ManagerMethod, failed: str) -> list[tuple[str, int]]:
+    found = []
+    for module in ctx.index.modules.values():
+        for node in ast.walk(module.tree):
+            if isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and isinstance(node.test.ops[0], ast.In) \
+                    and isinstance(node.test.comparators[0], ast.Attribute) and node.test.comparators[0].attr == m.table:
+                for inner in (n for stmt in node.body for n in ast.walk(stmt)):
+                    if isinstance(inner, ast.Call) and isinstance(inner.func, ast.Attribute) \
+                            and inner.func.attr == m.func.name \
+                            and any(member(a, ctx.pack.enum) == failed for a in inner.args):
+                        found.append((module.source.path, node.lineno))
+    return sorted(set(found))
