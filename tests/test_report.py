@@ -70,9 +70,9 @@ def test_nixl_pin_grid_and_summary_name_what_pins() -> None:
     mooncake = next(line for line in lines if line.startswith("mooncake "))
     header = next(line for line in lines if line.startswith("backend "))
     cells = dict(zip(header.split()[1:], nixl.split()[1:]))
-    assert cells["WaitingForInput"] == cells["Transferring"] == "PINNED-STATE"
-    assert cells["Failed"] == cells["Success"] == "ok"
-    assert not any(cell.isupper() for cell in mooncake.split()[1:])  # no error for mooncake
+    assert cells["WaitingForInput"] == cells["Transferring"] in ("PINNED-STATE", "KVT001")
+    assert cells["Success"] == "ok"
+    assert not {"PINNED-STATE", "KVT001"} & set(mooncake.split()[1:])  # mooncake pins nothing
     assert any(line.startswith("2 errors: nixl pins WaitingForInput, Transferring · ") for line in lines)
     # One excerpt for the backend, not one per state.
     assert sum(1 for line in lines if re.match(r"\s*❱\s*82\b", line)) == 1

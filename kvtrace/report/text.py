@@ -104,12 +104,11 @@ def _grid_width(grid, by_state: bool) -> int:
 def _grid(report: Report, console: Console) -> None:
     """Names in the cells when they fit (states as columns, else backends as columns), else
     rule codes with a legend: a name is never folded or cut."""
-    for short in (False, True):
+    # Backends as rows first (names, then codes), then states as rows.
+    for by_states, short in ((True, False), (True, True), (False, False), (False, True)):
         grid = verdict_grid(report, short)
-        fits = [by_state for by_state in (True, False) if _grid_width(grid, by_state) <= console.width]
-        if fits:
+        if _grid_width(grid, by_states) <= console.width:
             break
-    by_states = bool(fits) and fits[0]
     queue = report.queues[0].name if report.queues else "the queue"
     if not grid.backends:
         console.print(Text(f"No backends found for {queue}.", style="yellow"))
