@@ -88,11 +88,12 @@ def tree_digest(files: list[SourceFile]) -> str:
     return digest.hexdigest()
 
 
-def scan_key(fetched: FetchResult, pack: object, settings: object = None) -> str:
+def scan_key(fetched: FetchResult, pack: object, settings: object = None, root: str | None = None) -> str:
     # Of the settings only what the analysis reads (rule and backend selection) changes a report;
     # fail_on and the baseline are applied to it afterwards.
     chosen = [getattr(settings, name, ()) for name in ("select", "ignore", "ignore_backends")]
-    parts = [code_digest(), pack_digest(pack), tree_digest(fetched.files), repr(sorted(fetched.notes)), repr(chosen)]
+    parts = [code_digest(), pack_digest(pack), tree_digest(fetched.files), repr(sorted(fetched.notes)), repr(chosen),
+             repr(root)]
     return hashlib.sha256("\n".join(parts).encode("utf-8", "surrogateescape")).hexdigest()
 
 
@@ -238,10 +239,10 @@ ScanFn = Callable[[FetchResult, object], Report]
 
 def scan_cached(fetched: FetchResult, pack: object, cache: Cache | None,
                 memo: dict[str, bytes] | None = None, scan: ScanFn | None = None,
-                settings: object = None) -> tuple[Report, bool]:
+                settings: object = None, root: str | None = None) -> tuple[Report, bool]:
     """The report for `fetched`, from `memo` (this run) or `cache` (earlier runs) when the same
     code, pack, settings and files were scanned before, else by scanning. Returns (report, was_hit)."""
-    key = scan_key(fetched, pack, settings)
+    key = scan_key(fetched, pack, settings, root)
     payload = memo.get(key) if memo is not None else None
     if payload is None and cache is not None:
         payload = cache.get(key)
@@ -257,7 +258,8 @@ def scan_cached(fetched: FetchResult, pack: object, cache: Cache | None,
         else:
             from kvtrace.scan import scan_fetched
 
-            report = scan_fetched(fetched, pack, settings) if settings is not None else scan_fetched(fetched, pack)  # type: ignore[arg-type]
+            report = scan_fetched(fetched, pack, settings, root=root) if settings is not None else \
+                scan_fetched(fetched, pack, root=root)  # type: ignore[arg-type]
     if memo is not None or cache is not None:
         frozen = _freeze(report)
         if memo is not None:

@@ -1,4 +1,8 @@
-"""The typer front: `kvtrace scan`, `rules`, `explain`, `schema`. All analysis lives below."""
+"""The typer front: `kvtrace scan`, `rules`, `explain`, `schema`. All analysis lives below.
+
+Layout, so that new options and commands merge cleanly: option types and validators first, then
+one function per command, then `main()` (which turns usage errors into one line and internal
+errors into exit 4)."""
 
 from __future__ import annotations
 
@@ -6,28 +10,42 @@ import json
 import logging
 import os
 import sys
+import traceback
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
-from rich.console import Console
 
 from kvtrace import __version__
-from kvtrace.safe_text import markup, plain
-from kvtrace.rules import ALL_RULES, find_rule
-from kvtrace.errors import EXIT_CLEAN, EXIT_FINDINGS, EXIT_INCOMPLETE, EXIT_INPUT, KvtraceError
+from kvtrace.errors import (
+    EXIT_CLEAN,
+    EXIT_FINDINGS,
+    EXIT_INCOMPLETE,
+    EXIT_INPUT,
+    EXIT_INTERNAL,
+    InputError,
+    KvtraceError,
+)
+from kvtrace.safe_text import plain
 from kvtrace.model import FetchLimits, Report
+from kvtrace.rules import ALL_RULES, find_rule
+
+log = logging.getLogger("kvtrace")
+
+EXIT_CODES_HELP = (
+    "Exit codes: 0 no findings, 1 findings (see --fail-on), 2 usage or input error (nothing "
+    "analysed), 3 the scan is INCOMPLETE (a file or backend could not be analysed), "
+    "4 internal error (-v shows the traceback)."
+)
 
 app = typer.Typer(
-    add_completion=False,
+    add_completion=True,
     no_args_is_help=True,
     rich_markup_mode=None,
-    help=(
-        "Find KV-transfer poll states that pin SGLang's disaggregated prefill queue.\n\n"
-        "Exit codes: 0 no findings, 1 findings, 2 usage or input error (nothing analysed), "
-        "3 scan finished but some files could not be analysed."
-    ),
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+    help="Find KV-transfer poll states that pin SGLang's disaggregated prefill queue.\n\n" + EXIT_CODES_HELP,
 )
 
 
@@ -36,6 +54,9 @@ class FailOn(str, Enum):
     warning = "warning"
     note = "note"
     never = "never"
+
+
+SEVERITY_RANK = {"note": 0, "warning": 1, "error": 2, "never": 3}
 
 
 class OutputFormat(str, Enum):
@@ -55,7 +76,7 @@ def _version(value: bool) -> None:
 
 @app.callback()
 def _root(
-    version: Annotated[Optional[bool], typer.Option("--version", callback=_version, is_eager=True,
+    version: Annotated[Optional[bool], typer.Option("--version", "-V", callback=_version, is_eager=True,
                                                     help="Show the version and exit.")] = None,
 ) -> None:
     pass
@@ -66,28 +87,84 @@ def _fail(message: str, code: int = EXIT_INPUT) -> typer.Exit:
     return typer.Exit(code)
 
 
-@app.command()
+# ---------------------------------------------------------------------------------------------
+# Validation done before anything is fetched: a bad option must not cost a full scan.
+
+def check_output_path(path: Path) -> None:
+    """The report file can be written (without creating or truncating it yet)."""
+    if str(path) == "-":
+        raise InputError("--output -: write to stdout by leaving out --output")
+    if path.is_dir():
+        raise InputError(f"--output {path}: is a directory")
+    parent = path.parent if str(path.parent) else Path(".")
+    if not parent.is_dir():
+        raise InputError(f"--output {path}: folder {parent} does not exist")
+    if path.exists():
+        if not os.access(path, os.W_OK):
+            raise InputError(f"--output {path}: permission denied")
+    elif not os.access(parent, os.W_OK | os.X_OK):
+        raise InputError(f"--output {path}: cannot create a file in {parent}: permission denied")
+
+
+def check_targets(targets: list[str]) -> None:
+    """Every TARGET parses (malformed remote forms, `-`) before the first one is fetched."""
+    from kvtrace.target import parse_target
+
+    for text in targets:
+        parse_target(text)
+
+
+# ---------------------------------------------------------------------------------------------
+# kvtrace scan
+
+SCAN_EPILOG = """\b
+Examples:
+  kvtrace scan ~/src/sglang/python/sglang
+  kvtrace scan prefill-07:/opt/venv/lib/python3.11/site-packages/sglang
+  kvtrace scan python/sglang --format sarif -o kvtrace.sarif --fail-on never
+  kvtrace scan versions/ --all --format json | jq '.reports[].findings[]'
+"""
+
+
+@app.command(epilog=SCAN_EPILOG)
 def scan(
     targets: Annotated[Optional[list[str]], typer.Argument(
+        metavar="TARGET",
         help="Local paths (an SGLang checkout, an installed sglang package, or its disaggregation "
              "folder) or remote ones: [user@]host[:port]:path or ssh://[user@]host[:port]/path.")] = None,
     output_format: Annotated[OutputFormat, typer.Option("--format", "-f", help="Report format.")] = OutputFormat.text,
-    output: Annotated[Optional[Path], typer.Option("--output", "-o", help="Write the report to this file.")] = None,
-    rules: Annotated[Optional[str], typer.Option("--rules", help="Rules pack: a bundled name or a TOML file.")] = None,
-    no_map: Annotated[bool, typer.Option("--no-map", help="Text format: leave out the release map.")] = False,
-    identity: Annotated[Optional[list[str]], typer.Option("--identity", "-i", help="SSH private key (repeatable).")] = None,
-    ssh_config: Annotated[Optional[str], typer.Option("--ssh-config", help="SSH config file (default ~/.ssh/config).")] = None,
-    known_hosts: Annotated[Optional[str], typer.Option("--known-hosts", help="known_hosts file (default ~/.ssh/known_hosts).")] = None,
+    output: Annotated[Optional[Path], typer.Option("--output", "-o", metavar="FILE",
+        help="Write the report to FILE (checked before scanning).")] = None,
+    rules: Annotated[Optional[str], typer.Option("--rules", metavar="PACK|FILE",
+        help="Rules pack: a bundled name or a TOML file.")] = None,
+    scan_all: Annotated[bool, typer.Option("--all",
+        help="When a TARGET holds several packages (versions side by side), scan each as its own report.")] = False,
+    no_map: Annotated[bool, typer.Option("--no-map",
+        help="Text format: leave out the release map, the poll states' fates and the backends' details.")] = False,
+    sarif_root: Annotated[Optional[Path], typer.Option("--sarif-root", metavar="DIR",
+        help="SARIF: make file locations relative to DIR (default: the current directory).")] = None,
+    identity: Annotated[Optional[list[str]], typer.Option("--identity", "-i", metavar="KEY",
+        help="SSH private key (repeatable).")] = None,
+    ssh_config: Annotated[Optional[str], typer.Option("--ssh-config", metavar="FILE",
+        help="SSH config file (default ~/.ssh/config).")] = None,
+    known_hosts: Annotated[Optional[str], typer.Option("--known-hosts", metavar="FILE",
+        help="known_hosts file (default ~/.ssh/known_hosts).")] = None,
     accept_new_host_key: Annotated[bool, typer.Option("--accept-new-host-key",
         help="Trust and record the key of a host not yet in known_hosts (OpenSSH accept-new). A changed key is always refused.")] = False,
-    connect_timeout: Annotated[float, typer.Option("--connect-timeout", help="Seconds to wait for the SSH connection.")] = 10.0,
-    read_timeout: Annotated[float, typer.Option("--read-timeout", help="Seconds to wait for remote data.")] = 60.0,
-    timeout: Annotated[float, typer.Option("--timeout",
+    connect_timeout: Annotated[float, typer.Option("--connect-timeout", metavar="SECONDS", min=0.1, max=3600,
+        help="Seconds to wait for the SSH connection.")] = 10.0,
+    read_timeout: Annotated[float, typer.Option("--read-timeout", metavar="SECONDS", min=0.1, max=86400,
+        help="Seconds to wait for remote data.")] = 60.0,
+    timeout: Annotated[float, typer.Option("--timeout", metavar="SECONDS", min=0.1, max=86400,
         help="Seconds for a whole remote fetch (connect, authenticate, transfer), however the server paces it.")] = 300.0,
-    max_file_bytes: Annotated[int, typer.Option("--max-file-bytes", help="Skip (and report) larger files.")] = FetchLimits.max_file_bytes,
-    max_files: Annotated[int, typer.Option("--max-files", help="Refuse trees with more .py files.")] = FetchLimits.max_files,
-    max_total_bytes: Annotated[int, typer.Option("--max-total-bytes", help="Refuse trees with more bytes of .py.")] = FetchLimits.max_total_bytes,
-    verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show fetch steps and timings on stderr.")] = False,
+    max_file_bytes: Annotated[int, typer.Option("--max-file-bytes", metavar="BYTES", min=1,
+        help="Skip (and report) larger files.")] = FetchLimits.max_file_bytes,
+    max_files: Annotated[int, typer.Option("--max-files", metavar="N", min=1,
+        help="Refuse trees with more .py files.")] = FetchLimits.max_files,
+    max_total_bytes: Annotated[int, typer.Option("--max-total-bytes", metavar="BYTES", min=1,
+        help="Refuse trees with more bytes of .py.")] = FetchLimits.max_total_bytes,
+    verbose: Annotated[bool, typer.Option("--verbose", "-v",
+        help="Show fetch steps and timings on stderr (and a traceback on an internal error).")] = False,
     fail_on: Annotated[Optional[FailOn], typer.Option("--fail-on",
         help="Exit 1 only for findings of this severity or worse (never: report, exit 0). Default: note.")] = None,
     select: Annotated[Optional[list[str]], typer.Option("--select", metavar="RULE",
@@ -104,42 +181,28 @@ def scan(
         help="Also export the analysis graph: FILE.graphml, FILE.dot or FILE.json.")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache",
         help="Analyse even when this code, pack and tree were scanned before (see `kvtrace cache`).")] = False,
-    hosts: Annotated[Optional[Path], typer.Option("--hosts",
+    hosts: Annotated[Optional[Path], typer.Option("--hosts", metavar="FILE",
         help="File of targets, one per line (# comments allowed), scanned with the ones given.")] = None,
-    jobs: Annotated[int, typer.Option("--jobs", "-j", min=1, help="Hosts fetched at the same time.")] = 8,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress display and no fleet summary.")] = False,
-    metrics: Annotated[Optional[str], typer.Option("--metrics",
+    jobs: Annotated[int, typer.Option("--jobs", "-j", metavar="N", min=1, help="Hosts fetched at the same time.")] = 8,
+    quiet: Annotated[bool, typer.Option("--quiet", "-q",
+        help="No progress display and no fleet summary; on stderr only errors and one INCOMPLETE line.")] = False,
+    metrics: Annotated[Optional[str], typer.Option("--metrics", metavar="URL",
         help="Prometheus page as seen from each host (e.g. http://127.0.0.1:30000/metrics), read through "
              "the SSH connection; its queue gauges are shown beside the verdict.")] = None,
-    metrics_seconds: Annotated[float, typer.Option("--metrics-seconds", min=0,
+    metrics_seconds: Annotated[float, typer.Option("--metrics-seconds", metavar="SECONDS", min=0,
         help="Sample the page once a second for this long.")] = 3.0,
 ) -> None:
     """Scan one or more targets (a fleet: --hosts, --jobs) and report pinned and dropped poll
     states, per backend."""
-    _scan_fleet(**locals())
-
-
-def _scan_fleet(targets: list[str] | None, output_format: OutputFormat, output: Path | None, rules: str | None,
-                no_map: bool, identity: list[str] | None, ssh_config: str | None, known_hosts: str | None,
-                accept_new_host_key: bool, connect_timeout: float, read_timeout: float, timeout: float, max_file_bytes: int,
-                max_files: int, max_total_bytes: int, verbose: bool, fail_on: FailOn | None,
-                select: list[str] | None, ignore: list[str] | None, ignore_backend: list[str] | None,
-                baseline: Path | None, write_baseline: Path | None, graph: Path | None, no_cache: bool,
-                hosts: Path | None, jobs: int, quiet: bool, metrics: str | None, metrics_seconds: float) -> None:
+    from kvtrace import baseline as baselines
     from kvtrace.cache import Cache
+    from kvtrace.config import Overrides
     from kvtrace.fleet import FleetOptions, Progress, read_hosts_file, render_summary, run_fleet, summarise, worst_exit
     from kvtrace.packs import load_pack
 
-    err = Console(stderr=True, highlight=False, soft_wrap=True)  # -v lines stay whole when piped
-
-    def log(message: str) -> None:
-        if verbose:
-            err.print(f"[dim]kvtrace: {markup(message)}[/dim]")
-
-    from kvtrace import baseline as baselines
-    from kvtrace.config import Overrides
-
-    limits = FetchLimits(max_file_bytes=max_file_bytes, max_files=max_files, max_total_bytes=max_total_bytes)
+    if verbose and quiet:
+        raise _fail("--verbose and --quiet cannot be used together")
+    setup_logging(verbose=verbose, quiet=quiet)
     overrides = Overrides(select=_names(select), ignore=_names(ignore), ignore_backends=_names(ignore_backend),
                           pack=rules, fail_on=fail_on.value if fail_on else None,
                           baseline=str(baseline) if baseline else None)
@@ -149,6 +212,12 @@ def _scan_fleet(targets: list[str] | None, output_format: OutputFormat, output: 
 
             check_path(graph)  # before the scan, not after it
         wanted = list(targets or []) + (read_hosts_file(hosts) if hosts is not None else [])
+        if not wanted:
+            raise InputError("no TARGET: give paths or hosts, or --hosts FILE")
+        check_targets(wanted)
+        for path in (output, write_baseline):
+            if path is not None:
+                check_output_path(path)
         settings = {target: _settings(target, overrides) for target in wanted}
         packs = {target: load_pack(s.pack) for target, s in settings.items()}
         baseline_prints = {t: baselines.load(Path(s.baseline)) for t, s in settings.items() if s.baseline}
@@ -158,8 +227,7 @@ def _scan_fleet(targets: list[str] | None, output_format: OutputFormat, output: 
             parse_metrics_url(metrics)
     except KvtraceError as exc:
         raise _fail(str(exc))
-    if not wanted:
-        raise _fail("no targets: give paths or hosts, or --hosts FILE")
+    limits = FetchLimits(max_file_bytes=max_file_bytes, max_files=max_files, max_total_bytes=max_total_bytes)
     ssh = dict(identity_files=list(identity or []), ssh_config=ssh_config, known_hosts=known_hosts,
                accept_new_host_key=accept_new_host_key, connect_timeout=connect_timeout, read_timeout=read_timeout,
                timeout=timeout)
@@ -167,35 +235,39 @@ def _scan_fleet(targets: list[str] | None, output_format: OutputFormat, output: 
     def after_scan(target: str, report: Report) -> None:
         if target in baseline_prints:
             compared = baselines.apply(report.findings, baseline_prints[target])
-            log(f"{target}: baseline: {compared.unchanged} unchanged, {compared.new} new, "
-                f"{len(compared.gone)} no longer found")
+            log.debug("%s: baseline: %d unchanged, %d new, %d no longer found", target, compared.unchanged,
+                      compared.new, len(compared.gone))
 
     options = FleetOptions(packs, settings, limits, ssh, jobs, None if no_cache else Cache(), metrics,
-                           metrics_seconds, after_scan=after_scan)
+                           metrics_seconds, after_scan=after_scan, scan_all=scan_all)
     fleet = len(wanted) > 1
-    with Progress(fleet and not quiet and not verbose and err.is_terminal) as progress:
-        results = run_fleet(wanted, options, log, progress)
+    with Progress(fleet and not quiet and not verbose and sys.stderr.isatty()) as progress:
+        results = run_fleet(wanted, options, log.debug, progress)
     for r in results:
-        if r.error is not None:
-            prefix = "kvtrace: " if r.error.startswith("internal error") else "kvtrace: error: "
-            typer.echo(prefix + plain(r.error), err=True)
-            continue
-        log(f"{r.target}: fetched {len(r.report.files)} files in {r.timings['fetch']:.2f}s; "
-            f"{'cached result' if r.cached else 'analysed'} in {r.timings['analyse']:.2f}s")
-    reports = [r.report for r in results if r.report is not None]
+        if r.exception is not None:  # a bug in kvtrace: exit 4, the traceback with -v
+            if verbose:
+                traceback.print_exception(type(r.exception), r.exception, r.exception.__traceback__, file=sys.stderr)
+            typer.echo(f"kvtrace: {plain(r.error)} (a bug in kvtrace; rerun with -v for the traceback)", err=True)
+        elif r.error is not None:
+            typer.echo(f"kvtrace: error: {plain(r.error)}", err=True)
+        else:
+            log.debug("%s: fetched %d files in %.2fs; %s in %.2fs", r.target, len(r.report.files), r.timings["fetch"],
+                      "cached result" if r.cached else "analysed", r.timings["analyse"])
+    reports = [report for r in results for report in r.reports]
     if reports:
-        _write(reports, output_format, output, no_map)
-    if graph is not None and reports:
-        from kvtrace.report import graph_export
-
         try:
-            graph_export.write(reports, graph)
-        except KvtraceError as exc:
-            raise _fail(str(exc))
-    if write_baseline is not None and reports:
-        from kvtrace.report.json import render as render_json
+            _write(reports, output_format, output, no_map, sarif_root)
+            if graph is not None:
+                from kvtrace.report import graph_export
 
-        write_baseline.write_text(render_json(reports), encoding="utf-8")
+                graph_export.write(reports, graph)
+            if write_baseline is not None:
+                from kvtrace.report.json import render as render_json
+
+                write_baseline.write_text(render_json(reports), encoding="utf-8")
+        except OSError as exc:
+            raise _fail(f"cannot write the report: {exc.strerror or exc}: {exc.filename or output}")
+    report_gaps(reports, quiet)
     if not quiet and (fleet or metrics is not None):
         summary = render_summary([summarise(r) for r in results])
         if output_format is OutputFormat.text and output is None:
@@ -215,51 +287,101 @@ def _settings(target: str, overrides):
     from kvtrace.config import resolve
     from kvtrace.target import LocalTarget, parse_target
 
-    try:
-        local = parse_target(target)
-    except KvtraceError:
-        local = None  # the fetch reports a malformed target in its own words
+    local = parse_target(target)  # already checked by check_targets
     start = Path(target) if isinstance(local, LocalTarget) else None
     known = {r.name for r in ALL_RULES} | {r.code for r in ALL_RULES}
     return resolve(start, Path.cwd(), overrides, known)
 
 
-def _write(reports: list[Report], fmt: OutputFormat, output: Path | None, no_map: bool) -> None:
+def report_gaps(reports: list[Report], quiet: bool) -> None:
+    """Incomplete is loud: one stderr line per thing not analysed (one line in all with -q)."""
+    for report in reports:
+        if not report.gaps:
+            continue
+        if quiet:
+            typer.echo(plain(f"kvtrace: INCOMPLETE: {report.target}: {len(report.gaps)} thing(s) not analysed "
+                             "(see the report)"), err=True)
+            continue
+        for gap in report.gaps:
+            typer.echo(plain(f"kvtrace: incomplete: {report.target}: {gap_line(gap)}"), err=True)
+
+
+def gap_line(gap) -> str:
+    if gap.kind == "file":
+        return f"{gap.subject} not analysed ({gap.reason})"
+    if gap.kind == "backend":
+        return f"backend {gap.subject} {gap.reason}"
+    return gap.reason
+
+
+def _write(reports: list[Report], fmt: OutputFormat, output: Path | None, no_map: bool,
+           sarif_root: Path | None) -> None:
+    from kvtrace.report import render_text_stream
+
     if fmt is OutputFormat.text:
         if output is not None:
             with output.open("w", encoding="utf-8") as handle:
-                console = Console(file=handle, width=1000, soft_wrap=True, no_color=True, force_terminal=False)
-                for report in reports:
-                    _text(report, console, no_map)
+                render_text_stream(reports, handle, terminal=False, show_map=not no_map)
         else:
-            # Piped: no colour, no folding, so each row stays one greppable line.
-            console = Console(highlight=False) if sys.stdout.isatty() else \
-                Console(highlight=False, no_color=True, width=1000, soft_wrap=True)
-            for report in reports:
-                _text(report, console, no_map)
+            render_text_stream(reports, sys.stdout, terminal=sys.stdout.isatty(), show_map=not no_map)
         return
     if fmt is OutputFormat.json:
         from kvtrace.report.json import render
+
+        text = render(reports)
     elif fmt is OutputFormat.sarif:
-        from kvtrace.report.sarif import render
+        from kvtrace.report.sarif import render as render_sarif
+
+        text = render_sarif(reports, root=sarif_root or Path.cwd())
     elif fmt is OutputFormat.github:
         from kvtrace.report.github import render
+
+        text = render(reports)
     elif fmt is OutputFormat.html:
         from kvtrace.report.html import render
+
+        text = render(reports)
     else:
         from kvtrace.report.markdown import render
-    text = render(reports)
+
+        text = render(reports)
     if output is not None:
         output.write_text(text, encoding="utf-8")
     else:
         sys.stdout.write(text)
 
 
-def _text(report: Report, console: Console, no_map: bool) -> None:
-    from kvtrace.report.text import render
+def setup_logging(verbose: bool, quiet: bool) -> None:
+    """-v: steps and timings; -q: errors only. Rich on a terminal; plain unwrapped lines when
+    stderr is redirected (a CI log), so no line is folded."""
+    level = logging.DEBUG if verbose else logging.ERROR if quiet else logging.WARNING
+    log.handlers.clear()
+    log.propagate = False
+    if sys.stderr.isatty():
+        from rich.console import Console
+        from rich.logging import RichHandler
 
-    render(report, console, show_map=not no_map)
+        handler: logging.Handler = RichHandler(console=Console(stderr=True), show_time=False, show_path=False,
+                                               markup=False, highlighter=None)
+        handler.setFormatter(logging.Formatter("%(message)s"))
+    else:
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("kvtrace: %(message)s"))
+    handler.addFilter(_SafeRecord())
+    log.addHandler(handler)
+    log.setLevel(level)
 
+
+class _SafeRecord(logging.Filter):
+    """Log lines carry outside text (remote stderr, file names): print it inert, on one line."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        record.msg, record.args = plain(record.getMessage()), ()
+        return True
+
+
+# ---------------------------------------------------------------------------------------------
+# kvtrace diff
 
 class DiffFormat(str, Enum):
     text = "text"
@@ -309,41 +431,14 @@ def diff(
     result = diffs.compare(reports["base"], reports["head"])
     render = diffs.render_text if output_format is DiffFormat.text else diffs.to_json
     sys.stdout.write(render(result, base, head))
-    incomplete = any(f.status != "ok" for r in reports.values() for f in r.files) or \
-        any(r.problems for r in reports.values())
+    incomplete = any(r.incomplete for r in reports.values())
     if incomplete:
         typer.echo("kvtrace: the scan of BASE or HEAD is incomplete (see the report)", err=True)
     raise typer.Exit(EXIT_FINDINGS if result.added else EXIT_INCOMPLETE if incomplete else EXIT_CLEAN)
 
 
-@app.command("rules")
-def list_rules() -> None:
-    """List the rules (code, name, default severity, summary) and the bundled rules packs."""
-    from kvtrace.packs import available_packs
-
-    for rule in ALL_RULES:
-        typer.echo(f"{rule.code}  {rule.name:20} {rule.severity:8} {rule.summary()}")
-    typer.echo(f"\nrules packs: {', '.join(available_packs())}  (kvtrace explain CODE|NAME for one rule)")
-
-
-@app.command()
-def explain(rule: Annotated[str, typer.Argument(help="A rule code or name, e.g. KVT001 or pinned-state.")]) -> None:
-    """Show what a rule finds, why it matters, an example and the fix."""
-    found = find_rule(rule)
-    if found is None:
-        known = ", ".join(f"{r.code} {r.name}" for r in ALL_RULES)
-        raise _fail(f"unknown rule {rule!r}; known: {known}")
-    typer.echo(f"{found.code} {found.name} ({found.severity}): {found.title}\n")
-    typer.echo(found.docs())
-
-
-@app.command()
-def schema() -> None:
-    """Print the JSON Schema of the kvtrace/1 report (`scan --format json`)."""
-    from kvtrace.report.schema import JSON_SCHEMA
-
-    typer.echo(json.dumps(JSON_SCHEMA, indent=2))
-
+# ---------------------------------------------------------------------------------------------
+# kvtrace merge / cache (fleets)
 
 @app.command()
 def merge(
@@ -392,6 +487,50 @@ def cache_clear() -> None:
     typer.echo(f"removed {cache.clear()} entries from {cache.dir}")
 
 
+# ---------------------------------------------------------------------------------------------
+# kvtrace rules / explain / schema
+
+@app.command("rules")
+def list_rules() -> None:
+    """List the rules (code, name, default severity, summary) and the bundled rules packs."""
+    from kvtrace.packs import available_packs
+
+    for rule in ALL_RULES:
+        typer.echo(f"{rule.code}  {rule.name:20} {rule.severity:8} {rule.summary()}")
+    typer.echo(f"\nrules packs: {', '.join(available_packs())}  (kvtrace explain CODE|NAME for one rule)")
+
+
+@app.command(epilog="\b\nExample:\n  kvtrace explain pinned-state")
+def explain(rule: Annotated[str, typer.Argument(metavar="RULE",
+        help="A rule code or name, e.g. KVT001 or pinned-state.")]) -> None:
+    """Show what a rule finds, why it matters, an example and the fix."""
+    found = find_rule(rule)
+    if found is None:
+        known = ", ".join(f"{r.code} {r.name}" for r in ALL_RULES)
+        raise _fail(f"unknown rule {rule!r}; known: {known}")
+    typer.echo(f"{found.code} {found.name} ({found.severity}): {found.title}\n")
+    typer.echo(found.docs())
+
+
+@app.command(epilog="\b\nExample:\n  kvtrace scan . --format json | python -m jsonschema <(kvtrace schema)")
+def schema() -> None:
+    """Print the JSON Schema of `scan --format json` (kvtrace/2: {"schema", "reports": [...]})."""
+    from kvtrace.report.schema import JSON_SCHEMA
+
+    typer.echo(json.dumps(JSON_SCHEMA, indent=2))
+
+
+# ---------------------------------------------------------------------------------------------
+# Entry point
+
+def _click_exceptions():
+    try:  # typer >= 0.2x vendors click
+        from typer._click import exceptions
+    except ImportError:  # older typer runs on click itself
+        from click import exceptions  # type: ignore[no-redef]
+    return exceptions
+
+
 class _Interrupted(BaseException):
     """Ctrl-C as our own exception: click turns KeyboardInterrupt into "Aborted!" and exit 1
     (or swallows it), and `except Exception` around a scan must not catch it either."""
@@ -401,19 +540,45 @@ def _on_sigint(signum: int, frame: object) -> None:
     raise _Interrupted()
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
+    """Run the CLI: usage errors are one line (exit 2), internal errors exit 4, Ctrl-C 130."""
     import signal
 
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     signal.signal(signal.SIGINT, _on_sigint)
+    args = sys.argv[1:] if argv is None else argv
+    exceptions = _click_exceptions()
+    command = typer.main.get_command(app)
     try:
-        app()
-    except (_Interrupted, KeyboardInterrupt):
+        code = command.main(args=args, prog_name="kvtrace", standalone_mode=False)
+    except exceptions.NoArgsIsHelpError as exc:
+        typer.echo(exc.ctx.get_help() if exc.ctx else "", err=True)
+        code = EXIT_INPUT
+    except exceptions.UsageError as exc:
+        hint = f" (see 'kvtrace {exc.ctx.info_name} --help')" if exc.ctx and exc.ctx.parent else " (see 'kvtrace --help')"
+        message = " ".join(exc.format_message().split())
+        typer.echo(f"kvtrace: error: {message}{hint}", err=True)
+        code = EXIT_INPUT
+    except (_Interrupted, KeyboardInterrupt, typer.Abort):
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not cut the message
         typer.echo("kvtrace: interrupted", err=True)
         sys.stderr.flush()
         # Not sys.exit: it would join fleet worker threads still blocked on remote hosts.
         os._exit(130)
+    except BrokenPipeError:
+        # The reader went away (`kvtrace scan ... | head`): not an error worth a line.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        code = EXIT_CLEAN
+    except Exception as exc:  # a bug in kvtrace
+        _internal(plain(f"internal error: {type(exc).__name__}: {exc}"), exc, args)
+        code = EXIT_INTERNAL
+    sys.exit(code if isinstance(code, int) else EXIT_CLEAN)
+
+
+def _internal(message: str, exc: BaseException | None, args: list[str]) -> None:
+    if exc is not None and ("-v" in args or "--verbose" in args):
+        traceback.print_exception(type(exc), exc, exc.__traceback__, file=sys.stderr)
+    typer.echo(f"kvtrace: {message} (a bug in kvtrace; rerun with -v for the traceback)", err=True)
 
 
 if __name__ == "__main__":

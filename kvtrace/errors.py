@@ -4,11 +4,13 @@ from __future__ import annotations
 
 # Exit codes, documented in the README and `kvtrace --help`:
 #   0 no findings, 1 findings, 2 usage or input error (local or remote; nothing was analysed),
-#   3 the scan finished but some files could not be analysed (syntax error, not UTF-8, ...).
+#   3 the scan finished but is incomplete (a file or a backend could not be analysed),
+#   4 an internal error (a bug in kvtrace; `-v` shows the traceback).
 EXIT_CLEAN = 0
 EXIT_FINDINGS = 1
 EXIT_INPUT = 2
 EXIT_INCOMPLETE = 3
+EXIT_INTERNAL = 4
 
 
 class KvtraceError(Exception):
@@ -18,7 +20,19 @@ class KvtraceError(Exception):
 
 
 class InputError(KvtraceError):
-    """Missing path, no disaggregation package, bad rules pack, unreadable file."""
+    """Missing path, no disaggregation package, bad rules pack, unreadable file, bad option."""
+
+
+class AmbiguousTarget(InputError):
+    """Several candidate packages under one target: the user must pick one (or pass --all)."""
+
+    def __init__(self, target: str, candidates: list[str]) -> None:
+        self.candidates = candidates
+        listed = ", ".join(f"{c}/" for c in candidates)
+        super().__init__(
+            f"{target}: {len(candidates)} packages found ({listed}); "
+            "scan one of them, or pass --all to scan each as its own report"
+        )
 
 
 class RemoteError(KvtraceError):

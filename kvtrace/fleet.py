@@ -22,12 +22,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from kvtrace.errors import EXIT_CLEAN, EXIT_FINDINGS, EXIT_INCOMPLETE, EXIT_INPUT, InputError, KvtraceError
+from kvtrace.errors import (EXIT_CLEAN, EXIT_FINDINGS, EXIT_INCOMPLETE, EXIT_INPUT, EXIT_INTERNAL, AmbiguousTarget,
+                            InputError, KvtraceError)
 from kvtrace.model import FetchLimits, FetchResult, Report
 
 SEVERITY_RANK = {"note": 0, "warning": 1, "error": 2, "never": 3}
 # Worst first: nothing analysed, then analysed but incomplete, then findings, then clean.
-EXIT_BADNESS = {EXIT_INPUT: 3, EXIT_INCOMPLETE: 2, EXIT_FINDINGS: 1, EXIT_CLEAN: 0}
+EXIT_BADNESS = {EXIT_INTERNAL: 4, EXIT_INPUT: 3, EXIT_INCOMPLETE: 2, EXIT_FINDINGS: 1, EXIT_CLEAN: 0}
 
 Log = Callable[[str], None]
 
@@ -42,6 +43,12 @@ class HostResult:
     metrics: Any = None  # kvtrace.metrics.MetricsSample
     cached: bool = False
     timings: dict[str, float] = field(default_factory=dict)
+    extra_reports: list[Report] = field(default_factory=list)  # --all: the other packages under the target
+    exception: BaseException | None = None  # an internal error (a bug in kvtrace), for -v
+
+    @property
+    def reports(self) -> list[Report]:
+        return ([self.report] if self.report is not None else []) + self.extra_reports
 
     @property
     def tree(self) -> str | None:
@@ -57,7 +64,7 @@ def tree_digest_of(report: Report) -> str:
 
 
 def exit_code_for(report: Report, fail_on: str) -> int:
-    if any(f.status != "ok" for f in report.files) or report.problems:
+    if report.incomplete:
         return EXIT_INCOMPLETE
     from kvtrace.baseline import counts_against
 
@@ -203,6 +210,7 @@ class FleetOptions:
     metrics_seconds: float = 3.0
     metrics_interval: float = 1.0
     after_scan: Callable[[str, Report], None] | None = None  # e.g. marking findings against a baseline
+    scan_all: bool = False  # several packages under one target: scan each (else an error listing them)
 
 
 def run_fleet(targets: list[str], options: FleetOptions, log: Log | None = None,
@@ -243,14 +251,24 @@ def run_fleet(targets: list[str], options: FleetOptions, log: Log | None = None,
             analysed = time.perf_counter()
             from kvtrace.cache import scan_cached
 
+            from kvtrace.scan import locate_packages
+
             settings = options.settings.get(target)
+            roots = locate_packages(fetched.files, options.packs[target], fetched.target)
+            if len(roots) > 1 and not options.scan_all:
+                raise AmbiguousTarget(fetched.target, roots)
             with analysis_lock:
-                result.report, result.cached = scan_cached(fetched, options.packs[target], options.cache, memo,
-                                                           settings=settings)
+                # One package: scan_fetched finds it again (and the cache key stays the one-package key).
+                scanned = [scan_cached(fetched, options.packs[target], options.cache, memo, settings=settings,
+                                       root=root if len(roots) > 1 else None) for root in roots]
+            result.report, result.cached = scanned[0]
+            result.extra_reports = [report for report, _ in scanned[1:]]
             result.timings["analyse"] = time.perf_counter() - analysed
-            if options.after_scan is not None:
-                options.after_scan(target, result.report)
-            result.exit_code = exit_code_for(result.report, getattr(settings, "fail_on", None) or "note")
+            for report in result.reports:
+                if options.after_scan is not None:
+                    options.after_scan(target, report)
+            fail_on = getattr(settings, "fail_on", None) or "note"
+            result.exit_code = worst_exit(exit_code_for(report, fail_on) for report in result.reports)
             result.sglang_version = found.get("version")
             if "client" not in found:  # a local target
                 from kvtrace.target import SshTarget, parse_target
@@ -263,15 +281,17 @@ def run_fleet(targets: list[str], options: FleetOptions, log: Log | None = None,
                     show.update(target, "sampling metrics")
                     found["metrics"] = sample(tcp_opener, url, options.metrics_seconds, options.metrics_interval)
             result.metrics = found.get("metrics")
-            result.report.host_facts = {
-                "host": _host_label(target),
-                "sglang_version": result.sglang_version,
-                **({"metrics": result.metrics.to_dict()} if result.metrics is not None else {}),
-            }
+            for report in result.reports:
+                report.host_facts = {
+                    "host": _host_label(target),
+                    "sglang_version": result.sglang_version,
+                    **({"metrics": result.metrics.to_dict()} if result.metrics is not None else {}),
+                }
         except KvtraceError as exc:
             result.error = str(exc)
         except Exception as exc:  # noqa: BLE001 -- a bug in kvtrace: one line for this host only
             result.error = f"internal error on {target}: {type(exc).__name__}: {exc}"
+            result.exit_code, result.exception = EXIT_INTERNAL, exc
         result.timings["total"] = time.perf_counter() - started
         show.update(target, "done" if result.error is None else "failed")
         return result
@@ -387,8 +407,9 @@ def summaries_from_json(data: Any, source: str, fail_on: str = "note") -> list[H
     {"schema": "kvtrace/2", "reports": [...]}."""
     if isinstance(data, dict) and isinstance(data.get("reports"), list):
         reports = data["reports"]
-    elif isinstance(data, list):
-        reports = data
+    elif isinstance(data, list):  # kvtrace/1 reports, or kvtrace/2 documents (one per host)
+        reports = [report for item in data for report in (
+            item["reports"] if isinstance(item, dict) and isinstance(item.get("reports"), list) else [item])]
     elif isinstance(data, dict):
         reports = [data]
     else:
@@ -403,7 +424,8 @@ def summaries_from_json(data: Any, source: str, fail_on: str = "note") -> list[H
         for f in sorted(files, key=lambda f: f["path"]):
             digest.update(f"{f['path']}\0{f['sha256']}\n".encode("utf-8", "surrogateescape"))
         findings = report.get("findings", [])
-        incomplete = any(f.get("status") != "ok" for f in files) or bool(report.get("problems"))
+        incomplete = report["complete"] is False if "complete" in report else \
+            any(f.get("status") != "ok" for f in files) or bool(report.get("problems"))
         threshold = SEVERITY_RANK[fail_on]
         code = EXIT_INCOMPLETE if incomplete else EXIT_FINDINGS if any(
             SEVERITY_RANK.get(f.get("severity", "note"), 0) >= threshold for f in findings) else EXIT_CLEAN

@@ -189,6 +189,28 @@ class Finding:
     code: str = ""  # the rule's short code (KVT001); `rule` is its name
 
 
+@dataclass(frozen=True)
+class Gap:
+    """Something the scan could not analyse; any gap makes the report INCOMPLETE.
+
+    kind: "file" (not read or not parsed), "backend" (not checked, or checked without one of
+    its files) or "analysis" (a part of the analysis was cut or failed)."""
+
+    kind: str
+    subject: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class DetectedVersion:
+    """The version the scanned tree declares (`__version__` in a version.py above the package)."""
+
+    package: str
+    version: str
+    path: str
+    line: int
+
+
 @dataclass
 class Report:
     target: str
@@ -200,6 +222,12 @@ class Report:
     enum: Evidence | None = None
     problems: list[str] = field(default_factory=list)
     schema: str = SCHEMA
+    gaps: list[Gap] = field(default_factory=list)
+    version: DetectedVersion | None = None
+
+    @property
+    def incomplete(self) -> bool:
+        return bool(self.gaps)
     # Facts about where the tree was found, set by kvtrace.fleet: host, sglang_version, metrics.
     host_facts: dict[str, object] = field(default_factory=dict)
     # The queue graph the fates were read from, as {"nodes": [(node, attrs)], "edges": [(a, b,

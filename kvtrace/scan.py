@@ -11,13 +11,15 @@ from pathlib import Path
 from kvtrace.backends import analyse_backends
 from kvtrace.config import Settings
 from kvtrace.rules import ALL_RULES, ScanContext
-from kvtrace.errors import InputError
+from kvtrace.errors import AmbiguousTarget, InputError
+from kvtrace.gaps import find_gaps
 from kvtrace.fetch.local import fetch_local
 from kvtrace.flow import NOT_SITES
 from kvtrace.graph import QueueAnalysis, StateGraph, analyse_queue, find_enum, static_sites
 from kvtrace.index import Index
 from kvtrace.model import (
     OUTCOME_ORDER,
+    DetectedVersion,
     Evidence,
     FetchLimits,
     FetchResult,
@@ -38,53 +40,138 @@ def scan_path(path: Path, pack: Pack | None = None, limits: FetchLimits = FetchL
     return scan_fetched(fetch_local(path, limits), pack, settings)
 
 
-def locate_package(files: list[SourceFile], pack: Pack, target: str) -> str:
-    """The folder (relative to the target, '' for the target itself) that holds the package.
+def _inside(path: str, folder: str) -> bool:
+    return folder == "" or path.startswith(folder + "/")
 
-    Candidates are folders named like the pack's package_dir, or the target itself; the one that
-    defines the poll enum wins, preferring one that also mentions the queue, then the shallowest.
+
+def locate_packages(files: list[SourceFile], pack: Pack, target: str) -> list[str]:
+    """Every package folder under the target (relative to it, '' for the target itself), sorted.
+
+    A candidate is a folder named like the pack's package_dir (or the target itself when it is
+    so named) that defines the poll enum; one inside another candidate is part of it. With no
+    such folder, the target itself counts when it defines the enum (a fork that renamed the
+    folder). The result depends only on the file paths and contents, never on hash order.
     """
     enum_def = re.compile(rf"^\s*class\s+{re.escape(pack.enum)}\b", re.MULTILINE)
-    dirs: set[str] = {""}
+    named: set[str] = set()
+    if Path(target.rstrip("/")).name == pack.package_dir:
+        named.add("")
     for f in files:
         parts = f.path.split("/")[:-1]
         for i, part in enumerate(parts):
             if part == pack.package_dir:
-                dirs.add("/".join(parts[: i + 1]))
-
-    def inside(f: SourceFile, d: str) -> bool:
-        return d == "" or f.path.startswith(d + "/")
-
-    def score(d: str) -> tuple[int, int, int, int]:
-        members = [f for f in files if inside(f, d)]
-        has_enum = any(enum_def.search(f.text or "") for f in members)
-        has_queue = any(q in (f.text or "") for f in members for q in pack.queues)
-        named = d.rsplit("/", 1)[-1] == pack.package_dir or (d == "" and Path(target).name == pack.package_dir)
-        return (has_enum, has_queue, named, -d.count("/") if d else 0)
-
-    ranked = sorted(dirs, key=score, reverse=True)
-    best = ranked[0]
-    if not score(best)[0]:
-        found = next((d for d in sorted(dirs) if d), None)
-        if found is not None:
-            raise InputError(f"{target}: found {found}/ but no `class {pack.enum}` in it (is base/conn.py missing?)")
-        raise InputError(f"{target}: no {pack.package_dir}/ package with a `class {pack.enum}` found here")
-    return best
+                named.add("/".join(parts[: i + 1]))
+    defining = [f.path for f in files if enum_def.search(f.text or "")]
+    candidates = sorted(d for d in named if any(_inside(p, d) for p in defining))
+    outermost = [d for d in candidates if not any(o != d and _inside(d, o) for o in candidates)]
+    if outermost:
+        return outermost
+    if defining:
+        return [""]
+    raise InputError(_no_package_message(files, pack, target, sorted(named)))
 
 
-def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Settings = Settings()) -> Report:
+def _no_package_message(files: list[SourceFile], pack: Pack, target: str, named: list[str]) -> str:
+    """Why no package was found, from what was actually read (never a guess about a file)."""
+    where = [d for d in named if d] or ([""] if named else [])
+    scope = [f for f in files if any(_inside(f.path, d) for d in where)] if where else files
+    unread = [f for f in scope if f.status != "ok" or f.text is None]
+    if where:
+        head = f"{target}: found {', '.join(d + '/' for d in where) if where != [''] else 'the package'}"
+    else:
+        head = f"{target}: no {pack.package_dir}/ package found"
+    if unread:
+        counts: dict[str, int] = {}
+        for f in unread:
+            counts[f.status] = counts.get(f.status, 0) + 1
+        tally = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
+        first = unread[0]
+        return (f"{head} but could not read `class {pack.enum}`: {len(unread)} of {len(scope)} files "
+                f"not read ({tally}; e.g. {first.path}: {first.error or first.status})")
+    listed = ", ".join(f.path for f in scope[:4]) + (f" and {len(scope) - 4} more" if len(scope) > 4 else "")
+    return f"{head} but none of its {len(scope)} .py files ({listed}) defines `class {pack.enum}`"
+
+
+def _status_reason(f: SourceFile) -> str:
+    return f"{f.status}: {f.error}" if f.error else f.status
+
+
+def locate_package(files: list[SourceFile], pack: Pack, target: str) -> str:
+    """The one package folder under the target; several are an error that lists them."""
+    found = locate_packages(files, pack, target)
+    if len(found) > 1:
+        raise AmbiguousTarget(target, found)
+    return found[0]
+
+
+def package_scope(root: str, candidates: list[str]) -> str:
+    """The widest folder around `root` that holds no other candidate package: files outside the
+    package that mention the queue are taken from there, so two side-by-side trees never mix."""
+    parts = root.split("/") if root else []
+    scope = root
+    for i in range(len(parts) - 1, -1, -1):
+        ancestor = "/".join(parts[:i])
+        if any(c != root and _inside(c, ancestor) for c in candidates):
+            break
+        scope = ancestor
+    return scope
+
+
+_VERSION = re.compile(r"""^__version__\s*(?::\s*str\s*)?=\s*["']([^"'\n]+)["']""", re.MULTILINE)
+
+
+def detect_version(files: list[SourceFile], root: str) -> DetectedVersion | None:
+    """The `__version__` of the nearest version.py in a folder above the package (as in a
+    wheel or a checkout: sglang/version.py above sglang/srt/disaggregation)."""
+    by_path = {f.path: f for f in files}
+    parts = root.split("/") if root else []
+    for i in range(len(parts) - 1, -1, -1):
+        folder = "/".join(parts[:i])
+        path = f"{folder}/version.py" if folder else "version.py"
+        source = by_path.get(path)
+        match = _VERSION.search(source.text or "") if source is not None else None
+        if match:
+            line = (source.text or "").count("\n", 0, match.start()) + 1
+            package = parts[i - 1] if i > 0 else "package"
+            return DetectedVersion(package, match.group(1), path, line)
+    return None
+
+
+def _in_scope(files: list[SourceFile], pack: Pack, root: str, scope: str) -> list[SourceFile]:
+    """The package's files, plus files around it that mention the queue. A file whose content
+    could not be read is kept when it may mention the queue, so the report says it was missed."""
+    queues = [q.encode() for q in pack.queues or (pack.queue,)]
+
+    def wanted(f: SourceFile) -> bool:
+        if _inside(f.path, root):
+            return True
+        if not _inside(f.path, scope):
+            return False
+        if f.status in ("too-large", "unreadable"):
+            return True
+        return any(q in f.data for q in queues)
+
+    return [f for f in files if wanted(f)]
+
+
+def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Settings = Settings(),
+                 root: str | None = None) -> Report:
+    """Analyse one package of the fetched tree: `root` (from locate_packages), or the only one."""
     pack = pack or load_pack()
     files = fetched.files
     if not files:
         raise InputError(f"{fetched.target}: no .py files found")
-    root = locate_package(files, pack, fetched.target)
-    in_scope = [f for f in files if (root == "" or f.path.startswith(root + "/"))
-                or any(q in (f.text or "") for q in pack.queues)]
+    candidates = locate_packages(files, pack, fetched.target)
+    if root is None:
+        if len(candidates) > 1:
+            raise AmbiguousTarget(fetched.target, candidates)
+        root = candidates[0]
+    in_scope = _in_scope(files, pack, root, package_scope(root, candidates))
     modules = parse_modules(in_scope)
     index = Index(modules, root)
     enum = find_enum(index, pack)
     if enum is None:
-        raise InputError(f"{fetched.target}: `class {pack.enum}` was found but could not be read (see file errors)")
+        raise InputError(_enum_unreadable_message(fetched.target, pack, in_scope))
     domain, enum_evidence = enum
     problems: list[str] = []
     senders = analyse_backends(index, pack, domain, root, problems)
@@ -106,14 +193,16 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
         findings += [f for rule in rules if rule.per_queue or number == 0 for f in rule().check(ctx)
                      if settings.wants_backend(f.backend)]
         if queue.drain is None and not entries:
-            problems.append(f"self.{name} is neither filled nor drained in this tree")
+            unread = [f.path for f in in_scope if f.status != "ok"]
+            cause = f" (files not analysed: {', '.join(unread[:3])}{' ...' if len(unread) > 3 else ''})" if unread else ""
+            problems.append(f"self.{name} is neither filled nor drained in the analysed files{cause}")
         if queue.truncated:
             problems.append("path limit reached (results may be incomplete) at " + ", ".join(queue.truncated))
         queue_reports.append(_queue_report(queue_pack, domain.members, queue))
     findings = silence(findings, index.modules, report_unused=UnusedSuppression in rules)
     findings.sort(key=lambda f: (f.path, f.line, f.rule, f.backend or "", f.state or ""))
     problems.extend(fetched.notes)
-    return Report(
+    report = Report(
         target=fetched.target,
         files=in_scope,
         queues=queue_reports,
@@ -122,10 +211,20 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
         root=root,
         enum=enum_evidence,
         problems=problems,
+        version=detect_version(files, root),
         # Plain lists: reports pickle into the cache and unpickle without the analysis' types.
         graph={"nodes": list(queue.graph.nodes.items()),
                "edges": [(a, b, data) for (a, b), data in queue.graph.edges.items()]},
     )
+    report.gaps = find_gaps(report, enum_evidence.path)
+    return report
+
+
+def _enum_unreadable_message(target: str, pack: Pack, files: list[SourceFile]) -> str:
+    enum_def = re.compile(rf"^\s*class\s+{re.escape(pack.enum)}\b", re.MULTILINE)
+    where = [f for f in files if enum_def.search(f.text or "")]
+    detail = "; ".join(f"{f.path}: {_status_reason(f)}" for f in where if f.status != "ok")
+    return f"{target}: `class {pack.enum}` could not be read" + (f" ({detail})" if detail else " (it has no members)")
 
 
 def _helpers_with_effects(site_states: dict[tuple[str, str, int], tuple[str, set[str], str]]) -> set[str]:
@@ -181,4 +280,4 @@ def _queue_report(pack: Pack, members: tuple[str, ...], queue) -> QueueReport:
     return QueueReport(pack.queue, drain_ref, ordered, states)
 
 
-__all__ = ["scan_path", "scan_fetched", "locate_package", "OUTCOME_ORDER"]
+__all__ = ["scan_path", "scan_fetched", "locate_package", "locate_packages", "OUTCOME_ORDER"]

@@ -58,10 +58,17 @@ _DRIVE = re.compile(r"[A-Za-z]:")
 def parse_target(text: str) -> LocalTarget | SshTarget:
     if text == "":
         raise InputError("empty TARGET: give a local path or [user@]host:path")
+    if text == "-":
+        raise InputError("-: reading from stdin is not supported; give a local path or [user@]host:path")
     if text[:6].lower() == "ssh://":
         return _parse_url(text)
-    remote = None if _looks_local(text) else _parse_scp(text)
-    return remote if remote is not None else LocalTarget(Path(text), text)
+    if _looks_local(text):
+        return LocalTarget(Path(text), text)
+    remote = _parse_scp(text)
+    if remote is None:
+        _reject_malformed_remote(text)
+        return LocalTarget(Path(text), text)
+    return remote
 
 
 def parse_authority(text: str) -> tuple[str | None, str, int | None]:
@@ -89,6 +96,23 @@ def _looks_local(text: str) -> bool:
     if "/" in head or "\\" in head:  # scp's rule: a '/' before the first ':' means a local path
         return True
     return bool(_DRIVE.match(text))  # C:\x, C:/x, C:x -- a one-letter host is never meant
+
+
+def _reject_malformed_remote(text: str) -> None:
+    """A TARGET that is unmistakably meant as a remote one (a user part or a bracketed host
+    before the first ':') but does not parse is an error, never a local path "user@:x"."""
+    head = text.split(":", 1)[0]
+    if "@" in head:
+        user, _, host = head.rpartition("@")
+        if not user:
+            raise InputError(f"{text}: empty user name before '@'; expected [user@]host:path")
+        if not host:
+            raise InputError(f"{text}: no host between '@' and ':'; expected [user@]host:path")
+        if not _USER.fullmatch(user):
+            raise InputError(f"{text}: bad user name {user!r}; expected [user@]host:path")
+        raise InputError(f"{text}: bad host name {host!r}; expected [user@]host:path")
+    if text.startswith("["):
+        raise InputError(f"{text}: not a valid [IPv6] host; expected [user@][address]:path")
 
 
 def _split_host(text: str) -> tuple[str | None, str]:

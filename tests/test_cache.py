@@ -180,7 +180,7 @@ def test_cli_cache_info_clear_and_no_cache(tree: Path, tmp_path: Path) -> None:
     assert cold.returncode == 1 and "analysed in" in cold.stderr
     warm = kvtrace(cache_dir, "scan", str(tree), "--format", "json", "-v")
     assert warm.returncode == 1 and "cached result" in warm.stderr
-    assert json.loads(warm.stdout)["findings"] == json.loads(cold.stdout)["findings"]
+    assert json.loads(warm.stdout)["reports"][0]["findings"] == json.loads(cold.stdout)["reports"][0]["findings"]
     info = kvtrace(cache_dir, "cache", "info")
     assert info.returncode == 0 and str(cache_dir) in info.stdout and "entries  1" in info.stdout
     bypass = kvtrace(cache_dir, "scan", str(tree), "--no-cache", "-v")

@@ -46,7 +46,7 @@ GATE_RULES = {"pinned-state", "dropped-state", "undrained-queue", "unused-suppre
 def findings(result: subprocess.CompletedProcess[str]) -> list[dict]:
     data = json.loads(result.stdout)
     jsonschema.validate(data, JSON_SCHEMA)
-    return [f for f in data["findings"] if f["rule"] in GATE_RULES]
+    return [f for f in data["reports"][0]["findings"] if f["rule"] in GATE_RULES]
 
 
 def insert_above_every_function(path: Path) -> int:
@@ -183,7 +183,7 @@ def test_config_in_tree_then_cwd_and_command_line_wins(tree: Path, tmp_path: Pat
     result = kvtrace("scan", str(tree), "-f", "json", "--select", "dropped-state", cwd=cwd)
     assert findings(result) == []
     backends = json.loads(kvtrace("scan", str(tree), "-f", "json", "--ignore-backend", "nixl", cwd=cwd).stdout)
-    assert [b["name"] for b in backends["backends"]] == ["mooncake"]
+    assert [b["name"] for b in backends["reports"][0]["backends"]] == ["mooncake"]
 
 
 def test_config_baseline_path_is_relative_to_the_file(tree: Path, tmp_path: Path) -> None:

@@ -248,7 +248,7 @@ def test_merge_json_reports_from_each_host(tmp_path: Path, site_packages: Path) 
         out.parent.mkdir()
         kvtrace("scan", str(target), "--format", "json", "-o", str(out))
         data = json.loads(out.read_text())
-        data["host"] = name  # as each host would name itself
+        data["reports"][0]["host"] = name  # as each host would name itself
         out.write_text(json.dumps(data))
         made.append(out)
     result = kvtrace("merge", *map(str, made))
@@ -307,4 +307,4 @@ def test_progress_shows_on_a_terminal_only(tmp_path: Path) -> None:
     assert proc.wait(timeout=120) == 1
     text = shown.decode("utf-8", "replace")
     assert f"{a}: " in text and "\x1b[" in text  # the live display, drawn with terminal codes
-    assert "Fleet: 2 hosts" in text and len(json.loads(out.read_text())) == 2
+    assert "Fleet: 2 hosts" in text and len(json.loads(out.read_text())["reports"]) == 2

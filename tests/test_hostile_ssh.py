@@ -103,7 +103,7 @@ def test_noise_around_a_complete_archive_is_ignored(shape: str) -> None:
         run = scan(server, "--format", "json")
     bounded(run)
     assert run.stderr == "" and run.code == 1, run.stderr[-2000:]
-    data = json.loads(run.stdout)
+    data = json.loads(run.stdout)["reports"][0]
     assert {(f["backend"], f["state"]) for f in data["findings"] if f["rule"] == "pinned-state"} == {
         ("nixl", "WaitingForInput"), ("nixl", "Transferring")}
 
@@ -113,7 +113,7 @@ def test_sftp_drops_dotdot_and_absolute_names() -> None:
         run = scan(server, "--format", "json", "-v")
     bounded(run)
     assert run.code == 3, run.stderr[-2000:]  # complete for the real files, loud about the rest
-    data = json.loads(run.stdout)
+    data = json.loads(run.stdout)["reports"][0]
     assert sum("not a plain file name" in p for p in data["problems"]) == 3, data["problems"]
     paths = [f["path"] for f in data["files"]]
     assert paths and not any(".." in p.split("/") or p.startswith("/") or "evil" in p or "passwd" in p for p in paths), paths

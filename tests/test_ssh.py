@@ -527,7 +527,7 @@ def test_cli_remote_scan_of_a_real_release_matches_local(sshd: SshdServer) -> No
     local = _cli("scan", str(release), "--format", "json")
     remote = _cli("scan", f"{sshd.user}@{sshd.host}:{sshd.port}:{release}", "--format", "json", *_ssh_flags(sshd))
     assert remote.returncode == local.returncode == 1, remote.stderr
-    local_data, remote_data = json.loads(local.stdout), json.loads(remote.stdout)
+    local_data, remote_data = json.loads(local.stdout)["reports"][0], json.loads(remote.stdout)["reports"][0]
     assert remote_data.pop("target") == f"{sshd.user}@{sshd.host}:{sshd.port}:{release}"
     local_data.pop("target")
     # Where the tree was read differs by design: the SSH target there, this machine's name here.

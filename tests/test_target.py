@@ -53,9 +53,6 @@ LOCAL_CASES = [
     ".host:/p",
     "a b:/p",
     "dir\\x:y",
-    "[not-v6]:/p",
-    "[]:/p",
-    "@host:/p",
 ]
 
 
@@ -83,13 +80,19 @@ def test_existing_local_path_with_colon_stays_local(tmp_path: Path, monkeypatch:
 
 @pytest.mark.parametrize(
     "text",
-    ["", "ssh://", "ssh://:22/p", "ssh://host:99999/p", "ssh://host:0/p", "host:0:/p",
+    ["", "-", "user@:path", "@host:/p", "[not-v6]:/p", "[]:/p", "u s@host:/p", "u@bad_host!:/p",
+     "ssh://", "ssh://:22/p", "ssh://host:99999/p", "ssh://host:0/p", "host:0:/p",
      "host:70000:/p", "ssh://ho st/p", "ssh://host:x/p", "ssh://[::1/p"],
 )
 def test_bad_targets_are_input_errors(text: str) -> None:
     with pytest.raises(InputError) as info:
         parse_target(text)
     assert "\n" not in str(info.value)
+
+
+def test_stdin_is_refused_with_the_reason() -> None:
+    with pytest.raises(InputError, match="reading from stdin is not supported"):
+        parse_target("-")
 
 
 def test_display() -> None:

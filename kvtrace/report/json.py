@@ -1,5 +1,7 @@
-"""The kvtrace/1 JSON contract. Field names and meanings are documented in README.md and in
-`kvtrace schema`; additions are backwards compatible, renames bump the schema version."""
+"""The kvtrace/2 JSON contract: one document for any number of targets,
+`{"schema": "kvtrace/2", "kvtrace": VERSION, "reports": [REPORT, ...]}`. Field names and meanings
+are documented in README.md and in `kvtrace schema`; additions are backwards compatible, renames
+bump the schema version. (kvtrace/1, before: a bare REPORT for one target, a list for several.)"""
 
 from __future__ import annotations
 
@@ -7,8 +9,12 @@ import json
 from dataclasses import asdict
 from typing import Any
 
+from kvtrace import __version__
 from kvtrace.baseline import finding_marks
 from kvtrace.model import Evidence, Report
+from kvtrace.report.verdicts import summary_line
+
+SCHEMA = "kvtrace/2"
 
 
 def _evidence(items: list[Evidence]) -> list[dict[str, Any]]:
@@ -16,10 +22,15 @@ def _evidence(items: list[Evidence]) -> list[dict[str, Any]]:
 
 
 def to_json_dict(report: Report) -> dict[str, Any]:
+    """One report (one package of one target)."""
     return {
-        "schema": report.schema,
+        "schema": SCHEMA,
         "target": report.target,
         "root": report.root,
+        "version": asdict(report.version) if report.version else None,
+        "complete": not report.incomplete,
+        "summary": summary_line(report),
+        "gaps": [{"kind": g.kind, "subject": g.subject, "reason": g.reason} for g in report.gaps],
         "enum": asdict(report.enum) if report.enum else None,
         "files": [
             {"path": f.path, "sha256": f.sha256, "status": f.status, "error": f.error} for f in report.files
@@ -74,7 +85,10 @@ def to_json_dict(report: Report) -> dict[str, Any]:
     }
 
 
+def to_document(reports: list[Report]) -> dict[str, Any]:
+    return {"schema": SCHEMA, "kvtrace": __version__, "reports": [to_json_dict(r) for r in reports]}
+
+
 def render(reports: list[Report]) -> str:
-    """One report as an object; several (one per target) as a list of objects."""
-    data = [to_json_dict(r) for r in reports]
-    return json.dumps(data[0] if len(data) == 1 else data, indent=2) + "\n"
+    """One document whatever the number of targets (each package scanned is one report)."""
+    return json.dumps(to_document(reports), indent=2) + "\n"

@@ -1,16 +1,18 @@
-"""A bug-report document: findings with evidence, the release map, and the backends, as
-Markdown that pastes into an issue tracker."""
+"""A bug-report document, answer first: what was not analysed, the verdict grid, the findings
+grouped by backend with their evidence, the summary; then the release map, the poll states'
+fates and the backends. Markdown that pastes into an issue tracker."""
 
 from __future__ import annotations
 
 from kvtrace.model import Report
+from kvtrace.report.verdicts import gap_text, summary_line, verdict_grid
 from kvtrace.report.bugreport import code_link, environment_lines, excerpt_details, target_from_cwd
 from kvtrace.report.diagram import mermaid_section
 from kvtrace.report.links import permalinks
 
 
 def _cell(text: str) -> str:
-    return text.replace("|", "\\|")
+    return text.replace("|", "\\|").replace("\n", " ")
 
 
 def render(reports: list[Report]) -> str:
@@ -21,11 +23,7 @@ def render(reports: list[Report]) -> str:
         out += environment_lines(report) + [""]
         out.append(f"Package `{report.root or '.'}`; {sum(f.status == 'ok' for f in report.files)}"
                    f"/{len(report.files)} files analysed.\n")
-        bad = [f for f in report.files if f.status != "ok"]
-        for f in bad:
-            out.append(f"- {f.status}: `{f.path}`: {f.error}")
-        if bad:
-            out.append("")
+        _answer_first(report, out)
         out.append(f"### Findings ({len(report.findings)})\n")
         for f in report.findings:
             out.append(f"- **{f.rule}** ({f.severity}) {code_link(f.path, f.line, links)}: {f.message}")
@@ -56,3 +54,25 @@ def render(reports: list[Report]) -> str:
                        f"{'yes' if b.reads_abort_state else 'no'} | {timeouts} |")
         out.append("")
     return "\n".join(out) + "\n"
+
+
+def _answer_first(report: Report, out: list[str]) -> None:
+    """What was not analysed (loud), then the backend x state verdict grid."""
+    if report.gaps:
+        out.append(f"> **INCOMPLETE**: {gap_text(report.gaps)}\n")
+        for gap in report.gaps:
+            subject = f"`{gap.subject}`" if gap.kind == "file" else f"backend `{gap.subject}`" \
+                if gap.kind == "backend" else "scan"
+            out.append(f"- {subject}: {_cell(gap.reason)}")
+        out.append("")
+    grid = verdict_grid(report)
+    if grid.backends:
+        out.append("| backend | " + " | ".join(grid.states) + " |")
+        out.append("|---" * (len(grid.states) + 1) + "|")
+        for backend in grid.backends:
+            cells = [f"**{text}**" if severity == "error" else text
+                     for text, severity in (grid.cells[backend, s] for s in grid.states)]
+            out.append(f"| {backend} | " + " | ".join(cells) + " |")
+        out.append(f"\n{grid.legend}\n")
+    out.append(f"**{summary_line(report)}**\n")
+

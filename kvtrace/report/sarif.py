@@ -1,49 +1,120 @@
-"""SARIF 2.1.0 for code-scanning UIs: one result per finding, its evidence as a code flow."""
+"""SARIF 2.1.0 for code-scanning UIs: one run per report, one result per finding with its
+evidence as a code flow, and an invocation that says whether the scan was complete.
+
+File locations are relative to `root` (the current directory, or --sarif-root), because code
+scanning places a result by its path from the repository root: `kvtrace scan python/sglang`
+run at the top of a checkout writes `python/sglang/srt/...`. A remote target has no local
+path: its locations stay relative to the remote folder, under the uriBaseId TARGET."""
 
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path, PurePosixPath
 from typing import Any
 
 from kvtrace import __version__
 from kvtrace.baseline import SARIF_KEY, fingerprint, sarif_marks
-from kvtrace.rules import ALL_RULES
 from kvtrace.model import Evidence, Report
+from kvtrace.report.verdicts import summary_line
+from kvtrace.rules import ALL_RULES
 
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
+INFORMATION_URI = "https://pypi.org/project/kvtrace/"
 
 
-def _location(path: str, line: int, message: str | None = None) -> dict[str, Any]:
-    location: dict[str, Any] = {
-        "physicalLocation": {
-            "artifactLocation": {"uri": path, "uriBaseId": "SRCROOT"},
-            "region": {"startLine": max(1, line)},
-        }
-    }
-    if message:
-        location["message"] = {"text": message}
-    return location
+def help_uri(rule_id: str) -> str:
+    """The rule's section of the README (the project page on PyPI shows it)."""
+    return f"{INFORMATION_URI}{__version__}/#rules"
 
 
-def _flow(evidence: list[Evidence]) -> dict[str, Any]:
-    return {"threadFlows": [{"locations": [{"location": _location(e.path, e.line, e.note)} for e in evidence]}]}
-
-
-def to_sarif(reports: list[Report]) -> dict[str, Any]:
-    rules = [
+def _rules() -> list[dict[str, Any]]:
+    return [
         {
             "id": rule.code,
             "name": rule.name,
             "shortDescription": {"text": rule.summary()},
             "fullDescription": {"text": rule.docs()},
-            "help": {"text": rule.docs()},
+            "helpUri": help_uri(rule.name),
+            "help": {"text": rule.docs(), "markdown": _markdown_help(rule)},
             "defaultConfiguration": {"level": rule.severity},
+            "properties": {"tags": ["kvtrace", "reliability"]},
         }
         for rule in ALL_RULES
     ]
+
+
+def _markdown_help(rule: type) -> str:
+    """The docstring's sections as Markdown: `What it does:` becomes a heading, indented
+    paragraphs become text."""
+    lines = []
+    for raw in rule.docs().splitlines():  # type: ignore[attr-defined]
+        stripped = raw.strip()
+        if stripped.endswith(":") and not raw.startswith(" ") and len(stripped) < 40:
+            lines.append(f"### {stripped[:-1]}")
+        else:
+            lines.append(stripped)
+    return f"**{rule.code} {rule.name}** ({rule.severity}): {rule.title}\n\n" + "\n".join(lines)  # type: ignore[attr-defined]
+
+
+class _Locator:
+    """Turns a report path (relative to the scanned target) into a SARIF artifact location."""
+
+    def __init__(self, report: Report, root: Path) -> None:
+        from kvtrace.target import LocalTarget, parse_target
+
+        self.prefix: str | None = None
+        try:
+            target = parse_target(report.target)
+        except Exception:  # a label that no longer parses: keep target-relative paths
+            target = None
+        if isinstance(target, LocalTarget):
+            base = target.path.parent if target.path.is_file() else target.path
+            rel = os.path.relpath(base.resolve(), root.resolve())
+            self.prefix = "" if rel == "." else PurePosixPath(Path(rel).as_posix()).as_posix() + "/"
+
+    def __call__(self, path: str, line: int, message: str | None = None) -> dict[str, Any]:
+        if self.prefix is not None:
+            artifact: dict[str, Any] = {"uri": self.prefix + path, "uriBaseId": "SRCROOT"}
+        else:
+            artifact = {"uri": path, "uriBaseId": "TARGET"}
+        location: dict[str, Any] = {
+            "physicalLocation": {"artifactLocation": artifact, "region": {"startLine": max(1, line)}}
+        }
+        if message:
+            location["message"] = {"text": message}
+        return location
+
+
+def _flow(evidence: list[Evidence], locate: _Locator) -> dict[str, Any]:
+    return {"threadFlows": [{"locations": [{"location": locate(e.path, e.line, e.note)} for e in evidence]}]}
+
+
+def _invocation(report: Report, locate: _Locator) -> dict[str, Any]:
+    notifications = []
+    for gap in report.gaps:
+        note: dict[str, Any] = {
+            "level": "error",
+            "message": {"text": f"{gap.kind} {gap.subject}: {gap.reason}" if gap.kind != "analysis" else gap.reason},
+            "descriptor": {"id": f"kvtrace/incomplete/{gap.kind}"},
+        }
+        if gap.kind == "file":
+            note["locations"] = [{"physicalLocation": locate(gap.subject, 1)["physicalLocation"]}]
+        notifications.append(note)
+    return {
+        "executionSuccessful": not report.incomplete,
+        "toolExecutionNotifications": notifications,
+        "properties": {"summary": summary_line(report)},
+    }
+
+
+def to_sarif(reports: list[Report], root: Path | None = None) -> dict[str, Any]:
+    root = root or Path.cwd()
+    rules = _rules()
     rule_index = {rule.name: i for i, rule in enumerate(ALL_RULES)}
     runs = []
     for report in reports:
+        locate = _Locator(report, root)
         results = []
         for f in report.findings:
             result: dict[str, Any] = {
@@ -51,24 +122,33 @@ def to_sarif(reports: list[Report]) -> dict[str, Any]:
                 "ruleIndex": rule_index[f.rule],
                 "level": f.severity,
                 "message": {"text": f.message},
-                "locations": [_location(f.path, f.line)],
+                "locations": [locate(f.path, f.line)],
                 "partialFingerprints": {"kvtrace/v1": f"{f.rule}:{f.backend or '-'}:{f.state or '-'}",
                                         SARIF_KEY: str(fingerprint(f))},
                 "properties": {"rule": f.rule, "backend": f.backend, "state": f.state, "function": f.function},
                 **sarif_marks(f),
             }
             if f.evidence:
-                result["codeFlows"] = [_flow(f.evidence)]
+                result["codeFlows"] = [_flow(f.evidence, locate)]
             results.append(result)
+        base_ids: dict[str, Any] = {}
+        if locate.prefix is not None:
+            base_ids["SRCROOT"] = {"uri": root.resolve().as_uri() + "/",
+                                   "description": {"text": "the folder locations are relative to (--sarif-root)"}}
+        else:
+            base_ids["TARGET"] = {"description": {"text": f"the scanned remote folder {report.target}"}}
         runs.append({
-            "tool": {"driver": {"name": "kvtrace", "version": __version__,
-                                "informationUri": "https://pypi.org/project/kvtrace/", "rules": rules}},
-            "originalUriBaseIds": {"SRCROOT": {"description": {"text": f"the scanned target {report.target}"}}},
+            "tool": {"driver": {"name": "kvtrace", "version": __version__, "semanticVersion": __version__,
+                                "informationUri": INFORMATION_URI, "rules": rules}},
+            "invocations": [_invocation(report, locate)],
+            "originalUriBaseIds": base_ids,
             "results": results,
-            "properties": {"target": report.target},
+            "properties": {"target": report.target, "package": report.root,
+                           **({"version": f"{report.version.package} {report.version.version}"}
+                              if report.version else {})},
         })
     return {"$schema": SARIF_SCHEMA, "version": "2.1.0", "runs": runs}
 
 
-def render(reports: list[Report]) -> str:
-    return json.dumps(to_sarif(reports), indent=2) + "\n"
+def render(reports: list[Report], root: Path | None = None) -> str:
+    return json.dumps(to_sarif(reports, root), indent=2) + "\n"

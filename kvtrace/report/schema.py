@@ -1,4 +1,8 @@
-"""JSON Schema (draft 2020-12) of the kvtrace/1 report; tests validate every report against it."""
+"""JSON Schema (draft 2020-12) of the kvtrace/2 document; tests validate every report against it.
+
+kvtrace/2 wraps the reports in one document: {"schema": "kvtrace/2", "kvtrace": VERSION,
+"reports": [...]}; each report is the kvtrace/1 report object without its "schema" key, plus
+"version", "complete", "summary" and "gaps"."""
 
 from __future__ import annotations
 
@@ -17,17 +21,36 @@ _LOCATION = {
 }
 _STRINGS = {"type": "array", "items": {"type": "string"}}
 
-JSON_SCHEMA: dict[str, Any] = {
-    "$schema": "https://json-schema.org/draft/2020-12/schema",
-    "$id": "https://kvtrace.invalid/schema/kvtrace-1.json",
-    "title": "kvtrace report (kvtrace/1)",
+_GAP = {
+    "type": "object",
+    "required": ["kind", "subject", "reason"],
+    "properties": {
+        "kind": {"enum": ["file", "backend", "analysis"]},
+        "subject": {"type": "string", "description": "the file path, the backend name, or the target"},
+        "reason": {"type": "string"},
+    },
+    "additionalProperties": False,
+}
+
+REPORT_SCHEMA: dict[str, Any] = {
+    "title": "one report: one package of one target",
     "description": "Paths are relative to the scanned target, with '/' separators; lines are 1-based.",
     "type": "object",
-    "required": ["schema", "target", "files", "queues", "backends", "findings"],
+    "required": ["schema", "target", "root", "complete", "summary", "gaps", "files", "queues", "backends", "findings"],
     "properties": {
-        "schema": {"const": "kvtrace/1"},
+        "schema": {"const": "kvtrace/2"},
         "target": {"type": "string", "description": "the target as given on the command line"},
         "root": {"type": "string", "description": "the located package folder, relative to the target"},
+        "version": {
+            "type": ["object", "null"],
+            "description": "the version the tree declares (__version__ in a version.py above the package)",
+            "required": ["package", "version", "path", "line"],
+            "properties": {"package": {"type": "string"}, "version": {"type": "string"},
+                           "path": {"type": "string"}, "line": {"type": "integer", "minimum": 1}},
+        },
+        "complete": {"type": "boolean", "description": "false when anything was not analysed (see gaps)"},
+        "summary": {"type": "string", "description": "the text report's summary line"},
+        "gaps": {"type": "array", "items": _GAP, "description": "every file, backend or part not analysed, and why"},
         "host": {"type": "string", "description": "the machine scanned: the SSH target, or this host's name"},
         "sglang_version": {"type": ["string", "null"],
                            "description": "from the installed package metadata (sglang-*.dist-info), if any"},
@@ -148,4 +171,20 @@ JSON_SCHEMA: dict[str, Any] = {
         },
         "problems": _STRINGS,
     },
+}
+
+JSON_SCHEMA: dict[str, Any] = {
+    "$schema": "https://json-schema.org/draft/2020-12/schema",
+    "$id": "https://kvtrace.invalid/schema/kvtrace-2.json",
+    "title": "kvtrace scan --format json (kvtrace/2)",
+    "description": "One document for any number of targets; one report per package scanned.",
+    "type": "object",
+    "required": ["schema", "kvtrace", "reports"],
+    "properties": {
+        "schema": {"const": "kvtrace/2"},
+        "kvtrace": {"type": "string", "description": "the kvtrace version that wrote it"},
+        "reports": {"type": "array", "items": {"$ref": "#/$defs/report"}},
+    },
+    "additionalProperties": False,
+    "$defs": {"report": REPORT_SCHEMA},
 }

@@ -1,107 +1,262 @@
-"""The terminal report: rich tables and code excerpts; plain columns without colour or box
-lines when the output is not a terminal (piped into a file, grep or a CI log)."""
+"""The terminal report, answer first: a header, what could not be analysed, the backend x state
+verdict grid, the findings grouped by backend (one excerpt each), the summary line; then the
+details (release map, the poll states' fates, the backends). rich lays it out; with no terminal
+(a pipe, a file, a CI log) it is plain text with no colour, no box lines and no trailing spaces.
+
+Every row that names code carries its `path:line`, and paths are never folded: they sit in
+columns that do not wrap, and prose wraps only at spaces."""
 
 from __future__ import annotations
 
-from rich import box
-from rich.console import Console
+from collections import defaultdict
+
+from rich.console import Console, Group
+from rich.padding import Padding
+from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from kvtrace.baseline import mark, tally
-from kvtrace.model import Finding, Report, SourceFile
+from kvtrace import __version__
+from kvtrace.baseline import counts_against
+from kvtrace.model import Backend, Evidence, Gap, Report, SourceFile
+from kvtrace.report.verdicts import (
+    NOT_CHECKED,
+    NOT_RETURNED,
+    OK,
+    UNKNOWN,
+    backend_label,
+    finding_groups,
+    gap_text,
+    summary_line,
+    verdict_grid,
+)
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "note": "cyan"}
 OUTCOME_STYLE = {"kept": "yellow", "leaves": "green", "raises": "magenta", "dropped": "red"}
-
-
-def excerpt(files: dict[str, SourceFile], path: str, line: int, context: int = 2) -> list[tuple[int, str]]:
-    source = files.get(path)
-    text = source.text if source is not None else None
-    if not text:
-        return []
-    lines = text.splitlines()
-    start, end = max(1, line - context), min(len(lines), line + context)
-    return [(n, lines[n - 1]) for n in range(start, end + 1)]
+GAPS_UP_FRONT = 5  # more than this are counted up front and all listed at the end
 
 
 def render(report: Report, console: Console, show_map: bool = True) -> None:
-    plain = not console.is_terminal
-    table_box = None if plain else box.SIMPLE_HEAD
     files = {f.path: f for f in report.files}
-    ok = sum(1 for f in report.files if f.status == "ok")
-    console.print(Text.assemble(("kvtrace ", "bold"), report.target, f"  ({report.root or '.'})"))
-    enum = f"{report.enum.note} at {report.enum.path}:{report.enum.line}" if report.enum else "no enum"
-    console.print(f"{ok}/{len(report.files)} files analysed; {enum}")
-    for f in report.files:
-        if f.status != "ok":
-            console.print(Text(f"  {f.status}: {f.path}: {f.error}", style="yellow"))
-    for problem in report.problems:
-        console.print(Text(f"  note: {problem}", style="yellow"))
-
-    for queue in report.queues:
-        if show_map:
+    _header(report, console)
+    _gaps(report.gaps[:GAPS_UP_FRONT], console, more=len(report.gaps) - GAPS_UP_FRONT)
+    console.print()
+    _grid(report, console)
+    groups = finding_groups(report)
+    for backend, items in groups.items():
+        console.print()
+        _backend_findings(report, backend, items, files, console)
+    console.print()
+    summary = summary_line(report)
+    style = "bold red" if any(f.severity == "error" and counts_against(f) for f in report.findings) else "bold green"
+    console.print(Text(summary, style="bold yellow" if report.incomplete and not report.findings else style))
+    if show_map:
+        _details(report, console)
+        if len(report.gaps) > GAPS_UP_FRONT:
             console.print()
-            drain = f" — drain loop {queue.drain.note} at {queue.drain.path}:{queue.drain.line}" if queue.drain else ""
-            table = Table(title=f"Release map: {queue.name}{drain}", box=table_box, title_justify="left",
-                          show_edge=False, pad_edge=False)
-            for column in ("kind", "path:line", "function", "states"):
-                table.add_column(column, overflow="fold")
-            for site in queue.sites:
+            console.print(Text("Not analysed", style="bold"))
+            _gaps(report.gaps, console, more=0, heading=False)
+
+
+def _header(report: Report, console: Console) -> None:
+    title = Text.assemble(("kvtrace ", "bold"), __version__, " · ")
+    if report.version is not None:
+        title.append(f"{report.version.package} {report.version.version}", "bold")
+        title.append(" · ")
+    title.append(report.target, "bold")
+    console.print(title, soft_wrap=True)  # a long target is left for the terminal to wrap, never cut
+    analysed = sum(1 for f in report.files if f.status == "ok")
+    where = f"package {report.root + '/' if report.root else '.'}"
+    parts = [where, f"{analysed} of {len(report.files)} files analysed", f"{len(report.backends)} backend{'' if len(report.backends) == 1 else 's'}"]
+    if report.version is not None:
+        parts.append(f"version from {report.version.path}:{report.version.line}")
+    console.print(Text(" · ".join(parts), style="dim"))
+
+
+def _gaps(gaps: list[Gap], console: Console, more: int, heading: bool = True) -> None:
+    if not gaps:
+        return
+    if heading:
+        console.print(Text(f"INCOMPLETE: {gap_text(gaps, more)}", style="bold yellow"))
+    rows = Table.grid(padding=(0, 1))
+    rows.add_column(no_wrap=True)
+    rows.add_column(overflow="fold")
+    for gap in gaps:
+        subject = gap.subject if gap.kind != "backend" else f"backend {gap.subject}"
+        rows.add_row(Text(subject, style="yellow") if gap.kind != "analysis" else Text("scan", style="yellow"),
+                     gap.reason)
+    console.print(Padding(rows, (0, 0, 0, 2)))
+    if more > 0:
+        console.print(Text(f"  ... and {more} more (listed at the end)", style="yellow"))
+
+
+def _grid_width(grid, by_state: bool) -> int:
+    def width(values: list[str], head: str) -> int:
+        return max([len(head)] + [len(v) for v in values]) + 2
+
+    if by_state:  # one column per state
+        return width(grid.backends, "backend") + sum(
+            width([grid.cells[b, s][0] for b in grid.backends], s) for s in grid.states)
+    return width(grid.states, "state") + sum(
+        width([grid.cells[b, s][0] for s in grid.states], b) for b in grid.backends)
+
+
+def _grid(report: Report, console: Console) -> None:
+    """Names in the cells when they fit (states as columns, else backends as columns), else
+    rule codes with a legend: a name is never folded or cut."""
+    # Backends as rows first (names, then codes), then states as rows.
+    for by_states, short in ((True, False), (True, True), (False, False), (False, True)):
+        grid = verdict_grid(report, short)
+        if _grid_width(grid, by_states) <= console.width:
+            break
+    queue = report.queues[0].name if report.queues else "the queue"
+    if not grid.backends:
+        console.print(Text(f"No backends found for {queue}.", style="yellow"))
+        return
+    styles = {OK: "green", NOT_RETURNED: "dim", UNKNOWN: "yellow", NOT_CHECKED: "yellow"}
+    table = Table(box=None, show_edge=False, pad_edge=False, title_justify="left", header_style="bold",
+                  title=f"Verdicts for {queue}", title_style="bold")
+
+    def cell(value: str, severity: str | None) -> Text:
+        return Text(value, style=SEVERITY_STYLE.get(severity or "", styles.get(value, "")))
+
+    if by_states:
+        table.add_column("backend", no_wrap=True)
+        for state in grid.states:
+            table.add_column(state, no_wrap=True)
+        for backend in grid.backends:
+            table.add_row(backend, *(cell(*grid.cells[backend, s]) for s in grid.states))
+    else:  # many states: backends as columns instead, so no name is ever folded
+        table.add_column("state", no_wrap=True)
+        for backend in grid.backends:
+            table.add_column(backend, no_wrap=True)
+        for state in grid.states:
+            table.add_row(state, *(cell(*grid.cells[b, state]) for b in grid.backends))
+    console.print(table)
+    console.print(Text(grid.legend, style="dim"))
+
+
+def _backend_findings(report: Report, backend: str | None, groups, files: dict[str, SourceFile],
+                      console: Console) -> None:
+    info = next((b for b in report.backends if b.name == backend), None)
+    console.print(Text(backend_label(backend, info), style="bold"))
+    shown: set[tuple[str, int]] = set()
+    for group in groups:
+        head = Text.assemble(
+            (f"{group.severity}[{group.rule}]", SEVERITY_STYLE.get(group.severity, "")),
+            " at ", (f"{group.path}:{group.line}", "bold"))
+        if group.mark:
+            head.append(f" ({group.mark})", "dim")
+        console.print(Padding(head, (0, 0, 0, 2)))
+        console.print(Padding(Text(group.message), (0, 0, 0, 4)))
+        excerpt = None
+        if (group.path, group.line) not in shown:  # one excerpt per place, however many rules
+            shown.add((group.path, group.line))
+            excerpt = _excerpt(files.get(group.path), group.line, console.width - 4)
+        if excerpt is not None:
+            console.print(Padding(excerpt, (0, 0, 0, 2)))
+        if group.evidence:
+            console.print(Padding(_evidence_table(group.evidence, console.width - 4), (0, 0, 0, 4)))
+
+
+def _excerpt(source: SourceFile | None, line: int, width: int, context: int = 2) -> Syntax | None:
+    text = source.text if source is not None else None
+    if not text:
+        return None
+    lines = text.splitlines()
+    if not 1 <= line <= len(lines):
+        return None
+    start, end = max(1, line - context), min(len(lines), line + context)
+    # Long code lines are cut at a space with a marker, never mid-name by the terminal edge.
+    room = max(20, width - len(str(end)) - 4)
+    shown = [_cut(lines[n - 1], room) for n in range(start, end + 1)]
+    return Syntax("\n".join(shown), "python", line_numbers=True, start_line=start, highlight_lines={line},
+                  word_wrap=False, background_color="default", theme="ansi_dark")
+
+
+def _cut(code: str, room: int) -> str:
+    if len(code) <= room:
+        return code
+    cut = code.rfind(" ", 0, room - 2)
+    return code[: cut if cut > room // 2 else room - 2].rstrip() + " …"
+
+
+def _evidence_table(evidence: list[Evidence], width: int = 1000) -> Table:
+    """`path:line  note` rows; when the widest note word would not fit beside the paths, each
+    note goes under its path instead, so neither is ever cut or folded."""
+    path_width = max((len(f"{e.path}:{e.line}") for e in evidence), default=0)
+    longest_word = max((len(word) for e in evidence for word in e.note.split()), default=0)
+    table = Table.grid(padding=(0, 2))
+    if path_width + 2 + max(longest_word, 24) <= width:
+        table.add_column(no_wrap=True, style="dim")
+        table.add_column(overflow="fold")
+        for e in evidence:
+            table.add_row(f"{e.path}:{e.line}", e.note)
+        return table
+    table.add_column(overflow="fold")
+    for e in evidence:
+        table.add_row(Text(f"{e.path}:{e.line}", style="dim"))
+        table.add_row(Padding(Text(e.note, overflow="fold"), (0, 0, 0, 2)))
+    return table
+
+
+def _details(report: Report, console: Console) -> None:
+    for queue in report.queues:
+        console.print()
+        console.print(Text(f"Release map: {queue.name}", style="bold"))
+        if queue.drain:
+            console.print(Text(f"drain loop at {queue.drain.path}:{queue.drain.line} in {queue.drain.note}",
+                               style="dim"))
+        by_function: dict[str, list] = defaultdict(list)
+        for site in queue.sites:
+            by_function[site.function].append(site)
+        path_width = max((len(f"{s.path}:{s.line}") for s in queue.sites), default=10)
+        for function, sites in by_function.items():
+            console.print(Text(f"  {function}", style="italic"), no_wrap=True, overflow="ignore")
+            table = Table.grid(padding=(0, 2))
+            table.add_column(no_wrap=True, min_width=8)
+            table.add_column(no_wrap=True, min_width=path_width)
+            table.add_column()
+            for site in sites:
                 states = ", ".join(site.states)
-                if site.note and site.kind in ("release", "abort", "requeue", "done", "keep", "helper", "gauge"):
-                    states = f"{states}  [{site.note}]" if states else f"[{site.note}]"
-                table.add_row(site.kind, f"{site.path}:{site.line}", site.function, states)
-            console.print(table)
+                if site.note and site.kind not in ("check", "poll", "entry", "reassign", "raise"):
+                    states = f"{states} [{site.note}]" if states else f"[{site.note}]"
+                table.add_row(site.kind, f"{site.path}:{site.line}", states)
+            console.print(Padding(table, (0, 0, 0, 4)))
 
         console.print()
-        fates = Table(title="Poll states", box=table_box, title_justify="left", show_edge=False, pad_edge=False)
-        fates.add_column("state")
-        fates.add_column("fate")
-        fates.add_column("where it goes", overflow="fold")
+        console.print(Text("Poll states", style="bold"))
+        state_width = max((len(s) for s in queue.states), default=0)
         for state, fate in queue.states.items():
-            outcome = Text(", ".join(fate.fate) or "-")
-            for o in fate.fate:
-                outcome.highlight_words([o], OUTCOME_STYLE[o])
-            where = "; ".join(f"{e.note} {e.path.rsplit('/', 1)[-1]}:{e.line}" for e in fate.evidence
-                              if not e.note.startswith("check") and not e.note.startswith("helper"))
-            fates.add_row(state, outcome, where)
-        console.print(fates)
+            line = Text(state.ljust(state_width + 2))
+            for i, o in enumerate(fate.fate or ["-"]):
+                line.append((", " if i else "") + o, OUTCOME_STYLE.get(o, ""))
+            console.print(Padding(line, (0, 0, 0, 2)))
+            where = [e for e in fate.evidence if not e.note.startswith(("check", "helper"))]
+            if where:
+                console.print(Padding(_evidence_table(where, console.width - 4), (0, 0, 0, 4)))
 
-    console.print()
-    backends = Table(title="Backends", box=table_box, title_justify="left", show_edge=False, pad_edge=False)
-    for column in ("backend", "sender", "poll()", "returns", "reads abort state", "timeouts"):
-        backends.add_column(column, overflow="fold")
-    for b in report.backends:
-        poll = f"{b.poll.path}:{b.poll.line}" if b.poll else "-"
-        if b.poll and b.poll.inherited_from:
-            poll += f" (from {b.poll.inherited_from})"
-        abort = (f"yes ({b.abort_state})" if b.reads_abort_state else
-                 f"no (abort() writes {b.abort_state})" if b.abort_state else "no (no abort state)")
-        timeouts = "; ".join(f"line {t.line}: {', '.join(t.covers) or 'no state'}" for t in b.timeouts) or "none"
-        backends.add_row(b.name, b.sender, poll, ", ".join(b.returns), abort, timeouts)
-    console.print(backends)
-
-    console.print()
-    if not report.findings:
-        console.print(Text("No findings.", style="bold green"))
-    for finding in report.findings:
-        render_finding(finding, files, console)
-    errors = sum(1 for f in report.findings if f.severity == "error")
-    silenced = tally(report.findings)
-    console.print(Text(f"{len(report.findings)} finding(s), {errors} error(s)" + (f" ({silenced})" if silenced else ""),
-                       style="bold red" if errors else "bold"))
+    if report.backends:
+        console.print()
+        console.print(Text("Backends", style="bold"))
+        for b in report.backends:
+            console.print(Padding(_backend_detail(b), (0, 0, 0, 2)))
 
 
-def render_finding(finding: Finding, files: dict[str, SourceFile], console: Console) -> None:
-    head = Text.assemble((f"{finding.path}:{finding.line}", "bold"), " ",
-                         (f"{finding.severity}[{finding.rule}]", SEVERITY_STYLE.get(finding.severity, "")),
-                         f" ({mark(finding)})" if mark(finding) else "")
-    console.print(head)
-    console.print(f"  {finding.message}")
-    for number, line in excerpt(files, finding.path, finding.line):
-        marker = ">" if number == finding.line else " "
-        console.print(Text(f"  {marker}{number:6d} | {line}", style="bold" if marker == ">" else "dim"))
-    for e in finding.evidence:
-        console.print(Text(f"    {e.path}:{e.line}  {e.note}", style="dim"))
-    console.print()
+def _backend_detail(b: Backend) -> Group:
+    rows = Table.grid(padding=(0, 2))
+    rows.add_column(no_wrap=True, style="dim")
+    rows.add_column()
+    rows.add_row("sender", f"{b.sender}  {b.path}:{b.line}")
+    if b.poll:
+        inherited = f" (inherited from {b.poll.inherited_from})" if b.poll.inherited_from else ""
+        rows.add_row("poll()", f"{b.poll.path}:{b.poll.line}{inherited}")
+    rows.add_row("returns", ", ".join(b.returns) or "-")
+    abort = (f"read ({b.abort_state})" if b.reads_abort_state else
+             f"not read (abort() writes {b.abort_state})" if b.abort_state else "none (no abort state)")
+    rows.add_row("abort state", abort)
+    timeouts = [f"{t.path}:{t.line} covers {', '.join(t.covers) or 'no state'}" for t in b.timeouts]
+    rows.add_row("timeouts", "\n".join(timeouts) or "none")
+    for note in b.notes:
+        rows.add_row("note", note)
+    return Group(Text(b.name, style="bold"), Padding(rows, (0, 0, 0, 2)))

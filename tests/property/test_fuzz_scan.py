@@ -220,4 +220,4 @@ def test_cli_exit_codes(case, tmp_path):
     expected = {"clean": (0,), "unparsable": (3,)}[case]
     assert proc.returncode in expected, (proc.returncode, proc.stdout[-2000:], proc.stderr[-2000:])
     doc = json.loads(proc.stdout)
-    assert doc.get("schema") == "kvtrace/1"
+    assert doc.get("schema") == "kvtrace/2"

@@ -1,0 +1,249 @@
+"""What every report format shows first, computed once from a Report: the backend x state verdict
+grid, the findings grouped by backend (states of one rule at one place merged), the summary line
+and the one-line account of what was not analysed. Generic over rules, states and backends."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from kvtrace.baseline import counts_against, mark, tally
+from kvtrace.model import Backend, Evidence, Finding, Gap, Report
+
+OK = "ok"
+NOT_RETURNED = "-"
+UNKNOWN = "?"
+NOT_CHECKED = "?"
+SEVERITY_ORDER = {"error": 0, "warning": 1, "note": 2}
+# How the summary names what a rule found ("nixl pins WaitingForInput"); other rules by id.
+RULE_VERBS = {"pinned-state": "pins", "dropped-state": "drops"}
+
+
+def rule_label(finding: Finding, short: bool = False) -> str:
+    """The grid's word for a finding: its rule's name (upper case for an error, so it stands out
+    in plain text too), or its code where names would not fit."""
+    if short:
+        return finding.code or finding.rule
+    return finding.rule.upper() if finding.severity == "error" else finding.rule
+
+
+@dataclass
+class Grid:
+    states: list[str]
+    backends: list[str]
+    cells: dict[tuple[str, str], tuple[str, str | None]]  # (backend, state) -> (text, severity)
+    legend: str
+
+
+def _states(report: Report) -> list[str]:
+    if report.queues and report.queues[0].states:
+        return list(report.queues[0].states)
+    seen: list[str] = []
+    for b in report.backends:
+        seen.extend(s for s in b.returns if s not in seen)
+    return seen
+
+
+def unchecked_backends(report: Report) -> list[str]:
+    checked = {b.name for b in report.backends}
+    return [g.subject for g in report.gaps if g.kind == "backend" and g.subject not in checked]
+
+
+def partial_backends(report: Report) -> set[str]:
+    checked = {b.name for b in report.backends}
+    return {g.subject for g in report.gaps if g.kind == "backend" and g.subject in checked}
+
+
+def verdict_grid(report: Report, short: bool = False) -> Grid:
+    states = _states(report)
+    partial = partial_backends(report)
+    rows: list[str] = []
+    cells: dict[tuple[str, str], tuple[str, str | None]] = {}
+    used: set[str] = set()
+    for b in report.backends:
+        row = f"{b.name}*" if b.name in partial else b.name
+        rows.append(row)
+        for state in states:
+            hits = [f for f in report.findings
+                    if f.state == state and f.backend in (b.name, None) and not f.suppressed]
+            if b.poll is None or (state not in b.returns and not any(f.backend == b.name for f in hits)):
+                cells[row, state] = (NOT_RETURNED, None)
+            elif hits:
+                worst = min(hits, key=lambda f: SEVERITY_ORDER.get(f.severity, 3))
+                cells[row, state] = (rule_label(worst, short), worst.severity)
+            else:
+                cells[row, state] = (OK, None)
+            used.add(cells[row, state][0])
+    for name in unchecked_backends(report):
+        rows.append(name)
+        for state in states:
+            cells[name, state] = (NOT_CHECKED, "warning")
+        used.add(NOT_CHECKED)
+    legend = _legend(report, used, bool(partial), short)
+    return Grid(states, rows, cells, legend)
+
+
+def _legend(report: Report, used: set[str], partial: bool, short: bool) -> str:
+    parts = []
+    if short:
+        labels = {rule_label(f, True): f.rule for f in report.findings if f.state}
+        parts += [f"{label}: {rule}" for label, rule in sorted(labels.items()) if label in used]
+    if OK in used:
+        parts.append("ok: poll() returns it, it has a way out")
+    if NOT_RETURNED in used:
+        parts.append("-: poll() never returns it")
+    if NOT_CHECKED in used:
+        parts.append("?: not checked")
+    if partial:
+        parts.append("*: checked without some of its files")
+    return " · ".join(parts)
+
+
+@dataclass
+class FindingGroup:
+    """Findings of one rule at one place for one backend: one excerpt, the states listed."""
+
+    rule: str
+    severity: str
+    path: str
+    line: int
+    backend: str | None
+    mark: str = ""  # why it does not fail the scan (suppressed, in baseline) or that it is new
+    states: list[str] = field(default_factory=list)
+    findings: list[Finding] = field(default_factory=list)
+
+    @property
+    def message(self) -> str:
+        return merged_message(self.findings)
+
+    @property
+    def evidence(self) -> list[Evidence]:
+        return merged_evidence(self.findings)
+
+
+def finding_groups(report: Report) -> dict[str | None, list[FindingGroup]]:
+    """backend (None: the queue itself, every backend) -> its finding groups, worst first."""
+    order = {name: i for i, name in enumerate(_states(report))}
+    backend_order = {b.name: i for i, b in enumerate(report.backends)}
+    groups: dict[tuple, FindingGroup] = {}
+    for f in report.findings:
+        key = (f.backend, f.rule, f.path, f.line, mark(f))
+        group = groups.setdefault(key, FindingGroup(f.rule, f.severity, f.path, f.line, f.backend, mark(f)))
+        group.findings.append(f)
+        if f.state and f.state not in group.states:
+            group.states.append(f.state)
+    for group in groups.values():
+        group.states.sort(key=lambda s: order.get(s, len(order)))
+        group.findings.sort(key=lambda f: order.get(f.state or "", len(order)))
+    result: dict[str | None, list[FindingGroup]] = {}
+    ranked = sorted(groups.values(), key=lambda g: (
+        min(SEVERITY_ORDER.get(x.severity, 3) for x in groups.values() if x.backend == g.backend),
+        -1 if g.backend is None else backend_order.get(g.backend, len(backend_order)),
+        g.backend or "", SEVERITY_ORDER.get(g.severity, 3), g.path, g.line, g.rule))
+    for group in ranked:
+        result.setdefault(group.backend, []).append(group)
+    return result
+
+
+def _join(states: list[str]) -> str:
+    return states[0] if len(states) == 1 else ", ".join(states[:-1]) + " and " + states[-1]
+
+
+def merged_message(findings: list[Finding]) -> str:
+    """One message for several states when the messages differ only by the state's name."""
+    if len(findings) == 1 or any(not f.state for f in findings):
+        return findings[0].message if len(findings) == 1 else "\n".join(f.message for f in findings)
+    templates = {f.message.replace(f.state or "", "\0") for f in findings}
+    if len(templates) == 1:
+        return templates.pop().replace("\0", _join([f.state or "" for f in findings]))
+    return "\n".join(f.message for f in findings)
+
+
+def merged_evidence(findings: list[Finding]) -> list[Evidence]:
+    """The findings' evidence in order, one row per place; notes that differ only by the
+    state's name are merged the same way as the messages."""
+    rows: dict[tuple[str, int], list[tuple[str | None, str]]] = {}
+    for f in findings:
+        for e in f.evidence:
+            notes = rows.setdefault((e.path, e.line), [])
+            if all(note != e.note for _, note in notes):
+                notes.append((f.state, e.note))
+    merged: list[Evidence] = []
+    for (path, line), notes in rows.items():
+        states = [s for s, _ in notes if s]
+        templates = {note.replace(state, "\0") if state else note for state, note in notes}
+        if len(notes) > 1 and len(states) == len(notes) and len(templates) == 1:
+            merged.append(Evidence(path, line, templates.pop().replace("\0", _join(states))))
+        else:
+            merged.extend(Evidence(path, line, note) for _, note in notes)
+    return merged
+
+
+def backend_label(name: str | None, info: Backend | None) -> str:
+    if name is None:
+        return "the queue (every backend)"
+    if info is None:
+        return name
+    if info.poll is not None:
+        return f"{name}: {info.sender}.poll() at {info.poll.path}:{info.poll.line}"
+    return f"{name}: {info.sender} at {info.path}:{info.line}"
+
+
+def _plural(n: int, word: str) -> str:
+    return f"{n} {word}" if n == 1 else f"{n} {word}s"
+
+
+def gap_text(gaps: list[Gap], more: int = 0) -> str:
+    """`2 files not analysed, backend nixl not checked, 1 analysis problem`."""
+    files = sum(1 for g in gaps if g.kind == "file")
+    parts = []
+    if files:
+        parts.append(f"{_plural(files, 'file')} not analysed")
+    unchecked = [g.subject for g in gaps if g.kind == "backend" and g.reason.startswith("not checked")]
+    partial = [g.subject for g in gaps if g.kind == "backend" and not g.reason.startswith("not checked")]
+    if unchecked:
+        parts.append(f"backend{'s' if len(unchecked) > 1 else ''} {', '.join(unchecked)} not checked")
+    if partial:
+        parts.append(f"backend{'s' if len(partial) > 1 else ''} {', '.join(partial)} checked in part")
+    problems = sum(1 for g in gaps if g.kind == "analysis")
+    if problems:
+        parts.append(_plural(problems, "analysis problem"))
+    if more > 0:
+        parts.append(f"{more} more")
+    return ", ".join(parts)
+
+
+def summary_line(report: Report) -> str:
+    """`2 errors: nixl pins WaitingForInput, Transferring · 1 warning · 3 notes · INCOMPLETE: ...`:
+    errors are named (backend, what, states); warnings and notes are counted."""
+    parts = []
+    order = {name: i for i, name in enumerate(_states(report))}
+    findings = sorted((f for f in report.findings if counts_against(f)), key=lambda f: order.get(f.state or "", len(order)))
+    for severity in ("error", "warning", "note"):
+        found = [f for f in findings if f.severity == severity]
+        if not found:
+            if severity == "warning" and findings:
+                parts.append("0 warnings")
+            continue
+        if severity != "error":
+            parts.append(_plural(len(found), severity))
+            continue
+        what: dict[tuple[str | None, str], list[str]] = {}
+        for f in found:
+            states = what.setdefault((f.backend, f.rule), [])
+            if f.state and f.state not in states:
+                states.append(f.state)
+        named = []
+        for (backend, rule), states in what.items():
+            subject = backend or "queue"
+            named.append(f"{subject} {RULE_VERBS.get(rule, rule)} {', '.join(states)}" if states
+                         else f"{subject}: {rule}")
+        parts.append(f"{_plural(len(found), severity)}: {'; '.join(named)}")
+    if not findings:
+        parts.append("No findings in what was analysed" if report.gaps else "No findings")
+    silenced = tally(report.findings)
+    if silenced:
+        parts.append(silenced)
+    line = " · ".join(parts)
+    if report.gaps:
+        line += f" · INCOMPLETE: {gap_text(report.gaps)}"
+    return line

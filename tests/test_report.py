@@ -1,0 +1,278 @@
+"""What reaches the person and CI: the answer first at 80 columns, loud gaps in every format,
+deterministic package choice, one-line errors before any scan, and CI outputs that place."""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+from rich.console import Console
+
+from kvtrace.report.text import render
+from kvtrace.scan import scan_path
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+SARIF_SCHEMA = json.loads((Path(__file__).parent / "data" / "sarif-schema-2.1.0.json").read_text())
+PATH_LINE = re.compile(r"(?<![\w/.-])([\w.-]+(?:/[\w.-]+)*\.py):(\d+)")
+
+
+def kvtrace(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "kvtrace", *args], cwd=cwd, capture_output=True, text=True,
+                          timeout=300, env={**os.environ, **(env or {})})
+
+
+def terminal_report(tree: Path, width: int = 80) -> str:
+    buffer = io.StringIO()
+    console = Console(file=buffer, width=width, force_terminal=True, color_system=None, highlight=False)
+    render(scan_path(tree), console)
+    return buffer.getvalue()
+
+
+def assert_paths_resolve(text: str, base: Path) -> None:
+    """Every `path:line` token is whole: the file exists below `base` and has that line."""
+    tokens = PATH_LINE.findall(text)
+    assert tokens
+    for path, line in tokens:
+        file = base / path
+        assert file.is_file(), f"{path}:{line} is not a file below {base} (a folded path?)"
+        assert 1 <= int(line) <= len(file.read_text(encoding="utf-8").splitlines()), f"{path}:{line}"
+
+
+@pytest.mark.parametrize("example", ["nixl-pin", "dropped-else", "inherited-poll"])
+def test_80_columns_answer_first_and_no_broken_token(example: str) -> None:
+    text = terminal_report(EXAMPLES / example)
+    lines = text.splitlines()
+    assert all(len(line.rstrip()) <= 80 for line in lines), max(lines, key=len)
+    head = "\n".join(lines[:20])
+    # The verdict grid: its title, a header row naming every poll state whole, a row per backend.
+    assert "Verdicts for disagg_prefill_inflight_queue" in head
+    header = next(line for line in lines[:20] if line.startswith("backend "))
+    for state in ("Failed", "Bootstrapping", "WaitingForInput", "Transferring", "Success"):
+        assert re.search(rf"\b{state}\b", header), (state, header)
+    report = scan_path(EXAMPLES / example)
+    for backend in report.backends:
+        assert any(line.split()[:1] == [backend.name] for line in lines[:20]), backend.name
+    assert_paths_resolve(text, EXAMPLES / example)
+
+
+def test_nixl_pin_grid_and_summary_name_what_pins() -> None:
+    lines = terminal_report(EXAMPLES / "nixl-pin").splitlines()
+    nixl = next(line for line in lines if line.startswith("nixl "))
+    mooncake = next(line for line in lines if line.startswith("mooncake "))
+    header = next(line for line in lines if line.startswith("backend "))
+    cells = dict(zip(header.split()[1:], nixl.split()[1:]))
+    assert cells["WaitingForInput"] == cells["Transferring"] in ("PINNED-STATE", "KVT001")
+    assert cells["Success"] == "ok"
+    assert not {"PINNED-STATE", "KVT001"} & set(mooncake.split()[1:])  # mooncake pins nothing
+    assert any(line.startswith("2 errors: nixl pins WaitingForInput, Transferring · ") for line in lines)
+    # One excerpt for the backend, not one per state.
+    assert sum(1 for line in lines if re.match(r"\s*❱\s*82\b", line)) == 1
+
+
+def test_piped_text_is_plain_without_trailing_spaces() -> None:
+    result = kvtrace("scan", "examples/dropped-else", env={"COLUMNS": "80"})
+    assert result.returncode == 1
+    assert "\x1b[" not in result.stdout
+    lines = result.stdout.splitlines()
+    assert not [line for line in lines if line != line.rstrip()]
+    assert all(len(line) <= 80 for line in lines)
+    assert "Verdicts for" in "\n".join(lines[:20])
+    assert_paths_resolve(result.stdout, EXAMPLES / "dropped-else")
+
+
+@pytest.fixture
+def broken_backend(tmp_path: Path) -> Path:
+    tree = tmp_path / "tree"
+    shutil.copytree(EXAMPLES / "nixl-pin", tree)
+    conn = tree / "disaggregation" / "nixl" / "conn.py"
+    conn.write_text(conn.read_text() + "\ndef oops(:\n    pass\n")
+    return tree
+
+
+def test_syntax_error_in_a_backend_is_loud_everywhere(broken_backend: Path, tmp_path: Path) -> None:
+    text = kvtrace("scan", str(broken_backend))
+    assert text.returncode == 3
+    stderr = text.stderr.splitlines()
+    assert any("disaggregation/nixl/conn.py" in line and "syntax error" in line for line in stderr), text.stderr
+    assert any("backend nixl not checked" in line for line in stderr), text.stderr
+    assert "INCOMPLETE" in text.stdout
+    nixl_row = next(line for line in text.stdout.splitlines() if line.startswith("nixl "))
+    assert set(nixl_row.split()[1:]) == {"?"}
+    assert any(line.endswith(" · INCOMPLETE: 1 file not analysed, backend nixl not checked")
+               for line in text.stdout.splitlines()), text.stdout
+
+    sarif_file = tmp_path / "k.sarif"
+    sarif = kvtrace("scan", str(broken_backend), "--format", "sarif", "-o", str(sarif_file))
+    assert sarif.returncode == 3
+    doc = json.loads(sarif_file.read_text())
+    jsonschema.validate(doc, SARIF_SCHEMA)
+    invocation = doc["runs"][0]["invocations"][0]
+    assert invocation["executionSuccessful"] is False
+    messages = [n["message"]["text"] for n in invocation["toolExecutionNotifications"]]
+    assert any("nixl/conn.py" in m and "syntax error" in m for m in messages)
+    assert any(m.startswith("backend nixl") for m in messages)
+
+    data = json.loads(kvtrace("scan", str(broken_backend), "--format", "json").stdout)["reports"][0]
+    assert data["complete"] is False and "INCOMPLETE" in data["summary"]
+    assert {"kind": "backend", "subject": "nixl"}.items() <= next(g for g in data["gaps"] if g["kind"] == "backend").items()
+
+    markdown = kvtrace("scan", str(broken_backend), "--format", "markdown").stdout
+    assert "**INCOMPLETE**" in markdown and "backend `nixl`" in markdown
+
+
+def test_all_files_over_the_size_limit_says_so() -> None:
+    result = kvtrace("scan", "examples/nixl-pin", "--max-file-bytes", "10")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "too-large" in result.stderr and "over the per-file limit of 10" in result.stderr
+    assert "missing" not in result.stderr
+
+
+@pytest.fixture
+def two_versions(tmp_path: Path) -> Path:
+    shutil.copytree(EXAMPLES / "nixl-pin", tmp_path / "v-old")
+    shutil.copytree(EXAMPLES / "all-clear", tmp_path / "v-new")
+    return tmp_path
+
+
+def test_several_packages_is_a_clear_error_whatever_the_hash_seed(two_versions: Path) -> None:
+    results = [kvtrace("scan", str(two_versions), env={"PYTHONHASHSEED": seed}) for seed in ("0", "1")]
+    assert results[0].returncode == results[1].returncode == 2
+    assert results[0].stderr == results[1].stderr
+    line = results[0].stderr.strip()
+    assert "\n" not in line and "v-new/disaggregation/, v-old/disaggregation/" in line and "--all" in line
+
+
+def test_all_scans_each_package_alone_whatever_the_hash_seed(two_versions: Path) -> None:
+    outputs = [kvtrace("scan", str(two_versions), "--all", "--format", "json", env={"PYTHONHASHSEED": seed})
+               for seed in ("0", "1")]
+    assert outputs[0].returncode == outputs[1].returncode == 1
+    assert outputs[0].stdout == outputs[1].stdout
+    reports = json.loads(outputs[0].stdout)["reports"]
+    assert [r["root"] for r in reports] == ["v-new/disaggregation", "v-old/disaggregation"]
+    for report in reports:
+        version = report["root"].split("/")[0] + "/"
+        assert all(f["path"].startswith(version) for f in report["files"]), report["root"]
+    assert not reports[0]["findings"]  # all-clear
+    assert {(f["backend"], f["state"]) for f in reports[1]["findings"] if f["rule"] == "pinned-state"} == {
+        ("nixl", "WaitingForInput"), ("nixl", "Transferring")}
+
+
+def _bad_inputs(tmp_path: Path) -> list[tuple[list[str], str]]:
+    return [
+        (["scan", "user@:path"], "no host"),
+        (["scan", "-"], "reading from stdin is not supported"),
+        (["scan", "examples/healthy", "--max-files", "-5"], "--max-files"),
+        (["scan", "examples/healthy", "--max-file-bytes", "0"], "--max-file-bytes"),
+        (["scan", "examples/healthy", "--connect-timeout", "-1"], "--connect-timeout"),
+        (["scan", "examples/healthy", "--read-timeout", "0"], "--read-timeout"),
+        (["scan", "examples/healthy", "-o", str(tmp_path / "missing" / "k.sarif")], "does not exist"),
+        (["scan", "examples/healthy", "-o", str(tmp_path)], "is a directory"),
+        (["scan", "examples/healthy", "--format", "xml"], "--format"),
+        (["scan", "examples/healthy", "--no-such-option"], "--no-such-option"),
+        (["scan"], "TARGET"),
+        (["scan", "examples/healthy", "-v", "-q"], "cannot be used together"),
+        (["scan", str(tmp_path / "nope")], "no such file"),
+        (["explain", "nope"], "unknown rule"),
+    ]
+
+
+def test_each_bad_input_is_one_line_exit_2(tmp_path: Path) -> None:
+    for args, fragment in _bad_inputs(tmp_path):
+        result = kvtrace(*args)
+        lines = [line for line in result.stderr.splitlines() if line.strip()]
+        assert result.returncode == 2, (args, result.stderr)
+        assert "Traceback" not in result.stderr, args
+        assert len(lines) == 1 and lines[0].startswith("kvtrace: error:"), (args, result.stderr)
+        assert fragment in lines[0], (args, lines[0])
+        assert result.stdout == "", args  # nothing was scanned
+    assert not (tmp_path / "missing").exists()
+
+
+def test_internal_error_exit_4_and_traceback_only_with_v(monkeypatch: pytest.MonkeyPatch,
+                                                         capsys: pytest.CaptureFixture[str]) -> None:
+    import kvtrace.scan
+    from kvtrace import cli
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise ZeroDivisionError("a bug")
+
+    monkeypatch.setattr(kvtrace.scan, "scan_fetched", broken)
+    for extra, traceback_shown in (([], False), (["-v"], True)):
+        with pytest.raises(SystemExit) as exited:
+            cli.main(["scan", str(EXAMPLES / "healthy"), "--no-cache", *extra])
+        assert exited.value.code == 4
+        err = capsys.readouterr().err
+        assert ("Traceback" in err) is traceback_shown
+        assert err.strip().splitlines()[-1].startswith("kvtrace: internal error on ")
+
+
+def test_multi_target_json_is_one_document_valid_against_kvtrace_schema() -> None:
+    result = kvtrace("scan", "examples/nixl-pin", "examples/healthy", "examples/dropped-else", "--format", "json")
+    document = json.loads(result.stdout)
+    schema = json.loads(kvtrace("schema").stdout)
+    jsonschema.validate(document, schema)
+    assert document["schema"] == "kvtrace/2"
+    assert [r["target"] for r in document["reports"]] == ["examples/nixl-pin", "examples/healthy",
+                                                        "examples/dropped-else"]
+
+
+@pytest.mark.parametrize("sarif_root", [None, "examples"])
+def test_sarif_from_a_subfolder_resolves_from_the_working_directory(tmp_path: Path, sarif_root: str | None) -> None:
+    out = tmp_path / "k.sarif"
+    extra = ["--sarif-root", sarif_root] if sarif_root else []
+    result = kvtrace("scan", "examples/nixl-pin", "examples/dropped-else", "--format", "sarif", "-o", str(out), *extra)
+    assert result.returncode == 1, result.stderr
+    doc = json.loads(out.read_text())
+    jsonschema.validate(doc, SARIF_SCHEMA)
+    base = ROOT / (sarif_root or "")
+    uris = []
+    for run in doc["runs"]:
+        assert run["invocations"][0]["executionSuccessful"] is True
+        for result_ in run["results"]:
+            locations = [result_["locations"][0]] + [
+                step["location"] for flow in result_.get("codeFlows", []) for thread in flow["threadFlows"]
+                for step in thread["locations"]]
+            for location in locations:
+                physical = location["physicalLocation"]
+                uri, line = physical["artifactLocation"]["uri"], physical["region"]["startLine"]
+                assert (base / uri).is_file(), uri
+                assert line <= len((base / uri).read_text().splitlines())
+                uris.append(uri)
+    assert uris and all(u.startswith("nixl-pin/" if sarif_root else "examples/") or
+                        u.startswith("dropped-else/") for u in uris)
+    rules = {r["name"]: r for r in doc["runs"][0]["tool"]["driver"]["rules"]}
+    assert rules["pinned-state"]["id"] == "KVT001"
+    assert rules["pinned-state"]["helpUri"].startswith("https://")
+    assert "### Fix" in rules["pinned-state"]["help"]["markdown"]
+
+
+def test_version_flag_and_help_habits() -> None:
+    from kvtrace import __version__
+
+    for flag in ("-V", "--version"):
+        result = kvtrace(flag)
+        assert result.returncode == 0 and result.stdout.strip() == f"kvtrace {__version__}"
+    help_text = kvtrace("scan", "--help").stdout
+    assert "[TARGET]..." in help_text and "FILE" in help_text and "Examples:" in help_text
+    assert "kvtrace scan python/sglang --format sarif" in help_text
+    assert "--install-completion" in kvtrace("--help").stdout
+
+
+def test_detected_version_is_in_the_header(tmp_path: Path) -> None:
+    tree = tmp_path / "site-packages" / "sglang" / "srt"
+    shutil.copytree(EXAMPLES / "nixl-pin" / "disaggregation", tree / "disaggregation")
+    (tmp_path / "site-packages" / "sglang" / "version.py").write_text('__version__ = "9.8.7"\n')
+    first = terminal_report(tmp_path / "site-packages").splitlines()[0]
+    assert "sglang 9.8.7" in first
+    data = json.loads(kvtrace("scan", str(tmp_path / "site-packages"), "--format", "json").stdout)
+    assert data["reports"][0]["version"] == {"package": "sglang", "version": "9.8.7",
+                                             "path": "sglang/version.py", "line": 1}
