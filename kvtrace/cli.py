@@ -497,7 +497,7 @@ def list_rules() -> None:
 
     for rule in ALL_RULES:
         typer.echo(f"{rule.code}  {rule.name:20} {rule.severity:8} {rule.summary()}")
-    typer.echo(f"\nrules packs: {', '.join(available_packs())}  (kvtrace explain CODE|NAME for one rule)")
+    typer.echo(f"\nrule packs: {', '.join(available_packs())}  (kvtrace explain CODE|NAME for one rule)")
 
 
 @app.command(epilog="\b\nExample:\n  kvtrace explain pinned-state")

@@ -53,6 +53,23 @@ def partial_backends(report: Report) -> set[str]:
     return {g.subject for g in report.gaps if g.kind == "backend" and g.subject in checked}
 
 
+def _concerns(finding: Finding, backend: Backend) -> bool:
+    """Whether a finding that names no backend belongs in this backend's row. A queue rule's is
+    about the drain loop, which every backend meets; a backend rule's (a manager method whose
+    backend the rule did not name) belongs to the backends whose sender or manager lives in the
+    finding's folder, never to every row."""
+    from kvtrace.rules import find_rule
+
+    rule = find_rule(finding.rule)
+    if rule is None or rule.per_queue:
+        return True
+    folder = finding.path.rpartition("/")[0]
+    homes = {backend.path.rpartition("/")[0]}
+    if backend.manager is not None:
+        homes.add(backend.manager.path.rpartition("/")[0])
+    return folder in homes
+
+
 def verdict_grid(report: Report, short: bool = False) -> Grid:
     states = _states(report)
     partial = partial_backends(report)
@@ -64,7 +81,8 @@ def verdict_grid(report: Report, short: bool = False) -> Grid:
         rows.append(row)
         for state in states:
             hits = [f for f in report.findings
-                    if f.state == state and f.backend in (b.name, None) and not f.suppressed]
+                    if f.state == state and not f.suppressed
+                    and (f.backend == b.name or (f.backend is None and _concerns(f, b)))]
             if b.poll is None or (state not in b.returns and not any(f.backend == b.name for f in hits)):
                 cells[row, state] = (NOT_RETURNED, None)
             elif hits:
