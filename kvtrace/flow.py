@@ -18,6 +18,7 @@ import libcst as cst
 
 from kvtrace.index import ClassInfo, FuncRef, Index
 from kvtrace.packs import Pack
+from kvtrace.parse import walk
 from kvtrace.states import ABSENT, FALSE, KEEP, NONE, NOW, OTHER, POLLS, REQ, TRUE, Domain, Val, refine
 
 MAX_PATHS = 4096  # per statement; past this the analysis says it is incomplete
@@ -653,7 +654,7 @@ class Explorer:
         if cached is None:
             node = frame.func.node
             cached = {a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs}
-            cached |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+            cached |= {n.id for n in walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
             frame._locals = cached  # type: ignore[attr-defined]
         return cached
 
