@@ -11,7 +11,8 @@ that change nothing do not cost 2**n.
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
+from functools import lru_cache
 from typing import Callable, Iterable
 
 import libcst as cst
@@ -31,6 +32,26 @@ NOT_SITES = frozenset({"timeout", "abort-read", "log", "metric", "answer", "attr
 TABLE = "@table"  # attribute key of this room's entry in the manager's status table
 
 
+_HASHED: dict[type, tuple[str, ...]] = {}
+
+
+def _cached_hash(self) -> int:
+    """The dataclass hash (of the fields in order), computed once per immutable instance."""
+    found = self.__dict__.get("_hash")
+    if found is None:
+        names = _HASHED.get(type(self))
+        if names is None:
+            names = _HASHED[type(self)] = tuple(f.name for f in fields(self) if (f.compare if f.hash is None else f.hash))
+        found = hash(tuple(getattr(self, name) for name in names))
+        object.__setattr__(self, "_hash", found)
+    return found
+
+
+def _without_hash(self) -> dict:
+    # str hashes differ between processes: a pickled instance never carries its cached hash.
+    return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+
 @dataclass(frozen=True)
 class Event:
     kind: str  # check, keep, done, requeue, release, abort, raise, helper, poll, timeout, abort-read, log,
@@ -39,6 +60,10 @@ class Event:
     line: int
     function: str
     detail: str = ""
+
+    # Paths are merged by hashing after every statement; each event is hashed once, not per merge.
+    __hash__ = _cached_hash
+    __getstate__ = _without_hash
 
 
 Bindings = tuple[tuple[str, Val], ...]
@@ -59,6 +84,9 @@ class PathState:
     events: tuple[Event, ...] = ()
     term: str | None = None  # continue, break, return, raise
     ret: Val | None = None
+
+    __hash__ = _cached_hash  # a path is hashed at every merge while it lives
+    __getstate__ = _without_hash
 
     # env and attrs are sorted tuples of (name, value) so that equal paths hash equal and merge.
     def get(self, name: str) -> Val | None:
@@ -134,7 +162,10 @@ class Config:
 _CODE = cst.Module(body=[])
 
 
+@lru_cache(maxsize=4096)
 def code(node: cst.CSTNode) -> str:
+    # Keyed by identity (libcst nodes compare by identity; a cached node stays alive, so its id
+    # is never reused): the same few conditions are rendered ~70 times each in a scan.
     return _CODE.code_for_node(node)
 
 
