@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from kvtrace.rules.base import Rule, Sample, ScanContext
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain, sender
-from kvtrace.model import Evidence, Finding
+from kvtrace.model import EventKind, Evidence, Finding, Outcome
 
 
 class PinnedState(Rule):
@@ -78,20 +78,20 @@ class PinnedState(Rule):
             return []
         findings = []
         for state in ctx.domain.non_terminal:
-            fate = queue.fate(state)
-            if "kept" not in fate or "leaves" in fate or "dropped" in fate:
+            fate = ctx.model.fate(state)
+            if Outcome.KEPT not in fate or Outcome.LEAVES in fate or Outcome.DROPPED in fate:
                 continue
-            keep_paths = [events for events, outcome in queue.paths[state] if outcome == "kept"]
-            keep_sites = sorted({(e.path, e.line) for events in keep_paths for e in events if e.kind == "keep"})
-            silent = not any(e.kind == "log" for events in keep_paths for e in events)
+            keep_paths = ctx.model.paths(state, Outcome.KEPT)
+            keep_sites = sorted({(e.path, e.line) for events in keep_paths for e in events if e.kind == EventKind.KEEP})
+            silent = not any(e.kind == EventKind.LOG for events in keep_paths for e in events)
             for analysis in ctx.senders:
                 b = analysis.backend
-                verdict = b.way_out(state)
+                verdict = ctx.model.way_out(b.name, state)
                 if b.poll is None or verdict is None or not verdict.pinned:
                     continue
                 message = (
                     f"{state} can pin {ctx.pack.queue} with the {b.name} backend: every path of the "
-                    f"drain loop keeps it{' (or raises)' if 'raises' in fate else ''}, and {b.sender}.poll() "
+                    f"drain loop keeps it{' (or raises)' if Outcome.RAISES in fate else ''}, and {b.sender}.poll() "
                     f"has no way out of it: " + "; ".join(link.note for link in verdict.chain)
                     + ("; the loop logs nothing when it keeps it, so only the queue gauge shows it" if silent else "")
                 )
@@ -99,7 +99,7 @@ class PinnedState(Rule):
                 drain = queue.drain
                 if drain.poll_line is not None:
                     evidence.append(Evidence(drain.func.path, drain.poll_line, "poll: states read for the queue"))
-                evidence.append(Evidence(drain.func.path, drain.body.line(drain.loop), f"drain loop in {drain.func.qualname}"))
+                evidence.append(Evidence(drain.func.path, queue.loop_line(), f"drain loop in {drain.func.qualname}"))
                 evidence += [Evidence(p, l, f"keep: {state} goes back into the queue") for p, l in keep_sites]
                 evidence += list(verdict.chain)
                 findings.append(self.finding(message, b.poll.path, b.poll.line, b.name, state, evidence))
