@@ -25,7 +25,7 @@ MAX_DEPTH = 12  # helper call depth
 
 EMPTY: Val = frozenset()
 # Events that describe a path but are not rows of the release map.
-NOT_SITES = frozenset({"timeout", "abort-read", "log", "metric", "answer", "attr-write", "table-read", "table-default",
+NOT_SITES = frozenset({"guard", "timeout", "abort-read", "log", "metric", "answer", "attr-write", "table-read", "table-default",
                        "table-store", "table-clear", "table-absent", "table-raise"})
 TABLE = "@table"  # attribute key of this room's entry in the manager's status table
 
@@ -128,6 +128,8 @@ class Config:
     # Sender mode: manager methods worth entering (those that reach the status table); None = all.
     manager_relevant: frozenset[int] | None = None
     all_facts: bool = False  # remember every test of an unknown chain (sender mode)
+    # Drain mode: the drain's mode parameters (graph.find_modes); a test of one is a `guard` event.
+    guards: frozenset[str] = frozenset()
 
 
 _CODE = cst.Module(body=[])
@@ -377,10 +379,16 @@ class Explorer:
         yes: list[PathState] = []
         no: list[PathState] = []
         for path in paths:
+            # Only in the drain's own body, where its parameters are bound (a helper's names are its own).
+            guard = bool(self.c.guards) and len(self.stack) <= 1 and bool(names_in(node.test) & self.c.guards)
             for p, truth, about_poll in self.decide(node.test, path, frame):
                 if about_poll:
                     line = frame.body.line(node.test)
                     p = p.emit(Event("check", frame.func.path, line, frame.func.qualname, "T" if truth else "F"))
+                if guard and p.term is None:
+                    text = code(node.test)
+                    p = p.emit(Event("guard", frame.func.path, frame.body.line(node.test), frame.func.qualname,
+                                     text if truth else f"not ({text})"))
                 (yes if truth else no).append(p)
         out = self.run_block(node.body.body, merge(yes), frame) if yes else []
         no = merge(no)
@@ -718,8 +726,8 @@ class Explorer:
             if p.term is not None:
                 out.append((p, False, False))
                 continue
-            about = bool(d.states(value)) and self._is_state_valued(value)
             target = node.value if isinstance(node, cst.Name) else None
+            about = bool(d.states(value)) and self._is_state_valued(value) and target not in self.c.guards
             key = fact_key(node, frame)
             yes, no = value & d.truthy(), value & d.falsy()
             if not value - {TRUE, FALSE, NONE} and value:  # a plain bool/None: exact
@@ -787,7 +795,9 @@ class Explorer:
                 out.extend([(p, True, False), (p, False, False)])
                 continue
             yes, no = refine(op, tracked, constants)
-            about = bool(d.states(tracked)) and self._is_state_valued(tracked)
+            # A mode parameter of the drain is not the poll value, whatever it may hold.
+            about = bool(d.states(tracked)) and self._is_state_valued(tracked) and not (
+                isinstance(tracked_node, cst.Name) and tracked_node.value in self.c.guards)
             name = tracked_node.value if isinstance(tracked_node, cst.Name) else None
             for truth, part in ((True, yes), (False, no)):
                 if not part:

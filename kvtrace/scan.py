@@ -23,6 +23,7 @@ from kvtrace.model import (
     Evidence,
     FetchLimits,
     FetchResult,
+    ModeInfo,
     QueueReport,
     Report,
     Site,
@@ -263,7 +264,8 @@ def _queue_report(pack: Pack, members: tuple[str, ...], queue) -> QueueReport:
                 loop = (queue.drain.func.path, queue.drain.body.line(queue.drain.loop))
                 evidence[loop] = "dropped: no keep, done, release or abort on this path"
         fate = queue.fate(state) if queue.drain is not None else []
-        states[state] = StateFate(fate, [Evidence(p, l, n) for (p, l), n in sorted(evidence.items())])
+        states[state] = StateFate(fate, [Evidence(p, l, n) for (p, l), n in sorted(evidence.items())],
+                                  queue.mode_fates(state) if queue.drain is not None else [])
     sites: list[Site] = list(queue.static_sites)
     drain = queue.drain
     if drain is not None and drain.poll_line is not None:
@@ -277,7 +279,8 @@ def _queue_report(pack: Pack, members: tuple[str, ...], queue) -> QueueReport:
     unique = {(s.kind, s.path, s.line): s for s in sites}
     ordered = sorted(unique.values(), key=lambda s: (s.path, s.line, s.kind))
     drain_ref = Evidence(drain.func.path, drain.body.line(drain.loop), drain.func.qualname) if drain else None
-    return QueueReport(pack.queue, drain_ref, ordered, states)
+    modes = [ModeInfo(m.label, m.passed, m.callers) for m in queue.modes]
+    return QueueReport(pack.queue, drain_ref, ordered, states, modes)
 
 
 __all__ = ["scan_path", "scan_fetched", "locate_package", "locate_packages", "OUTCOME_ORDER"]
