@@ -118,22 +118,30 @@ def package_scope(root: str, candidates: list[str]) -> str:
     return scope
 
 
-_VERSION = re.compile(r"""^__version__\s*(?::\s*str\s*)?=\s*["']([^"'\n]+)["']""", re.MULTILINE)
+# `__version__ = "0.5.2"`, `__version__: str = ...`, and setuptools-scm's generated
+# `__version__ = version = '0.5.14'` (whose version.py only imports it from _version.py).
+_VERSION = re.compile(r"""^__version__\s*(?::\s*str\s*)?=\s*(?:\w+\s*=\s*)*["']([^"'\n]+)["']""", re.MULTILINE)
 
 
-def detect_version(files: list[SourceFile], root: str) -> DetectedVersion | None:
-    """The `__version__` of the nearest version.py in a folder above the package (as in a
-    wheel or a checkout: sglang/version.py above sglang/srt/disaggregation)."""
+def detect_version(files: list[SourceFile], root: str, target: str = "") -> DetectedVersion | None:
+    """The `__version__` of the nearest version.py (or setuptools-scm's _version.py) in a
+    folder above the package (as in a wheel or a checkout: sglang/version.py above
+    sglang/srt/disaggregation)."""
     by_path = {f.path: f for f in files}
     parts = root.split("/") if root else []
     for i in range(len(parts) - 1, -1, -1):
         folder = "/".join(parts[:i])
-        path = f"{folder}/version.py" if folder else "version.py"
-        source = by_path.get(path)
-        match = _VERSION.search(source.text or "") if source is not None else None
-        if match:
+        for name in ("version.py", "_version.py"):
+            path = f"{folder}/{name}" if folder else name
+            source = by_path.get(path)
+            match = _VERSION.search(source.text or "") if source is not None else None
+            if match:
+                break
+        if source is not None and match:
             line = (source.text or "").count("\n", 0, match.start()) + 1
-            package = parts[i - 1] if i > 0 else "package"
+            # The folder holding it names the package; at the top, the target's own name.
+            top = target.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1] or "package"
+            package = parts[i - 1] if i > 0 else top
             return DetectedVersion(package, match.group(1), path, line)
     return None
 
@@ -212,7 +220,7 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
         root=root,
         enum=enum_evidence,
         problems=problems,
-        version=detect_version(files, root),
+        version=detect_version(files, root, fetched.target),
         # Plain lists: reports pickle into the cache and unpickle without the analysis' types.
         graph={"nodes": list(queue.graph.nodes.items()),
                "edges": [(a, b, data) for (a, b), data in queue.graph.edges.items()]},
