@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 from kvtrace.flow import MANAGER, TABLE, Config, CstBody, Explorer, Frame, PathState, function_body
 from kvtrace.index import ClassInfo, FuncRef, Index
-from kvtrace.model import Backend, Evidence, ManagerRef, PollRef, StateVerdict, TimeoutCheck, WayOut
+from kvtrace.model import Backend, EventKind, Evidence, ManagerRef, PollRef, StateVerdict, TimeoutCheck, WayOut
 from kvtrace.packs import Pack, matches
 from kvtrace.states import ABSENT, NONE, OTHER, Domain, Val
 
@@ -340,7 +340,7 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
     if has_abort:
         for end in runner.run(abort, (), record_writes=True):
             for e in end.events:
-                if e.kind == "attr-write" and not e.detail.startswith(("@", "?")):
+                if e.kind == EventKind.ATTR_WRITE and not e.detail.startswith(("@", "?")):
                     abort_writes.setdefault(e.detail, Evidence(e.path, e.line, f"{e.function}() writes self.{e.detail}"))
     runner.abort_attrs = frozenset(abort_writes)
     table = manager.ref.table if manager else None
@@ -365,11 +365,11 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
     for label, held in configs:
         attrs = ((TABLE, held),) if held is not None else ()
         for end in runner.run(poll, attrs):
-            if any(e.kind == "abort-read" for e in end.events):
+            if any(e.kind == EventKind.ABORT_READ for e in end.events):
                 reads_abort = True
             if end.term == "raise":
                 raises = True
-                raise_sites.update((e.path, e.line, e.function) for e in end.events if e.kind == "raise")
+                raise_sites.update((e.path, e.line, e.function) for e in end.events if e.kind == EventKind.RAISE)
                 continue
             value = end.ret if end.ret is not None else frozenset({NONE})
             states = domain.states(value)
@@ -520,7 +520,7 @@ class _Runner:
         self.unparsed |= config.unparsed
         for end in ends:
             for e in end.events:
-                if e.kind == "timeout":
+                if e.kind == EventKind.TIMEOUT:
                     self.timeout_sites.add((e.path, e.line))
         return ends
 
@@ -538,7 +538,7 @@ class _Runner:
                 for end in self.run(poll, start.attrs, clock_far=clock_far):
                     seen.append(end)
                     if self._terminal(end):
-                        return True, seen, {(e.path, e.line) for e in end.events if e.kind == "timeout"}
+                        return True, seen, {(e.path, e.line) for e in end.events if e.kind == EventKind.TIMEOUT}
                     if end.term != "raise":
                         nxt.append(end)
             frontier = nxt
@@ -572,27 +572,27 @@ def _chain(runner: _Runner, cls: ClassInfo, poll: FuncRef, abort: FuncRef | None
     links: list[Evidence] = [Evidence(poll.path, poll.line, f"{cls.name}.{poll.name}() returns {state}"
                                       + (f" when {label}" if label else ""))]
     for e in end.events:
-        if e.kind == "table-default":
+        if e.kind == EventKind.TABLE_DEFAULT:
             links.append(Evidence(e.path, e.line, f"{e.function}() returns {e.detail} for a room absent from the table"))
-        elif e.kind == "table-read":
+        elif e.kind == EventKind.TABLE_READ:
             links.append(Evidence(e.path, e.line, f"{e.function}() reads {state} from the status table"))
     if abort is None:
         links.append(Evidence(cls.path, cls.line, f"{cls.name} has no concrete abort()"))
     else:
-        read = {e.detail for e in end.events if e.kind == "abort-read"}
+        read = {e.detail for e in end.events if e.kind == EventKind.ABORT_READ}
         for attr, where in abort_writes.items():
             if attr not in read:
                 links.append(Evidence(where.path, where.line, f"{where.note}, which {poll.qualname}() never reads"))
         for a in found.abort_ends:
             for e in a.events:
-                if e.kind == "table-absent":
+                if e.kind == EventKind.TABLE_ABSENT:
                     links.append(Evidence(e.path, e.line, f"{e.function}() returns without effect when the room is absent "
                                                           f"({e.detail})"))
     if held is not None and ABSENT in held and manager is not None:
         links.extend(manager.ref.clears)
         if runner.unborn is not None:
             links.append(runner.unborn)
-    timeouts = {(e.path, e.line) for f in found.far_ends for e in f.events if e.kind == "timeout"}
+    timeouts = {(e.path, e.line) for f in found.far_ends for e in f.events if e.kind == EventKind.TIMEOUT}
     if timeouts:
         links.extend(Evidence(p, l, f"this timeout check does not end {state}") for p, l in sorted(timeouts))
     else:

@@ -17,6 +17,7 @@ from typing import Callable, Iterable
 import libcst as cst
 
 from kvtrace.index import ClassInfo, FuncRef, Index
+from kvtrace.model import SITE_KINDS, EventKind
 from kvtrace.packs import Pack
 from kvtrace.states import ABSENT, FALSE, KEEP, NONE, NOW, OTHER, POLLS, REQ, TRUE, Domain, Val, refine
 
@@ -25,19 +26,22 @@ MAX_DEPTH = 12  # helper call depth
 
 EMPTY: Val = frozenset()
 # Events that describe a path but are not rows of the release map.
-NOT_SITES = frozenset({"guard", "timeout", "abort-read", "log", "metric", "answer", "attr-write", "table-read", "table-default",
-                       "table-store", "table-clear", "table-absent", "table-raise"})
+NOT_SITES: frozenset[EventKind] = frozenset(EventKind) - SITE_KINDS
 TABLE = "@table"  # attribute key of this room's entry in the manager's status table
 
 
 @dataclass(frozen=True)
 class Event:
-    kind: str  # check, keep, done, requeue, release, abort, raise, helper, poll, timeout, abort-read, log,
-    #            metric, answer
+    kind: EventKind
     path: str
     line: int
     function: str
     detail: str = ""
+
+    def __post_init__(self) -> None:
+        # EventKind("keep") raises on a kind that does not exist, so a typo never passes as a site.
+        if not isinstance(self.kind, EventKind):
+            object.__setattr__(self, "kind", EventKind(self.kind))
 
 
 Bindings = tuple[tuple[str, Val], ...]
@@ -274,16 +278,16 @@ class Explorer:
                 return [replace(path, term="return", ret=frozenset({NONE}))]
             return [replace(p, term="return", ret=v) for p, v in self.eval(node.value, path, frame)]
         if isinstance(node, cst.Raise):
-            return [replace(path.emit(Event("raise", frame.func.path, frame.body.line(node), fn, "raise")), term="raise")]
+            return [replace(path.emit(Event(EventKind.RAISE, frame.func.path, frame.body.line(node), fn, "raise")), term="raise")]
         if isinstance(node, cst.Assert):
             out = []
             for p, truth, about_poll in self.decide(node.test, path, frame):
                 if about_poll:
-                    p = p.emit(Event("check", frame.func.path, frame.body.line(node), fn, "T" if truth else "F"))
+                    p = p.emit(Event(EventKind.CHECK, frame.func.path, frame.body.line(node), fn, "T" if truth else "F"))
                 if truth:
                     out.append(p)
                 else:
-                    out.append(replace(p.emit(Event("raise", frame.func.path, frame.body.line(node), fn, "assert")),
+                    out.append(replace(p.emit(Event(EventKind.RAISE, frame.func.path, frame.body.line(node), fn, "assert")),
                                        term="raise"))
             return out
         if isinstance(node, cst.Del):
@@ -295,9 +299,9 @@ class Explorer:
                     out = []
                     if present is not None:
                         out.append(present.set_attr(TABLE, frozenset({ABSENT})).emit(
-                            Event("table-clear", frame.func.path, line, fn, code(node))))
+                            Event(EventKind.TABLE_CLEAR, frame.func.path, line, fn, code(node))))
                     if absent is not None:
-                        out.append(replace(absent.emit(Event("table-raise", frame.func.path, line, fn, code(node))), term="raise"))
+                        out.append(replace(absent.emit(Event(EventKind.TABLE_RAISE, frame.func.path, line, fn, code(node))), term="raise"))
                     return out
             return [path]
         if isinstance(node, cst.Continue):
@@ -312,7 +316,7 @@ class Explorer:
         if frame is not None and isinstance(target, cst.Subscript) and self.is_table(target.value, frame):
             stored = frozenset(self.c.domain.states(value)) or frozenset(self.c.domain.members)
             return path.set_attr(TABLE, stored).emit(
-                Event("table-store", frame.func.path, frame.body.line(target), frame.func.qualname, ", ".join(sorted(stored))))
+                Event(EventKind.TABLE_STORE, frame.func.path, frame.body.line(target), frame.func.qualname, ", ".join(sorted(stored))))
         if frame is not None and frame.is_self_attr(target):
             return self.write_self_attr(target, value, path, frame)
         if isinstance(target, (cst.Tuple, cst.List)):
@@ -326,7 +330,7 @@ class Explorer:
         if NOW in value:  # a stored clock reading is a fixed past time, not one that grows
             value = (value - {NOW}) | {OTHER}
         if self.c.record_writes:
-            path = path.emit(Event("attr-write", frame.func.path, frame.body.line(target), frame.func.qualname, key))
+            path = path.emit(Event(EventKind.ATTR_WRITE, frame.func.path, frame.body.line(target), frame.func.qualname, key))
         return path.set_attr(key, value)
 
     # --- the manager's status table --------------------------------------------------------
@@ -358,17 +362,17 @@ class Explorer:
             if present is not None:
                 value = present.attr(TABLE) or EMPTY
                 if method == "pop":
-                    present = present.set_attr(TABLE, frozenset({ABSENT})).emit(Event("table-clear", here, line, fn, code(node)))
+                    present = present.set_attr(TABLE, frozenset({ABSENT})).emit(Event(EventKind.TABLE_CLEAR, here, line, fn, code(node)))
                 else:
-                    present = present.emit(Event("table-read", here, line, fn, code(node)))
+                    present = present.emit(Event(EventKind.TABLE_READ, here, line, fn, code(node)))
                 out.append((present, value))
             if absent is not None:
                 if method == "pop" and len(values) < 2:
-                    out.append((replace(absent.emit(Event("table-raise", here, line, fn, code(node))), term="raise"), EMPTY))
+                    out.append((replace(absent.emit(Event(EventKind.TABLE_RAISE, here, line, fn, code(node))), term="raise"), EMPTY))
                 else:
                     detail = ", ".join(sorted(self.c.domain.states(default))) or (
                         code(node.args[1].value) if len(node.args) > 1 else "None")
-                    absent = absent.emit(Event("table-default" if method != "pop" else "table-clear", here, line, fn, detail))
+                    absent = absent.emit(Event(EventKind.TABLE_DEFAULT if method != "pop" else "table-clear", here, line, fn, detail))
                     if method == "setdefault":
                         absent = absent.set_attr(TABLE, frozenset(self.c.domain.states(default)) or frozenset(self.c.domain.members))
                     out.append((absent, default))
@@ -384,10 +388,10 @@ class Explorer:
             for p, truth, about_poll in self.decide(node.test, path, frame):
                 if about_poll:
                     line = frame.body.line(node.test)
-                    p = p.emit(Event("check", frame.func.path, line, frame.func.qualname, "T" if truth else "F"))
+                    p = p.emit(Event(EventKind.CHECK, frame.func.path, line, frame.func.qualname, "T" if truth else "F"))
                 if guard and p.term is None:
                     text = code(node.test)
-                    p = p.emit(Event("guard", frame.func.path, frame.body.line(node.test), frame.func.qualname,
+                    p = p.emit(Event(EventKind.GUARD, frame.func.path, frame.body.line(node.test), frame.func.qualname,
                                      text if truth else f"not ({text})"))
                 (yes if truth else no).append(p)
         out = self.run_block(node.body.body, merge(yes), frame) if yes else []
@@ -427,7 +431,7 @@ class Explorer:
                         rest.append((q, part))
                         continue
                     if about:
-                        q = q.emit(Event("check", frame.func.path, frame.body.line(case), frame.func.qualname, "T"))
+                        q = q.emit(Event(EventKind.CHECK, frame.func.path, frame.body.line(case), frame.func.qualname, "T"))
                     if isinstance(case.pattern, cst.MatchAs) and case.pattern.name is not None:
                         q = q.bind(case.pattern.name.value, part)
                     if case.guard is not None:
@@ -567,10 +571,10 @@ class Explorer:
             out = []
             line = frame.body.line(node)
             if present is not None:
-                out.append((present.emit(Event("table-read", frame.func.path, line, frame.func.qualname, code(node))),
+                out.append((present.emit(Event(EventKind.TABLE_READ, frame.func.path, line, frame.func.qualname, code(node))),
                             present.attr(TABLE) or EMPTY))
             if absent is not None:  # KeyError
-                out.append((replace(absent.emit(Event("table-raise", frame.func.path, line, frame.func.qualname, code(node))),
+                out.append((replace(absent.emit(Event(EventKind.TABLE_RAISE, frame.func.path, line, frame.func.qualname, code(node))),
                                     term="raise"), EMPTY))
             return out
         if isinstance(node, cst.BinaryOperation):
@@ -673,7 +677,7 @@ class Explorer:
 
     def read_self_attr(self, node: cst.Attribute, path: PathState, frame: Frame) -> PathState:
         if frame.prefix + node.attr.value in self.c.abort_attrs:
-            return path.emit(Event("abort-read", frame.func.path, frame.body.line(node), frame.func.qualname, node.attr.value))
+            return path.emit(Event(EventKind.ABORT_READ, frame.func.path, frame.body.line(node), frame.func.qualname, node.attr.value))
         return path
 
     def self_attr_value(self, name: str, path: PathState) -> Val:
@@ -696,7 +700,7 @@ class Explorer:
         live = [r for r in results if r[0].term is None]
         if len({t for _, t, _ in live}) < 2:
             return results
-        if any(e.kind == "timeout" for r in live for e in r[0].events[len(path.events):]):
+        if any(e.kind == EventKind.TIMEOUT for r in live for e in r[0].events[len(path.events):]):
             return results
         key = f"{FACT}if:{frame.func.path}:{frame.body.line(node)}"
         known = path.attr(key)
@@ -822,7 +826,7 @@ class Explorer:
                 out.append((p, False, False))
                 continue
             if (NOW in left) != (NOW in right):
-                p = p.emit(Event("timeout", frame.func.path, frame.body.line(node), frame.func.qualname, code(node)))
+                p = p.emit(Event(EventKind.TIMEOUT, frame.func.path, frame.body.line(node), frame.func.qualname, code(node)))
                 if self.c.clock_far:
                     out.append((p, (op in (">", ">=")) == (NOW in left), False))
                     continue
@@ -840,7 +844,7 @@ class Explorer:
             if present is not None:
                 out.append((present, is_in, False))
             if absent is not None:
-                absent = absent.emit(Event("table-absent", frame.func.path, frame.body.line(node), frame.func.qualname, code(node)))
+                absent = absent.emit(Event(EventKind.TABLE_ABSENT, frame.func.path, frame.body.line(node), frame.func.qualname, code(node)))
                 out.append((absent, not is_in, False))
         return out
 
@@ -883,23 +887,23 @@ class Explorer:
             and REQ in (p.get(a.value.value.value) or ()) for a in node.args)
         if method == "add" and receiver and receiver == self.c.removal_set:
             # The request's index joins the set the queue is filtered by: it leaves the queue.
-            return [(p.emit(Event("done", here, line(), fn, receiver)), frozenset({NONE}))]
+            return [(p.emit(Event(EventKind.DONE, here, line(), fn, receiver)), frozenset({NONE}))]
         if method in ("append", "extend", "insert", "appendleft") and receiver and has_req:
             recv_value = p.get(receiver) if "." not in receiver else None
             if receiver.endswith(f"self.{self.c.queue_attr}") or (recv_value is not None and KEEP in recv_value):
-                return [(p.emit(Event("keep", here, line(), fn, receiver)), frozenset({NONE}))]
-            kind = "done" if "." not in receiver else "requeue"
+                return [(p.emit(Event(EventKind.KEEP, here, line(), fn, receiver)), frozenset({NONE}))]
+            kind = EventKind.DONE if "." not in receiver else EventKind.REQUEUE
             return [(p.emit(Event(kind, here, line(), fn, receiver)), frozenset({NONE}))]
         if callee and self.c.pack.is_release(callee):
-            return [(p.emit(Event("release", here, line(), fn, callee)), d.universe)]
+            return [(p.emit(Event(EventKind.RELEASE, here, line(), fn, callee)), d.universe)]
         if callee and self.c.pack.is_log(callee):
-            return [(p.emit(Event("log", here, line(), fn, callee)), frozenset({NONE}))]
+            return [(p.emit(Event(EventKind.LOG, here, line(), fn, callee)), frozenset({NONE}))]
         if callee and self.c.pack.is_abort(callee):
-            return [(p.emit(Event("abort", here, line(), fn, callee)), d.universe)]
+            return [(p.emit(Event(EventKind.ABORT, here, line(), fn, callee)), d.universe)]
         if callee and self.c.pack.is_metric(callee):
-            return [(p.emit(Event("metric", here, line(), fn, callee)), d.universe)]
+            return [(p.emit(Event(EventKind.METRIC, here, line(), fn, callee)), d.universe)]
         if callee and self.c.pack.is_answer(callee):
-            return [(p.emit(Event("answer", here, line(), fn, callee)), d.universe)]
+            return [(p.emit(Event(EventKind.ANSWER, here, line(), fn, callee)), d.universe)]
         if callee and self.c.pack.is_clock_call(callee):
             return [(p, frozenset({NOW}))]
         if callee == "bool" and len(values) == 1 and not node.args[0].star:
@@ -913,12 +917,12 @@ class Explorer:
         if callee in ("max", "min") and len(values) >= 2 and not any(a.star for a in node.args):
             return [(p, self.extreme(callee, values))]
         if callee and self.c.state is not None and self.c.pack.is_poll_call(callee):
-            return [(p.emit(Event("poll", here, line(), fn, callee)), frozenset({self.c.state}))]
+            return [(p.emit(Event(EventKind.POLL, here, line(), fn, callee)), frozenset({self.c.state}))]
         target = self.resolve_call(node, callee, frame, p)
         if target is None:
             return self.opaque_call(node, callee, p, frame)
         args = self.bind_args(target.func, node, values, target.drop_first)
-        p = p.emit(Event("helper", here, line(), fn, target.func.qualname))
+        p = p.emit(Event(EventKind.HELPER, here, line(), fn, target.func.qualname))
         self_name = target.self_name
         if target.self_param is not None:
             params = [a.arg for a in target.func.node.args.posonlyargs + target.func.node.args.args]

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from kvtrace.rules.base import Rule, Sample, ScanContext
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain, sender
-from kvtrace.model import Evidence, Finding
+from kvtrace.model import EventKind, Evidence, Finding, Outcome
 
 
 class PinnedState(Rule):
@@ -88,16 +88,16 @@ class PinnedState(Rule):
             # testing the poll value is a wait on something else (`req.rid not in
             # rids_to_check`), not a pin; when every deciding path raises it is state-crash's.
             pinned = []
-            for mode, deciding, every in queue.deciding(state):
-                if any(outcome == "kept" for _, outcome in deciding) \
-                        and not any(outcome in ("leaves", "dropped") for _, outcome in every):
+            for mode, deciding, every in ctx.model.deciding(state):
+                if any(outcome is Outcome.KEPT for _, outcome in deciding) \
+                        and not any(outcome in (Outcome.LEAVES, Outcome.DROPPED) for _, outcome in every):
                     pinned.append((mode, deciding))
             if not pinned:
                 continue
-            raises = any(outcome == "raises" for _, deciding in pinned for _, outcome in deciding)
-            keep_paths = [events for _, deciding in pinned for events, outcome in deciding if outcome == "kept"]
-            keep_sites = sorted({(e.path, e.line) for events in keep_paths for e in events if e.kind == "keep"})
-            silent = not any(e.kind == "log" for events in keep_paths for e in events)
+            raises = any(outcome is Outcome.RAISES for _, deciding in pinned for _, outcome in deciding)
+            keep_paths = [events for _, deciding in pinned for events, outcome in deciding if outcome is Outcome.KEPT]
+            keep_sites = sorted({(e.path, e.line) for events in keep_paths for e in events if e.kind == EventKind.KEEP})
+            silent = not any(e.kind == EventKind.LOG for events in keep_paths for e in events)
             keeps = "the drain loop keeps it" + (" (or raises)" if raises else "") + " and never lets it out"
             if not several:
                 where = keeps
@@ -107,7 +107,7 @@ class PinnedState(Rule):
                 where = f"when {' and when '.join(m.label for m, _ in pinned)}, {keeps}"
             for analysis in ctx.senders:
                 b = analysis.backend
-                verdict = b.way_out(state)
+                verdict = ctx.model.way_out(b.name, state)
                 if b.poll is None or verdict is None or not verdict.pinned:
                     continue
                 message = (
@@ -119,7 +119,7 @@ class PinnedState(Rule):
                 drain = queue.drain
                 if drain.poll_line is not None:
                     evidence.append(Evidence(drain.func.path, drain.poll_line, "poll: states read for the queue"))
-                evidence.append(Evidence(drain.func.path, drain.body.line(drain.loop), f"drain loop in {drain.func.qualname}"))
+                evidence.append(Evidence(drain.func.path, queue.loop_line(), f"drain loop in {drain.func.qualname}"))
                 if several:
                     evidence += [Evidence(c.path, c.line, f"mode {m.label}: {c.note}") for m, _ in pinned for c in m.callers[:1]]
                 evidence += [Evidence(p, l, f"keep: back into the queue for {state}") for p, l in keep_sites]

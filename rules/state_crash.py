@@ -1,7 +1,7 @@
 from __future__ import annotations
 
-from kvtrace.model import Evidence, Finding
-from kvtrace.rules.base import Rule, Sample, ScanContext, drain_evidence, path_evidence, returned_by
+from kvtrace.model import EventKind, Evidence, Finding, Outcome
+from kvtrace.rules.base import Rule, Sample, ScanContext, drain_evidence, path_evidence
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain, sender
 
 # The standard chain, but Bootstrapping (which the sender below returns while it handshakes)
@@ -101,24 +101,24 @@ class StateCrash(Rule):
         several = len(queue.modes) > 1
         findings = []
         for state in ctx.domain.members:
-            by = returned_by(ctx, state)
+            by = ctx.model.returning(state)
             maybe = [s.backend.name for s in ctx.senders if s.backend.returns_unknown and s.backend.name not in by]
             if ctx.senders and not by and not maybe:
                 continue  # no backend's poll() returns it: it never reaches the loop
             # raise site -> [(mode label, a raising path, guards that hold it first)]
             sites: dict[tuple[str, int], list[tuple[str, list, list[Evidence]]]] = {}
-            for (mode, deciding, _), fate in zip(queue.deciding(state), queue.mode_fates(state)):
-                if not deciding or any(outcome != "raises" for _, outcome in deciding):
+            for (mode, deciding, _), fate in zip(ctx.model.deciding(state), ctx.model.mode_fates(state)):
+                if not deciding or any(outcome is not Outcome.RAISES for _, outcome in deciding):
                     continue
                 for events, _ in deciding:
-                    raised = next((e for e in reversed(events) if e.kind == "raise"), None)
+                    raised = next((e for e in reversed(events) if e.kind is EventKind.RAISE), None)
                     where = (raised.path, raised.line) if raised else (events[-1].path, events[-1].line)
                     entry = sites.setdefault(where, [])
                     if mode.label not in [label for label, _, _ in entry]:
                         entry.append((mode.label, events, fate.waits))
             for (path, line), modes in sites.items():
                 label, events, waits = modes[0]
-                raised = next((e for e in reversed(events) if e.kind == "raise"), None)
+                raised = next((e for e in reversed(events) if e.kind is EventKind.RAISE), None)
                 what = f"{'an' if raised and raised.detail == 'assert' else 'a'} {raised.detail if raised else 'raise'}"
                 when = ""
                 if several:
