@@ -161,6 +161,8 @@ class Config:
     # Sender mode: manager methods worth entering (those that reach the status table); None = all.
     manager_relevant: frozenset[int] | None = None
     all_facts: bool = False  # remember every test of an unknown chain (sender mode)
+    # Drain mode: the drain's mode parameters (graph.find_modes); a test of one is a `guard` event.
+    guards: frozenset[str] = frozenset()
 
 
 _CODE = cst.Module(body=[])
@@ -413,10 +415,16 @@ class Explorer:
         yes: list[PathState] = []
         no: list[PathState] = []
         for path in paths:
+            # Only in the drain's own body, where its parameters are bound (a helper's names are its own).
+            guard = bool(self.c.guards) and len(self.stack) <= 1 and bool(names_in(node.test) & self.c.guards)
             for p, truth, about_poll in self.decide(node.test, path, frame):
                 if about_poll:
                     line = frame.body.line(node.test)
                     p = p.emit(Event(EventKind.CHECK, frame.func.path, line, frame.func.qualname, "T" if truth else "F"))
+                if guard and p.term is None:
+                    text = code(node.test)
+                    p = p.emit(Event(EventKind.GUARD, frame.func.path, frame.body.line(node.test), frame.func.qualname,
+                                     text if truth else f"not ({text})"))
                 (yes if truth else no).append(p)
         out = self.run_block(node.body.body, merge(yes), frame) if yes else []
         no = merge(no)
@@ -754,8 +762,8 @@ class Explorer:
             if p.term is not None:
                 out.append((p, False, False))
                 continue
-            about = bool(d.states(value)) and self._is_state_valued(value)
             target = node.value if isinstance(node, cst.Name) else None
+            about = bool(d.states(value)) and self._is_state_valued(value) and target not in self.c.guards
             key = fact_key(node, frame)
             yes, no = value & d.truthy(), value & d.falsy()
             if not value - {TRUE, FALSE, NONE} and value:  # a plain bool/None: exact
@@ -823,7 +831,9 @@ class Explorer:
                 out.extend([(p, True, False), (p, False, False)])
                 continue
             yes, no = refine(op, tracked, constants)
-            about = bool(d.states(tracked)) and self._is_state_valued(tracked)
+            # A mode parameter of the drain is not the poll value, whatever it may hold.
+            about = bool(d.states(tracked)) and self._is_state_valued(tracked) and not (
+                isinstance(tracked_node, cst.Name) and tracked_node.value in self.c.guards)
             name = tracked_node.value if isinstance(tracked_node, cst.Name) else None
             for truth, part in ((True, yes), (False, no)):
                 if not part:
