@@ -166,6 +166,12 @@ def verdict(label: str, value: float, limit: float, unit: str = "x") -> bool:
     return held
 
 
+def _load() -> str:
+    """The machine's load beside the figures: other work on a shared machine moves every ratio."""
+    one, five, _ = os.getloadavg()
+    return f"load average {one:.2f} (1 min), {five:.2f} (5 min) on {os.cpu_count()} CPUs"
+
+
 def make_copies(tree: Path, count: int, where: Path) -> Path:
     """`count` copies of the tree side by side under one folder."""
     folder = where / f"copies-{count}"
@@ -193,7 +199,7 @@ def main() -> None:
         size = sum(f.stat().st_size for f in files) / 1e6
         lines = sum(f.read_bytes().count(b"\n") for f in files)
         print(f"SGLang {args.version} disaggregation/: {len(files)} files, {size:.2f} MB, {lines} lines "
-              f"({tree}); median of {args.repeat}")
+              f"({tree}); median of {args.repeat}; {_load()}")
         results: list[bool] = []
         r = args.repeat
 
@@ -240,7 +246,7 @@ def main() -> None:
 
         if not args.skip_ssh:
             results.extend(bench_ssh(tree, work, env, r))
-        print(f"all targets met: {'yes' if all(results) else 'NO'} ({sum(results)}/{len(results)})")
+        print(f"all targets met: {'yes' if all(results) else 'NO'} ({sum(results)}/{len(results)}); {_load()}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 

@@ -298,7 +298,10 @@ def run_fleet(targets: list[str], options: FleetOptions, log: Log | None = None,
 
     if len(targets) == 1:
         return [one(targets[0])]
-    with ThreadPoolExecutor(max_workers=max(1, options.jobs)) as pool:
+    from kvtrace.parse import shared_parses
+
+    # Identical trees are analysed once (memo above); files identical across different trees are parsed once.
+    with shared_parses(), ThreadPoolExecutor(max_workers=max(1, options.jobs)) as pool:
         return list(pool.map(one, targets))
 
 

@@ -18,6 +18,7 @@ from typing import Callable, Iterable
 import libcst as cst
 
 from kvtrace.index import ClassInfo, FuncRef, Index
+from kvtrace.parse import CstFunction
 from kvtrace.model import SITE_KINDS, EventKind
 from kvtrace.packs import Pack
 from kvtrace.parse import walk
@@ -214,6 +215,9 @@ class Explorer:
         self.stack: list[int] = []
         self._fact_cache: dict[tuple[int, str], bool] = {}
         self._discarded: cst.CSTNode | None = None  # the call of an expression statement
+        self._read_state = False  # the poll state's value was used (by the helper run in progress)
+        self._unparsed_log: list[str] = []  # every Config.unparsed addition, in order
+        self._key: tuple | None = None
 
     # --- entry points ----------------------------------------------------------------------
 
@@ -235,24 +239,88 @@ class Explorer:
         """Follow a call: run the callee on its own env, give back the caller's env + effects."""
         cst_func = self.c.index.cst(func)
         if cst_func is None:
-            self.c.unparsed.add(f"{func.path}:{func.line} {func.qualname}")
+            self._unparsed(f"{func.path}:{func.line} {func.qualname}")
         if cst_func is None or id(func.node) in self.stack or len(self.stack) >= MAX_DEPTH:
             return [(path, self.c.domain.universe)]
+        env = tuple(sorted(args.items()))
+        # A callee's run depends only on what is in this key (never on the events before the
+        # call: they are carried through unchanged). The drain loop is explored once per state
+        # and calls the same helpers with the same arguments on many paths: each such run is
+        # done once per scan (per state only when the poll value was read during it).
+        key = (self._config_key(), id(func.node), id(cls), prefix, self_name, env, path.attrs, tuple(self.stack))
+        memo = self.c.index.call_memo
+        known = memo.get((key, None))
+        if known is None and self.c.state is not None:
+            known = memo.get((key, self.c.state))
+        if known is None:
+            known = self._run_call(func, cst_func, cls, env, path, prefix, self_name)
+            memo[(key, self.c.state if known.read_state else None)] = known
+        else:
+            self.c.truncated.extend(known.truncated)
+            for where in known.unparsed:
+                self._unparsed(where)
+            if known.clears_discarded:
+                self._discarded = None
+            self._read_state = self._read_state or known.read_state
+        results = []
+        for attrs, events, term, value in known.ends:
+            back = replace(path, attrs=attrs, events=path.events + events)
+            results.append((replace(back, term=term) if term is not None else back, value))
+        return _merge_pairs(results)
+
+    def _run_call(self, func: FuncRef, cst_func: CstFunction, cls: ClassInfo | None, env: Bindings,
+                  path: PathState, prefix: str, self_name: str) -> "_CallRun":
         frame = Frame(func, CstBody(cst_func.node, cst_func.line), cls, prefix, self_name)
-        start = PathState(env=tuple(sorted(args.items())), attrs=path.attrs, events=path.events)
+        start = PathState(env=env, attrs=path.attrs, events=path.events)
+        truncated, unparsed = len(self.c.truncated), len(self._unparsed_log)
+        read_before, self._read_state = self._read_state, False
+        # The caller's discarded call is never a node of the callee: a marker stands for it, so
+        # the run shows whether the callee cleared it (as an expression statement does).
+        outer, self._discarded = self._discarded, _OUTER
         self.stack.append(id(func.node))
         try:
             ends = self.run_block(function_body(cst_func.node), [start], frame)
         finally:
             self.stack.pop()
+            cleared = self._discarded is None
+            self._discarded = None if cleared else outer
+        read, self._read_state = self._read_state, read_before or self._read_state
+        skip = len(path.events)
         results = []
         for end in ends:
-            back = replace(path, attrs=end.attrs, events=end.events)
             if end.term == "raise":
-                results.append((replace(back, term="raise"), EMPTY))
+                results.append((end.attrs, end.events[skip:], "raise", EMPTY))
             else:
-                results.append((back, end.ret if end.ret is not None else frozenset({NONE})))
-        return _merge_pairs(results)
+                results.append((end.attrs, end.events[skip:], None, end.ret if end.ret is not None else frozenset({NONE})))
+        return _CallRun(tuple(results), tuple(self.c.truncated[truncated:]), tuple(self._unparsed_log[unparsed:]),
+                        cleared, read)
+
+    def _unparsed(self, where: str) -> None:
+        self.c.unparsed.add(where)
+        self._unparsed_log.append(where)
+
+    def _config_key(self) -> tuple:
+        """Everything the exploration reads from its Config but the poll state's value (so a
+        field added to Config is part of the key without anyone remembering to add it). Objects
+        are taken by identity and kept alive by the memo, so that their ids stay theirs."""
+        if self._key is None:
+            parts: list = [self.c.state is None]
+            alive = self.c.index.call_memo.setdefault("alive", [])
+            for name in _CONFIG_FIELDS:
+                value = getattr(self.c, name)
+                if isinstance(value, (str, bool, int, frozenset, type(None))):
+                    parts.append(value)
+                else:  # a bound method (a sender runner's attr_values) is new on every access: its object counts
+                    held = (getattr(value, "__self__", value), getattr(value, "__func__", None))
+                    alive.append(held)
+                    parts.append(tuple(map(id, held)))
+            self._key = tuple(parts)
+        return self._key
+
+    def state_value(self) -> str | None:
+        """The poll state of this run; a helper run that reads it is remembered per state."""
+        self._read_state = True
+        return self.c.state
 
     # --- statements ------------------------------------------------------------------------
 
@@ -619,7 +687,7 @@ class Explorer:
             for p, container in self.eval(node.value, path, frame):
                 value = d.universe
                 if POLLS in container and self.c.state is not None:
-                    value = frozenset({self.c.state})
+                    value = frozenset({self.state_value()})
                 out.append((p, value))
             return out
         if isinstance(node, (cst.Comparison, cst.BooleanOperation)) or (
@@ -949,7 +1017,7 @@ class Explorer:
         if callee in ("max", "min") and len(values) >= 2 and not any(a.star for a in node.args):
             return [(p, self.extreme(callee, values))]
         if callee and self.c.state is not None and self.c.pack.is_poll_call(callee):
-            return [(p.emit(Event(EventKind.POLL, here, line(), fn, callee)), frozenset({self.c.state}))]
+            return [(p.emit(Event(EventKind.POLL, here, line(), fn, callee)), frozenset({self.state_value()}))]
         target = self.resolve_call(node, callee, frame, p)
         if target is None:
             return self.opaque_call(node, callee, p, frame)
@@ -1164,6 +1232,24 @@ def _forget_facts(path: PathState, prefix: str) -> PathState:
 def _product(values: list[Val]):
     import itertools
     return itertools.product(*[sorted(v) for v in values])
+
+
+# Config fields a helper call's run can depend on (the state's value is handled apart; the
+# index is the memo's owner; truncated and unparsed are what a run reports, replayed on a hit).
+_CONFIG_FIELDS = tuple(f.name for f in fields(Config) if f.name not in ("index", "state", "truncated", "unparsed"))
+_OUTER = cst.Name("_")  # stands for the caller's discarded call during a callee's run
+
+
+@dataclass(frozen=True)
+class _CallRun:
+    """A helper call's run, relative to the caller's path: each end's attrs, the events it added,
+    how it ended and its value; and what the run did to the exploration besides."""
+
+    ends: tuple[tuple[Bindings, tuple[Event, ...], str | None, Val], ...]
+    truncated: tuple[str, ...]
+    unparsed: tuple[str, ...]
+    clears_discarded: bool
+    read_state: bool
 
 
 @dataclass(frozen=True)

@@ -65,6 +65,8 @@ class Index:
         self.constants: dict[str, dict[str, ast.expr]] = {}  # path -> module-level NAME = <expr>
         self._cst: dict[int, CstFunction | None] = {}
         self._mro: dict[int, list[ClassInfo]] = {}
+        # kvtrace.flow's helper-call results for this scan (it lives as long as the trees its keys name).
+        self.call_memo: dict = {}
         for module in modules:
             self._add(module)
 

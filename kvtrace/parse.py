@@ -12,13 +12,17 @@ from __future__ import annotations
 
 import ast
 import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import cached_property
 
-import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
+from typing import TYPE_CHECKING
 
 from kvtrace.model import SourceFile
+
+if TYPE_CHECKING:  # libcst is imported where a body is parsed: a fleet run that only hits the cache never needs it
+    import libcst as cst
 
 
 @dataclass
@@ -28,10 +32,36 @@ class ParsedModule:
     lines: list[str] = field(repr=False)
 
 
+# Trees shared by file content (sha256) while `shared_parses()` is active: a fleet run parses a
+# file that several hosts serve once. Only the parse is shared; each host's scan indexes and
+# analyses its own tree (the analysis is of the whole tree: MRO, managers, helpers across files).
+# Trees are never changed after parsing, and what is cached on their nodes (walks, parent maps)
+# depends on their content alone.
+_SHARED: dict[str, tuple[ast.Module, list[str], int]] = {}
+_SHARING = 0
+MAX_SHARED_NODES = 300_000  # what the shared trees may hold (SGLang's tree is ~220,000); then it starts over
+
+
+@contextmanager
+def shared_parses() -> Iterator[None]:
+    """Within this block, files with the same content are parsed once (see _SHARED)."""
+    global _SHARING
+    _SHARING += 1
+    try:
+        yield
+    finally:
+        _SHARING -= 1
+        if not _SHARING:
+            _SHARED.clear()
+
+
 def parse_module(source: SourceFile) -> ParsedModule | None:
     """Parse one file with `ast`; on failure record why on the SourceFile and return None."""
     if source.status != "ok":
         return None
+    shared = _SHARED.get(source.sha256) if _SHARING and source.sha256 else None
+    if shared is not None:
+        return ParsedModule(source=source, tree=shared[0], lines=shared[1])
     text = source.text
     if text is None:  # not UTF-8: SourceFile.text already set status and error
         return None
@@ -52,7 +82,13 @@ def parse_module(source: SourceFile) -> ParsedModule | None:
         source.status = "syntax-error"
         source.error = str(exc)
         return None
-    return ParsedModule(source=source, tree=tree, lines=text.splitlines())
+    module = ParsedModule(source=source, tree=tree, lines=text.splitlines())
+    if _SHARING and source.sha256:
+        nodes = count_nodes(tree)
+        if sum(n for _, _, n in _SHARED.values()) + nodes > MAX_SHARED_NODES:
+            _SHARED.clear()
+        _SHARED[source.sha256] = (tree, module.lines, nodes)
+    return module
 
 
 # `ast` trees are kept for the whole analysis; with parsing and indexing a scan costs ~0.8 KB a
@@ -130,9 +166,16 @@ def parents(node: ast.AST) -> dict[int, ast.AST]:
     found = node.__dict__.get(_PARENTS)
     if found is None:
         found = {}
+        node_type = ast.AST
         for parent in walk(node):
-            for child in ast.iter_child_nodes(parent):
-                found[id(child)] = parent
+            for name in parent._fields:  # ast.iter_child_nodes, without its generators
+                value = getattr(parent, name, None)
+                if isinstance(value, list):
+                    for item in value:
+                        if isinstance(item, node_type):
+                            found[id(item)] = parent
+                elif isinstance(value, node_type):
+                    found[id(value)] = parent
         setattr(node, _PARENTS, found)
     return found
 
@@ -147,6 +190,8 @@ class CstFunction:
 
     @cached_property
     def _positions(self) -> dict:
+        from libcst.metadata import MetadataWrapper, PositionProvider
+
         wrapper = MetadataWrapper(self._module, unsafe_skip_copy=True)
         return dict(wrapper.resolve(PositionProvider))
 
@@ -196,6 +241,8 @@ def parse_function_cst(module: ParsedModule, func: ast.FunctionDef | ast.AsyncFu
         # Lines with less indentation can only be inside strings or brackets: strip what is there.
         snippet_lines.append(raw[indent:] if head.strip() == "" else raw.lstrip())
     snippet = "\n".join(snippet_lines) + "\n"
+    import libcst as cst
+
     try:
         wrapper_module = cst.parse_module(snippet)
     except (cst.ParserSyntaxError, RecursionError, MemoryError):

@@ -7,14 +7,13 @@ from __future__ import annotations
 
 import re
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from kvtrace.backends import analyse_backends
 from kvtrace.config import Settings
 from kvtrace.rules import ALL_RULES, ScanContext
 from kvtrace.errors import AmbiguousTarget, InputError
 from kvtrace.gaps import find_gaps
 from kvtrace.fetch.local import fetch_local
-from kvtrace.graph import QueueAnalysis, ScanModel, StateGraph, analyse_queue, find_enum, static_sites
 from kvtrace.index import Index
 from kvtrace.model import (
     OUTCOME_ORDER,
@@ -31,6 +30,9 @@ from kvtrace.packs import Pack, load_pack
 from kvtrace.parse import parse_modules
 from kvtrace.rules.unused_suppression import UnusedSuppression
 from kvtrace.suppress import silence
+
+if TYPE_CHECKING:
+    from kvtrace.graph import ScanModel
 
 
 def scan_path(path: Path, pack: Pack | None = None, limits: FetchLimits = FetchLimits(),
@@ -163,6 +165,11 @@ def _in_scope(files: list[SourceFile], pack: Pack, root: str, scope: str) -> lis
 def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Settings = Settings(),
                  root: str | None = None) -> Report:
     """Analyse one package of the fetched tree: `root` (from locate_packages), or the only one."""
+    # The analysis stages (and libcst under them) are imported here, not with the module: a rescan
+    # served from the cache only locates the package (locate_packages) and never needs them.
+    from kvtrace.backends import analyse_backends
+    from kvtrace.graph import QueueAnalysis, ScanModel, StateGraph, analyse_queue, find_enum, static_sites
+
     pack = pack or load_pack()
     files = fetched.files
     if not files:
