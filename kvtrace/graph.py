@@ -19,6 +19,7 @@ from kvtrace.index import ClassInfo, FuncRef, Index
 from kvtrace.index import dotted as ast_dotted
 from kvtrace.model import OUTCOME_ORDER, Backend, EventKind, Evidence, ModeFate, Outcome, Site, StateFate, StateVerdict
 from kvtrace.packs import Pack, matches
+from kvtrace.parse import walk
 from kvtrace.states import KEEP, POLLS, REQ, Domain, Val
 
 MAX_MODES = 4  # distinct ways the callers in the tree bind the drain's parameters
@@ -310,7 +311,7 @@ def find_modes(index: Index, func: FuncRef, domain: Domain) -> tuple[list[Mode],
     if func.owner is not None and positional and not any(
             getattr(d, "id", None) == "staticmethod" for d in node.decorator_list):
         positional = positional[1:]
-    read = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    read = {n.id for n in walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     params = [p for p in defaults if p in read]
     default_of = {p: ast_constant(defaults[p], domain) for p in params}
     universe = domain.universe
@@ -319,7 +320,7 @@ def find_modes(index: Index, func: FuncRef, domain: Domain) -> tuple[list[Mode],
     for caller in _all_functions(index):
         if caller is func:
             continue
-        for call in ast.walk(caller.node):
+        for call in walk(caller.node):
             if not isinstance(call, ast.Call):
                 continue
             name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", None)
@@ -397,7 +398,7 @@ def find_enum(index: Index, pack: Pack) -> tuple[Domain, Evidence] | None:
 
 
 def _mentions_queue(node: ast.AST, queue: str) -> bool:
-    return any(isinstance(n, ast.Attribute) and n.attr == queue for n in ast.walk(node))
+    return any(isinstance(n, ast.Attribute) and n.attr == queue for n in walk(node))
 
 
 def _all_functions(index: Index) -> list[FuncRef]:
@@ -417,7 +418,7 @@ def find_drains(index: Index, pack: Pack, within: list[FuncRef] | None = None) -
             continue
         keep = _reassigned_name(func.node, pack.queue)
         removal = _removal_set(func.node, pack.queue) if keep is None else None
-        loops = [n for n in ast.walk(func.node) if isinstance(n, ast.For) and _mentions_queue(n.iter, pack.queue)]
+        loops = [n for n in walk(func.node) if isinstance(n, ast.For) and _mentions_queue(n.iter, pack.queue)]
         if (keep is None and removal is None) or not loops:
             continue
         drain = _build_drain(index, pack, func, keep or "", removal)
@@ -428,7 +429,7 @@ def find_drains(index: Index, pack: Pack, within: list[FuncRef] | None = None) -
 
 
 def _reassigned_name(func: ast.AST, queue: str) -> str | None:
-    for node in ast.walk(func):
+    for node in walk(func):
         if isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for t in targets:
@@ -439,7 +440,7 @@ def _reassigned_name(func: ast.AST, queue: str) -> str | None:
 
 def _removal_set(func: ast.AST, queue: str) -> str | None:
     """`self.<queue> = [x for i, x in enumerate(self.<queue>) if i not in S]`: the set S."""
-    for node in ast.walk(func):
+    for node in walk(func):
         if not isinstance(node, ast.Assign) or not any(isinstance(t, ast.Attribute) and t.attr == queue
                                                        for t in node.targets):
             continue
@@ -459,7 +460,7 @@ def held_queue(index: Index, pack: Pack) -> tuple[ClassInfo, str] | None:
     The list is the attribute the class polls (`poll_and_all_reduce([r.receiver for r in self.X])`)
     and reassigns; the outside reads it as `self.<queue>.X` (the gauge)."""
     for module in index.modules.values():
-        for node in ast.walk(module.tree):
+        for node in walk(module.tree):
             if not isinstance(node, ast.Assign) or not isinstance(node.value, ast.Call):
                 continue
             if not any(isinstance(t, ast.Attribute) and t.attr == pack.queue for t in node.targets):
@@ -477,14 +478,14 @@ def _polled_list(index: Index, pack: Pack, cls: ClassInfo) -> str | None:
     polled: list[str] = []
     for c in index.mro(cls):
         for func in c.methods.values():
-            for node in ast.walk(func.node):
+            for node in walk(func.node):
                 if isinstance(node, ast.Assign) and func.name != "__init__":
                     reassigned.update(t.attr for t in node.targets if isinstance(t, ast.Attribute)
                                       and isinstance(t.value, ast.Name) and t.value.id == "self")
                 if isinstance(node, ast.Call) and node.args:
                     callee = ast_dotted(node.func) or ""
                     if pack.is_poll_call(callee):
-                        polled += [n.attr for a in node.args for n in ast.walk(a) if isinstance(n, ast.Attribute)
+                        polled += [n.attr for a in node.args for n in walk(a) if isinstance(n, ast.Attribute)
                                    and isinstance(n.value, ast.Name) and n.value.id == "self"]
     return next((attr for attr in polled if attr in reassigned), None)
 
@@ -498,7 +499,7 @@ def _build_drain(index: Index, pack: Pack, func: FuncRef, keep: str, removal: st
     if removal is not None and not any(role == "@state" for role in initial.values()) and func.owner is not None:
         # A filtered queue may read its poll values in a helper the drain calls first (a pass
         # that marks requests) and remove them in its own loops: analyse the loop that polls.
-        for node in ast.walk(func.node):
+        for node in walk(func.node):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                     and isinstance(node.func.value, ast.Name) and node.func.value.id == "self":
                 helper = index.find_method(func.owner, node.func.attr)
@@ -719,7 +720,7 @@ def _held_sites(index: Index, list_pack: Pack, cls: ClassInfo, methods: list[Fun
     methods); other classes' lists of the same name are not this queue."""
     sites = []
     for func in methods:
-        for node in ast.walk(func.node):
+        for node in walk(func.node):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                     and node.func.attr in ("append", "extend", "insert", "appendleft") \
                     and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == list_pack.queue \
