@@ -12,7 +12,8 @@ from __future__ import annotations
 
 import ast
 import re
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
+from functools import lru_cache
 from typing import Callable, Iterable
 
 import libcst as cst
@@ -20,6 +21,7 @@ import libcst as cst
 from kvtrace.index import ClassInfo, FuncRef, Index
 from kvtrace.model import SITE_KINDS, EventKind
 from kvtrace.packs import Pack
+from kvtrace.parse import walk
 from kvtrace.states import ABSENT, FALSE, KEEP, NONE, NOW, OTHER, POLLS, REQ, TRUE, Domain, Val, refine
 
 MAX_PATHS = 4096  # per statement; past this the analysis says it is incomplete
@@ -31,6 +33,26 @@ NOT_SITES: frozenset[EventKind] = frozenset(EventKind) - SITE_KINDS
 TABLE = "@table"  # attribute key of this room's entry in the manager's status table
 
 
+_HASHED: dict[type, tuple[str, ...]] = {}
+
+
+def _cached_hash(self) -> int:
+    """The dataclass hash (of the fields in order), computed once per immutable instance."""
+    found = self.__dict__.get("_hash")
+    if found is None:
+        names = _HASHED.get(type(self))
+        if names is None:
+            names = _HASHED[type(self)] = tuple(f.name for f in fields(self) if (f.compare if f.hash is None else f.hash))
+        found = hash(tuple(getattr(self, name) for name in names))
+        object.__setattr__(self, "_hash", found)
+    return found
+
+
+def _without_hash(self) -> dict:
+    # str hashes differ between processes: a pickled instance never carries its cached hash.
+    return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+
 @dataclass(frozen=True)
 class Event:
     kind: EventKind
@@ -38,6 +60,10 @@ class Event:
     line: int
     function: str
     detail: str = ""
+
+    # Paths are merged by hashing after every statement; each event is hashed once, not per merge.
+    __hash__ = _cached_hash
+    __getstate__ = _without_hash
 
     def __post_init__(self) -> None:
         # EventKind("keep") raises on a kind that does not exist, so a typo never passes as a site.
@@ -63,6 +89,9 @@ class PathState:
     events: tuple[Event, ...] = ()
     term: str | None = None  # continue, break, return, raise
     ret: Val | None = None
+
+    __hash__ = _cached_hash  # a path is hashed at every merge while it lives
+    __getstate__ = _without_hash
 
     # env and attrs are sorted tuples of (name, value) so that equal paths hash equal and merge.
     def get(self, name: str) -> Val | None:
@@ -140,7 +169,10 @@ class Config:
 _CODE = cst.Module(body=[])
 
 
+@lru_cache(maxsize=4096)
 def code(node: cst.CSTNode) -> str:
+    # Keyed by identity (libcst nodes compare by identity; a cached node stays alive, so its id
+    # is never reused): the same few conditions are rendered ~70 times each in a scan.
     return _CODE.code_for_node(node)
 
 
@@ -182,6 +214,7 @@ class Explorer:
         self.c = config
         self.stack: list[int] = []
         self._fact_cache: dict[tuple[int, str], bool] = {}
+        self._comparison_keys: dict[tuple[int, str], str | None] = {}  # per Comparison node and object
         self._discarded: cst.CSTNode | None = None  # the call of an expression statement
 
     # --- entry points ----------------------------------------------------------------------
@@ -667,7 +700,7 @@ class Explorer:
         if cached is None:
             node = frame.func.node
             cached = {a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs}
-            cached |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+            cached |= {n.id for n in walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
             frame._locals = cached  # type: ignore[attr-defined]
         return cached
 
@@ -833,13 +866,18 @@ class Explorer:
         return [(path.set_attr(key, frozenset({TRUE if truth != negated else FALSE})), truth, False) for truth in (True, False)]
 
     def comparison_key(self, node: cst.Comparison, op: str, frame: Frame) -> str | None:
-        if any(isinstance(n, (cst.Call, cst.Await, cst.Yield, cst.NamedExpr, cst.Lambda)) for n in _walk_cst(node)):
-            return None
-        left, right = code(node.left), code(node.comparisons[0].comparator)
-        if not self.keeps_fact(node.left, frame) and not self.keeps_fact(node.comparisons[0].comparator, frame):
-            return None  # tested once in the function: nothing would read the fact again
-        family = {"!=": "==", "is not": "is", "not in": "in"}.get(op, op)
-        return f"{FACT_CMP}{frame.prefix}{left} {family} {right}"
+        cached = self._comparison_keys.get((id(node), frame.prefix), False)
+        if cached is not False:
+            return cached
+        key = None
+        if not any(isinstance(n, (cst.Call, cst.Await, cst.Yield, cst.NamedExpr, cst.Lambda)) for n in _walk_cst(node)) \
+                and (self.keeps_fact(node.left, frame) or self.keeps_fact(node.comparisons[0].comparator, frame)):
+            # (A comparison tested once in the function: nothing would read the fact again.)
+            left, right = code(node.left), code(node.comparisons[0].comparator)
+            family = {"!=": "==", "is not": "is", "not in": "in"}.get(op, op)
+            key = f"{FACT_CMP}{frame.prefix}{left} {family} {right}"
+        self._comparison_keys[(id(node), frame.prefix)] = key
+        return key
 
     def order_compare(self, node: cst.Comparison, op: str, path: PathState, frame: Frame,
                       ) -> list[tuple[PathState, bool, bool]]:
