@@ -11,6 +11,8 @@ from kvtrace.flow import MANAGER, TABLE, Config, CstBody, Explorer, Frame, PathS
 from kvtrace.index import ClassInfo, FuncRef, Index
 from kvtrace.model import Backend, EventKind, Evidence, ManagerRef, PollRef, StateVerdict, TimeoutCheck, WayOut
 from kvtrace.packs import Pack, matches
+from kvtrace.parse import parents as _parents
+from kvtrace.parse import walk
 from kvtrace.states import ABSENT, NONE, OTHER, Domain, Val
 
 
@@ -78,7 +80,7 @@ def _class_mappings(index: Index) -> list[tuple[set[str], str, int]]:
     """Dict literals whose values are class names (`{KVClassType.SENDER: NixlKVSender, ...}`)."""
     found = []
     for module in index.modules.values():
-        for node in ast.walk(module.tree):
+        for node in walk(module.tree):
             if isinstance(node, ast.Dict):
                 names = {v.id for v in node.values if isinstance(v, ast.Name) and v.id in index.classes}
                 if len(names) >= 2:
@@ -159,14 +161,14 @@ def _manager_model(index: Index, pack: Pack, members: tuple[str, ...], sender: C
     attrs: set[str] = set()
     _CALL_SITES.clear()
     for func in functions:
-        for node in ast.walk(func.node):
+        for node in walk(func.node):
             if isinstance(node, ast.Call):
                 callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
                 if callee:
                     _CALL_SITES.setdefault(callee, []).append((func, node))
     for func in functions:
         parents = _parents(func.node)
-        for node in ast.walk(func.node):
+        for node in walk(func.node):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
                 recv = node.func.value
                 if node.func.attr in (pack.check_method, pack.update_method) and isinstance(recv, ast.Attribute) \
@@ -200,7 +202,7 @@ def _ends_with(node: ast.AST, attr: str) -> bool:
 
 def _table_of(check: FuncRef) -> str | None:
     """The attribute check_status reads with the room: `self.X[room]` or `self.X.get(room, ...)`."""
-    for node in ast.walk(check.node):
+    for node in walk(check.node):
         if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and isinstance(node.value, ast.Attribute):
             return node.value.attr
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
@@ -224,14 +226,6 @@ def _argument(call: ast.Call, func: FuncRef, param: str) -> ast.expr | None:
         arg = call.args[params.index(param)]
         return None if isinstance(arg, ast.Starred) else arg
     return None
-
-
-def _parents(func: ast.AST) -> dict[int, ast.AST]:
-    parents: dict[int, ast.AST] = {}
-    for node in ast.walk(func):
-        for child in ast.iter_child_nodes(node):
-            parents[id(child)] = node
-    return parents
 
 
 def _collect(value: ast.expr, func: FuncRef, parents: dict[int, ast.AST], site: ast.AST, holds: set[str],
@@ -268,7 +262,7 @@ def _collect(value: ast.expr, func: FuncRef, parents: dict[int, ast.AST], site: 
             for arg, caller, call in bound:  # a helper's parameter: what its callers pass
                 _collect(arg, caller, _parents(caller.node), call, holds, unknown, update, members, depth + 1)
             return
-        sources = [n.value for n in ast.walk(func.node) if isinstance(n, ast.Assign)
+        sources = [n.value for n in walk(func.node) if isinstance(n, ast.Assign)
                    and any(isinstance(t, ast.Name) and t.id == value.id for t in n.targets)]
         if sources:
             for source in sources:
@@ -447,7 +441,7 @@ def _table_methods(index: Index, manager: ManagerModel) -> frozenset[int]:
     calls: dict[str, set[str]] = {}
     touches: set[str] = set()
     for name, func in methods.items():
-        for node in ast.walk(func.node):
+        for node in walk(func.node):
             if isinstance(node, ast.Attribute) and node.attr == table:
                 touches.add(name)
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) \
@@ -616,7 +610,7 @@ def _assigned_in_class(cls: ClassInfo, domain: Domain, pack: Pack | None = None)
         table: dict[str, set[str]] = {}
         for func in cls.methods.values():
             parents: dict[int, ast.AST] | None = None
-            for node in ast.walk(func.node):
+            for node in walk(func.node):
                 if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Name) \
                         and node.value.id not in ("None", "True", "False"):
                     # `if status in (Success, Failed): self.conclude_state = status`

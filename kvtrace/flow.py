@@ -11,7 +11,8 @@ that change nothing do not cost 2**n.
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
+from functools import lru_cache
 from typing import Callable, Iterable
 
 import libcst as cst
@@ -19,6 +20,7 @@ import libcst as cst
 from kvtrace.index import ClassInfo, FuncRef, Index
 from kvtrace.model import SITE_KINDS, EventKind
 from kvtrace.packs import Pack
+from kvtrace.parse import walk
 from kvtrace.states import ABSENT, FALSE, KEEP, NONE, NOW, OTHER, POLLS, REQ, TRUE, Domain, Val, refine
 
 MAX_PATHS = 4096  # per statement; past this the analysis says it is incomplete
@@ -30,6 +32,26 @@ NOT_SITES: frozenset[EventKind] = frozenset(EventKind) - SITE_KINDS
 TABLE = "@table"  # attribute key of this room's entry in the manager's status table
 
 
+_HASHED: dict[type, tuple[str, ...]] = {}
+
+
+def _cached_hash(self) -> int:
+    """The dataclass hash (of the fields in order), computed once per immutable instance."""
+    found = self.__dict__.get("_hash")
+    if found is None:
+        names = _HASHED.get(type(self))
+        if names is None:
+            names = _HASHED[type(self)] = tuple(f.name for f in fields(self) if (f.compare if f.hash is None else f.hash))
+        found = hash(tuple(getattr(self, name) for name in names))
+        object.__setattr__(self, "_hash", found)
+    return found
+
+
+def _without_hash(self) -> dict:
+    # str hashes differ between processes: a pickled instance never carries its cached hash.
+    return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+
 @dataclass(frozen=True)
 class Event:
     kind: EventKind
@@ -37,6 +59,10 @@ class Event:
     line: int
     function: str
     detail: str = ""
+
+    # Paths are merged by hashing after every statement; each event is hashed once, not per merge.
+    __hash__ = _cached_hash
+    __getstate__ = _without_hash
 
     def __post_init__(self) -> None:
         # EventKind("keep") raises on a kind that does not exist, so a typo never passes as a site.
@@ -62,6 +88,9 @@ class PathState:
     events: tuple[Event, ...] = ()
     term: str | None = None  # continue, break, return, raise
     ret: Val | None = None
+
+    __hash__ = _cached_hash  # a path is hashed at every merge while it lives
+    __getstate__ = _without_hash
 
     # env and attrs are sorted tuples of (name, value) so that equal paths hash equal and merge.
     def get(self, name: str) -> Val | None:
@@ -132,12 +161,17 @@ class Config:
     # Sender mode: manager methods worth entering (those that reach the status table); None = all.
     manager_relevant: frozenset[int] | None = None
     all_facts: bool = False  # remember every test of an unknown chain (sender mode)
+    # Drain mode: the drain's mode parameters (graph.find_modes); a test of one is a `guard` event.
+    guards: frozenset[str] = frozenset()
 
 
 _CODE = cst.Module(body=[])
 
 
+@lru_cache(maxsize=4096)
 def code(node: cst.CSTNode) -> str:
+    # Keyed by identity (libcst nodes compare by identity; a cached node stays alive, so its id
+    # is never reused): the same few conditions are rendered ~70 times each in a scan.
     return _CODE.code_for_node(node)
 
 
@@ -381,10 +415,16 @@ class Explorer:
         yes: list[PathState] = []
         no: list[PathState] = []
         for path in paths:
+            # Only in the drain's own body, where its parameters are bound (a helper's names are its own).
+            guard = bool(self.c.guards) and len(self.stack) <= 1 and bool(names_in(node.test) & self.c.guards)
             for p, truth, about_poll in self.decide(node.test, path, frame):
                 if about_poll:
                     line = frame.body.line(node.test)
                     p = p.emit(Event(EventKind.CHECK, frame.func.path, line, frame.func.qualname, "T" if truth else "F"))
+                if guard and p.term is None:
+                    text = code(node.test)
+                    p = p.emit(Event(EventKind.GUARD, frame.func.path, frame.body.line(node.test), frame.func.qualname,
+                                     text if truth else f"not ({text})"))
                 (yes if truth else no).append(p)
         out = self.run_block(node.body.body, merge(yes), frame) if yes else []
         no = merge(no)
@@ -657,7 +697,7 @@ class Explorer:
         if cached is None:
             node = frame.func.node
             cached = {a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs}
-            cached |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+            cached |= {n.id for n in walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
             frame._locals = cached  # type: ignore[attr-defined]
         return cached
 
@@ -722,8 +762,8 @@ class Explorer:
             if p.term is not None:
                 out.append((p, False, False))
                 continue
-            about = bool(d.states(value)) and self._is_state_valued(value)
             target = node.value if isinstance(node, cst.Name) else None
+            about = bool(d.states(value)) and self._is_state_valued(value) and target not in self.c.guards
             key = fact_key(node, frame)
             yes, no = value & d.truthy(), value & d.falsy()
             if not value - {TRUE, FALSE, NONE} and value:  # a plain bool/None: exact
@@ -791,7 +831,9 @@ class Explorer:
                 out.extend([(p, True, False), (p, False, False)])
                 continue
             yes, no = refine(op, tracked, constants)
-            about = bool(d.states(tracked)) and self._is_state_valued(tracked)
+            # A mode parameter of the drain is not the poll value, whatever it may hold.
+            about = bool(d.states(tracked)) and self._is_state_valued(tracked) and not (
+                isinstance(tracked_node, cst.Name) and tracked_node.value in self.c.guards)
             name = tracked_node.value if isinstance(tracked_node, cst.Name) else None
             for truth, part in ((True, yes), (False, no)):
                 if not part:

@@ -14,12 +14,14 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import libcst as cst
 
-from kvtrace.flow import NOT_SITES, Config, CstBody, Event, Explorer, Frame, PathState, dotted
+from kvtrace.flow import NOT_SITES, Config, CstBody, Event, Explorer, Frame, PathState, ast_constant, dotted
 from kvtrace.index import ClassInfo, FuncRef, Index
 from kvtrace.index import dotted as ast_dotted
-from kvtrace.model import OUTCOME_ORDER, Backend, EventKind, Evidence, Outcome, Site, StateFate, StateVerdict
+from kvtrace.model import OUTCOME_ORDER, Backend, EventKind, Evidence, ModeFate, Outcome, Site, StateFate, StateVerdict
 from kvtrace.packs import Pack, matches
-from kvtrace.states import KEEP, POLLS, REQ, Domain
+from kvtrace.states import KEEP, POLLS, REQ, Domain, Val
+
+MAX_MODES = 4  # distinct ways the callers in the tree bind the drain's parameters
 
 if TYPE_CHECKING:
     from kvtrace.backends import SenderAnalysis
@@ -96,6 +98,19 @@ class Drain:
     owner: FuncRef | None = None  # the function that reassigns the queue (func, unless it polls in a helper)
 
 
+@dataclass(frozen=True)
+class Mode:
+    """One way the callers in the tree run the drain: the values of its defaulted parameters.
+
+    `passed` names the parameters a caller gives in this mode (empty: every one is at its
+    default, which is also the mode when no caller in the tree passes any)."""
+
+    label: str
+    bindings: tuple[tuple[str, Val], ...]
+    passed: tuple[str, ...]
+    callers: tuple[Evidence, ...]
+
+
 class QueuePath(NamedTuple):
     """One path through one iteration of the drain loop for one poll state."""
 
@@ -110,12 +125,27 @@ class QueueAnalysis:
 
     drain: Drain | None
     graph: StateGraph
-    paths: dict[str, list[QueuePath]]  # state -> its paths, in exploration order
+    paths: dict[str, list[QueuePath]]  # state -> its paths, in exploration order, every mode together
     static_sites: list[Site]
     truncated: list[str] = field(default_factory=list)
+    modes: list[Mode] = field(default_factory=list)
+    mode_paths: list[dict[str, list[QueuePath]]] = field(default_factory=list)  # per mode, in `modes`' order
     # Functions the analysis had to read (a drain loop, a helper it enters) that libcst could
     # not parse: the queue's analysis is incomplete and the scan says so.
     unparsed: list[str] = field(default_factory=list)
+
+    def mode_fates(self, state: str) -> list[ModeFate]:
+        """The state's fate in each mode: its outcomes, and where it waits (kept on a path
+        that never tests the poll value: a guard on a parameter or a flag holds it)."""
+        return [mode_fate(mode, paths.get(state, [])) for mode, paths in zip(self.modes, self.mode_paths)]
+
+    def deciding(self, state: str) -> list[tuple[Mode, list[QueuePath], list[QueuePath]]]:
+        """Per mode: the paths on which the poll value decides (a test of it), and all paths."""
+        out = []
+        for mode, paths in zip(self.modes, self.mode_paths):
+            state_paths = paths.get(state, [])
+            out.append((mode, [p for p in state_paths if _tests_poll(p.events)], state_paths))
+        return out
 
     def fate(self, state: str) -> list[Outcome]:
         """The outcomes reachable from the poll along edges that carry `state`."""
@@ -183,7 +213,8 @@ class QueueAnalysis:
                     evidence[(self.drain.func.path, self.loop_line())] = \
                         "dropped: no keep, done, release or abort on this path"
             fate = self.fate(state) if self.drain is not None else []
-            states[state] = StateFate(fate, [Evidence(p, l, n) for (p, l), n in sorted(evidence.items())])
+            states[state] = StateFate(fate, [Evidence(p, l, n) for (p, l), n in sorted(evidence.items())],
+                                      self.mode_fates(state) if self.drain is not None else [])
         return states
 
 
@@ -220,6 +251,13 @@ class ScanModel:
     def release_map(self) -> list[Site]:
         return self.queue.release_map(self.domain.members)
 
+    def deciding(self, state: str) -> list[tuple[Mode, list[QueuePath], list[QueuePath]]]:
+        """Per mode of the drain: the paths of `state` that test the poll value, and all of them."""
+        return self.queue.deciding(state)
+
+    def mode_fates(self, state: str) -> list[ModeFate]:
+        return self.queue.mode_fates(state)
+
     def state_fates(self) -> dict[str, StateFate]:
         return self.queue.state_fates(self.domain.members)
 
@@ -235,6 +273,108 @@ class ScanModel:
     def returning(self, state: str) -> list[str]:
         """The backends whose poll() can return `state`."""
         return [s.backend.name for s in self.senders if state in s.backend.returns]
+
+
+def _tests_poll(events: list[Event]) -> bool:
+    return any(e.kind is EventKind.CHECK for e in events)
+
+
+def mode_fate(mode: Mode, state_paths: list[QueuePath]) -> ModeFate:
+    waits: dict[tuple[str, int], str] = {}
+    rest: set[Outcome] = set()
+    for events, outcome in state_paths:
+        if outcome is Outcome.KEPT and not _tests_poll(events):
+            guard = next((e for e in reversed(events) if e.kind is EventKind.GUARD), None)
+            keep = next((e for e in reversed(events) if e.kind is EventKind.KEEP), None)
+            where = guard or keep
+            if where is not None:
+                waits.setdefault((where.path, where.line), guard.detail if guard else "")
+                continue
+        rest.add(outcome)
+    outcomes = {o for _, o in state_paths}
+    return ModeFate(mode.label, [o for o in OUTCOME_ORDER if o in outcomes], [o for o in OUTCOME_ORDER if o in rest],
+                    [Evidence(p, l, n) for (p, l), n in sorted(waits.items())])
+
+
+def find_modes(index: Index, func: FuncRef, domain: Domain) -> tuple[list[Mode], list[str]]:
+    """The modes of the drain function `func`, from the call sites of its name in the tree.
+
+    A parameter with a default that the function reads is a mode parameter. Each call site
+    binds it to its default (not passed), to a constant, or to a value kvtrace cannot read;
+    the distinct bindings are the modes. With no caller passing it, it is its default: a branch
+    that needs another value is dead. A value kvtrace cannot read stands for "not the default"
+    when another mode covers the default (the default's paths are that mode's), else for any
+    value. Returns the modes and what was cut (more than MAX_MODES)."""
+    node = func.node
+    args = node.args
+    positional = [a.arg for a in args.posonlyargs + args.args]
+    defaults: dict[str, ast.expr] = dict(zip(positional[len(positional) - len(args.defaults):], args.defaults))
+    defaults.update({a.arg: d for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None})
+    if func.owner is not None and positional and not any(
+            getattr(d, "id", None) == "staticmethod" for d in node.decorator_list):
+        positional = positional[1:]
+    read = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    params = [p for p in defaults if p in read]
+    default_of = {p: ast_constant(defaults[p], domain) for p in params}
+    universe = domain.universe
+    # Per call site: for each parameter, None (its default), or (what it is given, its value).
+    sites: dict[tuple, list[Evidence]] = {}
+    for caller in _all_functions(index):
+        if caller is func:
+            continue
+        for call in ast.walk(caller.node):
+            if not isinstance(call, ast.Call):
+                continue
+            name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", None)
+            if name != func.name:
+                continue
+            starred = any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords)
+            given = []
+            for p in params:
+                keyword = next((k.value for k in call.keywords if k.arg == p), None)
+                at = positional.index(p) if p in positional else None
+                if keyword is None and at is not None and at < len(call.args) and not starred:
+                    keyword = call.args[at]
+                if keyword is None and not starred:
+                    given.append(None)
+                    continue
+                value = ast_constant(keyword, domain) if keyword is not None else None
+                if value is not None and value == default_of[p]:
+                    given.append(None)  # passes the default itself
+                else:
+                    shown = ast.unparse(keyword) if keyword is not None else "*args"
+                    given.append((shown if value is not None else "", value))
+            sites.setdefault(tuple(given), []).append(
+                Evidence(caller.path, call.lineno, f"{caller.qualname} calls {func.name}"))
+    if not sites:
+        sites[tuple(None for _ in params)] = []
+    keys = sorted(sites, key=lambda k: (sum(g is not None for g in k), str(k)))
+    cut = [f"{func.path}:{func.line} ({len(keys) - MAX_MODES} more ways of calling {func.name} not separated)"] \
+        if len(keys) > MAX_MODES else []
+    keys = keys[:MAX_MODES]
+    defaulted = {p for key in keys for p, g in zip(params, key) if g is None}
+    modes: dict[tuple, Mode] = {}
+    for key in keys:
+        bindings, passed, shown = [], [], []
+        for p, g in zip(params, key):
+            if g is None:
+                bindings.append((p, default_of[p] if default_of[p] is not None else universe))
+                continue
+            passed.append(p)
+            text, value = g
+            if value is None:
+                value = universe - default_of[p] if p in defaulted and default_of[p] is not None else universe
+            bindings.append((p, value))
+            shown.append(f"{p}={text}" if text else f"{p} passed")
+        label = ", ".join(shown) if shown else (
+            "default" if not params else ", ".join(f"{p}={ast.unparse(defaults[p])}" for p in params))
+        binding = tuple(bindings)
+        if binding in modes:  # two callers that bind alike are one mode
+            old = modes[binding]
+            modes[binding] = replace(old, callers=old.callers + tuple(sites[key]))
+        else:
+            modes[binding] = Mode(label, binding, tuple(passed), tuple(sites[key]))
+    return list(modes.values()), cut
 
 
 def find_enum(index: Index, pack: Pack) -> tuple[Domain, Evidence] | None:
@@ -541,12 +681,33 @@ def analyse_queue(index: Index, pack: Pack, domain: Domain) -> QueueAnalysis:
     if not drains:
         return QueueAnalysis(None, graph, {}, static, unparsed=sorted(set(unparsed)))
     drain = drains[0]
-    truncated: list[str] = []
+    modes, truncated = find_modes(index, drain.func, domain)
+    guards = frozenset(name for mode in modes for name, _ in mode.bindings)
+    mode_paths = [_explore_mode(index, list_pack, domain, drain, dict(mode.bindings), guards, truncated, unparsed)
+                  for mode in modes]
+    paths: dict[str, list[QueuePath]] = mode_paths[0] if len(mode_paths) == 1 else {}
+    for found in mode_paths if len(mode_paths) > 1 else []:
+        for state, state_paths in found.items():
+            merged = paths.setdefault(state, [])
+            seen = {(tuple(p.events), p.outcome) for p in merged}
+            merged.extend(p for p in state_paths if (tuple(p.events), p.outcome) not in seen)
+    for state, state_paths in paths.items():
+        _add_paths(graph, state, state_paths)
+    return QueueAnalysis(drain, graph, paths, static, sorted(set(truncated)), modes, mode_paths,
+                         sorted(set(unparsed)))
+
+
+def _explore_mode(index: Index, list_pack: Pack, domain: Domain, drain: Drain, bindings: dict[str, Val],
+                  guards: frozenset[str], truncated: list[str], unparsed: list[str]) -> dict[str, list[QueuePath]]:
+    """Every path of one iteration of the drain loop, per poll state, with the drain's mode
+    parameters bound."""
     paths: dict[str, list[QueuePath]] = {}
     for state in domain.members:
-        config = Config(index, list_pack, domain, state=state, queue_attr=list_pack.queue, removal_set=drain.removal_set)
+        config = Config(index, list_pack, domain, state=state, queue_attr=list_pack.queue, removal_set=drain.removal_set,
+                        guards=guards)
         explorer = Explorer(config)
         env = {name: frozenset({state}) if role == "@state" else frozenset({role}) for name, role in drain.initial.items()}
+        env.update({name: value for name, value in bindings.items() if name not in env})
         start = PathState(env=tuple(sorted(env.items())))
         frame = Frame(drain.func, drain.body, drain.cls)
         explorer.stack.append(id(drain.func.node))
@@ -572,8 +733,7 @@ def analyse_queue(index: Index, pack: Pack, domain: Domain) -> QueueAnalysis:
                         events.extend(drain.post_effects.get(e.detail, []))
             state_paths.append(QueuePath(events, outcome))
         paths[state] = state_paths
-        _add_paths(graph, state, state_paths)
-    return QueueAnalysis(drain, graph, paths, static, sorted(set(truncated)), sorted(set(unparsed)))
+    return paths
 
 
 def _held_sites(index: Index, list_pack: Pack, cls: ClassInfo, methods: list[FuncRef]) -> list[Site]:

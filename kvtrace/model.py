@@ -70,6 +70,7 @@ class EventKind(TextEnum):
     TABLE_CLEAR = "table-clear"  # the room is removed from the table
     TABLE_ABSENT = "table-absent"  # the room is absent on this path
     TABLE_RAISE = "table-raise"  # reading an absent room raises
+    GUARD = "guard"  # a test of one of the drain's mode parameters (detail: the condition that held)
 
     @property
     def is_site(self) -> bool:
@@ -172,9 +173,34 @@ class Site:
 
 
 @dataclass
-class StateFate:
+class ModeFate:
+    """A state's fate in one mode of the drain (one way its callers bind its parameters).
+
+    `fate` is every outcome in the mode. `waits` are where the state is kept on a path that
+    never tests the poll value (the guard that holds it, e.g. `req.rid not in rids_to_check`,
+    or the keep): a wait on something else, not a verdict on the state. `then` is the fate on
+    every other path: what happens once it no longer waits."""
+
+    mode: str
     fate: list[Outcome]
+    then: list[Outcome]
+    waits: list[Evidence] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ModeInfo:
+    """One mode of the drain: its label, the parameters a caller passes in it, and the callers."""
+
+    label: str
+    passed: tuple[str, ...]
+    callers: tuple[Evidence, ...]
+
+
+@dataclass
+class StateFate:
+    fate: list[Outcome]  # every outcome, all modes together
     evidence: list[Evidence]
+    modes: list[ModeFate] = field(default_factory=list)  # per mode, in QueueReport.modes' order
 
 
 @dataclass
@@ -183,6 +209,7 @@ class QueueReport:
     drain: Evidence | None
     sites: list[Site]
     states: dict[str, StateFate]
+    modes: list[ModeInfo] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

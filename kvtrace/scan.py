@@ -22,6 +22,7 @@ from kvtrace.model import (
     EventKind,
     FetchLimits,
     FetchResult,
+    ModeInfo,
     QueueReport,
     Report,
     SourceFile,
@@ -237,7 +238,8 @@ def _enum_unreadable_message(target: str, pack: Pack, files: list[SourceFile]) -
 
 
 def _queue_report(pack: Pack, model: ScanModel) -> QueueReport:
-    return QueueReport(pack.queue, model.queue.drain_ref(), model.release_map(), model.state_fates())
+    modes = [ModeInfo(m.label, m.passed, m.callers) for m in model.queue.modes]
+    return QueueReport(pack.queue, model.queue.drain_ref(), model.release_map(), model.state_fates(), modes)
 
 
 __all__ = ["scan_path", "scan_fetched", "locate_package", "locate_packages", "OUTCOME_ORDER"]

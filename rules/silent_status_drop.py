@@ -3,6 +3,7 @@ from __future__ import annotations
 import ast
 
 from kvtrace.model import Evidence, Finding
+from kvtrace.parse import walk
 from kvtrace.rules.base import Rule, Sample, ScanContext
 from kvtrace.rules.manager_model import ManagerMethod, _self_attr, manager_methods, member, slot_aliases
 from kvtrace.rules.samples import MANAGED_SENDER, STANDARD_BRANCHES, drain, manager
@@ -68,7 +69,7 @@ class SilentStatusDrop(Rule):
             args = [a.arg for a in m.func.node.args.args]
             status = args[2] if len(args) > 2 else None
             aliases = slot_aliases(m.func.node, m.table, m.room)
-            for node in ast.walk(m.func.node):
+            for node in walk(m.func.node):
                 if not isinstance(node, ast.If):
                     continue
                 absent = _absent_branch(node, m, aliases)
@@ -135,10 +136,10 @@ def _reaches_store(stmts: list[ast.stmt], m: ManagerMethod, status: str | None, 
 def _guarded_callers(ctx: ScanContext, m: ManagerMethod, failed: str) -> list[tuple[str, int]]:
     found = []
     for module in ctx.index.modules.values():
-        for node in ast.walk(module.tree):
+        for node in walk(module.tree):
             if isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and isinstance(node.test.ops[0], ast.In) \
                     and isinstance(node.test.comparators[0], ast.Attribute) and node.test.comparators[0].attr == m.table:
-                for inner in (n for stmt in node.body for n in ast.walk(stmt)):
+                for inner in (n for stmt in node.body for n in walk(stmt)):
                     if isinstance(inner, ast.Call) and isinstance(inner.func, ast.Attribute) \
                             and inner.func.attr == m.func.name \
                             and any(member(a, ctx.pack.enum) == failed for a in inner.args):
