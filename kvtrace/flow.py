@@ -11,6 +11,7 @@ that change nothing do not cost 2**n.
 from __future__ import annotations
 
 import ast
+import re
 from dataclasses import dataclass, field, fields, replace
 from functools import lru_cache
 from typing import Callable, Iterable
@@ -213,6 +214,7 @@ class Explorer:
         self.c = config
         self.stack: list[int] = []
         self._fact_cache: dict[tuple[int, str], bool] = {}
+        self._comparison_keys: dict[tuple[int, str], str | None] = {}  # per Comparison node and object
         self._discarded: cst.CSTNode | None = None  # the call of an expression statement
 
     # --- entry points ----------------------------------------------------------------------
@@ -344,6 +346,7 @@ class Explorer:
 
     def assign(self, target: cst.CSTNode, value: Val, path: PathState, frame: Frame | None = None) -> PathState:
         if isinstance(target, cst.Name):
+            path = _forget_comparisons(path, target.value)
             return _forget_facts(path, FACT_LOCAL + target.value + ".").bind(target.value, value)
         if frame is not None and isinstance(target, cst.Subscript) and self.is_table(target.value, frame):
             stored = frozenset(self.c.domain.states(value)) or frozenset(self.c.domain.members)
@@ -358,7 +361,7 @@ class Explorer:
 
     def write_self_attr(self, target: cst.Attribute, value: Val, path: PathState, frame: Frame) -> PathState:
         key = frame.prefix + target.attr.value
-        path = _forget_facts(path, FACT + key + ".")
+        path = _forget_comparisons(_forget_facts(path, FACT + key + "."), target.attr.value)
         if NOW in value:  # a stored clock reading is a fixed past time, not one that grows
             value = (value - {NOW}) | {OTHER}
         if self.c.record_writes:
@@ -813,11 +816,12 @@ class Explorer:
             if op not in ("==", "!=", "is", "is not", "in", "not in"):
                 out.extend([(p, True, False), (p, False, False)])
                 continue
+
             left_const = self.constant(node.left, frame)
             right_const = self.constant(comparison.comparator, frame)
             if op in ("in", "not in"):
                 if right_const is None:
-                    out.extend([(p, True, False), (p, False, False)])
+                    out.extend(self.undecided(node, op, p, frame))
                     continue
                 tracked, tracked_node, constants = left, node.left, right_const
             elif right_const is not None:
@@ -825,10 +829,10 @@ class Explorer:
             elif left_const is not None:
                 tracked, tracked_node, constants = right, comparison.comparator, left_const
             else:
-                out.extend([(p, True, False), (p, False, False)])
+                out.extend(self.undecided(node, op, p, frame))
                 continue
             if OTHER in constants:  # compared with something we cannot name: either way
-                out.extend([(p, True, False), (p, False, False)])
+                out.extend(self.undecided(node, op, p, frame))
                 continue
             yes, no = refine(op, tracked, constants)
             # A mode parameter of the drain is not the poll value, whatever it may hold.
@@ -846,6 +850,34 @@ class Explorer:
                     q = p.set_attr(key, part)
                 out.append((q, truth, about and (not yes or not no or self.c.state is not None)))
         return out
+
+    def undecided(self, node: cst.Comparison, op: str, path: PathState, frame: Frame) -> list[tuple[PathState, bool, bool]]:
+        """A comparison kvtrace cannot decide goes both ways; but when it has no side effect,
+        its answer is remembered on the path (as the positive form: `in`, `==`, `is`), so the
+        same comparison, or its negation, later on the path answers the same (`if req.rid not in
+        rids_to_check: keep` then `if req.rid in rids_to_check: ...`)."""
+        key = self.comparison_key(node, op, frame)
+        if key is None:
+            return [(path, True, False), (path, False, False)]
+        negated = op in ("!=", "is not", "not in")
+        known = path.attr(key)
+        if known is not None:
+            return [(path, (TRUE in known) != negated, False)]
+        return [(path.set_attr(key, frozenset({TRUE if truth != negated else FALSE})), truth, False) for truth in (True, False)]
+
+    def comparison_key(self, node: cst.Comparison, op: str, frame: Frame) -> str | None:
+        cached = self._comparison_keys.get((id(node), frame.prefix), False)
+        if cached is not False:
+            return cached
+        key = None
+        if not any(isinstance(n, (cst.Call, cst.Await, cst.Yield, cst.NamedExpr, cst.Lambda)) for n in _walk_cst(node)) \
+                and (self.keeps_fact(node.left, frame) or self.keeps_fact(node.comparisons[0].comparator, frame)):
+            # (A comparison tested once in the function: nothing would read the fact again.)
+            left, right = code(node.left), code(node.comparisons[0].comparator)
+            family = {"!=": "==", "is not": "is", "not in": "in"}.get(op, op)
+            key = f"{FACT_CMP}{frame.prefix}{left} {family} {right}"
+        self._comparison_keys[(id(node), frame.prefix)] = key
+        return key
 
     def order_compare(self, node: cst.Comparison, op: str, path: PathState, frame: Frame,
                       ) -> list[tuple[PathState, bool, bool]]:
@@ -1153,6 +1185,24 @@ def fact_key(node: cst.CSTNode, frame: Frame) -> str | None:
     if root == frame.self_name:
         return frame.prefix + rest if "." not in rest else FACT + frame.prefix + rest
     return FACT_LOCAL + text
+
+
+FACT_CMP = "?cmp:"  # a remembered comparison: "?cmp:<prefix><left> <in|==|is> <right>"
+
+
+def _walk_cst(node: cst.CSTNode):
+    yield node
+    for child in node.children:
+        yield from _walk_cst(child)
+
+
+def _forget_comparisons(path: PathState, name: str) -> PathState:
+    """A name (or attribute) was assigned: comparisons that read it may answer otherwise now."""
+    if not any(k.startswith(FACT_CMP) for k, _ in path.attrs):
+        return path
+    word = re.compile(rf"\b{re.escape(name)}\b")
+    return replace(path, attrs=tuple((k, v) for k, v in path.attrs
+                                     if not (k.startswith(FACT_CMP) and word.search(k[len(FACT_CMP):]))))
 
 
 def _forget_facts(path: PathState, prefix: str) -> PathState:
