@@ -19,7 +19,7 @@ from functools import cached_property
 
 from typing import TYPE_CHECKING
 
-from kvtrace.model import SourceFile
+from kvtrace.model import SourceFile, source_lines
 
 if TYPE_CHECKING:  # libcst is imported where a body is parsed: a fleet run that only hits the cache never needs it
     import libcst as cst
@@ -82,7 +82,7 @@ def parse_module(source: SourceFile) -> ParsedModule | None:
         source.status = "syntax-error"
         source.error = str(exc)
         return None
-    module = ParsedModule(source=source, tree=tree, lines=text.splitlines())
+    module = ParsedModule(source=source, tree=tree, lines=source_lines(text))
     if _SHARING and source.sha256:
         nodes = count_nodes(tree)
         if sum(n for _, _, n in _SHARED.values()) + nodes > MAX_SHARED_NODES:
