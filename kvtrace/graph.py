@@ -14,12 +14,11 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import libcst as cst
 
-from kvtrace.flow import NOT_SITES, Config, CstBody, Event, Explorer, Frame, PathState, ast_constant, dotted
+from kvtrace.flow import NOT_SITES, Config, CstBody, Event, Explorer, Frame, PathState, ast_constant
 from kvtrace.index import ClassInfo, FuncRef, Index
-from kvtrace.index import dotted as ast_dotted
 from kvtrace.model import OUTCOME_ORDER, Backend, EventKind, Evidence, ModeFate, Outcome, Site, StateFate, StateVerdict
 from kvtrace.packs import Pack, matches
-from kvtrace.parse import walk
+from kvtrace.syntax import dotted, mentions_attr, walk
 from kvtrace.states import KEEP, POLLS, REQ, Domain, Val
 
 MAX_MODES = 4  # distinct ways the callers in the tree bind the drain's parameters
@@ -314,7 +313,7 @@ def find_modes(index: Index, func: FuncRef, domain: Domain) -> tuple[list[Mode],
     if func.owner is not None and positional and not any(
             getattr(d, "id", None) == "staticmethod" for d in node.decorator_list):
         positional = positional[1:]
-    read = {n.id for n in walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    read = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     params = [p for p in defaults if p in read]
     default_of = {p: ast_constant(defaults[p], domain) for p in params}
     universe = domain.universe
@@ -323,7 +322,7 @@ def find_modes(index: Index, func: FuncRef, domain: Domain) -> tuple[list[Mode],
     for caller in _all_functions(index):
         if caller is func:
             continue
-        for call in walk(caller.node):
+        for call in ast.walk(caller.node):
             if not isinstance(call, ast.Call):
                 continue
             name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", None)
@@ -400,10 +399,6 @@ def find_enum(index: Index, pack: Pack) -> tuple[Domain, Evidence] | None:
     return None
 
 
-def _mentions_queue(node: ast.AST, queue: str) -> bool:
-    return any(isinstance(n, ast.Attribute) and n.attr == queue for n in walk(node))
-
-
 def _all_functions(index: Index) -> list[FuncRef]:
     funcs: list[FuncRef] = []
     for infos in index.classes.values():
@@ -424,7 +419,7 @@ def find_drains(index: Index, pack: Pack, within: list[FuncRef] | None = None,
             continue
         keep = _reassigned_name(func.node, pack.queue)
         removal = _removal_set(func.node, pack.queue) if keep is None else None
-        loops = [n for n in walk(func.node) if isinstance(n, ast.For) and _mentions_queue(n.iter, pack.queue)]
+        loops = [n for n in ast.walk(func.node) if isinstance(n, ast.For) and mentions_attr(n.iter, pack.queue)]
         if (keep is None and removal is None) or not loops:
             continue
         if index.cst(func) is None:
@@ -439,7 +434,7 @@ def find_drains(index: Index, pack: Pack, within: list[FuncRef] | None = None,
 
 
 def _reassigned_name(func: ast.AST, queue: str) -> str | None:
-    for node in walk(func):
+    for node in ast.walk(func):
         if isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for t in targets:
@@ -450,12 +445,12 @@ def _reassigned_name(func: ast.AST, queue: str) -> str | None:
 
 def _removal_set(func: ast.AST, queue: str) -> str | None:
     """`self.<queue> = [x for i, x in enumerate(self.<queue>) if i not in S]`: the set S."""
-    for node in walk(func):
+    for node in ast.walk(func):
         if not isinstance(node, ast.Assign) or not any(isinstance(t, ast.Attribute) and t.attr == queue
                                                        for t in node.targets):
             continue
         comp = node.value
-        if isinstance(comp, ast.ListComp) and len(comp.generators) == 1 and _mentions_queue(comp.generators[0].iter, queue):
+        if isinstance(comp, ast.ListComp) and len(comp.generators) == 1 and mentions_attr(comp.generators[0].iter, queue):
             for test in comp.generators[0].ifs:
                 if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.NotIn) \
                         and isinstance(test.comparators[0], ast.Name):
@@ -470,12 +465,12 @@ def held_queue(index: Index, pack: Pack) -> tuple[ClassInfo, str] | None:
     The list is the attribute the class polls (`poll_and_all_reduce([r.receiver for r in self.X])`)
     and reassigns; the outside reads it as `self.<queue>.X` (the gauge)."""
     for module in index.modules.values():
-        for node in walk(module.tree):
+        for node in ast.walk(module.tree):
             if not isinstance(node, ast.Assign) or not isinstance(node.value, ast.Call):
                 continue
             if not any(isinstance(t, ast.Attribute) and t.attr == pack.queue for t in node.targets):
                 continue
-            name = ast_dotted(node.value.func).rsplit(".", 1)[-1] if ast_dotted(node.value.func) else ""
+            name = dotted(node.value.func, calls=True).rsplit(".", 1)[-1] if dotted(node.value.func, calls=True) else ""
             for cls in index.classes.get(name, []):
                 attr = _polled_list(index, pack, cls)
                 if attr is not None:
@@ -488,14 +483,14 @@ def _polled_list(index: Index, pack: Pack, cls: ClassInfo) -> str | None:
     polled: list[str] = []
     for c in index.mro(cls):
         for func in c.methods.values():
-            for node in walk(func.node):
+            for node in ast.walk(func.node):
                 if isinstance(node, ast.Assign) and func.name != "__init__":
                     reassigned.update(t.attr for t in node.targets if isinstance(t, ast.Attribute)
                                       and isinstance(t.value, ast.Name) and t.value.id == "self")
                 if isinstance(node, ast.Call) and node.args:
-                    callee = ast_dotted(node.func) or ""
+                    callee = dotted(node.func, calls=True) or ""
                     if pack.is_poll_call(callee):
-                        polled += [n.attr for a in node.args for n in walk(a) if isinstance(n, ast.Attribute)
+                        polled += [n.attr for a in node.args for n in ast.walk(a) if isinstance(n, ast.Attribute)
                                    and isinstance(n.value, ast.Name) and n.value.id == "self"]
     return next((attr for attr in polled if attr in reassigned), None)
 
@@ -514,7 +509,7 @@ def _build_drain(index: Index, pack: Pack, func: FuncRef, keep: str, removal: st
     if removal is not None and not any(role == "@state" for role in initial.values()) and func.owner is not None:
         # A filtered queue may read its poll values in a helper the drain calls first (a pass
         # that marks requests) and remove them in its own loops: analyse the loop that polls.
-        for node in walk(func.node):
+        for node in ast.walk(func.node):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                     and isinstance(node.func.value, ast.Name) and node.func.value.id == "self":
                 helper = index.find_method(func.owner, node.func.attr)
@@ -540,8 +535,7 @@ def _own_loops(pack: Pack, func: FuncRef, body: CstBody) -> list[tuple[FuncRef, 
     """The top-level loops of `func` over the queue, in order, with their names' roles."""
     loops = []
     for stmt in body.node.body.body if isinstance(body.node.body, cst.IndentedBlock) else []:
-        if isinstance(stmt, cst.For) and any(isinstance(n, cst.Attribute) and n.attr.value == pack.queue
-                                             for n in _walk(stmt.iter)):
+        if isinstance(stmt, cst.For) and mentions_attr(stmt.iter, pack.queue):
             roles: dict[str, str] = {}
             _bind_loop_target(stmt.target, stmt.iter, pack.queue, {}, roles)
             loops.append((func, body, stmt, roles))
@@ -560,7 +554,7 @@ def _queue_loop(index: Index, pack: Pack, func: FuncRef) -> tuple[cst.For, CstBo
 
     class Find(cst.CSTVisitor):
         def visit_For(self, node: cst.For) -> None:
-            if any(isinstance(n, cst.Attribute) and n.attr.value == pack.queue for n in _walk(node.iter)):
+            if mentions_attr(node.iter, pack.queue):
                 loops.append(node)
 
         def visit_Assign(self, node: cst.Assign) -> None:
@@ -603,20 +597,14 @@ def _bind_loop_target(target: cst.BaseExpression, it: cst.BaseExpression, queue:
             if len(pairs) == 2 and not any(role == "@state" for role in initial.values()):
                 for element, arg in pairs:
                     if isinstance(element.value, cst.Name) and element.value.value not in initial \
-                            and not any(isinstance(n, cst.Attribute) and n.attr.value == queue for n in _walk(arg.value)):
+                            and not mentions_attr(arg.value, queue):
                         initial[element.value.value] = "@state"
         return
     if isinstance(target, cst.Name):
-        if any(isinstance(n, cst.Attribute) and n.attr.value == queue for n in _walk(it)):
+        if mentions_attr(it, queue):
             initial[target.value] = REQ
         elif isinstance(it, cst.Name) and it.value in poll_vars:
             initial[target.value] = "@state"
-
-
-def _walk(node: cst.CSTNode):
-    yield node
-    for child in node.children:
-        yield from _walk(child)
 
 
 def _post_loop_effects(index: Index, pack: Pack, func: FuncRef, body: CstBody, drain_loop: cst.For) -> dict[str, list[Event]]:
@@ -628,12 +616,12 @@ def _post_loop_effects(index: Index, pack: Pack, func: FuncRef, body: CstBody, d
         return EventKind.RELEASE if pack.is_release(callee) else EventKind.ABORT if pack.is_abort(callee) \
             else EventKind.ANSWER if pack.is_answer(callee) else None
 
-    inside_loop = {id(n) for n in _walk(drain_loop)}
-    for node in _walk(body.node):
+    inside_loop = {id(n) for n in walk(drain_loop)}
+    for node in walk(body.node):
         if id(node) in inside_loop:
             continue
         if isinstance(node, cst.For) and isinstance(node.iter, cst.Name):
-            for inner in _walk(node.body):
+            for inner in walk(node.body):
                 if isinstance(inner, cst.Call) and (kind := kind_of(dotted(inner.func))):
                     effects.setdefault(node.iter.value, []).append(Event(
                         kind, func.path, body.line(inner), func.qualname, dotted(inner.func) + " (after the loop)"))
@@ -742,7 +730,7 @@ def _held_sites(index: Index, list_pack: Pack, cls: ClassInfo, methods: list[Fun
     methods); other classes' lists of the same name are not this queue."""
     sites = []
     for func in methods:
-        for node in walk(func.node):
+        for node in ast.walk(func.node):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                     and node.func.attr in ("append", "extend", "insert", "appendleft") \
                     and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == list_pack.queue \
@@ -825,8 +813,8 @@ def static_sites(index: Index, pack: Pack) -> list[Site]:
                 if any(isinstance(t, ast.Attribute) and t.attr == pack.queue for t in targets):
                     sites.append(Site(EventKind.REASSIGN, path, node.lineno, where))
             if isinstance(node, ast.Call) and pack.gauge_calls and pack.queue in _source(module, node) \
-                    and any(_mentions_queue(a, pack.queue) for a in node.args):
-                callee = ast_dotted(node.func)
+                    and any(mentions_attr(a, pack.queue) for a in node.args):
+                callee = dotted(node.func, calls=True)
                 if callee and matches(callee, pack.gauge_calls) and _is_stored(node, parents):
                     sites.append(Site(EventKind.GAUGE, path, node.lineno, where, note=callee))
             stack.extend((child, node, where) for child in ast.iter_child_nodes(node))
