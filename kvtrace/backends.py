@@ -9,8 +9,10 @@ from dataclasses import dataclass, field, replace
 
 from kvtrace.flow import MANAGER, TABLE, Config, CstBody, Explorer, Frame, PathLimit, PathState, function_body
 from kvtrace.index import ClassInfo, FuncRef, Index
-from kvtrace.model import Backend, Evidence, ManagerRef, PollRef, StateVerdict, TimeoutCheck, WayOut
+from kvtrace.model import Backend, EventKind, Evidence, ManagerRef, PollRef, StateVerdict, TimeoutCheck, WayOut
 from kvtrace.packs import Pack, matches
+from kvtrace.parse import parents as _parents
+from kvtrace.parse import walk
 from kvtrace.states import ABSENT, NONE, OTHER, Domain, Val
 
 
@@ -79,7 +81,7 @@ def _class_mappings(index: Index) -> list[tuple[set[str], str, int]]:
     """Dict literals whose values are class names (`{KVClassType.SENDER: NixlKVSender, ...}`)."""
     found = []
     for module in index.modules.values():
-        for node in ast.walk(module.tree):
+        for node in walk(module.tree):
             if isinstance(node, ast.Dict):
                 names = {v.id for v in node.values if isinstance(v, ast.Name) and v.id in index.classes}
                 if len(names) >= 2:
@@ -166,7 +168,7 @@ def _manager_model(index: Index, pack: Pack, members: tuple[str, ...], sender: C
     attrs: set[str] = set()
     _CALL_SITES.clear()
     for func in functions:
-        for node in ast.walk(func.node):
+        for node in walk(func.node):
             if isinstance(node, ast.Call):
                 callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
                 if callee:
@@ -176,7 +178,7 @@ def _manager_model(index: Index, pack: Pack, members: tuple[str, ...], sender: C
     in_update: list[tuple[ast.Assign, FuncRef, dict[int, ast.AST]]] = []
     for func in functions:
         parents = _parents(func.node)
-        for node in ast.walk(func.node):
+        for node in walk(func.node):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
                 recv = node.func.value
                 if node.func.attr in (pack.check_method, pack.update_method) and isinstance(recv, ast.Attribute) \
@@ -224,7 +226,7 @@ def _ends_with(node: ast.AST, attr: str) -> bool:
 
 def _table_of(check: FuncRef) -> str | None:
     """The attribute check_status reads with the room: `self.X[room]` or `self.X.get(room, ...)`."""
-    for node in ast.walk(check.node):
+    for node in walk(check.node):
         if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and isinstance(node.value, ast.Attribute):
             return node.value.attr
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
@@ -248,14 +250,6 @@ def _argument(call: ast.Call, func: FuncRef, param: str) -> ast.expr | None:
         arg = call.args[params.index(param)]
         return None if isinstance(arg, ast.Starred) else arg
     return None
-
-
-def _parents(func: ast.AST) -> dict[int, ast.AST]:
-    parents: dict[int, ast.AST] = {}
-    for node in ast.walk(func):
-        for child in ast.iter_child_nodes(node):
-            parents[id(child)] = node
-    return parents
 
 
 def _collect(value: ast.expr, func: FuncRef, parents: dict[int, ast.AST], site: ast.AST, holds: set[str],
@@ -292,7 +286,7 @@ def _collect(value: ast.expr, func: FuncRef, parents: dict[int, ast.AST], site: 
             for arg, caller, call in bound:  # a helper's parameter: what its callers pass
                 _collect(arg, caller, _parents(caller.node), call, holds, unknown, update, members, depth + 1)
             return
-        sources = [n.value for n in ast.walk(func.node) if isinstance(n, ast.Assign)
+        sources = [n.value for n in walk(func.node) if isinstance(n, ast.Assign)
                    and any(isinstance(t, ast.Name) and t.id == value.id for t in n.targets)]
         if sources:
             for source in sources:
@@ -364,7 +358,7 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
     if has_abort:
         for end in runner.run(abort, (), record_writes=True):
             for e in end.events:
-                if e.kind == "attr-write" and not e.detail.startswith(("@", "?")):
+                if e.kind == EventKind.ATTR_WRITE and not e.detail.startswith(("@", "?")):
                     abort_writes.setdefault(e.detail, Evidence(e.path, e.line, f"{e.function}() writes self.{e.detail}"))
     runner.abort_attrs = frozenset(abort_writes)
     table = manager.ref.table if manager else None
@@ -392,11 +386,11 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
     for label, held in configs:
         attrs = ((TABLE, held),) if held is not None else ()
         for end in runner.run(poll, attrs):
-            if any(e.kind == "abort-read" for e in end.events):
+            if any(e.kind == EventKind.ABORT_READ for e in end.events):
                 reads_abort = True
             if end.term == "raise":
                 raises = True
-                raise_sites.update((e.path, e.line, e.function) for e in end.events if e.kind == "raise")
+                raise_sites.update((e.path, e.line, e.function) for e in end.events if e.kind == EventKind.RAISE)
                 continue
             value = end.ret if end.ret is not None else frozenset({NONE})
             states = domain.states(value)
@@ -503,12 +497,12 @@ def _reachable_table(runner: "_Runner", index: Index, sender: ClassInfo, manager
 
     def note(ends: list[PathState]) -> None:
         for end in ends:
-            unknown = next((e for e in end.events if e.kind == "table-unknown"), None)
+            unknown = next((e for e in end.events if e.kind == EventKind.TABLE_UNKNOWN), None)
             if unknown is not None:
                 raise _Unknown(f"{unknown.path}:{unknown.line} {unknown.detail}")
             values = set(end.attr(TABLE) or ())
             for e in end.events:
-                if e.kind == "table-store":
+                if e.kind == EventKind.TABLE_STORE:
                     values.update(v for v in e.detail.split(", ") if v)
             for v in values - reached:
                 reached.add(v)
@@ -534,7 +528,7 @@ def _reachable_table(runner: "_Runner", index: Index, sender: ClassInfo, manager
             raise _Unknown("too many runs")
         ends = run(func, cls, prefix, start, False)
         note(ends)
-        if any(e.kind == "timeout" for end in ends for e in end.events):  # the clock matters here
+        if any(e.kind == EventKind.TIMEOUT for end in ends for e in end.events):  # the clock matters here
             note(run(func, cls, prefix, start, True))
 
     everything = set(runner.domain.members) | {ABSENT}
@@ -603,7 +597,7 @@ def _table_methods(index: Index, manager: ManagerModel) -> frozenset[int]:
     calls: dict[str, set[str]] = {}
     touches: set[str] = set()
     for name, func in methods.items():
-        for node in ast.walk(func.node):
+        for node in walk(func.node):
             if isinstance(node, ast.Attribute) and node.attr == table:
                 touches.add(name)
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) \
@@ -685,7 +679,7 @@ class _Runner:
         self.unparsed |= config.unparsed
         for end in ends:
             for e in end.events:
-                if e.kind == "timeout":
+                if e.kind == EventKind.TIMEOUT:
                     self.timeout_sites.add((e.path, e.line))
         return ends
 
@@ -703,7 +697,7 @@ class _Runner:
                 for end in self.run(poll, start.attrs, clock_far=clock_far):
                     seen.append(end)
                     if self._terminal(end):
-                        return True, seen, {(e.path, e.line) for e in end.events if e.kind == "timeout"}
+                        return True, seen, {(e.path, e.line) for e in end.events if e.kind == EventKind.TIMEOUT}
                     if end.term != "raise":
                         nxt.append(end)
             frontier = nxt
@@ -737,27 +731,27 @@ def _chain(runner: _Runner, cls: ClassInfo, poll: FuncRef, abort: FuncRef | None
     links: list[Evidence] = [Evidence(poll.path, poll.line, f"{cls.name}.{poll.name}() returns {state}"
                                       + (f" when {label}" if label else ""))]
     for e in end.events:
-        if e.kind == "table-default":
+        if e.kind == EventKind.TABLE_DEFAULT:
             links.append(Evidence(e.path, e.line, f"{e.function}() returns {e.detail} for a room absent from the table"))
-        elif e.kind == "table-read":
+        elif e.kind == EventKind.TABLE_READ:
             links.append(Evidence(e.path, e.line, f"{e.function}() reads {state} from the status table"))
     if abort is None:
         links.append(Evidence(cls.path, cls.line, f"{cls.name} has no concrete abort()"))
     else:
-        read = {e.detail for e in end.events if e.kind == "abort-read"}
+        read = {e.detail for e in end.events if e.kind == EventKind.ABORT_READ}
         for attr, where in abort_writes.items():
             if attr not in read:
                 links.append(Evidence(where.path, where.line, f"{where.note}, which {poll.qualname}() never reads"))
         for a in found.abort_ends:
             for e in a.events:
-                if e.kind == "table-absent":
+                if e.kind == EventKind.TABLE_ABSENT:
                     links.append(Evidence(e.path, e.line, f"{e.function}() returns without effect when the room is absent "
                                                           f"({e.detail})"))
     if held is not None and ABSENT in held and manager is not None:
         links.extend(manager.ref.clears)
         if runner.unborn is not None:
             links.append(runner.unborn)
-    timeouts = {(e.path, e.line) for f in found.far_ends for e in f.events if e.kind == "timeout"}
+    timeouts = {(e.path, e.line) for f in found.far_ends for e in f.events if e.kind == EventKind.TIMEOUT}
     if timeouts:
         links.extend(Evidence(p, l, f"this timeout check does not end {state}") for p, l in sorted(timeouts))
     else:
@@ -775,7 +769,7 @@ def _assigned_in_class(cls: ClassInfo, domain: Domain, pack: Pack | None = None)
         table: dict[str, set[str]] = {}
         for func in cls.methods.values():
             parents: dict[int, ast.AST] | None = None
-            for node in ast.walk(func.node):
+            for node in walk(func.node):
                 if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Name) \
                         and node.value.id not in ("None", "True", "False"):
                     # `if status in (Success, Failed): self.conclude_state = status`

@@ -495,9 +495,12 @@ def list_rules() -> None:
     """List the rules (code, name, default severity, summary) and the bundled rules packs."""
     from kvtrace.packs import available_packs
 
+    width = _text_width()
     for rule in ALL_RULES:
-        typer.echo(f"{rule.code}  {rule.name:20} {rule.severity:8} {rule.summary()}")
-    typer.echo(f"\nrule packs: {', '.join(available_packs())}  (kvtrace explain CODE|NAME for one rule)")
+        head = f"{rule.code}  {rule.name:20} {rule.severity:8} "
+        typer.echo(_hanging(head, rule.summary(), width))
+    typer.echo("\n" + _hanging("", f"rule packs: {', '.join(available_packs())}  "
+                                    "(kvtrace explain CODE|NAME for one rule)", width))
 
 
 @app.command(epilog="\b\nExample:\n  kvtrace explain pinned-state")
@@ -508,8 +511,52 @@ def explain(rule: Annotated[str, typer.Argument(metavar="RULE",
     if found is None:
         known = ", ".join(f"{r.code} {r.name}" for r in ALL_RULES)
         raise _fail(f"unknown rule {rule!r}; known: {known}")
-    typer.echo(f"{found.code} {found.name} ({found.severity}): {found.title}\n")
-    typer.echo(found.docs())
+    width = _text_width()
+    typer.echo(_hanging("", f"{found.code} {found.name} ({found.severity}): {found.title}", width) + "\n")
+    typer.echo(_reflow(found.docs(), width))
+
+
+def _text_width() -> int:
+    """The terminal's width (or $COLUMNS), capped so prose stays readable; 88 when piped."""
+    import shutil
+
+    return max(40, min(shutil.get_terminal_size((88, 24)).columns, 100))
+
+
+def _hanging(head: str, text: str, width: int) -> str:
+    """`head` then `text` wrapped at word boundaries, continuation lines under the text."""
+    import textwrap
+
+    return textwrap.fill(text, width, initial_indent=head, subsequent_indent=" " * len(head),
+                         break_long_words=False, break_on_hyphens=False)
+
+
+def _reflow(doc: str, width: int) -> str:
+    """Re-wrap a rule's docstring to `width`: the docs are pre-wrapped at 100 columns, and a
+    terminal narrower than that would break lines mid-word. Runs of lines with the same
+    indentation are one paragraph; a section heading (`Fix:`) stays on its own line."""
+    out: list[str] = []
+    run: list[str] = []
+    indent = ""
+
+    def flush() -> None:
+        if run:
+            out.append(_hanging(indent, " ".join(run), width))
+            run.clear()
+
+    for line in doc.splitlines():
+        stripped = line.strip()
+        this_indent = line[: len(line) - len(line.lstrip())]
+        heading = not this_indent and stripped.endswith(":")
+        if not stripped or heading or this_indent != indent:
+            flush()
+            indent = this_indent
+        if not stripped or heading:
+            out.append(stripped)
+        else:
+            run.append(stripped)
+    flush()
+    return "\n".join(out)
 
 
 @app.command(epilog="\b\nExample:\n  kvtrace scan . --format json | python -m jsonschema <(kvtrace schema)")

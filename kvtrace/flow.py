@@ -11,13 +11,17 @@ that change nothing do not cost 2**n.
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass, field, replace
+import re
+from dataclasses import dataclass, field, fields, replace
+from functools import lru_cache
 from typing import Callable, Iterable
 
 import libcst as cst
 
 from kvtrace.index import ClassInfo, FuncRef, Index
+from kvtrace.model import SITE_KINDS, EventKind
 from kvtrace.packs import Pack
+from kvtrace.parse import walk
 from kvtrace.states import ABSENT, FALSE, KEEP, NONE, NOW, OTHER, POLLS, REQ, TRUE, Domain, Val, refine
 
 MAX_PATHS = 4096  # per statement; past this the analysis says it is incomplete
@@ -25,9 +29,28 @@ MAX_DEPTH = 12  # helper call depth
 
 EMPTY: Val = frozenset()
 # Events that describe a path but are not rows of the release map.
-NOT_SITES = frozenset({"timeout", "abort-read", "log", "metric", "answer", "attr-write", "table-read", "table-default",
-                       "table-store", "table-clear", "table-absent", "table-raise", "table-unknown"})
+NOT_SITES: frozenset[EventKind] = frozenset(EventKind) - SITE_KINDS
 TABLE = "@table"  # attribute key of this room's entry in the manager's status table
+
+
+_HASHED: dict[type, tuple[str, ...]] = {}
+
+
+def _cached_hash(self) -> int:
+    """The dataclass hash (of the fields in order), computed once per immutable instance."""
+    found = self.__dict__.get("_hash")
+    if found is None:
+        names = _HASHED.get(type(self))
+        if names is None:
+            names = _HASHED[type(self)] = tuple(f.name for f in fields(self) if (f.compare if f.hash is None else f.hash))
+        found = hash(tuple(getattr(self, name) for name in names))
+        object.__setattr__(self, "_hash", found)
+    return found
+
+
+def _without_hash(self) -> dict:
+    # str hashes differ between processes: a pickled instance never carries its cached hash.
+    return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
 
 class PathLimit(Exception):
@@ -36,12 +59,20 @@ class PathLimit(Exception):
 
 @dataclass(frozen=True)
 class Event:
-    kind: str  # check, keep, done, requeue, release, abort, raise, helper, poll, timeout, abort-read, log,
-    #            metric, answer
+    kind: EventKind
     path: str
     line: int
     function: str
     detail: str = ""
+
+    # Paths are merged by hashing after every statement; each event is hashed once, not per merge.
+    __hash__ = _cached_hash
+    __getstate__ = _without_hash
+
+    def __post_init__(self) -> None:
+        # EventKind("keep") raises on a kind that does not exist, so a typo never passes as a site.
+        if not isinstance(self.kind, EventKind):
+            object.__setattr__(self, "kind", EventKind(self.kind))
 
 
 Bindings = tuple[tuple[str, Val], ...]
@@ -62,6 +93,9 @@ class PathState:
     events: tuple[Event, ...] = ()
     term: str | None = None  # continue, break, return, raise
     ret: Val | None = None
+
+    __hash__ = _cached_hash  # a path is hashed at every merge while it lives
+    __getstate__ = _without_hash
 
     # env and attrs are sorted tuples of (name, value) so that equal paths hash equal and merge.
     def get(self, name: str) -> Val | None:
@@ -132,6 +166,8 @@ class Config:
     # Sender mode: manager methods worth entering (those that reach the status table); None = all.
     manager_relevant: frozenset[int] | None = None
     all_facts: bool = False  # remember every test of an unknown chain (sender mode)
+    # Drain mode: the drain's mode parameters (graph.find_modes); a test of one is a `guard` event.
+    guards: frozenset[str] = frozenset()
     max_paths: int = MAX_PATHS  # per statement; a quick question (table reachability) asks for fewer
     give_up: bool = False  # past max_paths raise PathLimit (the question has no answer) instead of truncating
 
@@ -139,7 +175,10 @@ class Config:
 _CODE = cst.Module(body=[])
 
 
+@lru_cache(maxsize=4096)
 def code(node: cst.CSTNode) -> str:
+    # Keyed by identity (libcst nodes compare by identity; a cached node stays alive, so its id
+    # is never reused): the same few conditions are rendered ~70 times each in a scan.
     return _CODE.code_for_node(node)
 
 
@@ -181,6 +220,7 @@ class Explorer:
         self.c = config
         self.stack: list[int] = []
         self._fact_cache: dict[tuple[int, str], bool] = {}
+        self._comparison_keys: dict[tuple[int, str], str | None] = {}  # per Comparison node and object
         self._discarded: cst.CSTNode | None = None  # the call of an expression statement
 
     # --- entry points ----------------------------------------------------------------------
@@ -281,16 +321,16 @@ class Explorer:
             # A value that raised while evaluated (`return table[room]`, room absent) keeps its raise.
             return [p if p.term is not None else replace(p, term="return", ret=v) for p, v in self.eval(node.value, path, frame)]
         if isinstance(node, cst.Raise):
-            return [replace(path.emit(Event("raise", frame.func.path, frame.body.line(node), fn, "raise")), term="raise")]
+            return [replace(path.emit(Event(EventKind.RAISE, frame.func.path, frame.body.line(node), fn, "raise")), term="raise")]
         if isinstance(node, cst.Assert):
             out = []
             for p, truth, about_poll in self.decide(node.test, path, frame):
                 if about_poll:
-                    p = p.emit(Event("check", frame.func.path, frame.body.line(node), fn, "T" if truth else "F"))
+                    p = p.emit(Event(EventKind.CHECK, frame.func.path, frame.body.line(node), fn, "T" if truth else "F"))
                 if truth:
                     out.append(p)
                 else:
-                    out.append(replace(p.emit(Event("raise", frame.func.path, frame.body.line(node), fn, "assert")),
+                    out.append(replace(p.emit(Event(EventKind.RAISE, frame.func.path, frame.body.line(node), fn, "assert")),
                                        term="raise"))
             return out
         if isinstance(node, cst.Del):
@@ -302,9 +342,9 @@ class Explorer:
                     out = []
                     if present is not None:
                         out.append(present.set_attr(TABLE, frozenset({ABSENT})).emit(
-                            Event("table-clear", frame.func.path, line, fn, code(node))))
+                            Event(EventKind.TABLE_CLEAR, frame.func.path, line, fn, code(node))))
                     if absent is not None:
-                        out.append(replace(absent.emit(Event("table-raise", frame.func.path, line, fn, code(node))), term="raise"))
+                        out.append(replace(absent.emit(Event(EventKind.TABLE_RAISE, frame.func.path, line, fn, code(node))), term="raise"))
                     return out
             return [path]
         if isinstance(node, cst.Continue):
@@ -315,11 +355,12 @@ class Explorer:
 
     def assign(self, target: cst.CSTNode, value: Val, path: PathState, frame: Frame | None = None) -> PathState:
         if isinstance(target, cst.Name):
+            path = _forget_comparisons(path, target.value)
             return _forget_facts(path, FACT_LOCAL + target.value + ".").bind(target.value, value)
         if frame is not None and isinstance(target, cst.Subscript) and self.is_table(target.value, frame):
             stored = frozenset(self.c.domain.states(value)) or frozenset(self.c.domain.members)
             return path.set_attr(TABLE, stored).emit(
-                Event("table-store", frame.func.path, frame.body.line(target), frame.func.qualname, ", ".join(sorted(stored))))
+                Event(EventKind.TABLE_STORE, frame.func.path, frame.body.line(target), frame.func.qualname, ", ".join(sorted(stored))))
         if frame is not None and frame.is_self_attr(target):
             return self.write_self_attr(target, value, path, frame)
         if isinstance(target, (cst.Tuple, cst.List)):
@@ -329,11 +370,11 @@ class Explorer:
 
     def write_self_attr(self, target: cst.Attribute, value: Val, path: PathState, frame: Frame) -> PathState:
         key = frame.prefix + target.attr.value
-        path = _forget_facts(path, FACT + key + ".")
+        path = _forget_comparisons(_forget_facts(path, FACT + key + "."), target.attr.value)
         if NOW in value:  # a stored clock reading is a fixed past time, not one that grows
             value = (value - {NOW}) | {OTHER}
         if self.c.record_writes:
-            path = path.emit(Event("attr-write", frame.func.path, frame.body.line(target), frame.func.qualname, key))
+            path = path.emit(Event(EventKind.ATTR_WRITE, frame.func.path, frame.body.line(target), frame.func.qualname, key))
         return path.set_attr(key, value)
 
     # --- the manager's status table --------------------------------------------------------
@@ -365,21 +406,21 @@ class Explorer:
             if present is not None:
                 value = present.attr(TABLE) or EMPTY
                 if method == "pop":
-                    present = present.set_attr(TABLE, frozenset({ABSENT})).emit(Event("table-clear", here, line, fn, code(node)))
+                    present = present.set_attr(TABLE, frozenset({ABSENT})).emit(Event(EventKind.TABLE_CLEAR, here, line, fn, code(node)))
                 else:
-                    present = present.emit(Event("table-read", here, line, fn, code(node)))
+                    present = present.emit(Event(EventKind.TABLE_READ, here, line, fn, code(node)))
                 out.append((present, value))
             if absent is not None:
                 if method == "pop" and len(values) < 2:
-                    out.append((replace(absent.emit(Event("table-raise", here, line, fn, code(node))), term="raise"), EMPTY))
+                    out.append((replace(absent.emit(Event(EventKind.TABLE_RAISE, here, line, fn, code(node))), term="raise"), EMPTY))
                 else:
                     detail = ", ".join(sorted(self.c.domain.states(default))) or (
                         code(node.args[1].value) if len(node.args) > 1 else "None")
-                    absent = absent.emit(Event("table-default" if method != "pop" else "table-clear", here, line, fn, detail))
+                    absent = absent.emit(Event(EventKind.TABLE_DEFAULT if method != "pop" else EventKind.TABLE_CLEAR, here, line, fn, detail))
                     if method == "setdefault":  # stores the default for an absent room
                         stored = frozenset(self.c.domain.states(default)) or frozenset(self.c.domain.members)
                         absent = absent.set_attr(TABLE, stored).emit(
-                            Event("table-store", here, line, fn, ", ".join(sorted(stored))))
+                            Event(EventKind.TABLE_STORE, here, line, fn, ", ".join(sorted(stored))))
                     out.append((absent, default))
             return out
         return [(path, self.c.domain.universe)]
@@ -388,10 +429,16 @@ class Explorer:
         yes: list[PathState] = []
         no: list[PathState] = []
         for path in paths:
+            # Only in the drain's own body, where its parameters are bound (a helper's names are its own).
+            guard = bool(self.c.guards) and len(self.stack) <= 1 and bool(names_in(node.test) & self.c.guards)
             for p, truth, about_poll in self.decide(node.test, path, frame):
                 if about_poll:
                     line = frame.body.line(node.test)
-                    p = p.emit(Event("check", frame.func.path, line, frame.func.qualname, "T" if truth else "F"))
+                    p = p.emit(Event(EventKind.CHECK, frame.func.path, line, frame.func.qualname, "T" if truth else "F"))
+                if guard and p.term is None:
+                    text = code(node.test)
+                    p = p.emit(Event(EventKind.GUARD, frame.func.path, frame.body.line(node.test), frame.func.qualname,
+                                     text if truth else f"not ({text})"))
                 (yes if truth else no).append(p)
         out = self.run_block(node.body.body, merge(yes), frame) if yes else []
         no = merge(no)
@@ -430,7 +477,7 @@ class Explorer:
                         rest.append((q, part))
                         continue
                     if about:
-                        q = q.emit(Event("check", frame.func.path, frame.body.line(case), frame.func.qualname, "T"))
+                        q = q.emit(Event(EventKind.CHECK, frame.func.path, frame.body.line(case), frame.func.qualname, "T"))
                     if isinstance(case.pattern, cst.MatchAs) and case.pattern.name is not None:
                         q = q.bind(case.pattern.name.value, part)
                     if case.guard is not None:
@@ -570,10 +617,10 @@ class Explorer:
             out = []
             line = frame.body.line(node)
             if present is not None:
-                out.append((present.emit(Event("table-read", frame.func.path, line, frame.func.qualname, code(node))),
+                out.append((present.emit(Event(EventKind.TABLE_READ, frame.func.path, line, frame.func.qualname, code(node))),
                             present.attr(TABLE) or EMPTY))
             if absent is not None:  # KeyError
-                out.append((replace(absent.emit(Event("table-raise", frame.func.path, line, frame.func.qualname, code(node))),
+                out.append((replace(absent.emit(Event(EventKind.TABLE_RAISE, frame.func.path, line, frame.func.qualname, code(node))),
                                     term="raise"), EMPTY))
             return out
         if isinstance(node, cst.BinaryOperation):
@@ -664,7 +711,7 @@ class Explorer:
         if cached is None:
             node = frame.func.node
             cached = {a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs}
-            cached |= {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+            cached |= {n.id for n in walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
             frame._locals = cached  # type: ignore[attr-defined]
         return cached
 
@@ -676,7 +723,7 @@ class Explorer:
 
     def read_self_attr(self, node: cst.Attribute, path: PathState, frame: Frame) -> PathState:
         if frame.prefix + node.attr.value in self.c.abort_attrs:
-            return path.emit(Event("abort-read", frame.func.path, frame.body.line(node), frame.func.qualname, node.attr.value))
+            return path.emit(Event(EventKind.ABORT_READ, frame.func.path, frame.body.line(node), frame.func.qualname, node.attr.value))
         return path
 
     def self_attr_value(self, name: str, path: PathState) -> Val:
@@ -699,7 +746,7 @@ class Explorer:
         live = [r for r in results if r[0].term is None]
         if len({t for _, t, _ in live}) < 2:
             return results
-        if any(e.kind == "timeout" for r in live for e in r[0].events[len(path.events):]):
+        if any(e.kind == EventKind.TIMEOUT for r in live for e in r[0].events[len(path.events):]):
             return results
         key = f"{FACT}if:{frame.func.path}:{frame.body.line(node)}"
         known = path.attr(key)
@@ -729,8 +776,8 @@ class Explorer:
             if p.term is not None:
                 out.append((p, False, False))
                 continue
-            about = bool(d.states(value)) and self._is_state_valued(value)
             target = node.value if isinstance(node, cst.Name) else None
+            about = bool(d.states(value)) and self._is_state_valued(value) and target not in self.c.guards
             key = fact_key(node, frame)
             yes, no = value & d.truthy(), value & d.falsy()
             if not value - {TRUE, FALSE, NONE} and value:  # a plain bool/None: exact
@@ -780,11 +827,12 @@ class Explorer:
             if op not in ("==", "!=", "is", "is not", "in", "not in"):
                 out.extend([(p, True, False), (p, False, False)])
                 continue
+
             left_const = self.constant(node.left, frame)
             right_const = self.constant(comparison.comparator, frame)
             if op in ("in", "not in"):
                 if right_const is None:
-                    out.extend([(p, True, False), (p, False, False)])
+                    out.extend(self.undecided(node, op, p, frame))
                     continue
                 tracked, tracked_node, constants = left, node.left, right_const
             elif right_const is not None:
@@ -792,13 +840,15 @@ class Explorer:
             elif left_const is not None:
                 tracked, tracked_node, constants = right, comparison.comparator, left_const
             else:
-                out.extend([(p, True, False), (p, False, False)])
+                out.extend(self.undecided(node, op, p, frame))
                 continue
             if OTHER in constants:  # compared with something we cannot name: either way
-                out.extend([(p, True, False), (p, False, False)])
+                out.extend(self.undecided(node, op, p, frame))
                 continue
             yes, no = refine(op, tracked, constants)
-            about = bool(d.states(tracked)) and self._is_state_valued(tracked)
+            # A mode parameter of the drain is not the poll value, whatever it may hold.
+            about = bool(d.states(tracked)) and self._is_state_valued(tracked) and not (
+                isinstance(tracked_node, cst.Name) and tracked_node.value in self.c.guards)
             name = tracked_node.value if isinstance(tracked_node, cst.Name) else None
             for truth, part in ((True, yes), (False, no)):
                 if not part:
@@ -812,6 +862,34 @@ class Explorer:
                 out.append((q, truth, about and (not yes or not no or self.c.state is not None)))
         return out
 
+    def undecided(self, node: cst.Comparison, op: str, path: PathState, frame: Frame) -> list[tuple[PathState, bool, bool]]:
+        """A comparison kvtrace cannot decide goes both ways; but when it has no side effect,
+        its answer is remembered on the path (as the positive form: `in`, `==`, `is`), so the
+        same comparison, or its negation, later on the path answers the same (`if req.rid not in
+        rids_to_check: keep` then `if req.rid in rids_to_check: ...`)."""
+        key = self.comparison_key(node, op, frame)
+        if key is None:
+            return [(path, True, False), (path, False, False)]
+        negated = op in ("!=", "is not", "not in")
+        known = path.attr(key)
+        if known is not None:
+            return [(path, (TRUE in known) != negated, False)]
+        return [(path.set_attr(key, frozenset({TRUE if truth != negated else FALSE})), truth, False) for truth in (True, False)]
+
+    def comparison_key(self, node: cst.Comparison, op: str, frame: Frame) -> str | None:
+        cached = self._comparison_keys.get((id(node), frame.prefix), False)
+        if cached is not False:
+            return cached
+        key = None
+        if not any(isinstance(n, (cst.Call, cst.Await, cst.Yield, cst.NamedExpr, cst.Lambda)) for n in _walk_cst(node)) \
+                and (self.keeps_fact(node.left, frame) or self.keeps_fact(node.comparisons[0].comparator, frame)):
+            # (A comparison tested once in the function: nothing would read the fact again.)
+            left, right = code(node.left), code(node.comparisons[0].comparator)
+            family = {"!=": "==", "is not": "is", "not in": "in"}.get(op, op)
+            key = f"{FACT_CMP}{frame.prefix}{left} {family} {right}"
+        self._comparison_keys[(id(node), frame.prefix)] = key
+        return key
+
     def order_compare(self, node: cst.Comparison, op: str, path: PathState, frame: Frame,
                       ) -> list[tuple[PathState, bool, bool]]:
         """`<`, `<=`, `>`, `>=`: a timeout check when exactly one side grows with the clock.
@@ -823,7 +901,7 @@ class Explorer:
                 out.append((p, False, False))
                 continue
             if (NOW in left) != (NOW in right):
-                p = p.emit(Event("timeout", frame.func.path, frame.body.line(node), frame.func.qualname, code(node)))
+                p = p.emit(Event(EventKind.TIMEOUT, frame.func.path, frame.body.line(node), frame.func.qualname, code(node)))
                 if self.c.clock_far:
                     out.append((p, (op in (">", ">=")) == (NOW in left), False))
                     continue
@@ -841,7 +919,7 @@ class Explorer:
             if present is not None:
                 out.append((present, is_in, False))
             if absent is not None:
-                absent = absent.emit(Event("table-absent", frame.func.path, frame.body.line(node), frame.func.qualname, code(node)))
+                absent = absent.emit(Event(EventKind.TABLE_ABSENT, frame.func.path, frame.body.line(node), frame.func.qualname, code(node)))
                 out.append((absent, not is_in, False))
         return out
 
@@ -884,23 +962,23 @@ class Explorer:
             and REQ in (p.get(a.value.value.value) or ()) for a in node.args)
         if method == "add" and receiver and receiver == self.c.removal_set:
             # The request's index joins the set the queue is filtered by: it leaves the queue.
-            return [(p.emit(Event("done", here, line(), fn, receiver)), frozenset({NONE}))]
+            return [(p.emit(Event(EventKind.DONE, here, line(), fn, receiver)), frozenset({NONE}))]
         if method in ("append", "extend", "insert", "appendleft") and receiver and has_req:
             recv_value = p.get(receiver) if "." not in receiver else None
             if receiver.endswith(f"self.{self.c.queue_attr}") or (recv_value is not None and KEEP in recv_value):
-                return [(p.emit(Event("keep", here, line(), fn, receiver)), frozenset({NONE}))]
-            kind = "done" if "." not in receiver else "requeue"
+                return [(p.emit(Event(EventKind.KEEP, here, line(), fn, receiver)), frozenset({NONE}))]
+            kind = EventKind.DONE if "." not in receiver else EventKind.REQUEUE
             return [(p.emit(Event(kind, here, line(), fn, receiver)), frozenset({NONE}))]
         if callee and self.c.pack.is_release(callee):
-            return [(p.emit(Event("release", here, line(), fn, callee)), d.universe)]
+            return [(p.emit(Event(EventKind.RELEASE, here, line(), fn, callee)), d.universe)]
         if callee and self.c.pack.is_log(callee):
-            return [(p.emit(Event("log", here, line(), fn, callee)), frozenset({NONE}))]
+            return [(p.emit(Event(EventKind.LOG, here, line(), fn, callee)), frozenset({NONE}))]
         if callee and self.c.pack.is_abort(callee):
-            return [(p.emit(Event("abort", here, line(), fn, callee)), d.universe)]
+            return [(p.emit(Event(EventKind.ABORT, here, line(), fn, callee)), d.universe)]
         if callee and self.c.pack.is_metric(callee):
-            return [(p.emit(Event("metric", here, line(), fn, callee)), d.universe)]
+            return [(p.emit(Event(EventKind.METRIC, here, line(), fn, callee)), d.universe)]
         if callee and self.c.pack.is_answer(callee):
-            return [(p.emit(Event("answer", here, line(), fn, callee)), d.universe)]
+            return [(p.emit(Event(EventKind.ANSWER, here, line(), fn, callee)), d.universe)]
         if callee and self.c.pack.is_clock_call(callee):
             return [(p, frozenset({NOW}))]
         if callee == "bool" and len(values) == 1 and not node.args[0].star:
@@ -914,16 +992,16 @@ class Explorer:
         if callee in ("max", "min") and len(values) >= 2 and not any(a.star for a in node.args):
             return [(p, self.extreme(callee, values))]
         if callee and self.c.state is not None and self.c.pack.is_poll_call(callee):
-            return [(p.emit(Event("poll", here, line(), fn, callee)), frozenset({self.c.state}))]
+            return [(p.emit(Event(EventKind.POLL, here, line(), fn, callee)), frozenset({self.c.state}))]
         target = self.resolve_call(node, callee, frame, p)
         if target is None:
             if self.c.table is not None and method == self.c.pack.update_method:
                 # A status update on an object kvtrace cannot tie to the manager: what it
                 # stores is not followed (a reachability question must not rely on this path).
-                p = p.emit(Event("table-unknown", here, line(), fn, callee))
+                p = p.emit(Event(EventKind.TABLE_UNKNOWN, here, line(), fn, callee))
             return self.opaque_call(node, callee, p, frame)
         args = self.bind_args(target.func, node, values, target.drop_first)
-        p = p.emit(Event("helper", here, line(), fn, target.func.qualname))
+        p = p.emit(Event(EventKind.HELPER, here, line(), fn, target.func.qualname))
         self_name = target.self_name
         if target.self_param is not None:
             params = [a.arg for a in target.func.node.args.posonlyargs + target.func.node.args.args]
@@ -1139,6 +1217,24 @@ def fact_key(node: cst.CSTNode, frame: Frame) -> str | None:
     if root == frame.self_name:
         return frame.prefix + rest if "." not in rest else FACT + frame.prefix + rest
     return FACT_LOCAL + text
+
+
+FACT_CMP = "?cmp:"  # a remembered comparison: "?cmp:<prefix><left> <in|==|is> <right>"
+
+
+def _walk_cst(node: cst.CSTNode):
+    yield node
+    for child in node.children:
+        yield from _walk_cst(child)
+
+
+def _forget_comparisons(path: PathState, name: str) -> PathState:
+    """A name (or attribute) was assigned: comparisons that read it may answer otherwise now."""
+    if not any(k.startswith(FACT_CMP) for k, _ in path.attrs):
+        return path
+    word = re.compile(rf"\b{re.escape(name)}\b")
+    return replace(path, attrs=tuple((k, v) for k, v in path.attrs
+                                     if not (k.startswith(FACT_CMP) and word.search(k[len(FACT_CMP):]))))
 
 
 def _forget_facts(path: PathState, prefix: str) -> PathState:

@@ -10,17 +10,26 @@ from __future__ import annotations
 import ast
 import bisect
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, NamedTuple
 
 import libcst as cst
 
-from kvtrace.flow import NOT_SITES, Config, CstBody, Event, Explorer, Frame, PathState, dotted
+from kvtrace.flow import NOT_SITES, Config, CstBody, Event, Explorer, Frame, PathState, ast_constant, dotted
 from kvtrace.index import ClassInfo, FuncRef, Index
 from kvtrace.index import dotted as ast_dotted
-from kvtrace.model import OUTCOME_ORDER, Evidence, Site
+from kvtrace.model import OUTCOME_ORDER, Backend, EventKind, Evidence, ModeFate, Outcome, Site, StateFate, StateVerdict
 from kvtrace.packs import Pack, matches
-from kvtrace.states import KEEP, POLLS, REQ, Domain
+from kvtrace.states import KEEP, POLLS, REQ, Domain, Val
+
+MAX_MODES = 4  # distinct ways the callers in the tree bind the drain's parameters
+
+if TYPE_CHECKING:
+    from kvtrace.backends import SenderAnalysis
 
 ROOT = ("root",)
+
+
+_QUERY_ATTRS = frozenset({"detail", "taken"})  # node attributes the release map reads, not exported
 
 
 class StateGraph:
@@ -33,6 +42,7 @@ class StateGraph:
         self.nodes: dict[tuple, dict] = {}
         self.edges: dict[tuple[tuple, tuple], dict] = {}
         self._in: dict[tuple, list[tuple]] = {}
+        self._out: dict[tuple, list[tuple]] = {}
 
     def __contains__(self, node: tuple) -> bool:
         return node in self.nodes
@@ -48,10 +58,26 @@ class StateGraph:
         self.add_node(b)
         if (a, b) not in self.edges:
             self._in.setdefault(b, []).append(a)
+            self._out.setdefault(a, []).append(b)
         self.edges.setdefault((a, b), {}).update(attrs)
 
     def in_edges(self, node: tuple) -> list[tuple[tuple, tuple, dict]]:
         return [(a, node, self.edges[a, node]) for a in self._in.get(node, [])]
+
+    def as_data(self) -> dict[str, list]:
+        """Plain lists and strings ({"nodes": [(node, attrs)], "edges": [(a, b, attrs)]}) for the
+        report: it pickles into the cache, and GraphML/DOT writers take only plain values."""
+        def plain(node: tuple) -> tuple:
+            return tuple(str(part) if isinstance(part, str) else part for part in node)
+
+        nodes = [(plain(node), {k: str(v) if k == "kind" else v for k, v in data.items() if k not in _QUERY_ATTRS})
+                 for node, data in self.nodes.items()]
+        edges = [(plain(a), plain(b), data) for (a, b), data in self.edges.items()]
+        return {"nodes": nodes, "edges": edges}
+
+    def successors(self, node: tuple, state: str) -> list[tuple]:
+        """The nodes reached from `node` along an edge that carries `state`."""
+        return [b for b in self._out.get(node, []) if state in self.edges[node, b]["states"]]
 
 
 @dataclass
@@ -72,24 +98,280 @@ class Drain:
     owner: FuncRef | None = None  # the function that reassigns the queue (func, unless it polls in a helper)
 
 
+@dataclass(frozen=True)
+class Mode:
+    """One way the callers in the tree run the drain: the values of its defaulted parameters.
+
+    `passed` names the parameters a caller gives in this mode (empty: every one is at its
+    default, which is also the mode when no caller in the tree passes any)."""
+
+    label: str
+    bindings: tuple[tuple[str, Val], ...]
+    passed: tuple[str, ...]
+    callers: tuple[Evidence, ...]
+
+
+class QueuePath(NamedTuple):
+    """One path through one iteration of the drain loop for one poll state."""
+
+    events: list[Event]
+    outcome: Outcome
+
+
 @dataclass
 class QueueAnalysis:
+    """The analysed queue: its drain loop, every path per poll state, and the graph of sites
+    those paths make. Rules and reports ask it questions rather than reading the paths."""
+
     drain: Drain | None
     graph: StateGraph
-    paths: dict[str, list[tuple[list[Event], str]]]  # state -> [(events, outcome)]
+    paths: dict[str, list[QueuePath]]  # state -> its paths, in exploration order, every mode together
     static_sites: list[Site]
     truncated: list[str] = field(default_factory=list)
+    modes: list[Mode] = field(default_factory=list)
+    mode_paths: list[dict[str, list[QueuePath]]] = field(default_factory=list)  # per mode, in `modes`' order
 
-    def fate(self, state: str) -> list[str]:
-        """Outcomes reachable from the poll along edges that carry `state`."""
-        reached = set()
-        for outcome in OUTCOME_ORDER:
-            node = ("outcome", outcome)
-            if node in self.graph and any(
-                state in data["states"] for _, _, data in self.graph.in_edges(node)
-            ):
-                reached.add(outcome)
-        return [o for o in OUTCOME_ORDER if o in reached]
+    def mode_fates(self, state: str) -> list[ModeFate]:
+        """The state's fate in each mode: its outcomes, and where it waits (kept on a path
+        that never tests the poll value: a guard on a parameter or a flag holds it)."""
+        return [mode_fate(mode, paths.get(state, [])) for mode, paths in zip(self.modes, self.mode_paths)]
+
+    def deciding(self, state: str) -> list[tuple[Mode, list[QueuePath], list[QueuePath]]]:
+        """Per mode: the paths on which the poll value decides (a test of it), and all paths."""
+        out = []
+        for mode, paths in zip(self.modes, self.mode_paths):
+            state_paths = paths.get(state, [])
+            out.append((mode, [p for p in state_paths if _tests_poll(p.events)], state_paths))
+        return out
+
+    def fate(self, state: str) -> list[Outcome]:
+        """The outcomes reachable from the poll along edges that carry `state`."""
+        reached: set[tuple] = set()
+        todo = [ROOT]
+        while todo:
+            node = todo.pop()
+            for nxt in self.graph.successors(node, state):
+                if nxt not in reached:
+                    reached.add(nxt)
+                    todo.append(nxt)
+        return [o for o in OUTCOME_ORDER if ("outcome", o) in reached]
+
+    def paths_of(self, state: str, *outcomes: Outcome) -> list[list[Event]]:
+        """The event lists of the paths `state` takes (those ending in one of `outcomes`, if given)."""
+        return [p.events for p in self.paths.get(state, []) if not outcomes or p.outcome in outcomes]
+
+    def loop_line(self) -> int | None:
+        """The line of the drain loop's `for` (None without a drain loop)."""
+        return self.drain.body.line(self.drain.loop) if self.drain is not None else None
+
+    def drain_ref(self) -> Evidence | None:
+        drain = self.drain
+        return Evidence(drain.func.path, drain.body.line(drain.loop), drain.func.qualname) if drain else None
+
+    def release_map(self, members: tuple[str, ...]) -> list[Site]:
+        """Every site of the queue, each with the states that reach it (a check: that take its
+        true branch), read from the graph; plus the entries, reassignments and gauges found
+        without paths, and the poll. A helper is a site only when it (or one it calls) acts on
+        the request. Sorted by path, line and kind."""
+        order = {m: i for i, m in enumerate(members)}
+        sites: list[Site] = list(self.static_sites)
+        drain = self.drain
+        if drain is not None and drain.poll_line is not None:
+            sites.append(Site(EventKind.POLL, drain.func.path, drain.poll_line, drain.func.qualname))
+        if drain is not None:
+            nodes = [(node, data) for node, data in self.graph.nodes.items() if node != ROOT and node[0] != "outcome"]
+            relevant = _helpers_with_effects([(data["kind"], data["function"], data["detail"]) for _, data in nodes])
+            for node, data in nodes:
+                kind = data["kind"]
+                if kind is EventKind.HELPER and data["detail"] not in relevant:
+                    continue  # a helper that does nothing to the request is not part of the map
+                reached = data["taken"] if kind is EventKind.CHECK else {
+                    s for _, _, edge in self.graph.in_edges(node) for s in edge["states"]}
+                note = data["detail"] if kind is not EventKind.CHECK else ""
+                sites.append(Site(kind, data["path"], data["line"], data["function"],
+                                  tuple(sorted(reached, key=order.get)), note))
+        unique = {(s.kind, s.path, s.line): s for s in sites}
+        return sorted(unique.values(), key=lambda s: (s.path, s.line, s.kind))
+
+    def state_fates(self, members: tuple[str, ...]) -> dict[str, StateFate]:
+        """Each state's fate and the lines its paths pass, first note per line."""
+        states: dict[str, StateFate] = {}
+        for state in members:
+            evidence: dict[tuple[str, int], str] = {}
+            for events, outcome in self.paths.get(state, []):
+                for e in events:
+                    if e.kind in NOT_SITES:
+                        continue
+                    note = {"T": "check: true", "F": "check: false"}.get(e.detail, f"{e.kind}: {e.detail}") \
+                        if e.kind is EventKind.CHECK else f"{e.kind}: {e.detail}" if e.detail else str(e.kind)
+                    evidence.setdefault((e.path, e.line), note)
+                if self.drain is not None and outcome is Outcome.DROPPED:
+                    # Nothing marks where a dropped request goes: point at the loop it falls out of.
+                    evidence[(self.drain.func.path, self.loop_line())] = \
+                        "dropped: no keep, done, release or abort on this path"
+            fate = self.fate(state) if self.drain is not None else []
+            states[state] = StateFate(fate, [Evidence(p, l, n) for (p, l), n in sorted(evidence.items())],
+                                      self.mode_fates(state) if self.drain is not None else [])
+        return states
+
+
+def _helpers_with_effects(sites: list[tuple[EventKind, str, str]]) -> set[str]:
+    """Functions that (directly or through the helpers they call) act on the request, from the
+    sites (kind, function, detail); a helper site's detail is the function it enters."""
+    effectful = {function for kind, function, _ in sites if kind is not EventKind.HELPER}
+    calls = [(function, detail) for kind, function, detail in sites if kind is EventKind.HELPER]
+    changed = True
+    while changed:
+        changed = False
+        for caller, callee in calls:
+            if callee in effectful and caller not in effectful:
+                effectful.add(caller)
+                changed = True
+    return effectful
+
+
+@dataclass
+class ScanModel:
+    """The analysed scan as one structure: the queue (its graph and paths) and the senders with
+    their way-out verdicts. Rules and reports query it instead of reading raw paths or syntax."""
+
+    queue: QueueAnalysis
+    senders: list[SenderAnalysis]
+    domain: Domain
+
+    def fate(self, state: str) -> list[Outcome]:
+        return self.queue.fate(state)
+
+    def paths(self, state: str, *outcomes: Outcome) -> list[list[Event]]:
+        return self.queue.paths_of(state, *outcomes)
+
+    def release_map(self) -> list[Site]:
+        return self.queue.release_map(self.domain.members)
+
+    def deciding(self, state: str) -> list[tuple[Mode, list[QueuePath], list[QueuePath]]]:
+        """Per mode of the drain: the paths of `state` that test the poll value, and all of them."""
+        return self.queue.deciding(state)
+
+    def mode_fates(self, state: str) -> list[ModeFate]:
+        return self.queue.mode_fates(state)
+
+    def state_fates(self) -> dict[str, StateFate]:
+        return self.queue.state_fates(self.domain.members)
+
+    def backend(self, name: str) -> Backend | None:
+        return next((s.backend for s in self.senders if s.backend.name == name), None)
+
+    def way_out(self, backend: str, state: str) -> StateVerdict | None:
+        """How `backend` gets a request out of `state` (None: its poll() never returns it, or
+        the state is terminal, or no such backend)."""
+        found = self.backend(backend)
+        return found.way_out(state) if found is not None else None
+
+    def returning(self, state: str) -> list[str]:
+        """The backends whose poll() can return `state`."""
+        return [s.backend.name for s in self.senders if state in s.backend.returns]
+
+
+def _tests_poll(events: list[Event]) -> bool:
+    return any(e.kind is EventKind.CHECK for e in events)
+
+
+def mode_fate(mode: Mode, state_paths: list[QueuePath]) -> ModeFate:
+    waits: dict[tuple[str, int], str] = {}
+    rest: set[Outcome] = set()
+    for events, outcome in state_paths:
+        if outcome is Outcome.KEPT and not _tests_poll(events):
+            guard = next((e for e in reversed(events) if e.kind is EventKind.GUARD), None)
+            keep = next((e for e in reversed(events) if e.kind is EventKind.KEEP), None)
+            where = guard or keep
+            if where is not None:
+                waits.setdefault((where.path, where.line), guard.detail if guard else "")
+                continue
+        rest.add(outcome)
+    outcomes = {o for _, o in state_paths}
+    return ModeFate(mode.label, [o for o in OUTCOME_ORDER if o in outcomes], [o for o in OUTCOME_ORDER if o in rest],
+                    [Evidence(p, l, n) for (p, l), n in sorted(waits.items())])
+
+
+def find_modes(index: Index, func: FuncRef, domain: Domain) -> tuple[list[Mode], list[str]]:
+    """The modes of the drain function `func`, from the call sites of its name in the tree.
+
+    A parameter with a default that the function reads is a mode parameter. Each call site
+    binds it to its default (not passed), to a constant, or to a value kvtrace cannot read;
+    the distinct bindings are the modes. With no caller passing it, it is its default: a branch
+    that needs another value is dead. A value kvtrace cannot read stands for "not the default"
+    when another mode covers the default (the default's paths are that mode's), else for any
+    value. Returns the modes and what was cut (more than MAX_MODES)."""
+    node = func.node
+    args = node.args
+    positional = [a.arg for a in args.posonlyargs + args.args]
+    defaults: dict[str, ast.expr] = dict(zip(positional[len(positional) - len(args.defaults):], args.defaults))
+    defaults.update({a.arg: d for a, d in zip(args.kwonlyargs, args.kw_defaults) if d is not None})
+    if func.owner is not None and positional and not any(
+            getattr(d, "id", None) == "staticmethod" for d in node.decorator_list):
+        positional = positional[1:]
+    read = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    params = [p for p in defaults if p in read]
+    default_of = {p: ast_constant(defaults[p], domain) for p in params}
+    universe = domain.universe
+    # Per call site: for each parameter, None (its default), or (what it is given, its value).
+    sites: dict[tuple, list[Evidence]] = {}
+    for caller in _all_functions(index):
+        if caller is func:
+            continue
+        for call in ast.walk(caller.node):
+            if not isinstance(call, ast.Call):
+                continue
+            name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", None)
+            if name != func.name:
+                continue
+            starred = any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords)
+            given = []
+            for p in params:
+                keyword = next((k.value for k in call.keywords if k.arg == p), None)
+                at = positional.index(p) if p in positional else None
+                if keyword is None and at is not None and at < len(call.args) and not starred:
+                    keyword = call.args[at]
+                if keyword is None and not starred:
+                    given.append(None)
+                    continue
+                value = ast_constant(keyword, domain) if keyword is not None else None
+                if value is not None and value == default_of[p]:
+                    given.append(None)  # passes the default itself
+                else:
+                    shown = ast.unparse(keyword) if keyword is not None else "*args"
+                    given.append((shown if value is not None else "", value))
+            sites.setdefault(tuple(given), []).append(
+                Evidence(caller.path, call.lineno, f"{caller.qualname} calls {func.name}"))
+    if not sites:
+        sites[tuple(None for _ in params)] = []
+    keys = sorted(sites, key=lambda k: (sum(g is not None for g in k), str(k)))
+    cut = [f"{func.path}:{func.line} ({len(keys) - MAX_MODES} more ways of calling {func.name} not separated)"] \
+        if len(keys) > MAX_MODES else []
+    keys = keys[:MAX_MODES]
+    defaulted = {p for key in keys for p, g in zip(params, key) if g is None}
+    modes: dict[tuple, Mode] = {}
+    for key in keys:
+        bindings, passed, shown = [], [], []
+        for p, g in zip(params, key):
+            if g is None:
+                bindings.append((p, default_of[p] if default_of[p] is not None else universe))
+                continue
+            passed.append(p)
+            text, value = g
+            if value is None:
+                value = universe - default_of[p] if p in defaulted and default_of[p] is not None else universe
+            bindings.append((p, value))
+            shown.append(f"{p}={text}" if text else f"{p} passed")
+        label = ", ".join(shown) if shown else (
+            "default" if not params else ", ".join(f"{p}={ast.unparse(defaults[p])}" for p in params))
+        binding = tuple(bindings)
+        if binding in modes:  # two callers that bind alike are one mode
+            old = modes[binding]
+            modes[binding] = replace(old, callers=old.callers + tuple(sites[key]))
+        else:
+            modes[binding] = Mode(label, binding, tuple(passed), tuple(sites[key]))
+    return list(modes.values()), cut
 
 
 def find_enum(index: Index, pack: Pack) -> tuple[Domain, Evidence] | None:
@@ -323,9 +605,9 @@ def _post_loop_effects(index: Index, pack: Pack, func: FuncRef, body: CstBody, d
     aborts and answers in a loop over the list, or a call given the whole list."""
     effects: dict[str, list[Event]] = {}
 
-    def kind_of(callee: str) -> str | None:
-        return "release" if pack.is_release(callee) else "abort" if pack.is_abort(callee) \
-            else "answer" if pack.is_answer(callee) else None
+    def kind_of(callee: str) -> EventKind | None:
+        return EventKind.RELEASE if pack.is_release(callee) else EventKind.ABORT if pack.is_abort(callee) \
+            else EventKind.ANSWER if pack.is_answer(callee) else None
 
     inside_loop = {id(n) for n in _walk(drain_loop)}
     for node in _walk(body.node):
@@ -344,20 +626,20 @@ def _post_loop_effects(index: Index, pack: Pack, func: FuncRef, body: CstBody, d
     return effects
 
 
-def outcome_of(events: tuple[Event, ...] | list[Event], term: str | None, removal: bool = False) -> str:
+def outcome_of(events: tuple[Event, ...] | list[Event], term: str | None, removal: bool = False) -> Outcome:
     if term == "raise":
-        return "raises"
+        return Outcome.RAISES
     if term == "return":
-        return "kept"  # returned before `self.<queue> = ...`: the queue is unchanged
+        return Outcome.KEPT  # returned before `self.<queue> = ...`: the queue is unchanged
     kinds = {e.kind for e in events}
     if removal:
         # The queue is filtered by a set of indices: a request stays unless it was added to it.
-        return "leaves" if kinds & {"done", "requeue"} else "kept"
-    if "keep" in kinds:
-        return "kept"
-    if kinds & {"done", "requeue", "release", "abort"}:
-        return "leaves"
-    return "dropped"
+        return Outcome.LEAVES if kinds & {EventKind.DONE, EventKind.REQUEUE} else Outcome.KEPT
+    if EventKind.KEEP in kinds:
+        return Outcome.KEPT
+    if kinds & {EventKind.DONE, EventKind.REQUEUE, EventKind.RELEASE, EventKind.ABORT}:
+        return Outcome.LEAVES
+    return Outcome.DROPPED
 
 
 def analyse_queue(index: Index, pack: Pack, domain: Domain) -> QueueAnalysis:
@@ -380,12 +662,31 @@ def analyse_queue(index: Index, pack: Pack, domain: Domain) -> QueueAnalysis:
     if not drains:
         return QueueAnalysis(None, graph, {}, static)
     drain = drains[0]
-    truncated: list[str] = []
-    paths: dict[str, list[tuple[list[Event], str]]] = {}
+    modes, truncated = find_modes(index, drain.func, domain)
+    guards = frozenset(name for mode in modes for name, _ in mode.bindings)
+    mode_paths = [_explore_mode(index, list_pack, domain, drain, dict(mode.bindings), guards, truncated) for mode in modes]
+    paths: dict[str, list[QueuePath]] = mode_paths[0] if len(mode_paths) == 1 else {}
+    for found in mode_paths if len(mode_paths) > 1 else []:
+        for state, state_paths in found.items():
+            merged = paths.setdefault(state, [])
+            seen = {(tuple(p.events), p.outcome) for p in merged}
+            merged.extend(p for p in state_paths if (tuple(p.events), p.outcome) not in seen)
+    for state, state_paths in paths.items():
+        _add_paths(graph, state, state_paths)
+    return QueueAnalysis(drain, graph, paths, static, sorted(set(truncated)), modes, mode_paths)
+
+
+def _explore_mode(index: Index, list_pack: Pack, domain: Domain, drain: Drain, bindings: dict[str, Val],
+                  guards: frozenset[str], truncated: list[str]) -> dict[str, list[QueuePath]]:
+    """Every path of one iteration of the drain loop, per poll state, with the drain's mode
+    parameters bound."""
+    paths: dict[str, list[QueuePath]] = {}
     for state in domain.members:
-        config = Config(index, list_pack, domain, state=state, queue_attr=list_pack.queue, removal_set=drain.removal_set)
+        config = Config(index, list_pack, domain, state=state, queue_attr=list_pack.queue, removal_set=drain.removal_set,
+                        guards=guards)
         explorer = Explorer(config)
         env = {name: frozenset({state}) if role == "@state" else frozenset({role}) for name, role in drain.initial.items()}
+        env.update({name: value for name, value in bindings.items() if name not in env})
         start = PathState(env=tuple(sorted(env.items())))
         frame = Frame(drain.func, drain.body, drain.cls)
         explorer.stack.append(id(drain.func.node))
@@ -404,14 +705,13 @@ def analyse_queue(index: Index, pack: Pack, domain: Domain) -> QueueAnalysis:
         for end in ends:
             events = list(end.events)
             outcome = outcome_of(events, end.term, removal=drain.removal_set is not None)
-            if outcome == "leaves":
+            if outcome == Outcome.LEAVES:
                 for e in list(events):
-                    if e.kind == "done":
+                    if e.kind == EventKind.DONE:
                         events.extend(drain.post_effects.get(e.detail, []))
-            state_paths.append((events, outcome))
+            state_paths.append(QueuePath(events, outcome))
         paths[state] = state_paths
-        _add_paths(graph, state, state_paths)
-    return QueueAnalysis(drain, graph, paths, static, sorted(set(truncated)))
+    return paths
 
 
 def _held_sites(index: Index, list_pack: Pack, cls: ClassInfo, methods: list[FuncRef]) -> list[Site]:
@@ -424,14 +724,14 @@ def _held_sites(index: Index, list_pack: Pack, cls: ClassInfo, methods: list[Fun
                     and node.func.attr in ("append", "extend", "insert", "appendleft") \
                     and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == list_pack.queue \
                     and isinstance(node.func.value.value, ast.Name) and node.func.value.value.id == "self":
-                sites.append(Site("entry", func.path, node.lineno, func.qualname))
+                sites.append(Site(EventKind.ENTRY, func.path, node.lineno, func.qualname))
             elif isinstance(node, ast.Assign) and func.name != "__init__" and any(
                     isinstance(t, ast.Attribute) and t.attr == list_pack.queue for t in node.targets):
-                sites.append(Site("reassign", func.path, node.lineno, func.qualname))
+                sites.append(Site(EventKind.REASSIGN, func.path, node.lineno, func.qualname))
     return sites
 
 
-def _add_paths(graph: StateGraph, state: str, state_paths: list[tuple[list[Event], str]]) -> None:
+def _add_paths(graph: StateGraph, state: str, state_paths: list[QueuePath]) -> None:
     for events, outcome in state_paths:
         previous = ROOT
         for e in events:
@@ -439,7 +739,13 @@ def _add_paths(graph: StateGraph, state: str, state_paths: list[tuple[list[Event
                 continue
             node = (e.kind, e.path, e.line)
             graph.add_node(node, kind=e.kind, path=e.path, line=e.line, function=e.function)
-            graph.nodes[node].setdefault("details", set()).add(e.detail)
+            data = graph.nodes[node]
+            data.setdefault("details", set()).add(e.detail)
+            data.setdefault("detail", e.detail)  # the first seen: the release map's note
+            if e.kind is EventKind.CHECK:
+                taken = data.setdefault("taken", set())  # states that take the true branch
+                if e.detail == "T":
+                    taken.add(state)
             _add_edge(graph, previous, node, state)
             previous = node
         end = ("outcome", outcome)
@@ -490,16 +796,16 @@ def static_sites(index: Index, pack: Pack) -> list[Site]:
                 recv = node.func.value
                 if node.func.attr in ("append", "extend", "insert", "appendleft") \
                         and isinstance(recv, ast.Attribute) and recv.attr == pack.queue:
-                    sites.append(Site("entry", path, node.lineno, where))
+                    sites.append(Site(EventKind.ENTRY, path, node.lineno, where))
             elif isinstance(node, (ast.Assign, ast.AnnAssign)):
                 targets = node.targets if isinstance(node, ast.Assign) else [node.target]
                 if any(isinstance(t, ast.Attribute) and t.attr == pack.queue for t in targets):
-                    sites.append(Site("reassign", path, node.lineno, where))
+                    sites.append(Site(EventKind.REASSIGN, path, node.lineno, where))
             if isinstance(node, ast.Call) and pack.gauge_calls and pack.queue in _source(module, node) \
                     and any(_mentions_queue(a, pack.queue) for a in node.args):
                 callee = ast_dotted(node.func)
                 if callee and matches(callee, pack.gauge_calls) and _is_stored(node, parents):
-                    sites.append(Site("gauge", path, node.lineno, where, note=callee))
+                    sites.append(Site(EventKind.GAUGE, path, node.lineno, where, note=callee))
             stack.extend((child, node, where) for child in ast.iter_child_nodes(node))
     return sorted(sites, key=lambda s: (s.path, s.line, s.kind))
 

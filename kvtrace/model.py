@@ -1,4 +1,5 @@
-"""Plain data shared by every stage of a scan. No behaviour lives here.
+"""Plain data shared by every stage of a scan. No behaviour lives here (the queries over the
+analysed model live in kvtrace.graph.ScanModel).
 
 The pipeline is target -> fetch -> parse -> index -> graph -> checks -> report; each stage
 takes and returns the types below, so any stage can be read (and tested) on its own.
@@ -15,8 +16,77 @@ from typing import Any, Literal
 SCHEMA = "kvtrace/1"
 
 FileStatus = Literal["ok", "syntax-error", "not-utf8", "too-large", "skipped", "unreadable"]
-Outcome = Literal["kept", "leaves", "raises", "dropped"]
-OUTCOME_ORDER: tuple[str, ...] = ("kept", "leaves", "raises", "dropped")
+
+
+class TextEnum(str, Enum):
+    """An enum whose members are their string values wherever text is made (f-strings, str(),
+    JSON, sorting, hashing), so reports stay byte-identical to plain strings while code names
+    its values and a typo fails at import."""
+
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+
+class Outcome(TextEnum):
+    """How one path through the drain loop ends for the request it polled."""
+
+    KEPT = "kept"  # appended to the keep list (or back onto the queue), or the loop returned early
+    LEAVES = "leaves"  # handed to another list, released or aborted on the way out
+    RAISES = "raises"  # an exception leaves the queue unassigned
+    DROPPED = "dropped"  # none of these: the request is lost
+
+
+OUTCOME_ORDER: tuple[Outcome, ...] = tuple(Outcome)
+
+
+class EventKind(TextEnum):
+    """What happens at one line of one path. The first group are sites (rows of the release map
+    and nodes of the queue graph); the rest describe a path without being sites."""
+
+    ENTRY = "entry"  # a request is appended to the queue
+    POLL = "poll"  # the queue's poll states are read
+    CHECK = "check"  # a condition on the path (detail "T"/"F": which branch)
+    KEEP = "keep"  # appended to the keep list: stays queued
+    DONE = "done"  # appended to a finished list
+    REQUEUE = "requeue"  # handed to another queue
+    RELEASE = "release"  # a resource is released
+    ABORT = "abort"  # the request is aborted
+    REASSIGN = "reassign"  # the queue is assigned
+    RAISE = "raise"
+    GAUGE = "gauge"  # the queue's length is stored (a metric)
+    HELPER = "helper"  # a helper that acts on the request is entered
+    TIMEOUT = "timeout"  # an elapsed-time comparison
+    ABORT_READ = "abort-read"  # poll() reads what abort() writes
+    LOG = "log"
+    METRIC = "metric"
+    ANSWER = "answer"  # a reply to the client
+    ATTR_WRITE = "attr-write"  # self.X = ... (recorded while abort() runs)
+    TABLE_READ = "table-read"  # the manager's status table is read for the room
+    TABLE_DEFAULT = "table-default"  # ... and the absent room gives the .get default
+    TABLE_STORE = "table-store"
+    TABLE_CLEAR = "table-clear"  # the room is removed from the table
+    TABLE_ABSENT = "table-absent"  # the room is absent on this path
+    TABLE_RAISE = "table-raise"  # reading an absent room raises
+    TABLE_UNKNOWN = "table-unknown"  # a status update on an object not tied to the manager
+    GUARD = "guard"  # a test of one of the drain's mode parameters (detail: the condition that held)
+
+    @property
+    def is_site(self) -> bool:
+        return self in SITE_KINDS
+
+
+def _site_kind(kind: str) -> EventKind:
+    found = EventKind(kind)
+    if found not in SITE_KINDS:
+        raise ValueError(f"{kind!r} is not a site kind")
+    return found
+
+
+SITE_KINDS: frozenset[EventKind] = frozenset(EventKind.__members__[name] for name in (
+    "ENTRY", "POLL", "CHECK", "KEEP", "DONE", "REQUEUE", "RELEASE", "ABORT", "REASSIGN", "RAISE", "GAUGE", "HELPER"))
 
 
 @dataclass(frozen=True)
@@ -76,18 +146,47 @@ class Evidence:
 class Site:
     """A line of the release map: what happens to the queue at path:line."""
 
-    kind: str  # entry, poll, check, keep, done, release, abort, reassign, raise, gauge, requeue, helper
+    kind: EventKind  # one of SITE_KINDS
     path: str
     line: int
     function: str
     states: tuple[str, ...] = ()
     note: str = ""
 
+    def __post_init__(self) -> None:
+        if not isinstance(self.kind, EventKind) or not self.kind.is_site:
+            object.__setattr__(self, "kind", _site_kind(self.kind))
+
+
+@dataclass
+class ModeFate:
+    """A state's fate in one mode of the drain (one way its callers bind its parameters).
+
+    `fate` is every outcome in the mode. `waits` are where the state is kept on a path that
+    never tests the poll value (the guard that holds it, e.g. `req.rid not in rids_to_check`,
+    or the keep): a wait on something else, not a verdict on the state. `then` is the fate on
+    every other path: what happens once it no longer waits."""
+
+    mode: str
+    fate: list[Outcome]
+    then: list[Outcome]
+    waits: list[Evidence] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class ModeInfo:
+    """One mode of the drain: its label, the parameters a caller passes in it, and the callers."""
+
+    label: str
+    passed: tuple[str, ...]
+    callers: tuple[Evidence, ...]
+
 
 @dataclass
 class StateFate:
-    fate: list[str]
+    fate: list[Outcome]  # every outcome, all modes together
     evidence: list[Evidence]
+    modes: list[ModeFate] = field(default_factory=list)  # per mode, in QueueReport.modes' order
 
 
 @dataclass
@@ -96,6 +195,7 @@ class QueueReport:
     drain: Evidence | None
     sites: list[Site]
     states: dict[str, StateFate]
+    modes: list[ModeInfo] = field(default_factory=list)
 
 
 @dataclass(frozen=True)

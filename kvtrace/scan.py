@@ -14,20 +14,18 @@ from kvtrace.rules import ALL_RULES, ScanContext
 from kvtrace.errors import AmbiguousTarget, InputError
 from kvtrace.gaps import find_gaps
 from kvtrace.fetch.local import fetch_local
-from kvtrace.flow import NOT_SITES
-from kvtrace.graph import QueueAnalysis, StateGraph, analyse_queue, find_enum, static_sites
+from kvtrace.graph import QueueAnalysis, ScanModel, StateGraph, analyse_queue, find_enum, static_sites
 from kvtrace.index import Index
 from kvtrace.model import (
     OUTCOME_ORDER,
     DetectedVersion,
-    Evidence,
+    EventKind,
     FetchLimits,
     FetchResult,
+    ModeInfo,
     QueueReport,
     Report,
-    Site,
     SourceFile,
-    StateFate,
 )
 from kvtrace.packs import Pack, load_pack
 from kvtrace.parse import parse_modules
@@ -117,22 +115,30 @@ def package_scope(root: str, candidates: list[str]) -> str:
     return scope
 
 
-_VERSION = re.compile(r"""^__version__\s*(?::\s*str\s*)?=\s*["']([^"'\n]+)["']""", re.MULTILINE)
+# `__version__ = "0.5.2"`, `__version__: str = ...`, and setuptools-scm's generated
+# `__version__ = version = '0.5.14'` (whose version.py only imports it from _version.py).
+_VERSION = re.compile(r"""^__version__\s*(?::\s*str\s*)?=\s*(?:\w+\s*=\s*)*["']([^"'\n]+)["']""", re.MULTILINE)
 
 
-def detect_version(files: list[SourceFile], root: str) -> DetectedVersion | None:
-    """The `__version__` of the nearest version.py in a folder above the package (as in a
-    wheel or a checkout: sglang/version.py above sglang/srt/disaggregation)."""
+def detect_version(files: list[SourceFile], root: str, target: str = "") -> DetectedVersion | None:
+    """The `__version__` of the nearest version.py (or setuptools-scm's _version.py) in a
+    folder above the package (as in a wheel or a checkout: sglang/version.py above
+    sglang/srt/disaggregation)."""
     by_path = {f.path: f for f in files}
     parts = root.split("/") if root else []
     for i in range(len(parts) - 1, -1, -1):
         folder = "/".join(parts[:i])
-        path = f"{folder}/version.py" if folder else "version.py"
-        source = by_path.get(path)
-        match = _VERSION.search(source.text or "") if source is not None else None
-        if match:
+        for name in ("version.py", "_version.py"):
+            path = f"{folder}/{name}" if folder else name
+            source = by_path.get(path)
+            match = _VERSION.search(source.text or "") if source is not None else None
+            if match:
+                break
+        if source is not None and match:
             line = (source.text or "").count("\n", 0, match.start()) + 1
-            package = parts[i - 1] if i > 0 else "package"
+            # The folder holding it names the package; at the top, the target's own name.
+            top = target.rstrip("/").rsplit("/", 1)[-1].rsplit(":", 1)[-1] or "package"
+            package = parts[i - 1] if i > 0 else top
             return DetectedVersion(package, match.group(1), path, line)
     return None
 
@@ -188,8 +194,9 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
             # Pathologically nested code: say so rather than guess (the scan is marked incomplete).
             problems.append(f"the drain loop of {name} is nested too deeply to analyse")
             queue = QueueAnalysis(None, StateGraph(), {}, static_sites(index, queue_pack))
-        entries = [s for s in queue.static_sites if s.kind == "entry"]
-        ctx = ScanContext(queue_pack, domain, index, queue, senders, entries)
+        entries = [s for s in queue.static_sites if s.kind is EventKind.ENTRY]
+        model = ScanModel(queue, senders, domain)
+        ctx = ScanContext(queue_pack, domain, index, model, entries)
         findings += [f for rule in rules if rule.per_queue or number == 0 for f in rule().check(ctx)
                      if settings.wants_backend(f.backend)]
         if queue.drain is None and not entries:
@@ -198,7 +205,7 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
             problems.append(f"self.{name} is neither filled nor drained in the analysed files{cause}")
         if queue.truncated:
             problems.append("path limit reached (results may be incomplete) at " + ", ".join(queue.truncated))
-        queue_reports.append(_queue_report(queue_pack, domain.members, queue))
+        queue_reports.append(_queue_report(queue_pack, model))
     findings = silence(findings, index.modules, report_unused=UnusedSuppression in rules)
     findings.sort(key=lambda f: (f.path, f.line, f.rule, f.backend or "", f.state or ""))
     problems.extend(fetched.notes)
@@ -211,10 +218,9 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
         root=root,
         enum=enum_evidence,
         problems=problems,
-        version=detect_version(files, root),
+        version=detect_version(files, root, fetched.target),
         # Plain lists: reports pickle into the cache and unpickle without the analysis' types.
-        graph={"nodes": list(queue.graph.nodes.items()),
-               "edges": [(a, b, data) for (a, b), data in queue.graph.edges.items()]},
+        graph=queue.graph.as_data(),
     )
     report.gaps = find_gaps(report, enum_evidence.path)
     return report
@@ -227,57 +233,9 @@ def _enum_unreadable_message(target: str, pack: Pack, files: list[SourceFile]) -
     return f"{target}: `class {pack.enum}` could not be read" + (f" ({detail})" if detail else " (it has no members)")
 
 
-def _helpers_with_effects(site_states: dict[tuple[str, str, int], tuple[str, set[str], str]]) -> set[str]:
-    """Functions that (directly or through the helpers they call) act on the request."""
-    effectful = {function for (kind, _, _), (function, _, _) in site_states.items() if kind != "helper"}
-    calls = [(function, detail) for (kind, _, _), (function, _, detail) in site_states.items() if kind == "helper"]
-    changed = True
-    while changed:
-        changed = False
-        for caller, callee in calls:
-            if callee in effectful and caller not in effectful:
-                effectful.add(caller)
-                changed = True
-    return effectful
-
-
-def _queue_report(pack: Pack, members: tuple[str, ...], queue) -> QueueReport:
-    order = {m: i for i, m in enumerate(members)}
-    site_states: dict[tuple[str, str, int], tuple[str, set[str], str]] = {}
-    states: dict[str, StateFate] = {}
-    for state in members:
-        evidence: dict[tuple[str, int], str] = {}
-        for events, outcome in queue.paths.get(state, []):
-            for e in events:
-                if e.kind in NOT_SITES:
-                    continue
-                key = (e.kind, e.path, e.line)
-                entry = site_states.setdefault(key, (e.function, set(), e.detail))
-                if e.kind != "check" or e.detail == "T":
-                    entry[1].add(state)
-                note = {"T": "check: true", "F": "check: false"}.get(e.detail, f"{e.kind}: {e.detail}") \
-                    if e.kind == "check" else f"{e.kind}: {e.detail}" if e.detail else e.kind
-                evidence.setdefault((e.path, e.line), note)
-            if queue.drain is not None and outcome == "dropped":
-                # Nothing marks where a dropped request goes: point at the loop it falls out of.
-                loop = (queue.drain.func.path, queue.drain.body.line(queue.drain.loop))
-                evidence[loop] = "dropped: no keep, done, release or abort on this path"
-        fate = queue.fate(state) if queue.drain is not None else []
-        states[state] = StateFate(fate, [Evidence(p, l, n) for (p, l), n in sorted(evidence.items())])
-    sites: list[Site] = list(queue.static_sites)
-    drain = queue.drain
-    if drain is not None and drain.poll_line is not None:
-        sites.append(Site("poll", drain.func.path, drain.poll_line, drain.func.qualname))
-    relevant = _helpers_with_effects(site_states)
-    for (kind, path, line), (function, reached, detail) in site_states.items():
-        if kind == "helper" and detail not in relevant:
-            continue  # a helper that does nothing to the request is not part of the map
-        note = detail if kind not in ("check",) else ""
-        sites.append(Site(kind, path, line, function, tuple(sorted(reached, key=order.get)), note))
-    unique = {(s.kind, s.path, s.line): s for s in sites}
-    ordered = sorted(unique.values(), key=lambda s: (s.path, s.line, s.kind))
-    drain_ref = Evidence(drain.func.path, drain.body.line(drain.loop), drain.func.qualname) if drain else None
-    return QueueReport(pack.queue, drain_ref, ordered, states)
+def _queue_report(pack: Pack, model: ScanModel) -> QueueReport:
+    modes = [ModeInfo(m.label, m.passed, m.callers) for m in model.queue.modes]
+    return QueueReport(pack.queue, model.queue.drain_ref(), model.release_map(), model.state_fates(), modes)
 
 
 __all__ = ["scan_path", "scan_fetched", "locate_package", "locate_packages", "OUTCOME_ORDER"]

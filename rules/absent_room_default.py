@@ -5,29 +5,7 @@ import ast
 from kvtrace.model import Evidence, Finding
 from kvtrace.rules.base import Rule, Sample, ScanContext
 from kvtrace.rules.manager_model import _self_attr, manager_methods, member
-from kvtrace.rules.samples import STANDARD_BRANCHES, drain, sender
-
-_SENDER = sender("Net", '''\
-        if self.conclude_state is not None:
-            return self.conclude_state
-        return self.mgr.check_status(self.room)''')
-
-
-def _manager(check_body: str) -> str:
-    return f'''\
-from ..base.conn import KVPoll
-
-
-class NetKVManager:
-    def __init__(self):
-        self.request_status = {{}}
-
-    def check_status(self, room):
-{check_body}
-
-    def update_status(self, room, status):
-        self.request_status[room] = status
-'''
+from kvtrace.rules.samples import MANAGED_SENDER, STANDARD_BRANCHES, drain, manager
 
 
 class AbsentRoomDefault(Rule):
@@ -58,12 +36,11 @@ class AbsentRoomDefault(Rule):
     severity = "warning"
     per_queue = False
 
-    VALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES), "disaggregation/net/conn.py": _SENDER,
-                     "disaggregation/net/mgr.py": _manager(
-                         "        return self.request_status.get(room, KVPoll.Failed)")})]
-    INVALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES), "disaggregation/net/conn.py": _SENDER,
-                       "disaggregation/net/mgr.py": _manager(
-                           "        return self.request_status.get(room, KVPoll.WaitingForInput)")},
+    VALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES), "disaggregation/net/conn.py": MANAGED_SENDER,
+                     "disaggregation/net/mgr.py": manager()})]
+    INVALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES), "disaggregation/net/conn.py": MANAGED_SENDER,
+                       "disaggregation/net/mgr.py": manager(
+                           check_body="        return self.request_status.get(room, KVPoll.WaitingForInput)")},
                       expect=((None, "WaitingForInput"),))]
 
     def check(self, ctx: ScanContext) -> list[Finding]:

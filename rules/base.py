@@ -8,11 +8,11 @@ import inspect
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, ClassVar
 
-from kvtrace.model import Evidence, Finding, Site
+from kvtrace.model import EventKind, Evidence, Finding, Site
 
 if TYPE_CHECKING:  # the rules' docs and samples load without the analysis stack (fast `explain`)
     from kvtrace.backends import SenderAnalysis
-    from kvtrace.graph import QueueAnalysis
+    from kvtrace.graph import QueueAnalysis, ScanModel
     from kvtrace.index import Index
     from kvtrace.packs import Pack
     from kvtrace.states import Domain
@@ -20,14 +20,22 @@ if TYPE_CHECKING:  # the rules' docs and samples load without the analysis stack
 
 @dataclass
 class ScanContext:
-    """Everything a rule may read: the queue graph, the senders, the enum and the pack."""
+    """Everything a rule may read: the model (queue graph and senders, with their queries
+    fate(), paths(), release_map(), way_out()), the enum, the pack and the index."""
 
     pack: Pack
     domain: Domain
     index: Index
-    queue: QueueAnalysis
-    senders: list[SenderAnalysis]
+    model: ScanModel
     entries: list[Site]
+
+    @property
+    def queue(self) -> QueueAnalysis:
+        return self.model.queue
+
+    @property
+    def senders(self) -> list[SenderAnalysis]:
+        return self.model.senders
 
 
 @dataclass(frozen=True)
@@ -71,11 +79,11 @@ def drain_evidence(ctx: ScanContext) -> list[Evidence]:
     if drain is not None:
         if drain.poll_line is not None:
             evidence.append(Evidence(drain.func.path, drain.poll_line, "poll: states read for the queue"))
-        evidence.append(Evidence(drain.func.path, drain.body.line(drain.loop), f"drain loop in {drain.func.qualname}"))
+        evidence.append(Evidence(drain.func.path, ctx.queue.loop_line(), f"drain loop in {drain.func.qualname}"))
     return evidence
 
 
-def path_evidence(events, state: str, kinds: tuple[str, ...] = ("check", "helper")) -> list[Evidence]:
+def path_evidence(events, state: str, kinds: tuple[EventKind, ...] = (EventKind.CHECK, EventKind.HELPER)) -> list[Evidence]:
     """The decisions along one path, one line each, in order."""
     out: list[Evidence] = []
     seen: set[tuple[str, int]] = set()
@@ -83,9 +91,9 @@ def path_evidence(events, state: str, kinds: tuple[str, ...] = ("check", "helper
         if e.kind in kinds and (e.path, e.line) not in seen:
             seen.add((e.path, e.line))
             detail = {"T": "true", "F": "false"}.get(e.detail, e.detail)
-            out.append(Evidence(e.path, e.line, f"{e.kind}: {detail} for {state}" if e.kind == "check" else f"{e.kind}: {detail}"))
+            out.append(Evidence(e.path, e.line, f"{e.kind}: {detail} for {state}" if e.kind == EventKind.CHECK else f"{e.kind}: {detail}"))
     return out
 
 
 def returned_by(ctx: ScanContext, state: str) -> list[str]:
-    return [s.backend.name for s in ctx.senders if state in s.backend.returns]
+    return ctx.model.returning(state)

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from kvtrace.rules.base import Rule, Sample, ScanContext
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain, sender
-from kvtrace.model import Evidence, Finding
+from kvtrace.model import EventKind, Evidence, Finding, Outcome
 
 # The standard chain with its final `else` cut off: Bootstrapping falls through every branch.
 _CHAIN_WITHOUT_ELSE = STANDARD_BRANCHES.rsplit("\n            else:", 1)[0]
@@ -57,21 +57,21 @@ class DroppedState(Rule):
         if queue.drain is None:
             return []
         drain = queue.drain
-        loop_line = drain.body.line(drain.loop)
+        loop_line = queue.loop_line()
         findings = []
         for state in ctx.domain.members:
-            dropped = [events for events, outcome in queue.paths.get(state, []) if outcome == "dropped"]
+            dropped = ctx.model.paths(state, Outcome.DROPPED)
             if not dropped:
                 continue
             evidence = [Evidence(drain.func.path, loop_line, f"drain loop in {drain.func.qualname}")]
             seen = set()
             for events in dropped:
                 for e in events:
-                    if e.kind in ("check", "helper") and (e.path, e.line) not in seen:
+                    if e.kind in (EventKind.CHECK, EventKind.HELPER) and (e.path, e.line) not in seen:
                         seen.add((e.path, e.line))
                         verdict = {"T": "true", "F": "false"}.get(e.detail, e.detail)
                         evidence.append(Evidence(e.path, e.line, f"{e.kind}: {verdict} for {state}"))
-            returned_by = [s.backend.name for s in ctx.senders if state in s.backend.returns]
+            returned_by = ctx.model.returning(state)
             by = f" (returned by: {', '.join(returned_by)})" if returned_by else ""
             message = (
                 f"{state}{by} can be dropped from {ctx.pack.queue}: a path of the drain loop neither "

@@ -5,29 +5,7 @@ import ast
 from kvtrace.model import Evidence, Finding
 from kvtrace.rules.base import Rule, Sample, ScanContext
 from kvtrace.rules.manager_model import manager_methods, member, reads_slot, slot_aliases, stores
-from kvtrace.rules.samples import STANDARD_BRANCHES, drain, sender
-
-_SENDER = sender("Net", '''\
-        if self.conclude_state is not None:
-            return self.conclude_state
-        return self.mgr.check_status(self.room)''')
-
-
-def _manager(update_body: str) -> str:
-    return f'''\
-from ..base.conn import KVPoll
-
-
-class NetKVManager:
-    def __init__(self):
-        self.request_status = {{}}
-
-    def check_status(self, room):
-        return self.request_status.get(room, KVPoll.Failed)
-
-    def update_status(self, room, status):
-{update_body}
-'''
+from kvtrace.rules.samples import MANAGED_SENDER, STANDARD_BRANCHES, drain, manager
 
 
 _MAX_MERGE = '''\
@@ -72,10 +50,10 @@ class FailedNotSticky(Rule):
     severity = "warning"
     per_queue = False
 
-    VALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES), "disaggregation/net/conn.py": _SENDER,
-                     "disaggregation/net/mgr.py": _manager(_STICKY)})]
-    INVALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES), "disaggregation/net/conn.py": _SENDER,
-                       "disaggregation/net/mgr.py": _manager(_MAX_MERGE)}, expect=((None, "Failed"),))]
+    VALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES), "disaggregation/net/conn.py": MANAGED_SENDER,
+                     "disaggregation/net/mgr.py": manager(update_body=_STICKY)})]
+    INVALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES), "disaggregation/net/conn.py": MANAGED_SENDER,
+                       "disaggregation/net/mgr.py": manager(update_body=_MAX_MERGE)}, expect=((None, "Failed"),))]
 
     def check(self, ctx: ScanContext) -> list[Finding]:
         domain = ctx.domain

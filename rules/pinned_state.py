@@ -2,15 +2,19 @@ from __future__ import annotations
 
 from kvtrace.rules.base import Rule, Sample, ScanContext
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain, sender
-from kvtrace.model import Evidence, Finding
+from kvtrace.model import EventKind, Evidence, Finding, Outcome
 
 
 class PinnedState(Rule):
     """A poll state that the drain loop always keeps and the backend's poll() never leaves.
 
     What it does:
-        For each transfer backend and each non-terminal poll state S, reports S when (1) every
-        path through the drain loop with poll == S keeps the request in the queue (or raises),
+        For each transfer backend and each non-terminal poll state S, reports S when (1) in some
+        mode of the drain (the ways its callers bind its parameters, e.g. `rids_to_check` left at
+        its default or passed by a pipeline-parallel loop) a path on which the poll value decides
+        (a path that tests it) keeps the request and no path takes it out (a path that keeps it
+        without testing the poll value waits on something else; when every deciding path raises
+        it is `state-crash`'s),
         (2) the poll() the backend really runs can return S (with the manager's status table
         holding a state, or the room absent from it), and (3) from there neither abort() followed
         by poll() nor the clock past every deadline makes poll() return a terminal state. The
@@ -76,22 +80,38 @@ class PinnedState(Rule):
         queue = ctx.queue
         if queue.drain is None:
             return []
+        several = len(queue.modes) > 1
         findings = []
         for state in ctx.domain.non_terminal:
-            fate = queue.fate(state)
-            if "kept" not in fate or "leaves" in fate or "dropped" in fate:
+            # Per mode of the drain: some path on which the poll value decides (one that tests
+            # it) keeps the request, and no path takes it out. A path that keeps it without
+            # testing the poll value is a wait on something else (`req.rid not in
+            # rids_to_check`), not a pin; when every deciding path raises it is state-crash's.
+            pinned = []
+            for mode, deciding, every in ctx.model.deciding(state):
+                if any(outcome is Outcome.KEPT for _, outcome in deciding) \
+                        and not any(outcome in (Outcome.LEAVES, Outcome.DROPPED) for _, outcome in every):
+                    pinned.append((mode, deciding))
+            if not pinned:
                 continue
-            keep_paths = [events for events, outcome in queue.paths[state] if outcome == "kept"]
-            keep_sites = sorted({(e.path, e.line) for events in keep_paths for e in events if e.kind == "keep"})
-            silent = not any(e.kind == "log" for events in keep_paths for e in events)
+            raises = any(outcome is Outcome.RAISES for _, deciding in pinned for _, outcome in deciding)
+            keep_paths = [events for _, deciding in pinned for events, outcome in deciding if outcome is Outcome.KEPT]
+            keep_sites = sorted({(e.path, e.line) for events in keep_paths for e in events if e.kind == EventKind.KEEP})
+            silent = not any(e.kind == EventKind.LOG for events in keep_paths for e in events)
+            keeps = "the drain loop keeps it" + (" (or raises)" if raises else "") + " and never lets it out"
+            if not several:
+                where = keeps
+            elif len(pinned) == len(queue.modes):
+                where = f"in every mode of the drain ({'; '.join(m.label for m, _ in pinned)}) {keeps}"
+            else:
+                where = f"when {' and when '.join(m.label for m, _ in pinned)}, {keeps}"
             for analysis in ctx.senders:
                 b = analysis.backend
-                verdict = b.way_out(state)
+                verdict = ctx.model.way_out(b.name, state)
                 if b.poll is None or verdict is None or not verdict.pinned:
                     continue
                 message = (
-                    f"{state} can pin {ctx.pack.queue} with the {b.name} backend: every path of the "
-                    f"drain loop keeps it{' (or raises)' if 'raises' in fate else ''}, and {b.sender}.poll() "
+                    f"{state} can pin {ctx.pack.queue} with the {b.name} backend: {where}, and {b.sender}.poll() "
                     f"has no way out of it: " + "; ".join(link.note for link in verdict.chain)
                     + ("; the loop logs nothing when it keeps it, so only the queue gauge shows it" if silent else "")
                 )
@@ -99,8 +119,10 @@ class PinnedState(Rule):
                 drain = queue.drain
                 if drain.poll_line is not None:
                     evidence.append(Evidence(drain.func.path, drain.poll_line, "poll: states read for the queue"))
-                evidence.append(Evidence(drain.func.path, drain.body.line(drain.loop), f"drain loop in {drain.func.qualname}"))
-                evidence += [Evidence(p, l, f"keep: {state} goes back into the queue") for p, l in keep_sites]
+                evidence.append(Evidence(drain.func.path, queue.loop_line(), f"drain loop in {drain.func.qualname}"))
+                if several:
+                    evidence += [Evidence(c.path, c.line, f"mode {m.label}: {c.note}") for m, _ in pinned for c in m.callers[:1]]
+                evidence += [Evidence(p, l, f"keep: back into the queue for {state}") for p, l in keep_sites]
                 evidence += list(verdict.chain)
                 findings.append(self.finding(message, b.poll.path, b.poll.line, b.name, state, evidence))
         return findings

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import ast
 
-from kvtrace.model import Evidence, Finding
+from kvtrace.model import EventKind, Evidence, Finding, Outcome
 from kvtrace.rules.base import Rule, Sample, ScanContext, drain_evidence, path_evidence
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain
 
@@ -67,11 +67,10 @@ class ReleaseLeak(Rule):
             # on one path only is usually a release guarded by "does it hold one?" - it leaks
             # only when no path through that exit gives it back.
             exits: dict[tuple[str, int], list] = {}
-            for events, outcome in queue.paths.get(state, []):
-                if outcome == "leaves":
-                    where = next((e for kind in ("abort", "done", "requeue", "release") for e in events
-                                  if e.kind == kind), events[-1])
-                    exits.setdefault((where.path, where.line), []).append(events)
+            for events in ctx.model.paths(state, Outcome.LEAVES):
+                where = next((e for kind in (EventKind.ABORT, EventKind.DONE, EventKind.REQUEUE, EventKind.RELEASE)
+                              for e in events if e.kind == kind), events[-1])
+                exits.setdefault((where.path, where.line), []).append(events)
             for (path, line), group in exits.items():
                 problems = [self._problem(ctx, events, returned) for events in group]
                 if any(p is None for p in problems):
@@ -79,7 +78,8 @@ class ReleaseLeak(Rule):
                 events = group[0]
                 message = f"{state} leaves {ctx.pack.queue} at line {line} {problems[0]}"
                 evidence = drain_evidence(ctx) + path_evidence(
-                    events, state, ("check", "helper", "release", "abort", "done", "requeue", "answer"))
+                    events, state, (EventKind.CHECK, EventKind.HELPER, EventKind.RELEASE, EventKind.ABORT, EventKind.DONE,
+                                   EventKind.REQUEUE, EventKind.ANSWER))
                 findings.append(self.finding(message, path, line, None, state, evidence))
                 break  # one finding per state: the first leaking exit
         return findings
@@ -87,15 +87,15 @@ class ReleaseLeak(Rule):
     @staticmethod
     def _problem(ctx: ScanContext, events, returned: set[str]) -> str | None:
         kinds = {e.kind for e in events}
-        released = {ctx.pack.resource_of(e.detail.removesuffix(" (after the loop)")) for e in events if e.kind == "release"}
-        handed_on = "requeue" in kinds or any(e.kind == "done" and e.detail in returned for e in events)
-        if "abort" in kinds:
+        released = {ctx.pack.resource_of(e.detail.removesuffix(" (after the loop)")) for e in events if e.kind == EventKind.RELEASE}
+        handed_on = EventKind.REQUEUE in kinds or any(e.kind == EventKind.DONE and e.detail in returned for e in events)
+        if EventKind.ABORT in kinds:
             missing = [name for name in ctx.pack.held_in(ctx.pack.queue) if name not in released]
             if missing:
                 return (f"ending the request (abort) without releasing {', '.join(missing)}: "
                         f"{' and '.join(missing)} leak{'s' if len(missing) == 1 else ''} for every such request")
             return None
-        if "answer" not in kinds and not handed_on:
+        if EventKind.ANSWER not in kinds and not handed_on:
             return ("without an answer to the client: no abort, no answer call and no finished list "
                     "that is streamed or returned, so the client waits for ever")
         return None

@@ -105,3 +105,31 @@ class {name}KVSender(BaseKVSender):
     def abort(self):
         self.conclude_state = KVPoll.Failed
 {extra}'''
+
+
+# A sender that reads its abort state, then asks its manager (for the manager rules' samples).
+MANAGED_SENDER = sender("Net", '''\
+        if self.conclude_state is not None:
+            return self.conclude_state
+        return self.mgr.check_status(self.room)''')
+
+_LOOKUP_FAILED = "        return self.request_status.get(room, KVPoll.Failed)"
+_STORE_ANY = "        self.request_status[room] = status"
+
+
+def manager(check_body: str = _LOOKUP_FAILED, update_body: str = _STORE_ANY) -> str:
+    """`NetKVManager` with a status table; check_status and update_status bodies (8 spaces)."""
+    return f'''\
+from ..base.conn import KVPoll
+
+
+class NetKVManager:
+    def __init__(self):
+        self.request_status = {{}}
+
+    def check_status(self, room):
+{check_body}
+
+    def update_status(self, room, status):
+{update_body}
+'''

@@ -3,31 +3,10 @@ from __future__ import annotations
 import ast
 
 from kvtrace.model import Evidence, Finding
+from kvtrace.parse import walk
 from kvtrace.rules.base import Rule, Sample, ScanContext
 from kvtrace.rules.manager_model import ManagerMethod, _self_attr, manager_methods, member, slot_aliases
-from kvtrace.rules.samples import STANDARD_BRANCHES, drain, sender
-
-_SENDER = sender("Net", '''\
-        if self.conclude_state is not None:
-            return self.conclude_state
-        return self.mgr.check_status(self.room)''')
-
-
-def _manager(update_body: str) -> str:
-    return f'''\
-from ..base.conn import KVPoll
-
-
-class NetKVManager:
-    def __init__(self):
-        self.request_status = {{}}
-
-    def check_status(self, room):
-        return self.request_status.get(room, KVPoll.Failed)
-
-    def update_status(self, room, status):
-{update_body}
-'''
+from kvtrace.rules.samples import MANAGED_SENDER, STANDARD_BRANCHES, drain, manager
 
 
 _OPENING_ONLY = '''\
@@ -74,10 +53,10 @@ class SilentStatusDrop(Rule):
     severity = "warning"
     per_queue = False
 
-    VALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES), "disaggregation/net/conn.py": _SENDER,
-                     "disaggregation/net/mgr.py": _manager(_ANY_STATUS)})]
-    INVALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES), "disaggregation/net/conn.py": _SENDER,
-                       "disaggregation/net/mgr.py": _manager(_OPENING_ONLY)}, expect=((None, "Failed"),))]
+    VALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES), "disaggregation/net/conn.py": MANAGED_SENDER,
+                     "disaggregation/net/mgr.py": manager(update_body=_ANY_STATUS)})]
+    INVALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES), "disaggregation/net/conn.py": MANAGED_SENDER,
+                       "disaggregation/net/mgr.py": manager(update_body=_OPENING_ONLY)}, expect=((None, "Failed"),))]
 
     def check(self, ctx: ScanContext) -> list[Finding]:
         findings = []
@@ -90,7 +69,7 @@ class SilentStatusDrop(Rule):
             args = [a.arg for a in m.func.node.args.args]
             status = args[2] if len(args) > 2 else None
             aliases = slot_aliases(m.func.node, m.table, m.room)
-            for node in ast.walk(m.func.node):
+            for node in walk(m.func.node):
                 if not isinstance(node, ast.If):
                     continue
                 absent = _absent_branch(node, m, aliases)
@@ -157,10 +136,10 @@ def _reaches_store(stmts: list[ast.stmt], m: ManagerMethod, status: str | None, 
 def _guarded_callers(ctx: ScanContext, m: ManagerMethod, failed: str) -> list[tuple[str, int]]:
     found = []
     for module in ctx.index.modules.values():
-        for node in ast.walk(module.tree):
+        for node in walk(module.tree):
             if isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and isinstance(node.test.ops[0], ast.In) \
                     and isinstance(node.test.comparators[0], ast.Attribute) and node.test.comparators[0].attr == m.table:
-                for inner in (n for stmt in node.body for n in ast.walk(stmt)):
+                for inner in (n for stmt in node.body for n in walk(stmt)):
                     if isinstance(inner, ast.Call) and isinstance(inner.func, ast.Attribute) \
                             and inner.func.attr == m.func.name \
                             and any(member(a, ctx.pack.enum) == failed for a in inner.args):

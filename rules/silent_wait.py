@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from kvtrace.model import Evidence, Finding
+from kvtrace.model import EventKind, Evidence, Finding, Outcome
 from kvtrace.rules.base import Rule, Sample, ScanContext, drain_evidence, path_evidence
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain
 
@@ -54,16 +54,16 @@ class SilentWait(Rule):
             # Per keep site: a log on another branch (say, the pipeline-parallel one) does not
             # make the ordinary wait visible.
             sites: dict[tuple[str, int], list] = {}
-            for events, outcome in queue.paths.get(state, []):
-                keep = next((e for e in reversed(events) if e.kind == "keep"), None)
-                if outcome == "kept" and keep is not None:
+            for events in ctx.model.paths(state, Outcome.KEPT):
+                keep = next((e for e in reversed(events) if e.kind == EventKind.KEEP), None)
+                if keep is not None:
                     sites.setdefault((keep.path, keep.line), []).append(events)
             silent = [(where, group) for where, group in sites.items()
-                      if not any(e.kind in ("log", "metric") for events in group for e in events)]
+                      if not any(e.kind in (EventKind.LOG, EventKind.METRIC) for events in group for e in events)]
             if not silent:
                 continue
             # Prefer the site where the poll value was matched (the branch meant for S).
-            silent.sort(key=lambda item: not any(e.kind == "check" and e.detail == "T"
+            silent.sort(key=lambda item: not any(e.kind == EventKind.CHECK and e.detail == "T"
                                                  for events in item[1] for e in events))
             (path, line), group = silent[0]
             message = (f"{ctx.pack.queue} keeps {state} at line {line} without a log line or a metric: a request "

@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from kvtrace.model import Evidence, Finding
+from kvtrace.model import EventKind, Evidence, Finding, Outcome
 from kvtrace.rules.base import Rule, Sample, ScanContext, drain_evidence, path_evidence, returned_by
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain
 
@@ -62,19 +62,19 @@ class UnhandledState(Rule):
             # Paths on which the poll value was tested and no test matched: S fell to a catch-all.
             # A path that keeps S without testing it at all (a mode: "not my turn yet") is not one.
             unmatched = [(events, outcome) for events, outcome in queue.paths.get(state, [])
-                         if any(e.kind == "check" for e in events)
-                         and not any(e.kind == "check" and e.detail == "T" for e in events)]
+                         if any(e.kind == EventKind.CHECK for e in events)
+                         and not any(e.kind == EventKind.CHECK and e.detail == "T" for e in events)]
             crashes: dict[tuple[str, int], list] = {}
             for events, outcome in unmatched:
-                raise_event = next((e for e in reversed(events) if e.kind == "raise"), None)
-                if outcome == "raises" and raise_event is not None:
+                raise_event = next((e for e in reversed(events) if e.kind == EventKind.RAISE), None)
+                if outcome == Outcome.RAISES and raise_event is not None:
                     crashes.setdefault((raise_event.path, raise_event.line), events)
             kept = [events for events, outcome in unmatched
-                    if outcome == "kept" and state in ctx.domain.terminal]
+                    if outcome == Outcome.KEPT and state in ctx.domain.terminal]
             by = returned_by(ctx, state)
             who = f" (returned by: {', '.join(by)})" if by else " (no backend's poll() is seen returning it)"
             for (path, line), events in crashes.items():
-                raise_event = next(e for e in reversed(events) if e.kind == "raise")
+                raise_event = next(e for e in reversed(events) if e.kind == EventKind.RAISE)
                 message = (f"{state}{who} matches no test of the poll value in the drain loop of {ctx.pack.queue} "
                            f"and reaches {'an' if raise_event.detail == 'assert' else 'a'} {raise_event.detail} at "
                            f"line {line} ({raise_event.function}): the exception leaves the drain loop (a scheduler crash)")
@@ -82,11 +82,11 @@ class UnhandledState(Rule):
                     Evidence(path, line, f"raise: {state} is not expected here")]
                 findings.append(self.finding(message, path, line, None, state, evidence))
             for events in kept[:1]:
-                keep = next((e for e in events if e.kind == "keep"), None)
+                keep = next((e for e in events if e.kind == EventKind.KEEP), None)
                 if keep is not None:
                     where, how = keep, f"the catch-all at line {keep.line} keeps it"
                 else:  # kept because the loop returns before the queue is reassigned
-                    where = [e for e in events if e.kind == "check"][-1]
+                    where = [e for e in events if e.kind == EventKind.CHECK][-1]
                     how = f"after the test at line {where.line} the drain returns before reassigning the queue"
                 message = (f"{state} is terminal but matches no test of the poll value in the drain loop of "
                            f"{ctx.pack.queue}: {how}, and it never changes again, so the request stays in the "

@@ -4,6 +4,7 @@ and every output format checked against its schema."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -118,16 +119,33 @@ def test_bad_file_is_reported_and_scan_goes_on(tmp_path: Path, name: str, conten
 def test_rules_and_explain() -> None:
     from kvtrace.rules import ALL_RULES
 
-    listed = kvtrace("rules").stdout.splitlines()
+    rows: list[str] = []  # a row wraps under its summary column: rejoin it before comparing
+    for line in kvtrace("rules").stdout.splitlines():
+        if line.startswith(" ") and rows:
+            rows[-1] += " " + line.strip()
+        else:
+            rows.append(line)
     for rule in ALL_RULES:
-        row = next(line for line in listed if line.startswith(rule.code))
-        assert rule.name in row and rule.severity in row and rule.summary() in row
+        row = " ".join(next(r for r in rows if r.startswith(rule.code + " ")).split())
+        assert rule.name in row and rule.severity in row and " ".join(rule.summary().split()) in row
         for key in (rule.code, rule.name) if rule.name == "pinned-state" else (rule.code,):
             explained = kvtrace("explain", key).stdout
             assert explained.startswith(f"{rule.code} {rule.name} ({rule.severity})")
             for section in ("What it does:", "Why it matters:", "Example:", "Fix:"):
                 assert section in explained
     assert_one_line_error(kvtrace("explain", "no-such-rule"), "unknown rule")
+
+
+def test_rules_and_explain_fit_an_80_column_terminal_without_breaking_words() -> None:
+    from kvtrace.rules import ALL_RULES
+
+    env = {**os.environ, "COLUMNS": "80"}
+    run = lambda *a: subprocess.run([sys.executable, "-m", "kvtrace", *a], cwd=ROOT, env=env,
+                                    capture_output=True, text=True, timeout=120).stdout
+    for text, words in [(run("rules"), [w for r in ALL_RULES for w in r.summary().split()])] + [
+            (run("explain", r.code), r.docs().split()) for r in ALL_RULES]:
+        assert text and max(len(line) for line in text.splitlines()) <= 80, text
+        assert set(words) <= set(text.split()), set(words) - set(text.split())  # no word cut in two
 
 
 def test_unknown_rules_pack_is_exit_2() -> None:

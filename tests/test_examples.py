@@ -4,6 +4,8 @@ must find; this test checks every annotation, and that nothing unannotated is fo
     # expect: pinned-state[nixl:WaitingForInput], dropped-state[:Bootstrapping]
     # fates: Failed=leaves Bootstrapping=kept+raises ...      (on the drain loop's `for` line)
     # site: check,keep                                       (rows the release map must have)
+    # mode rids_to_check passed: Failed=waits@62+leaves ...   (a mode's fates: where each state
+                                                             waits, then what happens to it)
 
 Parts of one comment are separated by ` ; `.
 """
@@ -30,6 +32,7 @@ class Annotations:
     findings: set[tuple[str, str, int, str, str]] = field(default_factory=set)
     fates: dict[tuple[str, int], dict[str, list[str]]] = field(default_factory=dict)
     sites: set[tuple[str, int, str]] = field(default_factory=set)
+    modes: dict[str, dict[str, list[str]]] = field(default_factory=dict)
 
 
 def read_annotations(tree: Path) -> Annotations:
@@ -49,6 +52,10 @@ def read_annotations(tree: Path) -> Annotations:
                         found.findings.add((rule, rel, line, backend, state))
                 elif key == "fates":
                     found.fates[(rel, line)] = {
+                        state: outcomes.split("+") for state, _, outcomes in (w.partition("=") for w in value.split())
+                    }
+                elif key.startswith("mode "):
+                    found.modes[key[len("mode "):].strip()] = {
                         state: outcomes.split("+") for state, _, outcomes in (w.partition("=") for w in value.split())
                     }
                 elif key == "site":
@@ -77,6 +84,14 @@ def test_tree_matches_its_annotations(tree: Path) -> None:
     assert set(expected.fates) == {(queue.drain.path, queue.drain.line)}, "fates belong on the drain loop's line"
     fates = {state: fate.fate for state, fate in queue.states.items()}
     assert fates == next(iter(expected.fates.values()))
+    if len(queue.modes) > 1:
+        assert expected.modes, f"{tree.name}: the drain has modes; annotate each with `# mode <label>: ...`"
+    if expected.modes:
+        produced_modes: dict[str, dict[str, list[str]]] = {m.label: {} for m in queue.modes}
+        for state, fate in queue.states.items():
+            for m in fate.modes:
+                produced_modes[m.mode][state] = [f"waits@{w.line}" for w in m.waits] + m.then
+        assert produced_modes == expected.modes
 
     sites = {(s.path, s.line, s.kind) for s in queue.sites}
     assert expected.sites - sites == set(), "annotated release-map rows missing"

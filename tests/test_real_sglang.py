@@ -148,7 +148,8 @@ EXPECTED_PINS = {
     # (sender __init__) or WaitingForInput (bootstrap thread); after it, WaitingForInput until
     # the handles are DONE: Bootstrapping and WaitingForInput pin, Transferring is never returned.
     # The fake sender has no abort and no timeout.
-    "0.5.2": {("fake", "WaitingForInput"), ("nixl", "Bootstrapping"), ("nixl", "WaitingForInput")},
+    # NIXL Bootstrapping is not a pin: no path that tests it keeps it (state-crash below).
+    "0.5.2": {("fake", "WaitingForInput"), ("nixl", "WaitingForInput")},
     # MooncakeKVSender.abort() calls super().abort(): CommonKVSender.abort() sets conclude_state
     # = Failed, and MooncakeKVSender.poll() returns conclude_state once set: no pin (Ascend
     # inherits both). NixlKVSender.poll() never reads conclude_state; it returns
@@ -162,13 +163,86 @@ EXPECTED_PINS = {
 }
 
 
+# The drain's modes: process_disagg_prefill_inflight_queue(self, rids_to_check=None) is called
+# with no argument by the normal event loops and with the rids the previous pipeline rank
+# finished by the pipeline-parallel one (positionally). Per version: (mode label, line of a
+# caller) and, per state and mode, (the outcomes once it no longer waits, the lines of the
+# guards it waits on: `if req.rid not in rids_to_check: undone_reqs.append(req); continue`).
+_PP = "rids_to_check passed"
+_NORMAL = "rids_to_check=None"
+EXPECTED_MODES = {
+    # No parameter: one mode.
+    "0.4.6.post5": [("default", "sglang/srt/disaggregation/prefill.py", 240)],
+    # Both event loops are in prefill.py; event_loop_pp_disagg_prefill passes next_release_rids.
+    "0.5.2": [(_NORMAL, "sglang/srt/disaggregation/prefill.py", 299), (_PP, "sglang/srt/disaggregation/prefill.py", 795)],
+    # The pipeline-parallel loop moved to SchedulerPPMixin (managers/scheduler_pp_mixin.py).
+    "0.5.14": [(_NORMAL, "sglang/srt/disaggregation/prefill.py", 494), (_PP, "sglang/srt/managers/scheduler_pp_mixin.py", 316)],
+    "0.5.23": [(_NORMAL, "sglang/srt/disaggregation/prefill.py", 720), (_PP, "sglang/srt/managers/scheduler_pp_mixin.py", 345)],
+}
+EXPECTED_MODE_FATES = {
+    "0.4.6.post5": {"default": {
+        "Failed": (["leaves"], []), "Bootstrapping": (["dropped"], []), "WaitingForInput": (["kept"], []),
+        "Transferring": (["kept"], []), "Success": (["leaves"], [])}},
+    # Normal: W/T kept, Success/Failed leave, Bootstrapping meets `else: assert False` (532).
+    # PP: every state waits at 502 until its rid is in rids_to_check; then
+    # `assert poll == KVPoll.Success or poll == KVPoll.Failed` (506) raises for the others.
+    "0.5.2": {
+        _NORMAL: {"Failed": (["leaves"], []), "Bootstrapping": (["raises"], []), "WaitingForInput": (["kept"], []),
+                  "Transferring": (["kept"], []), "Success": (["leaves"], [])},
+        _PP: {"Failed": (["leaves"], [502]), "Bootstrapping": (["raises"], [502]), "WaitingForInput": (["raises"], [502]),
+              "Transferring": (["raises"], [502]), "Success": (["leaves"], [502])},
+    },
+    # Normal: the final `else` keeps Bootstrapping with a warning. PP: waits at 742; in
+    # consensus a non-terminal poll is kept with a warning (750-758) instead of asserting.
+    "0.5.14": {
+        _NORMAL: {"Failed": (["leaves"], []), "Bootstrapping": (["kept"], []), "WaitingForInput": (["kept"], []),
+                  "Transferring": (["kept"], []), "Success": (["leaves"], [])},
+        _PP: {"Failed": (["leaves"], [742]), "Bootstrapping": (["kept"], [742]), "WaitingForInput": (["kept"], [742]),
+              "Transferring": (["kept"], [742]), "Success": (["leaves"], [742])},
+    },
+    # Normal: the pending-bootstrap branch (handle_pending_bootstrap raises RuntimeError for
+    # Transferring/Success, asserts finalize_bootstrap for WaitingForInput, requeues or keeps
+    # Bootstrapping) and the main chain (`else: raise RuntimeError` for Bootstrapping). PP: waits
+    # at 1173; in consensus non-terminal polls are kept (1181-1189) before any of that, so only
+    # Success and Failed reach the rest.
+    "0.5.23": {
+        _NORMAL: {"Failed": (["leaves"], []), "Bootstrapping": (["kept", "leaves", "raises"], []),
+                  "WaitingForInput": (["kept", "raises"], []), "Transferring": (["kept", "raises"], []),
+                  "Success": (["leaves", "raises"], [])},
+        _PP: {"Failed": (["leaves"], [1173]), "Bootstrapping": (["kept"], [1173]), "WaitingForInput": (["kept"], [1173]),
+              "Transferring": (["kept"], [1173]), "Success": (["leaves", "raises"], [1173])},
+    },
+}
+# state-crash: (state, line of the raise), per version. Only 0.5.2: in the normal mode every path
+# that tests Bootstrapping reaches `assert False` (532); in the PP mode every path that tests
+# Bootstrapping or WaitingForInput (returned by mooncake/nixl) reaches the assert at 506
+# (Transferring too, but no 0.5.2 backend returns it). 0.5.14 replaced both asserts by a warning and
+# a keep (the upstream fix "Treat non-terminal states as undone instead of crashing"); in 0.5.23
+# the raising paths of each state sit next to paths that keep or finish it.
+EXPECTED_CRASHES = {
+    "0.4.6.post5": set(),
+    "0.5.2": {("Bootstrapping", 532), ("Bootstrapping", 506), ("WaitingForInput", 506)},
+    "0.5.14": set(),
+    "0.5.23": set(),
+}
+
+
 def test_state_fates_and_findings(release: tuple[str, Path]) -> None:
     version, root = release
     report = scan_path(root)
     fates = {state: fate.fate for state, fate in report.queues[0].states.items()}
     assert fates == EXPECTED_FATES[version]
+    modes = [(m.label, m.callers[0].path, m.callers[0].line) for m in report.queues[0].modes]
+    assert modes == EXPECTED_MODES[version]
+    by_mode = {m.label: {} for m in report.queues[0].modes}
+    for state, fate in report.queues[0].states.items():
+        for mode_fate in fate.modes:
+            by_mode[mode_fate.mode][state] = (mode_fate.then, [w.line for w in mode_fate.waits])
+    assert by_mode == EXPECTED_MODE_FATES[version]
     pins = {(f.backend, f.state) for f in report.findings if f.rule == "pinned-state"}
     assert pins == EXPECTED_PINS[version]
+    crashes = {(f.state, f.line) for f in report.findings if f.rule == "state-crash"}
+    assert crashes == EXPECTED_CRASHES[version]
     dropped = {f.state for f in report.findings if f.rule == "dropped-state"}
     assert dropped == ({"Bootstrapping"} if version == "0.4.6.post5" else set())
     assert all(f.status == "ok" for f in report.files)

@@ -278,3 +278,15 @@ def test_detected_version_is_in_the_header(tmp_path: Path) -> None:
     data = json.loads(kvtrace("scan", str(tmp_path / "site-packages"), "--format", "json").stdout)
     assert data["reports"][0]["version"] == {"package": "sglang", "version": "9.8.7",
                                              "path": "sglang/version.py", "line": 1}
+
+
+def test_version_generated_by_setuptools_scm_is_found(tmp_path: Path) -> None:
+    # Newer wheels: version.py only imports it; _version.py is generated with a chained assignment.
+    tree = tmp_path / "sglang"
+    shutil.copytree(EXAMPLES / "nixl-pin" / "disaggregation", tree / "srt" / "disaggregation")
+    (tree / "version.py").write_text("try:\n    from sglang._version import __version__\nexcept ImportError:\n"
+                                     "    __version__ = 'unknown'\n")
+    (tree / "_version.py").write_text("__version__: str\n\n__version__ = version = '4.5.6'\n")
+    data = json.loads(kvtrace("scan", str(tree), "--format", "json").stdout)
+    assert data["reports"][0]["version"] == {"package": "sglang", "version": "4.5.6",
+                                             "path": "_version.py", "line": 3}

@@ -8,7 +8,7 @@ from typing import TextIO
 
 from rich.console import Console
 
-from kvtrace.model import Report
+from kvtrace.model import ModeFate, QueueReport, Report, StateFate
 
 
 def plain_width() -> int:
@@ -43,3 +43,34 @@ def render_plain(reports: list[Report], width: int = 1000, show_map: bool = True
             console.print()
         render(report, console, show_map=show_map)
     return "".join(line.rstrip() + "\n" for line in buffer.getvalue().splitlines())
+
+
+def mode_fate_text(fate: ModeFate) -> str:
+    """A state's fate in one mode, read as a sentence: where it waits (kept on a path that never
+    tests the poll value), then what happens once it no longer waits."""
+    then = ", ".join(fate.then)
+    if not fate.waits:
+        return ", ".join(fate.fate) or "-"
+    waits = " or ".join(f"while {w.note} ({w.path}:{w.line})" if w.note else f"whatever the poll says ({w.path}:{w.line})"
+                        for w in fate.waits)
+    return f"waits {waits}, then {then}" if then else f"waits {waits}"
+
+
+def state_fate_lines(queue: QueueReport, fate: StateFate) -> list[tuple[str, str]]:
+    """(mode label, fate text) per mode of the drain; one row with no label when it has one mode."""
+    if not fate.modes:
+        return [("", ", ".join(fate.fate) or "-")]
+    if len(fate.modes) == 1:
+        return [("", mode_fate_text(fate.modes[0]))]
+    return [(m.mode, mode_fate_text(m)) for m in fate.modes]
+
+
+def modes_line(queue: QueueReport) -> str | None:
+    """The modes of the drain and who calls it so, when a parameter decides anything."""
+    if not queue.modes or (len(queue.modes) == 1 and not queue.modes[0].passed and queue.modes[0].label == "default"):
+        return None
+    parts = []
+    for mode in queue.modes:
+        callers = ", ".join(f"{c.path}:{c.line}" for c in mode.callers) or "no caller in the tree"
+        parts.append(f"{mode.label} (called so at {callers})" if mode.callers else f"{mode.label} ({callers})")
+    return "modes: " + "; ".join(parts)

@@ -13,6 +13,7 @@ from html import escape
 from kvtrace import __version__
 from kvtrace.baseline import mark
 from kvtrace.model import Report
+from kvtrace.report import modes_line, state_fate_lines
 from kvtrace.report.diagram import NODE_H, NODE_W, ROW, Diagram, diagrams, node_id
 from kvtrace.report.links import Permalinks, permalinks
 
@@ -182,8 +183,12 @@ def _report(report: Report, out: list[str]) -> None:
                        f"<code>{escape(s.path)}:{s.line}</code></a></td><td><code>{escape(s.function)}</code></td>"
                        f"<td>{escape(', '.join(s.states))}{note}</td></tr>")
         out.append("</table>")
+        modes = modes_line(queue)
+        if modes:
+            out.append(f"<p>{escape(modes)}</p>")
         out.append("<table><tr><th>state</th><th>fate</th></tr>" + "".join(
-            f"<tr><td>{escape(state)}</td><td>{escape(', '.join(fate.fate))}</td></tr>"
+            f"<tr><td>{escape(state)}</td><td>" + "<br>".join(
+                escape(f"{mode}: {text}" if mode else text) for mode, text in state_fate_lines(queue, fate)) + "</td></tr>"
             for state, fate in queue.states.items()) + "</table>")
 
     out.append("<h2>Code</h2>")

@@ -45,8 +45,13 @@ def to_json_dict(report: Report) -> dict[str, Any]:
                     for s in q.sites
                 ],
                 "states": {
-                    name: {"fate": fate.fate, "evidence": _evidence(fate.evidence)} for name, fate in q.states.items()
+                    name: {"fate": fate.fate, "evidence": _evidence(fate.evidence),
+                           "modes": [{"mode": m.mode, "fate": m.fate, "then": m.then, "waits": _evidence(m.waits)}
+                                     for m in fate.modes]}
+                    for name, fate in q.states.items()
                 },
+                "modes": [{"label": m.label, "passed": list(m.passed), "callers": _evidence(list(m.callers))}
+                          for m in q.modes],
             }
             for q in report.queues
         ],

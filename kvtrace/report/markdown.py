@@ -5,6 +5,7 @@ fates and the backends. Markdown that pastes into an issue tracker."""
 from __future__ import annotations
 
 from kvtrace.model import Report
+from kvtrace.report import modes_line, state_fate_lines
 from kvtrace.report.verdicts import gap_text, summary_line, verdict_grid
 from kvtrace.report.bugreport import code_link, environment_lines, excerpt_details, target_from_cwd
 from kvtrace.report.diagram import mermaid_section
@@ -40,10 +41,14 @@ def render(reports: list[Report]) -> str:
             for s in queue.sites:
                 note = f" ({_cell(s.note)})" if s.note else ""
                 out.append(f"| {s.kind} | `{s.path}:{s.line}` | `{s.function}` | {', '.join(s.states)}{note} |")
+            modes = modes_line(queue)
+            if modes:
+                out.append(f"\n{_cell(modes)}")
             out.append("\n| state | fate |")
             out.append("|---|---|")
             for state, fate in queue.states.items():
-                out.append(f"| {state} | {', '.join(fate.fate)} |")
+                described = "<br>".join(_cell(f"{mode}: {text}" if mode else text) for mode, text in state_fate_lines(queue, fate))
+                out.append(f"| {state} | {described} |")
         out.append("\n### Backends\n")
         out.append("| backend | sender | poll() | returns | reads abort state | timeouts |")
         out.append("|---|---|---|---|---|---|")

@@ -108,8 +108,38 @@ REPORT_SCHEMA: dict[str, Any] = {
                             "type": "object",
                             "required": ["fate", "evidence"],
                             "properties": {
-                                "fate": {"type": "array", "items": {"enum": ["kept", "leaves", "raises", "dropped"]}},
+                                "fate": {"type": "array", "items": {"enum": ["kept", "leaves", "raises", "dropped"]},
+                                         "description": "every outcome, all modes together"},
                                 "evidence": {"type": "array", "items": _EVIDENCE},
+                                "modes": {
+                                    "type": "array",
+                                    "description": "the fate per mode of the drain, in the order of the queue's modes",
+                                    "items": {
+                                        "type": "object",
+                                        "required": ["mode", "fate", "then", "waits"],
+                                        "properties": {
+                                            "mode": {"type": "string"},
+                                            "fate": {"type": "array", "items": {"enum": ["kept", "leaves", "raises", "dropped"]}},
+                                            "then": {"type": "array", "items": {"enum": ["kept", "leaves", "raises", "dropped"]},
+                                                     "description": "outcomes on the paths that do not wait"},
+                                            "waits": {"type": "array", "items": _EVIDENCE,
+                                                      "description": "kept on a path that never tests the poll value: the guard (note) or the keep"},
+                                        },
+                                    },
+                                },
+                            },
+                        },
+                    },
+                    "modes": {
+                        "type": "array",
+                        "description": "how the callers in the tree bind the drain's defaulted parameters",
+                        "items": {
+                            "type": "object",
+                            "required": ["label", "passed", "callers"],
+                            "properties": {
+                                "label": {"type": "string"},
+                                "passed": _STRINGS,
+                                "callers": {"type": "array", "items": _EVIDENCE},
                             },
                         },
                     },

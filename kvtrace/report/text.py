@@ -8,6 +8,7 @@ columns that do not wrap, and prose wraps only at spaces."""
 
 from __future__ import annotations
 
+import re
 from collections import defaultdict
 
 from rich.console import Console, Group
@@ -19,6 +20,7 @@ from rich.text import Text
 from kvtrace import __version__
 from kvtrace.baseline import counts_against
 from kvtrace.model import Backend, Evidence, Gap, Report, SourceFile
+from kvtrace.report import modes_line, state_fate_lines
 from kvtrace.report.verdicts import (
     NOT_CHECKED,
     NOT_RETURNED,
@@ -226,12 +228,18 @@ def _details(report: Report, console: Console) -> None:
 
         console.print()
         console.print(Text("Poll states", style="bold"))
+        modes = modes_line(queue)
+        if modes:
+            console.print(Padding(Text(modes, style="dim"), (0, 0, 0, 2)))
         state_width = max((len(s) for s in queue.states), default=0)
         for state, fate in queue.states.items():
-            line = Text(state.ljust(state_width + 2))
-            for i, o in enumerate(fate.fate or ["-"]):
-                line.append((", " if i else "") + o, OUTCOME_STYLE.get(o, ""))
-            console.print(Padding(line, (0, 0, 0, 2)))
+            for i, (mode, described) in enumerate(state_fate_lines(queue, fate)):
+                line = Text((state if not i else "").ljust(state_width + 2))
+                if mode:
+                    line.append(f"{mode}: ", "dim")
+                for word in re.split(r"(\b(?:kept|leaves|raises|dropped)\b)", described):
+                    line.append(word, OUTCOME_STYLE.get(word, ""))
+                console.print(Padding(line, (0, 0, 0, 2)))
             where = [e for e in fate.evidence if not e.note.startswith(("check", "helper"))]
             if where:
                 console.print(Padding(_evidence_table(where, console.width - 4), (0, 0, 0, 4)))

@@ -52,7 +52,7 @@ def in_final_run() -> bool:
 
 
 def drain_json(v: oracle.DrainVerdict) -> dict:
-    return {"fates": {s: v.fates[s] for s in gen.STATES}}
+    return {"fates": {s: v.fates[s] for s in gen.STATES}, "modes": v.modes}
 
 
 def senders_json(vs: dict[str, oracle.SenderVerdict]) -> dict:
@@ -158,6 +158,16 @@ def compare_fates(root: Path, report, verdict: oracle.DrainVerdict) -> list[str]
         have = got.get(state)
         if have != want:
             problems.append(f"{state}: kvtrace {have} != oracle {want}")
+    # Per mode of the drain (rids_to_check at its default / passed by a caller): same labels,
+    # same fates.
+    got_modes = oracle.kvtrace_mode_fates(report)
+    if list(got_modes) != list(verdict.modes):
+        problems.append(f"modes: kvtrace {list(got_modes)} != oracle {list(verdict.modes)}")
+    else:
+        for label, want_fates in verdict.modes.items():
+            for state in gen.STATES:
+                if got_modes[label].get(state) != want_fates[state]:
+                    problems.append(f"{state} when {label}: kvtrace {got_modes[label].get(state)} != oracle {want_fates[state]}")
     return problems
 
 

@@ -20,8 +20,9 @@ Two kinds of programs are generated, both rendered as files of a `disaggregation
 
 Invariants the oracle relies on (and checks where it can; see oracle.py):
 
-* Every flag is a distinct attribute name, and each site that reads one is executed at most once
-  per iteration of the drain loop (each helper is called from exactly one site; there are no inner
+* Every flag is a distinct attribute name (except the repeats of feature `repeat_flags`: the same
+  test of a flag of the loop, or its negation, which kvtrace decides once per path), and each
+  site that reads one is executed at most once per iteration of the drain loop (each helper is called from exactly one site; there are no inner
   loops; a call that may fail is always the last statement of a try body, see FailCall). So every syntactic path is feasible for some flag assignment, which is what makes the
   oracle's "set of outcomes over all flag assignments" comparable with kvtrace's "both branches of
   a condition that is not about the poll value are possible".
@@ -124,6 +125,16 @@ class CallTest:
 
 
 @dataclass(frozen=True)
+class ParamTest:
+    """A test of the drain's `rids_to_check` parameter (pipeline-parallel consensus):
+    set: `rids_to_check is not None`; unset: `rids_to_check is None`; waiting: `rids_to_check is
+    not None and req.rid not in rids_to_check`; agreed: `... and req.rid in rids_to_check`;
+    rid_not_in / rid_in: the membership alone (only where the parameter is known to be set)."""
+
+    shape: str
+
+
+@dataclass(frozen=True)
 class NotTest:
     operand: "Cond"
 
@@ -134,7 +145,7 @@ class BoolTest:
     operands: tuple["Cond", ...]
 
 
-Cond = Union[PollTest, FlagTest, CallTest, NotTest, BoolTest]
+Cond = Union[PollTest, FlagTest, CallTest, NotTest, BoolTest, ParamTest]
 
 
 @dataclass(frozen=True)
@@ -259,6 +270,10 @@ class DrainProgram:
     post_loop_release: bool = False
     empty_guard: bool = True  # `if len(self.<queue>) == 0: return []` before polling
     alias: str | None = None  # `<alias> = poll` first in the loop; PollTest.var may use it
+    # `def <drain>(self, rids_to_check=None)` when True; `callers` are methods of the class that
+    # call the drain: "none" (no argument), "keyword" (rids_to_check=...), "positional".
+    param: bool = False
+    callers: tuple[str, ...] = ()
 
 
 RELEASE_KINDS = ("release_kv_cache", "cache_finished_req", "metadata_buffer", "allocator_free")
@@ -294,6 +309,10 @@ HELPER_NAMES = (
     "_conclude",
 )
 POLL_PARAMS = ("poll", "state", "status")
+MODE_PARAM = "rids_to_check"
+CALLER_KINDS = ("none", "keyword", "positional")
+# Shapes of one flag that read the same fact (a repeated test must be one of the same family).
+FLAG_FAMILIES = {"truthy": "truth", "not": "truth", "is None": "none", "is not None": "none", "eq": "eq", "ne": "eq"}
 
 TERMINATORS = (Continue, Break, Return, Raise)
 
@@ -355,6 +374,15 @@ def render_cond(cond: Cond, pollvar: str | None) -> str:
             "eq": f'{ref} == "prefill_complete"',
             "ne": f'{ref} != "prefill_complete"',
             "poll_eq": f"{pollvar} == {ref}",
+        }[cond.shape]
+    if isinstance(cond, ParamTest):
+        return {
+            "set": f"{MODE_PARAM} is not None",
+            "unset": f"{MODE_PARAM} is None",
+            "waiting": f"{MODE_PARAM} is not None and req.rid not in {MODE_PARAM}",
+            "agreed": f"{MODE_PARAM} is not None and req.rid in {MODE_PARAM}",
+            "rid_not_in": f"req.rid not in {MODE_PARAM}",
+            "rid_in": f"req.rid in {MODE_PARAM}",
         }[cond.shape]
     if isinstance(cond, CallTest):
         call = render_call(cond.helper, pollvar)
@@ -582,7 +610,7 @@ def render_prefill(program: DrainProgram) -> str:
         "",
         "",
         f"class {DRAIN_CLASS}:",
-        f"    def {DRAIN_METHOD}(self) -> List:",
+        f"    def {DRAIN_METHOD}(self{f', {MODE_PARAM}=None' if program.param else ''}) -> List:",
     ]
     if program.empty_guard:
         out.emit(2, f"if len(self.{QUEUE_ATTR}) == 0:")
@@ -605,6 +633,11 @@ def render_prefill(program: DrainProgram) -> str:
         out.emit(0, "")
     out.emit(2, f"self.{QUEUE_ATTR} = {KEEP_LIST}")
     out.emit(2, f"return {DONE_LIST}")
+    for i, kind in enumerate(program.callers):
+        out.emit(0, "")
+        out.emit(1, f"def event_loop_{i}(self):")
+        argument = {"none": "", "keyword": f"{MODE_PARAM}=self.prev_rank_rids", "positional": "self.prev_rank_rids"}[kind]
+        out.emit(2, f"self.{DRAIN_METHOD}({argument})")
     for helper in iter_helpers(program.body):
         out.emit(0, "")
         params = "self, req" if helper.poll_param is None else f"self, req, {helper.poll_param}: KVPoll"
@@ -1373,6 +1406,7 @@ class _Budget:
     flags: int = 0
     helpers: int = 0
     used_names: set = field(default_factory=set)
+    loop_flags: list = field(default_factory=list)  # (owner, name, family) drawn in the loop's own body
 
 
 @dataclass(frozen=True)
@@ -1402,6 +1436,8 @@ ALL_FEATURES = frozenset(
         "poll_eq_flag",  # poll == req.<flag>: a comparison with the poll value that is not about it
         "module_const",  # `poll in _POLL_SET_X` with a module-level tuple
         "match",  # `match poll: case KVPoll.A | KVPoll.B: ...`
+        "pp_param",  # `def drain(self, rids_to_check=None)`, PP consensus guards, callers that pass it or not
+        "repeat_flags",  # a flag of the loop tested again (same test or its negation)
     }
 )
 # Shapes within the brief's definitions that kvtrace answers otherwise (so far), on only when
@@ -1443,6 +1479,19 @@ def _unique(budget_: _Budget, base: str) -> str:
 
 
 def _draw_flag(draw, ctx: _Ctx, b: _Budget) -> FlagTest:
+    in_loop = ctx.kind == "loop" and ctx.nesting == 0
+    if in_loop and b.loop_flags and "repeat_flags" in ctx.features and draw(st.integers(0, 2)) == 0:
+        # The same side-effect-free test again (or its negation): decided once per path.
+        owner, name, family = draw(st.sampled_from(b.loop_flags))
+        shape = draw(st.sampled_from([k for k, f in FLAG_FAMILIES.items() if f == family]))
+        return FlagTest(owner, name, shape)
+    flag = _draw_new_flag(draw, ctx, b)
+    if in_loop and flag.shape in FLAG_FAMILIES:
+        b.loop_flags.append((flag.owner, flag.name, FLAG_FAMILIES[flag.shape]))
+    return flag
+
+
+def _draw_new_flag(draw, ctx: _Ctx, b: _Budget) -> FlagTest:
     owner = draw(st.sampled_from(("req", "self")))
     pool = REQ_FLAGS if owner == "req" else SELF_FLAGS
     name = _unique(b, draw(st.sampled_from(pool)))
@@ -1750,6 +1799,29 @@ def _draw_early_exit(draw, ctx: _Ctx, b: _Budget) -> If:
     return If(cond, tuple(body), ())
 
 
+def _draw_pp_prefix(draw, ctx: _Ctx, b: _Budget) -> list[Stmt]:
+    """SGLang's consensus branch: a rid the previous rank has not finished stays; in consensus a
+    non-terminal poll is kept (0.5.14), asserted away (0.5.2), or anything else."""
+    inner = dataclasses.replace(ctx, depth=ctx.depth + 1)
+    variant = _pick(draw, [(2, "flat"), (3, "nested"), (1, "free")])
+    if variant == "flat":
+        return [If(ParamTest("waiting"), (Keep(), Continue()), ())]
+    then: list[Stmt] = []
+    lagging = PollTest("not in", ("Success", "Failed"), container=draw(st.sampled_from(("tuple", "list"))))
+    follow = _pick(draw, [(2, "keep"), (2, "assert"), (1, "raise"), (1, "free")])
+    if follow == "keep":
+        then.append(If(lagging, (Neutral("log"), Keep(), Continue()), ()))
+    elif follow == "assert":
+        then.append(Assert(PollTest("in", ("Success", "Failed"))))
+    elif follow == "raise":
+        then.append(If(lagging, (Raise(),), ()))
+    else:
+        then += _draw_block(draw, inner, b, 1, 2)
+    first = ParamTest("rid_not_in") if variant == "nested" else ParamTest(draw(st.sampled_from(("rid_not_in", "rid_in"))))
+    body = (If(first, (Keep(), Continue()), ()),) + tuple(then)
+    return [If(ParamTest("set"), body, ())]
+
+
 @st.composite
 def drain_programs(draw, features: frozenset = ALL_FEATURES) -> DrainProgram:
     b = _Budget()
@@ -1766,8 +1838,18 @@ def drain_programs(draw, features: frozenset = ALL_FEATURES) -> DrainProgram:
         body += _draw_dispatch(draw, ctx, b, returns_bool=False)
         if draw(st.integers(0, 3)) == 0:
             body += _draw_block(draw, ctx, b, 1, 2)
+    param, callers = False, ()
+    if "pp_param" in features and draw(st.integers(0, 2)) == 0:
+        param = True
+        callers = tuple(draw(st.lists(st.sampled_from(CALLER_KINDS), min_size=0, max_size=3)))
+        body = _draw_pp_prefix(draw, ctx, b) + body
+        if draw(st.integers(0, 3)) == 0:
+            # A later test of the same membership: decided as the guard decided it.
+            body.append(If(ParamTest(draw(st.sampled_from(("agreed", "waiting")))),
+                           tuple(_draw_block(draw, dataclasses.replace(ctx, depth=ctx.depth + 1), b, 1, 2)), ()))
     post = "post_loop" in features and draw(st.integers(0, 3)) == 0
-    program = DrainProgram(tuple(body), post_loop_release=post, empty_guard=draw(st.integers(0, 4)) > 0, alias=alias)
+    program = DrainProgram(tuple(body), post_loop_release=post, empty_guard=draw(st.integers(0, 4)) > 0, alias=alias,
+                           param=param, callers=callers)
     if "effects_before_raise" not in features:
         from .oracle import interpret_drain  # the IR interpreter; oracle.py imports this module
 

@@ -232,13 +232,15 @@ class PathRecord:
     returned_in_loop: bool
     effects: tuple[str, ...]
     raised: str | None
+    mode: str = ""  # the drain's mode this path ran in (see drain_modes)
 
 
 @dataclass
 class DrainVerdict:
-    fates: dict[str, list[str]]
+    fates: dict[str, list[str]]  # every mode together
     paths: dict[str, list[PathRecord]]
     correlated: set[str] = field(default_factory=set)
+    modes: dict[str, dict[str, list[str]]] = field(default_factory=dict)  # mode label -> state -> fate
 
     def summary(self) -> str:
         lines = []
@@ -261,6 +263,59 @@ class DrainVerdict:
                     extra.append("returned in loop")
                 lines.append(f"    [{flags}] -> {p.outcome} {' '.join(extra)}")
         return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------------------------
+# Modes: how the callers in the tree call the drain (kvtrace's labels, graph.find_modes)
+
+
+class FakeRids:
+    """A `rids_to_check` a caller passes: whether the request's rid is in it is a free flag
+    (the same answer every time it is asked on one path)."""
+
+    def __init__(self, chooser: Chooser) -> None:
+        self._chooser = chooser
+
+    def __contains__(self, rid) -> bool:
+        return self._chooser.value(f"param.{gen.MODE_PARAM}") is ANY
+
+    def __repr__(self) -> str:
+        return "FakeRids"
+
+
+PASSED = "passed"  # a mode value: the caller's rids_to_check (FakeRids)
+
+
+def drain_modes(param: bool, callers: tuple[str, ...]) -> list[tuple[str, tuple]]:
+    """(label, the values of rids_to_check to run) per mode, default first. No parameter: one
+    mode. No caller passes it: its default only. A caller passes it: that mode runs the passed
+    value, and None too when no mode has the default (a value kvtrace cannot read may be None)."""
+    if not param:
+        return [("default", (None,))]
+    modes = []
+    default = not callers or "none" in callers
+    if default:
+        modes.append((f"{gen.MODE_PARAM}=None", (None,)))
+    if any(kind != "none" for kind in callers):
+        modes.append((f"{gen.MODE_PARAM} passed", (PASSED,) if default else (None, PASSED)))
+    return modes
+
+
+def tree_modes(source: str) -> list[tuple[str, tuple]]:
+    """drain_modes, read from a rendered prefill.py (so regression folders replay without IR)."""
+    tree = ast.parse(source)
+    drain = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == DRAIN_METHOD)
+    param = any(a.arg == gen.MODE_PARAM for a in drain.args.args)
+    callers = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == DRAIN_METHOD:
+            callers.append("keyword" if node.keywords else "positional" if node.args else "none")
+    return drain_modes(param, tuple(callers))
+
+
+def _by_mode(paths: dict[str, list[PathRecord]], modes: list[tuple[str, tuple]]) -> dict[str, dict[str, list[str]]]:
+    return {label: {state: sort_outcomes(r.outcome for r in paths[state] if r.mode == label) for state in STATES}
+            for label, _ in modes}
 
 
 def _loop_lines(source: str) -> tuple[int, int]:
@@ -378,13 +433,13 @@ def drain_verdict(root: Path) -> DrainVerdict:
         method = vars(drain_cls)[DRAIN_METHOD]
         code = method.__code__
         sched_cls = _scheduler_class(drain_cls)
-        fates: dict[str, list[str]] = {}
-        paths: dict[str, list[PathRecord]] = {}
         correlated: set[str] = set()
-        for state in STATES:
+        modes = tree_modes(source)
+        paths: dict[str, list[PathRecord]] = {state: [] for state in STATES}
+        for state, label, param_value in [(s, m, v) for s in STATES for m, values in modes for v in values]:
             value = getattr(kvpoll, state)
 
-            def run(ch: Chooser, value=value, state=state) -> PathRecord:
+            def run(ch: Chooser, value=value, state=state, param_value=param_value) -> PathRecord:
                 events = _Events(code, lo, hi)
                 prefill.poll_and_all_reduce = lambda pollers, group=None, *a, **k: [p.poll() for p in pollers]
                 prefill.release_kv_cache = events.recorder("release_kv_cache")
@@ -405,8 +460,9 @@ def drain_verdict(root: Path) -> DrainVerdict:
                 sched.__dict__[QUEUE_ATTR] = queue
                 raised = None
                 in_keep = in_done = returned = False
+                args = (FakeRids(ch),) if param_value == PASSED else ()
                 try:
-                    result = method(sched)
+                    result = method(sched, *args)
                 except EXPECTED_EXCEPTIONS as exc:
                     if isinstance(exc, RecursionError):
                         raise OracleError("recursion in a generated drain loop") from exc
@@ -428,13 +484,11 @@ def drain_verdict(root: Path) -> DrainVerdict:
                 outcome = classify(in_keep, returned, in_done or in_other, effects, raised)
                 return PathRecord(state, (), outcome, in_keep, in_done, in_other, returned, effects, raised)
 
-            records = []
             for ch, rec in explore(run):
-                records.append(_with_flags(rec, ch.assignment()))
+                paths[state].append(dataclasses.replace(_with_flags(rec, ch.assignment()), mode=label))
                 correlated |= ch.correlated
-            paths[state] = records
-            fates[state] = sort_outcomes(r.outcome for r in records)
-        return DrainVerdict(fates, paths, correlated)
+        fates = {state: sort_outcomes(r.outcome for r in paths[state]) for state in STATES}
+        return DrainVerdict(fates, paths, correlated, _by_mode(paths, modes))
 
 
 def _with_flags(rec: PathRecord, flags) -> PathRecord:
@@ -482,9 +536,10 @@ _RELEASE_EFFECT = {
 
 
 class _IREnv:
-    def __init__(self, state: str, ch: Chooser) -> None:
+    def __init__(self, state: str, ch: Chooser, param_value=None) -> None:
         self.state = state
         self.ch = ch
+        self.param_value = param_value  # None or PASSED
         self.keep = False
         self.done = False
         self.other = False
@@ -515,6 +570,22 @@ def _truth(cond, env: _IREnv, pollvar_bound: bool):
             "ne": val is None,
             "poll_eq": val is ANY,
         }[cond.shape]
+    if isinstance(cond, gen.ParamTest):
+        is_set = env.param_value is not None
+
+        def contains() -> bool:
+            if not is_set:
+                raise OracleError("`req.rid in rids_to_check` with rids_to_check None")
+            return env.ch.value(f"param.{gen.MODE_PARAM}") is ANY
+
+        return {
+            "set": lambda: is_set,
+            "unset": lambda: not is_set,
+            "waiting": lambda: is_set and not contains(),
+            "agreed": lambda: is_set and contains(),
+            "rid_not_in": lambda: not contains(),
+            "rid_in": contains,
+        }[cond.shape]()
     if isinstance(cond, gen.CallTest):
         r = bool(_call(cond.helper, env))
         return (not r) if cond.negate else r
@@ -590,13 +661,13 @@ def _block(stmts, env: _IREnv, pollvar_bound: bool) -> None:
 
 
 def interpret_drain(program: gen.DrainProgram) -> DrainVerdict:
-    fates: dict[str, list[str]] = {}
-    paths: dict[str, list[PathRecord]] = {}
     correlated: set[str] = set()
-    for state in STATES:
+    modes = drain_modes(program.param, program.callers)
+    paths: dict[str, list[PathRecord]] = {state: [] for state in STATES}
+    for state, label, param_value in [(s, m, v) for s in STATES for m, values in modes for v in values]:
 
-        def run(ch: Chooser, state=state) -> PathRecord:
-            env = _IREnv(state, ch)
+        def run(ch: Chooser, state=state, param_value=param_value) -> PathRecord:
+            env = _IREnv(state, ch, param_value)
             raised = None
             returned = False
             try:
@@ -612,13 +683,11 @@ def interpret_drain(program: gen.DrainProgram) -> DrainVerdict:
             outcome = classify(env.keep, returned, env.done or env.other, effects, raised)
             return PathRecord(state, (), outcome, env.keep, env.done, env.other, returned, effects, raised)
 
-        records = []
         for ch, rec in explore(run):
-            records.append(_with_flags(rec, ch.assignment()))
+            paths[state].append(dataclasses.replace(_with_flags(rec, ch.assignment()), mode=label))
             correlated |= ch.correlated
-        paths[state] = records
-        fates[state] = sort_outcomes(r.outcome for r in records)
-    return DrainVerdict(fates, paths, correlated)
+    fates = {state: sort_outcomes(r.outcome for r in paths[state]) for state in STATES}
+    return DrainVerdict(fates, paths, correlated, _by_mode(paths, modes))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1056,6 +1125,16 @@ def sender_verdicts(root: Path) -> dict[str, SenderVerdict]:
 def kvtrace_fates(report) -> dict[str, list[str]]:
     queue = report.queues[0]
     return {state: list(queue.states[state].fate) for state in STATES if state in queue.states}
+
+
+def kvtrace_mode_fates(report) -> dict[str, dict[str, list[str]]]:
+    """mode label -> state -> fate, as kvtrace gives them per mode of the drain."""
+    queue = report.queues[0]
+    out: dict[str, dict[str, list[str]]] = {m.label: {} for m in queue.modes}
+    for state in STATES:
+        for mode in queue.states[state].modes if state in queue.states else []:
+            out.setdefault(mode.mode, {})[state] = [str(o) for o in mode.fate]
+    return out
 
 
 def kvtrace_way_out(backend, state: str) -> bool:

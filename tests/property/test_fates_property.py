@@ -21,8 +21,9 @@ DRAIN_FEATURES = gen.features_from_env(gen.ALL_FEATURES)
 
 
 def check_tree(root: Path, ir=None, files=None) -> None:
+    # A flag (or `req.rid in rids_to_check`) may be read twice on a path (verdict.correlated):
+    # the same side-effect-free test, which kvtrace must decide once per path.
     verdict = oracle.drain_verdict(root)
-    assert not verdict.correlated, f"generator bug: flags read twice on a path: {verdict.correlated}"
     report = scan_path(root)
     statuses = {f.path: f.status for f in report.files}
     assert all(s == "ok" for s in statuses.values()), f"generated files not analysed: {statuses}"
@@ -34,7 +35,8 @@ def check_tree(root: Path, ir=None, files=None) -> None:
                 "fates",
                 files,
                 _support.drain_json(verdict),
-                {"fates": oracle.kvtrace_fates(report) if report.queues else None},
+                {"fates": oracle.kvtrace_fates(report) if report.queues else None,
+                 "modes": oracle.kvtrace_mode_fates(report) if report.queues else None},
                 ir=ir,
                 note="\n".join(problems),
             )

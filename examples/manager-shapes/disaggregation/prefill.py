@@ -54,10 +54,10 @@ class SchedulerDisaggregationPrefillMixin:
         )
 
         undone_reqs: List[Req] = []
-        for req, poll in zip(self.disagg_prefill_inflight_queue, polls):  # fates: Failed=leaves Bootstrapping=raises WaitingForInput=kept Transferring=kept Success=leaves
+        for req, poll in zip(self.disagg_prefill_inflight_queue, polls):  # fates: Failed=leaves Bootstrapping=kept WaitingForInput=kept Transferring=kept Success=leaves
             if poll == KVPoll.Bootstrapping:  # site: check
-                # The handshake was done before this request was batched; going back is a bug.
-                raise RuntimeError(f"request {req.rid} fell back to Bootstrapping while its KV was in flight")  # site: raise
+                # Still handshaking (raising here would crash the scheduler): wait like the others.
+                logger.debug("request %s is still bootstrapping", req.rid)
             if not (poll == KVPoll.Success or poll == KVPoll.Failed):  # site: check
                 logger.debug("request %s still in flight (%s)", req.rid, poll)
                 undone_reqs.append(req)  # site: keep

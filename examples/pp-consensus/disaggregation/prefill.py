@@ -2,7 +2,10 @@
 
 kvtrace fixture "pp-consensus": with pipeline parallelism, ranks after the
 first only finish what the previous rank already finished (rids_to_check);
-everything else stays. The main chain is written with != and `is`.
+everything else stays. The main chain is written with != and `is`. Two callers:
+the PP loop passes rids_to_check, the normal loop does not, so kvtrace gives
+the fates per mode: with rids_to_check=None the PP branch is dead; with it
+passed every state first waits at `req.rid not in rids_to_check`.
 """
 
 from __future__ import annotations
@@ -54,7 +57,7 @@ class SchedulerDisaggregationPrefillMixin:
             self.attn_tp_cpu_group,
         )
 
-        for req, poll in zip(self.disagg_prefill_inflight_queue, polls):  # fates: Failed=kept+leaves Bootstrapping=kept WaitingForInput=kept Transferring=kept Staging=kept Success=kept+leaves
+        for req, poll in zip(self.disagg_prefill_inflight_queue, polls):  # fates: Failed=kept+leaves Bootstrapping=kept WaitingForInput=kept Transferring=kept Staging=kept Success=kept+leaves ; mode rids_to_check=None: Failed=leaves Bootstrapping=kept WaitingForInput=kept Transferring=kept Staging=kept Success=leaves ; mode rids_to_check passed: Failed=waits@62+leaves Bootstrapping=waits@62+kept WaitingForInput=waits@62+kept Transferring=waits@62+kept Staging=waits@62+kept Success=waits@62+leaves
             if rids_to_check is not None:
                 if req.rid not in rids_to_check:
                     undone_reqs.append(req)  # site: keep
@@ -92,3 +95,8 @@ class SchedulerDisaggregationPrefillMixin:
         """On PP ranks after the first, finish only what the previous rank finished."""
         done_reqs = self.process_disagg_prefill_inflight_queue(rids_to_check=prev_rank_done)
         return [req.rid for req in done_reqs]
+
+    def event_loop_normal_disagg_prefill(self: Scheduler) -> None:
+        """Without pipeline parallelism: rids_to_check stays None, the PP branch never runs."""
+        while True:
+            self.process_disagg_prefill_inflight_queue()

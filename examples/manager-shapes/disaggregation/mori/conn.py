@@ -33,7 +33,7 @@ class MoriKVSender(BaseKVSender):
     def send(self, kv_indices):
         self.kv_mgr.transfer_worker(self.bootstrap_room, True)
 
-    def poll(self) -> KVPoll:  # expect: pinned-state[mori:WaitingForInput], pinned-state[mori:Transferring] ; expect: no-timeout[mori:Bootstrapping], no-timeout[mori:WaitingForInput], no-timeout[mori:Transferring]
+    def poll(self) -> KVPoll:  # expect: pinned-state[mori:Bootstrapping], pinned-state[mori:WaitingForInput], pinned-state[mori:Transferring] ; expect: no-timeout[mori:Bootstrapping], no-timeout[mori:WaitingForInput], no-timeout[mori:Transferring]
         if self.abort_requested:
             logger.info("room %s: abort requested", self.bootstrap_room)
         status = self.kv_mgr.check_status(self.bootstrap_room)
