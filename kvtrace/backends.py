@@ -422,6 +422,12 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
     if runner.unparsed and problems is not None:
         problems.extend(f"{u} could not be parsed with libcst (the {name} backend's analysis is incomplete)"
                         for u in sorted(runner.unparsed))
+    if runner.unparsed:
+        # abort() and what it calls may be what could not be read: neither a pin nor a way out
+        # through abort() is claimed (a gap). A deadline found with the clock alone stands.
+        undecided = f"not decided: {', '.join(sorted(runner.unparsed))} could not be parsed with libcst"
+        verdicts = {s: v if v.way_out is WayOut.TIMEOUT else StateVerdict(s, WayOut.UNKNOWN, undecided, v.chain)
+                    for s, v in verdicts.items()}
     order = {m: i for i, m in enumerate(domain.members)}
     timeouts = [TimeoutCheck(p, l, tuple(sorted(c, key=order.get))) for (p, l), c in sorted(covers.items())]
     backend = Backend(

@@ -78,7 +78,7 @@ def compare(base: Report, head: Report) -> Diff:
 def _described(report: Report) -> list[tuple[Site, tuple[str, ...], str]]:
     """Each map row with what identifies it across an edit elsewhere: (kind, file, function,
     note, the statement's text) and, to tell identical statements apart, the code line above it."""
-    texts = {f.path: (f.text or "").splitlines() for f in report.files}
+    texts = {f.path: f.lines for f in report.files}
     rows = []
     for site in sorted(report.queues[0].sites if report.queues else [], key=lambda s: (s.path, s.line, s.kind)):
         lines = texts.get(site.path, [])

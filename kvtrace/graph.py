@@ -130,6 +130,9 @@ class QueueAnalysis:
     truncated: list[str] = field(default_factory=list)
     modes: list[Mode] = field(default_factory=list)
     mode_paths: list[dict[str, list[QueuePath]]] = field(default_factory=list)  # per mode, in `modes`' order
+    # Functions the analysis had to read (a drain loop, a helper it enters) that libcst could
+    # not parse: the queue's analysis is incomplete and the scan says so.
+    unparsed: list[str] = field(default_factory=list)
 
     def mode_fates(self, state: str) -> list[ModeFate]:
         """The state's fate in each mode: its outcomes, and where it waits (kept on a path
@@ -410,7 +413,10 @@ def _all_functions(index: Index) -> list[FuncRef]:
     return sorted(funcs, key=lambda f: (not index.in_root(f.path), f.path, f.line))
 
 
-def find_drains(index: Index, pack: Pack, within: list[FuncRef] | None = None) -> list[Drain]:
+def find_drains(index: Index, pack: Pack, within: list[FuncRef] | None = None,
+                unparsed: list[str] | None = None) -> list[Drain]:
+    """The drain loops of the queue. A function that is one by its `ast` shape but that libcst
+    cannot parse is added to `unparsed` (the scan must say so, never call the queue undrained)."""
     drains = []
     for func in within if within is not None else _all_functions(index):
         if pack.queue not in "\n".join(func.module.lines[func.node.lineno - 1 : func.node.end_lineno]):
@@ -420,7 +426,11 @@ def find_drains(index: Index, pack: Pack, within: list[FuncRef] | None = None) -
         loops = [n for n in ast.walk(func.node) if isinstance(n, ast.For) and _mentions_queue(n.iter, pack.queue)]
         if (keep is None and removal is None) or not loops:
             continue
-        drain = _build_drain(index, pack, func, keep or "", removal)
+        if index.cst(func) is None:
+            if unparsed is not None:
+                unparsed.append(_unparsed_name(func))
+            continue
+        drain = _build_drain(index, pack, func, keep or "", removal, unparsed)
         if drain is not None:
             drains.append(drain)
     # A drain that reads poll values first (a removal-filtered drain may poll in a helper).
@@ -489,7 +499,12 @@ def _polled_list(index: Index, pack: Pack, cls: ClassInfo) -> str | None:
     return next((attr for attr in polled if attr in reassigned), None)
 
 
-def _build_drain(index: Index, pack: Pack, func: FuncRef, keep: str, removal: str | None = None) -> Drain | None:
+def _unparsed_name(func: FuncRef) -> str:
+    return f"{func.path}:{func.line} {func.qualname}()"
+
+
+def _build_drain(index: Index, pack: Pack, func: FuncRef, keep: str, removal: str | None = None,
+                 unparsed: list[str] | None = None) -> Drain | None:
     found = _queue_loop(index, pack, func)
     if found is None:
         return None
@@ -502,6 +517,9 @@ def _build_drain(index: Index, pack: Pack, func: FuncRef, keep: str, removal: st
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                     and isinstance(node.func.value, ast.Name) and node.func.value.id == "self":
                 helper = index.find_method(func.owner, node.func.attr)
+                if helper is not None and helper is not func and unparsed is not None and index.cst(helper) is None \
+                        and any(isinstance(n, ast.For) for n in ast.walk(helper.node)):
+                    unparsed.append(_unparsed_name(helper))  # it may be the pass that polls
                 polled = _queue_loop(index, pack, helper) if helper is not None and helper is not func else None
                 if polled is not None and any(role == "@state" for role in polled[2].values()):
                     then = _own_loops(pack, owner_func, owner_body)
@@ -643,7 +661,8 @@ def outcome_of(events: tuple[Event, ...] | list[Event], term: str | None, remova
 
 
 def analyse_queue(index: Index, pack: Pack, domain: Domain) -> QueueAnalysis:
-    drains = find_drains(index, pack)
+    unparsed: list[str] = []
+    drains = find_drains(index, pack, unparsed=unparsed)
     graph = StateGraph()
     graph.add_node(ROOT)
     static = static_sites(index, pack)
@@ -655,16 +674,17 @@ def analyse_queue(index: Index, pack: Pack, domain: Domain) -> QueueAnalysis:
             cls, attr = held
             list_pack = pack.for_queue(attr)
             methods = [m for c in index.mro(cls) for m in c.methods.values()]
-            drains = find_drains(index, list_pack, methods)
+            drains = find_drains(index, list_pack, methods, unparsed)
             static = sorted(static + _held_sites(index, list_pack, cls, methods), key=lambda s: (s.path, s.line, s.kind))
             for drain in drains:
                 drain.list_attr = attr
     if not drains:
-        return QueueAnalysis(None, graph, {}, static)
+        return QueueAnalysis(None, graph, {}, static, unparsed=sorted(set(unparsed)))
     drain = drains[0]
     modes, truncated = find_modes(index, drain.func, domain)
     guards = frozenset(name for mode in modes for name, _ in mode.bindings)
-    mode_paths = [_explore_mode(index, list_pack, domain, drain, dict(mode.bindings), guards, truncated) for mode in modes]
+    mode_paths = [_explore_mode(index, list_pack, domain, drain, dict(mode.bindings), guards, truncated, unparsed)
+                  for mode in modes]
     paths: dict[str, list[QueuePath]] = mode_paths[0] if len(mode_paths) == 1 else {}
     for found in mode_paths if len(mode_paths) > 1 else []:
         for state, state_paths in found.items():
@@ -673,11 +693,12 @@ def analyse_queue(index: Index, pack: Pack, domain: Domain) -> QueueAnalysis:
             merged.extend(p for p in state_paths if (tuple(p.events), p.outcome) not in seen)
     for state, state_paths in paths.items():
         _add_paths(graph, state, state_paths)
-    return QueueAnalysis(drain, graph, paths, static, sorted(set(truncated)), modes, mode_paths)
+    return QueueAnalysis(drain, graph, paths, static, sorted(set(truncated)), modes, mode_paths,
+                         sorted(set(unparsed)))
 
 
 def _explore_mode(index: Index, list_pack: Pack, domain: Domain, drain: Drain, bindings: dict[str, Val],
-                  guards: frozenset[str], truncated: list[str]) -> dict[str, list[QueuePath]]:
+                  guards: frozenset[str], truncated: list[str], unparsed: list[str]) -> dict[str, list[QueuePath]]:
     """Every path of one iteration of the drain loop, per poll state, with the drain's mode
     parameters bound."""
     paths: dict[str, list[QueuePath]] = {}
@@ -701,6 +722,7 @@ def _explore_mode(index: Index, list_pack: Pack, domain: Domain, drain: Drain, b
             ends = [end for end in ends if end.term == "raise"] + [
                 replace(end, term=None) if end.term in ("continue", "break") else end for end in after]
         truncated.extend(config.truncated)
+        unparsed.extend(f"{u}()" for u in config.unparsed)
         state_paths = []
         for end in ends:
             events = list(end.events)

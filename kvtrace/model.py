@@ -89,6 +89,16 @@ SITE_KINDS: frozenset[EventKind] = frozenset(EventKind.__members__[name] for nam
     "ENTRY", "POLL", "CHECK", "KEEP", "DONE", "REQUEUE", "RELEASE", "ABORT", "REASSIGN", "RAISE", "GAUGE", "HELPER"))
 
 
+def source_lines(text: str) -> list[str]:
+    """The lines of a source text as Python numbers them: only \\n, \\r\\n and \\r end a line.
+    str.splitlines() also ends one at a form feed (a page break some code has between
+    definitions), \\x1c-\\x1e, \\x85, U+2028 and U+2029, which shifts every later line number."""
+    if not text:
+        return []
+    lines = text.replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    return lines[:-1] if lines[-1] == "" else lines
+
+
 @dataclass(frozen=True)
 class FetchLimits:
     """Bounds on what a fetch may read; exceeding one is an input error, not a silent cut."""
@@ -124,6 +134,11 @@ class SourceFile:
                 where = f"byte {exc.start} ({exc.reason})" if isinstance(exc, UnicodeDecodeError) else str(exc)
                 self.error = f"not UTF-8 and no usable coding cookie: {where}"
         return self._text
+
+    @property
+    def lines(self) -> list[str]:
+        """The text's lines, numbered as Python and every report numbers them ([] if unreadable)."""
+        return source_lines(self.text or "")
 
 
 @dataclass
@@ -218,6 +233,7 @@ class WayOut(str, Enum):
     ABORT = "abort"  # abort() and then poll() returns a terminal state
     TIMEOUT = "timeout"  # with the clock past every deadline, poll() returns a terminal state
     NONE = "none"  # neither: pinned
+    UNKNOWN = "unknown"  # not decided: a function the answer depends on could not be parsed (a gap)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from functools import cached_property
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from kvtrace.model import SourceFile
+from kvtrace.model import SourceFile, source_lines
 
 
 @dataclass
@@ -52,7 +52,7 @@ def parse_module(source: SourceFile) -> ParsedModule | None:
         source.status = "syntax-error"
         source.error = str(exc)
         return None
-    return ParsedModule(source=source, tree=tree, lines=text.splitlines())
+    return ParsedModule(source=source, tree=tree, lines=source_lines(text))
 
 
 # `ast` trees are kept for the whole analysis; with parsing and indexing a scan costs ~0.8 KB a

@@ -199,7 +199,11 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
         ctx = ScanContext(queue_pack, domain, index, model, entries)
         findings += [f for rule in rules if rule.per_queue or number == 0 for f in rule().check(ctx)
                      if settings.wants_backend(f.backend)]
-        if queue.drain is None and not entries:
+        if queue.unparsed:
+            # Never a silent skip, nor a confident "undrained": the scan is incomplete (exit 3).
+            problems.append(f"could not be parsed with libcst, so the analysis of {name} is incomplete: "
+                            + ", ".join(queue.unparsed))
+        elif queue.drain is None and not entries:
             unread = [f.path for f in in_scope if f.status != "ok"]
             cause = f" (files not analysed: {', '.join(unread[:3])}{' ...' if len(unread) > 3 else ''})" if unread else ""
             problems.append(f"self.{name} is neither filled nor drained in the analysed files{cause}")

@@ -40,18 +40,39 @@ def _pp_drain(branches: str) -> str:
     return drain(branches, _CALLERS).replace("def drain_inflight(self):", "def drain_inflight(self, rids_to_check=None):")
 
 
+def crash_sites(ctx: ScanContext, state: str) -> dict[tuple[str, int], list[tuple[str, list, list[Evidence]]]]:
+    """Where `state` crashes the drain: raise site -> [(mode label, a raising path, where it waits
+    first)], for the modes in which every path that tests the poll value raises. Empty when no
+    backend's poll() returns the state (or may: values kvtrace cannot read)."""
+    if not ctx.model.returning(state) and not any(s.backend.returns_unknown for s in ctx.senders):
+        return {}  # it never reaches the loop (unhandled-state still names the shape)
+    sites: dict[tuple[str, int], list[tuple[str, list, list[Evidence]]]] = {}
+    for (mode, deciding, _), fate in zip(ctx.model.deciding(state), ctx.model.mode_fates(state)):
+        if not deciding or any(outcome is not Outcome.RAISES for _, outcome in deciding):
+            continue
+        for events, _ in deciding:
+            raised = next((e for e in reversed(events) if e.kind is EventKind.RAISE), None)
+            where = (raised.path, raised.line) if raised else (events[-1].path, events[-1].line)
+            entry = sites.setdefault(where, [])
+            if mode.label not in [label for label, _, _ in entry]:
+                entry.append((mode.label, events, fate.waits))
+    return sites
+
+
 class StateCrash(Rule):
     """A poll state that a backend returns and the drain loop always raises on: a scheduler crash.
 
     What it does:
         For each mode of the drain (the ways the callers in the tree bind its parameters, such
         as `rids_to_check` passed by a pipeline-parallel event loop, or left at its default) and
-        each poll state S some backend's poll() returns, takes the paths of the drain loop on
+        each poll state S some backend's poll() returns (or may: a value kvtrace cannot read),
+        takes the paths of the drain loop on
         which the poll value decides (paths that test it). Reports S when every one of them
         raises: once a request polls S in that mode, the exception leaves the drain loop and the
         scheduler's event loop. Paths that keep the request without testing the poll value (a
         guard such as `req.rid not in rids_to_check`) only delay it. Such a state is a crash,
-        never a pin: `pinned-state` needs the deciding paths to keep it.
+        never a pin: `pinned-state` needs a deciding path that keeps it. (`unhandled-state` names
+        a raising catch-all that no backend is seen to reach, and leaves this one to this rule.)
 
     Why it matters:
         The whole server goes down, with every request on it, not one transfer. Under pipeline
@@ -103,19 +124,7 @@ class StateCrash(Rule):
         for state in ctx.domain.members:
             by = ctx.model.returning(state)
             maybe = [s.backend.name for s in ctx.senders if s.backend.returns_unknown and s.backend.name not in by]
-            if ctx.senders and not by and not maybe:
-                continue  # no backend's poll() returns it: it never reaches the loop
-            # raise site -> [(mode label, a raising path, guards that hold it first)]
-            sites: dict[tuple[str, int], list[tuple[str, list, list[Evidence]]]] = {}
-            for (mode, deciding, _), fate in zip(ctx.model.deciding(state), ctx.model.mode_fates(state)):
-                if not deciding or any(outcome is not Outcome.RAISES for _, outcome in deciding):
-                    continue
-                for events, _ in deciding:
-                    raised = next((e for e in reversed(events) if e.kind is EventKind.RAISE), None)
-                    where = (raised.path, raised.line) if raised else (events[-1].path, events[-1].line)
-                    entry = sites.setdefault(where, [])
-                    if mode.label not in [label for label, _, _ in entry]:
-                        entry.append((mode.label, events, fate.waits))
+            sites = crash_sites(ctx, state)
             for (path, line), modes in sites.items():
                 label, events, waits = modes[0]
                 raised = next((e for e in reversed(events) if e.kind is EventKind.RAISE), None)

@@ -3,6 +3,7 @@ from __future__ import annotations
 from kvtrace.model import EventKind, Evidence, Finding, Outcome
 from kvtrace.rules.base import Rule, Sample, ScanContext, drain_evidence, path_evidence, returned_by
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain
+from kvtrace.rules.state_crash import crash_sites
 
 # The standard chain whose catch-all raises instead of keeping: Bootstrapping crashes the loop.
 _ELSE_RAISES = STANDARD_BRANCHES.replace(
@@ -24,7 +25,8 @@ class UnhandledState(Rule):
         Follows every path of the drain loop for each poll state S and keeps the paths on which
         no test of the poll value was true for S (S reached a catch-all, or no branch at all).
         Reports S when such a path raises (an `else: raise`, an `assert False`: the exception
-        leaves the scheduler's event loop), or when S is terminal and the catch-all keeps it (a
+        leaves the scheduler's event loop) and `state-crash` does not already report it there
+        (a backend returns S and every path that tests it raises), or when S is terminal and the catch-all keeps it (a
         finished transfer that never leaves). A catch-all that drops S is `dropped-state`'s.
 
     Why it matters:
@@ -65,9 +67,11 @@ class UnhandledState(Rule):
                          if any(e.kind == EventKind.CHECK for e in events)
                          and not any(e.kind == EventKind.CHECK and e.detail == "T" for e in events)]
             crashes: dict[tuple[str, int], list] = {}
+            certain = crash_sites(ctx, state)  # state-crash's (an error): not repeated here
             for events, outcome in unmatched:
                 raise_event = next((e for e in reversed(events) if e.kind == EventKind.RAISE), None)
-                if outcome == Outcome.RAISES and raise_event is not None:
+                if outcome == Outcome.RAISES and raise_event is not None \
+                        and (raise_event.path, raise_event.line) not in certain:
                     crashes.setdefault((raise_event.path, raise_event.line), events)
             kept = [events for events, outcome in unmatched
                     if outcome == Outcome.KEPT and state in ctx.domain.terminal]

@@ -90,7 +90,7 @@ def test_prealloc_queue_mapped_by_hand(report: Report) -> None:
 
 def test_decode_findings(report: Report) -> None:
     found = {(f.rule, f.path, f.line, f.backend, f.state) for f in report.findings
-             if f.rule in ("pinned-state", "unhandled-state", "release-leak", "dropped-state")}
+             if f.rule in ("pinned-state", "unhandled-state", "release-leak", "dropped-state", "state-crash")}
     assert found == {
         # NixlKVReceiver.poll() (nixl/conn.py:650): `if not self.started_transfer: return
         # WaitingForInput`, then WaitingForInput until check_transfer_done; conclude_state is
@@ -100,8 +100,12 @@ def test_decode_findings(report: Report) -> None:
         # FakeKVReceiver.poll() (fake/conn.py:69) returns WaitingForInput until init().
         ("pinned-state", f"{D}/fake/conn.py", 69, "fake", "WaitingForInput"),
         # _update_handshake_waiters: `else: raise ValueError(f"Unexpected poll case: {poll}")`.
+        # No receiver returns Transferring: a catch-all no backend is seen to reach.
         ("unhandled-state", DECODE, 342, None, "Transferring"),
-        ("unhandled-state", DECODE, 342, None, "Success"),
+        # Every receiver's poll() returns Success, and every path of the prealloc queue's drain
+        # that tests it ends in that raise (kvtrace does not know that the scheduler only
+        # preallocates before the transfer can end: see the README's limits).
+        ("state-crash", DECODE, 342, None, "Success"),
     }
     # The prealloc queue keeps WaitingForInput only until pop_preallocated moves it on: no pin there.
     assert not any(f.rule == "pinned-state" and "prealloc" in f.message for f in report.findings)

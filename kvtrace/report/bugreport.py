@@ -68,7 +68,7 @@ def code_link(path: str, line: int, links: Permalinks | None) -> str:
 def excerpt_details(report: Report, path: str, line: int, links: Permalinks | None, context: int = 3) -> list[str]:
     """A folded block with the code around path:line (the line itself marked)."""
     source = next((f for f in report.files if f.path == path), None)
-    lines = (source.text or "").splitlines() if source is not None else []
+    lines = source.lines if source is not None else []
     if not 0 < line <= len(lines):
         return []
     start, end = max(1, line - context), min(len(lines), line + context)

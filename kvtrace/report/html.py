@@ -16,6 +16,7 @@ from kvtrace.model import Report
 from kvtrace.report import modes_line, state_fate_lines
 from kvtrace.report.diagram import NODE_H, NODE_W, ROW, Diagram, diagrams, node_id
 from kvtrace.report.links import Permalinks, permalinks
+from kvtrace.report.verdicts import unknown_returns
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0 auto;max-width:1400px;padding:16px 24px;color:#1f2328}
@@ -38,7 +39,7 @@ svg text{font:12px system-ui,sans-serif;pointer-events:none}svg text.code{font:1
 
 def _excerpt(report: Report, path: str, line: int, context: int = 2) -> list[tuple[int, str]]:
     source = next((f for f in report.files if f.path == path), None)
-    lines = (source.text or "").splitlines() if source is not None else []
+    lines = source.lines if source is not None else []
     if not 0 < line <= len(lines):
         return []
     return [(n, lines[n - 1]) for n in range(max(1, line - context), min(len(lines), line + context) + 1)]
@@ -157,6 +158,9 @@ def _report(report: Report, out: list[str]) -> None:
         out.append(f'<section class="backend" id="backend-{escape(b.name)}" data-backend="{escape(b.name)}">')
         out.append(f"<h3>{escape(b.name)} — <code>{escape(b.sender)}</code>, poll() at "
                    f'<a href="{escape(page.href(b.poll.path, b.poll.line) if b.poll else "#")}"><code>{escape(poll)}</code></a>: {verdict}</h3>')
+        returns = ", ".join(b.returns) or "no state"
+        unknown = "".join(f'<br><span class="bad">{escape(u)}</span>' for u in unknown_returns(b))
+        out.append(f'<p class="meta">poll() returns {escape(returns)}{unknown}</p>')
         out.append(f'<div class="diagram">{_diagram_svg(page, diagram)}</div></section>')
 
     out.append(f"<h2>Findings ({len(report.findings)})</h2>")

@@ -11,7 +11,7 @@ from typing import Any
 
 from kvtrace import __version__
 from kvtrace.baseline import finding_marks
-from kvtrace.model import Evidence, Report
+from kvtrace.model import Evidence, ManagerRef, Report
 from kvtrace.report.verdicts import summary_line
 
 SCHEMA = "kvtrace/2"
@@ -19,6 +19,13 @@ SCHEMA = "kvtrace/2"
 
 def _evidence(items: list[Evidence]) -> list[dict[str, Any]]:
     return [{"path": e.path, "line": e.line, "note": e.note} for e in items]
+
+
+def _manager(m: ManagerRef | None) -> dict[str, Any] | None:
+    if m is None:
+        return None
+    return {"name": m.name, "path": m.path, "line": m.line, "found_by": m.found_by, "table": m.table,
+            "holds": list(m.holds), "unknown": list(m.unknown), "clears": _evidence(list(m.clears))}
 
 
 def to_json_dict(report: Report) -> dict[str, Any]:
@@ -67,6 +74,12 @@ def to_json_dict(report: Report) -> dict[str, Any]:
                 "abort_state": b.abort_state,
                 "timeouts": [{"path": t.path, "line": t.line, "covers": list(t.covers)} for t in b.timeouts],
                 "notes": b.notes,
+                "returns_unknown": list(dict.fromkeys(b.returns_unknown)),
+                "manager": _manager(b.manager),
+                "verdicts": {
+                    state: {"way_out": v.way_out.value, "how": v.how, "chain": _evidence(list(v.chain))}
+                    for state, v in b.verdicts.items()
+                },
             }
             for b in report.backends
         ],

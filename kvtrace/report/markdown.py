@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from kvtrace.model import Report
 from kvtrace.report import modes_line, state_fate_lines
-from kvtrace.report.verdicts import gap_text, summary_line, verdict_grid
+from kvtrace.report.verdicts import gap_text, summary_line, unknown_returns, verdict_grid, way_out_text
 from kvtrace.report.bugreport import code_link, environment_lines, excerpt_details, target_from_cwd
 from kvtrace.report.diagram import mermaid_section
 from kvtrace.report.links import permalinks
@@ -50,13 +50,15 @@ def render(reports: list[Report]) -> str:
                 described = "<br>".join(_cell(f"{mode}: {text}" if mode else text) for mode, text in state_fate_lines(queue, fate))
                 out.append(f"| {state} | {described} |")
         out.append("\n### Backends\n")
-        out.append("| backend | sender | poll() | returns | reads abort state | timeouts |")
-        out.append("|---|---|---|---|---|---|")
+        out.append("| backend | sender | poll() | returns | reads abort state | timeouts | way out |")
+        out.append("|---|---|---|---|---|---|---|")
         for b in report.backends:
             poll = f"`{b.poll.path}:{b.poll.line}`" if b.poll else "-"
             timeouts = "; ".join(f"`{t.path}:{t.line}` {', '.join(t.covers)}" for t in b.timeouts) or "none"
-            out.append(f"| {b.name} | `{b.sender}` | {poll} | {', '.join(b.returns)} | "
-                       f"{'yes' if b.reads_abort_state else 'no'} | {timeouts} |")
+            returns = "<br>".join([", ".join(b.returns) or "-"] + [_cell(u) for u in unknown_returns(b)])
+            ways = "<br>".join(_cell(f"{state}: {way_out_text(v)}") for state, v in b.verdicts.items()) or "-"
+            out.append(f"| {b.name} | `{b.sender}` | {poll} | {returns} | "
+                       f"{'yes' if b.reads_abort_state else 'no'} | {timeouts} | {ways} |")
         out.append("")
     return "\n".join(out) + "\n"
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from kvtrace.model import EventKind, Outcome, WayOut
+
 _EVIDENCE = {
     "type": "object",
     "required": ["path", "line", "note"],
@@ -20,6 +22,7 @@ _LOCATION = {
     "properties": {"path": {"type": "string"}, "line": {"type": "integer", "minimum": 1}},
 }
 _STRINGS = {"type": "array", "items": {"type": "string"}}
+_OUTCOME = {"enum": [o.value for o in Outcome]}
 
 _GAP = {
     "type": "object",
@@ -92,8 +95,7 @@ REPORT_SCHEMA: dict[str, Any] = {
                             "type": "object",
                             "required": ["kind", "path", "line", "function", "states"],
                             "properties": {
-                                "kind": {"enum": ["entry", "poll", "check", "keep", "done", "requeue", "release",
-                                                  "abort", "reassign", "raise", "gauge", "helper"]},
+                                "kind": {"enum": [k.value for k in EventKind if k.is_site]},
                                 "path": {"type": "string"},
                                 "line": {"type": "integer", "minimum": 1},
                                 "function": {"type": "string"},
@@ -108,7 +110,7 @@ REPORT_SCHEMA: dict[str, Any] = {
                             "type": "object",
                             "required": ["fate", "evidence"],
                             "properties": {
-                                "fate": {"type": "array", "items": {"enum": ["kept", "leaves", "raises", "dropped"]},
+                                "fate": {"type": "array", "items": _OUTCOME,
                                          "description": "every outcome, all modes together"},
                                 "evidence": {"type": "array", "items": _EVIDENCE},
                                 "modes": {
@@ -119,8 +121,8 @@ REPORT_SCHEMA: dict[str, Any] = {
                                         "required": ["mode", "fate", "then", "waits"],
                                         "properties": {
                                             "mode": {"type": "string"},
-                                            "fate": {"type": "array", "items": {"enum": ["kept", "leaves", "raises", "dropped"]}},
-                                            "then": {"type": "array", "items": {"enum": ["kept", "leaves", "raises", "dropped"]},
+                                            "fate": {"type": "array", "items": _OUTCOME},
+                                            "then": {"type": "array", "items": _OUTCOME,
                                                      "description": "outcomes on the paths that do not wait"},
                                             "waits": {"type": "array", "items": _EVIDENCE,
                                                       "description": "kept on a path that never tests the poll value: the guard (note) or the keep"},
@@ -172,6 +174,42 @@ REPORT_SCHEMA: dict[str, Any] = {
                                                  "covers": _STRINGS}},
                     },
                     "notes": _STRINGS,
+                    "returns_unknown": {**_STRINGS, "description": "why poll() may return values kvtrace "
+                                        "cannot follow (apart from `returns`, the states it is known to return)"},
+                    "manager": {
+                        "type": ["object", "null"],
+                        "description": "the manager paired with the sender, and its status table",
+                        "required": ["name", "path", "line", "found_by", "table", "holds", "unknown", "clears"],
+                        "properties": {
+                            "name": {"type": "string"}, "path": {"type": "string"},
+                            "line": {"type": "integer", "minimum": 1},
+                            "found_by": {"type": "string", "description": "how the pair was found: from a backend -> classes "
+                                         "mapping, an __init__ annotation, or the backend's folder (with where)"},
+                            "table": {"type": ["string", "null"], "description": "the status table attribute"},
+                            "holds": {**_STRINGS, "description": "states stored into the table somewhere"},
+                            "unknown": {**_STRINGS, "description": "why some stored values are unknown"},
+                            "clears": {"type": "array", "items": _EVIDENCE,
+                                       "description": "paths that remove the room from the table"},
+                        },
+                        "additionalProperties": False,
+                    },
+                    "verdicts": {
+                        "type": "object",
+                        "description": "each non-terminal state poll() can return -> its way out",
+                        "additionalProperties": {
+                            "type": "object",
+                            "required": ["way_out", "how", "chain"],
+                            "properties": {
+                                "way_out": {"enum": [w.value for w in WayOut],
+                                            "description": "abort: abort() then poll() ends it; timeout: the clock "
+                                                           "does; none: pinned"},
+                                "how": {"type": "string"},
+                                "chain": {"type": "array", "items": _EVIDENCE,
+                                          "description": "why, one link per line (for a pinned state)"},
+                            },
+                            "additionalProperties": False,
+                        },
+                    },
                 },
             },
         },

@@ -27,6 +27,8 @@ from kvtrace.report.verdicts import (
     OK,
     UNKNOWN,
     backend_label,
+    unknown_returns,
+    way_out_text,
     finding_groups,
     gap_text,
     summary_line,
@@ -165,7 +167,7 @@ def _excerpt(source: SourceFile | None, line: int, width: int, context: int = 2)
     text = source.text if source is not None else None
     if not text:
         return None
-    lines = text.splitlines()
+    lines = source.lines
     if not 1 <= line <= len(lines):
         return None
     start, end = max(1, line - context), min(len(lines), line + context)
@@ -259,12 +261,14 @@ def _backend_detail(b: Backend) -> Group:
     if b.poll:
         inherited = f" (inherited from {b.poll.inherited_from})" if b.poll.inherited_from else ""
         rows.add_row("poll()", f"{b.poll.path}:{b.poll.line}{inherited}")
-    rows.add_row("returns", ", ".join(b.returns) or "-")
+    rows.add_row("returns", "\n".join([", ".join(b.returns) or "-"] + unknown_returns(b)))
     abort = (f"read ({b.abort_state})" if b.reads_abort_state else
              f"not read (abort() writes {b.abort_state})" if b.abort_state else "none (no abort state)")
     rows.add_row("abort state", abort)
     timeouts = [f"{t.path}:{t.line} covers {', '.join(t.covers) or 'no state'}" for t in b.timeouts]
     rows.add_row("timeouts", "\n".join(timeouts) or "none")
+    for state, verdict in b.verdicts.items():
+        rows.add_row("way out", f"{state}: {way_out_text(verdict)}")
     for note in b.notes:
         rows.add_row("note", note)
     return Group(Text(b.name, style="bold"), Padding(rows, (0, 0, 0, 2)))

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvtrace.baseline import counts_against, mark, tally
-from kvtrace.model import Backend, Evidence, Finding, Gap, Report
+from kvtrace.model import Backend, Evidence, Finding, Gap, Report, StateVerdict, WayOut
 
 OK = "ok"
 NOT_RETURNED = "-"
@@ -16,6 +16,22 @@ NOT_CHECKED = "?"
 SEVERITY_ORDER = {"error": 0, "warning": 1, "note": 2}
 # How the summary names what a rule found ("nixl pins WaitingForInput"); other rules by id.
 RULE_VERBS = {"pinned-state": "pins", "dropped-state": "drops"}
+
+
+def unknown_returns(backend: Backend) -> list[str]:
+    """`unknown: <why>` for each reason poll() may return a value kvtrace cannot follow: shown
+    apart from the states it is known to return, so "can return" never reads as "unknown"."""
+    return [f"unknown: {why}" for why in dict.fromkeys(backend.returns_unknown)]
+
+
+WAY_OUT_TEXT = {WayOut.ABORT: "abort() then poll() ends it", WayOut.TIMEOUT: "a timeout ends it",
+                WayOut.NONE: "none (pinned)"}
+
+
+def way_out_text(verdict: StateVerdict) -> str:
+    """One state's way out in a few words (JSON `verdicts` has the full `how` and chain); an
+    undecided one says why."""
+    return WAY_OUT_TEXT.get(verdict.way_out) or verdict.how
 
 
 def rule_label(finding: Finding, short: bool = False) -> str:
@@ -76,6 +92,7 @@ def verdict_grid(report: Report, short: bool = False) -> Grid:
     rows: list[str] = []
     cells: dict[tuple[str, str], tuple[str, str | None]] = {}
     used: set[str] = set()
+    undecided = False
     for b in report.backends:
         row = f"{b.name}*" if b.name in partial else b.name
         rows.append(row)
@@ -83,8 +100,15 @@ def verdict_grid(report: Report, short: bool = False) -> Grid:
             hits = [f for f in report.findings
                     if f.state == state and not f.suppressed
                     and (f.backend == b.name or (f.backend is None and _concerns(f, b)))]
-            if b.poll is None or (state not in b.returns and not any(f.backend == b.name for f in hits)):
+            if b.poll is not None and not b.returns and b.returns_unknown:
+                cells[row, state] = (UNKNOWN, "warning")  # nothing known it returns, something unknown
+                undecided = True
+            elif b.poll is None or (state not in b.returns and not any(f.backend == b.name for f in hits)):
                 cells[row, state] = (NOT_RETURNED, None)
+            elif b.way_out(state) is not None and b.way_out(state).way_out is WayOut.UNKNOWN \
+                    and not any(f.severity == "error" for f in hits):
+                cells[row, state] = (UNKNOWN, "warning")  # whether it pins is not decided: never "ok"
+                undecided = True
             elif hits:
                 worst = min(hits, key=lambda f: SEVERITY_ORDER.get(f.severity, 3))
                 cells[row, state] = (rule_label(worst, short), worst.severity)
@@ -96,11 +120,11 @@ def verdict_grid(report: Report, short: bool = False) -> Grid:
         for state in states:
             cells[name, state] = (NOT_CHECKED, "warning")
         used.add(NOT_CHECKED)
-    legend = _legend(report, used, bool(partial), short)
+    legend = _legend(report, used, bool(partial), short, undecided)
     return Grid(states, rows, cells, legend)
 
 
-def _legend(report: Report, used: set[str], partial: bool, short: bool) -> str:
+def _legend(report: Report, used: set[str], partial: bool, short: bool, undecided: bool = False) -> str:
     parts = []
     if short:
         labels = {rule_label(f, True): f.rule for f in report.findings if f.state}
@@ -110,7 +134,7 @@ def _legend(report: Report, used: set[str], partial: bool, short: bool) -> str:
     if NOT_RETURNED in used:
         parts.append("-: poll() never returns it")
     if NOT_CHECKED in used:
-        parts.append("?: not checked")
+        parts.append("?: not checked" + (" or not decided (see what was not analysed)" if undecided else ""))
     if partial:
         parts.append("*: checked without some of its files")
     return " · ".join(parts)

@@ -51,7 +51,7 @@ class SchedulerDisaggregationPrefillMixin:
                     undone_reqs.append(req)  # site: keep ; expect: silent-wait[:Bootstrapping], silent-wait[:Transferring], silent-wait[:WaitingForInput]
                     continue
                 # The previous rank finished it, so this one must have too (it need not).
-                assert poll == KVPoll.Success or poll == KVPoll.Failed  # site: raise ; expect: state-crash[:Bootstrapping], state-crash[:Transferring], state-crash[:WaitingForInput], unhandled-state[:Bootstrapping], unhandled-state[:Transferring], unhandled-state[:WaitingForInput]
+                assert poll == KVPoll.Success or poll == KVPoll.Failed  # site: raise ; expect: state-crash[:Bootstrapping], state-crash[:Transferring], state-crash[:WaitingForInput]
 
             if poll in [KVPoll.WaitingForInput, KVPoll.Transferring]:  # site: check
                 logger.debug("request %s still in flight", req.rid)
@@ -67,7 +67,7 @@ class SchedulerDisaggregationPrefillMixin:
                 prepare_abort(req, reason, status_code=HTTPStatus.INTERNAL_SERVER_ERROR)  # site: abort ; expect: release-leak[:Failed]
                 done_reqs.append(req)  # site: done
             else:
-                assert False, f"Unexpected polling state {poll=}"  # site: raise ; expect: state-crash[:Bootstrapping], unhandled-state[:Bootstrapping]
+                assert False, f"Unexpected polling state {poll=}"  # site: raise ; expect: state-crash[:Bootstrapping]
 
         self.disagg_prefill_inflight_queue = undone_reqs  # site: reassign
         return done_reqs

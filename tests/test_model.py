@@ -1,0 +1,243 @@
+"""The analysed model as one typed structure (ScanModel: fate, paths, release_map, way_out), its
+enums, the backends table (known returns apart from "unknown: <why>", per-state way out) in
+every format, and a function the analysis must read that libcst cannot parse: a gap (exit 3),
+never a silent skip, a confident `undrained-queue` or a claimed pin."""
+
+from __future__ import annotations
+
+import io
+import json
+import shutil
+from pathlib import Path
+
+import jsonschema
+import libcst
+import pytest
+from rich.console import Console
+
+from kvtrace.fleet import exit_code_for
+from kvtrace.flow import Event
+from kvtrace.graph import ScanModel, analyse_queue, find_enum
+from kvtrace.index import Index
+from kvtrace.model import OUTCOME_ORDER, EventKind, Outcome, Site, WayOut
+from kvtrace.packs import load_pack
+from kvtrace.parse import parse_modules
+from kvtrace.report import json as json_report
+from kvtrace.report import html, markdown, sarif
+from kvtrace.report.schema import JSON_SCHEMA
+from kvtrace.report.text import render as render_text
+from kvtrace.report.verdicts import verdict_grid
+from kvtrace.scan import scan_path
+from kvtrace.fetch.local import fetch_local
+
+ROOT = Path(__file__).resolve().parent.parent
+EXAMPLES = ROOT / "examples"
+NIXL_PIN = EXAMPLES / "nixl-pin"
+
+
+def text_of(report, width: int = 200) -> str:
+    buffer = io.StringIO()
+    render_text(report, Console(file=buffer, width=width, force_terminal=False, color_system=None, highlight=False))
+    return buffer.getvalue()
+
+
+def model_of(tree: Path) -> ScanModel:
+    """The queue model of an example, built stage by stage as the scan does."""
+    from kvtrace.backends import analyse_backends
+
+    pack = load_pack()
+    fetched = fetch_local(tree)
+    root = "disaggregation"
+    index = Index(parse_modules(fetched.files), root)
+    domain, _ = find_enum(index, pack)
+    return ScanModel(analyse_queue(index, pack, domain), analyse_backends(index, pack, domain, root, []), domain)
+
+
+# --- enums: typed, and text-identical to the strings they replace ------------------------------
+
+def test_enums_read_as_their_strings_everywhere_text_is_made() -> None:
+    assert f"{EventKind.KEEP}" == str(EventKind.KEEP) == "keep" and repr(Outcome.KEPT) == "'kept'"
+    assert json.dumps({"kind": EventKind.TABLE_RAISE, "fate": [Outcome.LEAVES]}) == \
+        '{"kind": "table-raise", "fate": ["leaves"]}'
+    assert {EventKind.RELEASE} == {"release"} and hash(Outcome.DROPPED) == hash("dropped")
+    assert OUTCOME_ORDER == ("kept", "leaves", "raises", "dropped")
+
+
+def test_a_kind_that_does_not_exist_fails_and_a_site_must_be_a_site_kind() -> None:
+    with pytest.raises(ValueError):
+        Event("kep", "a.py", 1, "f")  # a typo never passes as a site
+    assert Event("keep", "a.py", 1, "f").kind is EventKind.KEEP
+    assert Site("entry", "a.py", 1, "f").kind is EventKind.ENTRY
+    with pytest.raises(ValueError):
+        Site("table-read", "a.py", 1, "f")  # describes a path, never a row of the release map
+
+
+# --- the model's queries agree with the paths they summarise ----------------------------------
+
+@pytest.mark.parametrize("example", sorted(p.name for p in EXAMPLES.iterdir() if (p / "disaggregation").is_dir()))
+def test_fate_by_reachability_and_release_map_agree_with_the_paths(example: str) -> None:
+    model = model_of(EXAMPLES / example)
+    if model.queue.drain is None:
+        pytest.skip(f"{example} has no drain loop")  # pragma: no cover - every example has one today
+    for state in model.domain.members:
+        ended = {outcome for _, outcome in model.queue.paths[state]}
+        assert model.fate(state) == [o for o in OUTCOME_ORDER if o in ended], state
+        for outcome in Outcome:
+            assert model.paths(state, outcome) == [e for e, o in model.queue.paths[state] if o is outcome]
+    by_place = {(s.kind, s.path, s.line): s for s in model.release_map()}
+    for state in model.domain.members:
+        for events, _ in model.queue.paths[state]:
+            for e in events:
+                site = by_place.get((e.kind, e.path, e.line))
+                if site is None:
+                    assert not e.kind.is_site or e.kind is EventKind.HELPER, e  # only effect-free helpers leave the map
+                elif e.kind is not EventKind.CHECK or e.detail == "T":
+                    assert state in site.states, (site, state)
+    for backend in model.senders:
+        for state, verdict in backend.backend.verdicts.items():
+            assert model.way_out(backend.backend.name, state) is verdict
+    assert model.way_out("no-such-backend", "WaitingForInput") is None
+
+
+# --- the backends table: known returns, "unknown: <why>" apart, and each state's way out ------
+
+def test_backends_table_shows_unknown_returns_apart_and_verdicts_in_every_format() -> None:
+    report = scan_path(NIXL_PIN)
+    nixl = next(b for b in report.backends if b.name == "nixl")
+    # The manager's update_status stores a parameter kvtrace cannot follow to a value.
+    assert nixl.returns_unknown and "request_status" in nixl.returns_unknown[0]
+    why = nixl.returns_unknown[0]
+
+    text = text_of(report)
+    backends = text[text.index("\nBackends"):]
+    nixl_block = backends[backends.index("  nixl"):]
+    returns_line = next(line for line in nixl_block.splitlines() if line.strip().startswith("returns"))
+    assert "unknown" not in returns_line  # the known states on their own line
+    assert f"unknown: {why[:40]}" in " ".join(nixl_block.split())
+    assert "way out      WaitingForInput: none (pinned)" in nixl_block
+
+    document = json.loads(json_report.render([report]))
+    jsonschema.validate(document, JSON_SCHEMA)
+    entry = next(b for b in document["reports"][0]["backends"] if b["name"] == "nixl")
+    assert entry["returns"] == nixl.returns and entry["returns_unknown"] == [why]
+    assert entry["verdicts"]["WaitingForInput"]["way_out"] == "none"
+    assert entry["verdicts"]["WaitingForInput"]["chain"] and all(
+        link["line"] >= 1 for link in entry["verdicts"]["WaitingForInput"]["chain"])
+    assert entry["manager"]["name"] == "NixlKVManager" and entry["manager"]["table"] == "request_status"
+    mooncake = next(b for b in document["reports"][0]["backends"] if b["name"] == "mooncake")
+    assert mooncake["returns_unknown"] == [] and {v["way_out"] for v in mooncake["verdicts"].values()} <= {"abort", "timeout"}
+
+    md = markdown.render([report])
+    row = next(line for line in md.splitlines() if line.startswith("| nixl | `NixlKVSender`"))
+    assert f"<br>unknown: {why[:40]}" in row and "WaitingForInput: none (pinned)" in row
+    page = html.render([report])
+    assert "poll() returns Failed, Bootstrapping" in page and "unknown: " in page
+
+
+# --- a function the analysis must read that libcst cannot parse -------------------------------
+
+@pytest.fixture
+def libcst_rejects(monkeypatch: pytest.MonkeyPatch):
+    """Make libcst fail on the named functions only (the per-function parse is the seam)."""
+    real = libcst.parse_module
+
+    def reject(*names: str) -> None:
+        def parse(source: str, *args, **kwargs):
+            if any(source.lstrip().startswith(f"def {name}(") for name in names):
+                raise libcst.ParserSyntaxError("simulated", lines=[source], raw_line=1, raw_column=0)
+            return real(source, *args, **kwargs)
+
+        monkeypatch.setattr(libcst, "parse_module", parse)
+
+    return reject
+
+
+def assert_loud(report, fragment: str) -> None:
+    """Incomplete in every format, and exit 3."""
+    assert report.incomplete and any(fragment in g.reason for g in report.gaps), report.gaps
+    assert exit_code_for(report, "note") == 3
+    assert "INCOMPLETE" in text_of(report) and "INCOMPLETE" in markdown.render([report])
+    document = json.loads(json_report.render([report]))
+    assert document["reports"][0]["complete"] is False
+    assert any(fragment in g["reason"] for g in document["reports"][0]["gaps"])
+    log = sarif.to_sarif([report]) if hasattr(sarif, "to_sarif") else json.loads(sarif.render([report]))
+    invocation = log["runs"][0]["invocations"][0]
+    assert invocation["executionSuccessful"] is False
+
+
+def test_drain_loop_libcst_cannot_parse_is_a_gap_not_an_undrained_queue(libcst_rejects) -> None:
+    clean = scan_path(NIXL_PIN)
+    assert clean.queues[0].drain is not None and not clean.incomplete
+    libcst_rejects("process_disagg_prefill_inflight_queue")
+    report = scan_path(NIXL_PIN)
+    assert not any(f.rule == "undrained-queue" for f in report.findings)  # before: a confident error
+    assert_loud(report, "disaggregation/prefill.py:46 SchedulerDisaggregationPrefillMixin."
+                        "process_disagg_prefill_inflight_queue()")
+
+
+def test_helper_the_drain_enters_libcst_cannot_parse_is_a_gap(libcst_rejects) -> None:
+    libcst_rejects("finish_inflight_success")
+    report = scan_path(EXAMPLES / "helper-methods")
+    assert report.queues[0].drain is not None  # the loop itself is analysed; the helper is not
+    assert_loud(report, "SchedulerDisaggregationPrefillMixin.finish_inflight_success()")
+
+
+def test_abort_libcst_cannot_parse_claims_no_pin(libcst_rejects) -> None:
+    clean = scan_path(NIXL_PIN)
+    assert {(f.backend, f.state) for f in clean.findings if f.rule == "pinned-state"} == {
+        ("nixl", "WaitingForInput"), ("nixl", "Transferring")}
+    libcst_rejects("abort")
+    report = scan_path(NIXL_PIN)
+    # Whether abort() gives a way out is unknown: no pin is claimed, the cells say "?", not "ok".
+    assert not any(f.rule == "pinned-state" for f in report.findings)
+    nixl = next(b for b in report.backends if b.name == "nixl")
+    assert nixl.verdicts["WaitingForInput"].way_out is WayOut.UNKNOWN
+    assert "NixlKVSender.abort()" in nixl.verdicts["WaitingForInput"].how
+    grid = verdict_grid(report)
+    assert grid.cells["nixl", "WaitingForInput"] == ("?", "warning") and "not decided" in grid.legend
+    assert_loud(report, "NixlKVSender.abort() could not be parsed with libcst")
+
+
+def test_poll_libcst_cannot_parse_is_unknown_not_never_returned(libcst_rejects) -> None:
+    libcst_rejects("poll")
+    report = scan_path(NIXL_PIN)
+    grid = verdict_grid(report)
+    assert all(grid.cells["nixl", s] == ("?", "warning") for s in grid.states)  # never "-"
+    assert_loud(report, "NixlKVSender.poll() could not be parsed with libcst")
+
+
+def test_drain_loop_nested_beyond_libcst_is_a_gap_not_an_undrained_queue(tmp_path: Path) -> None:
+    """A real input: a 300-operand `and` in the drain loop is deeper than libcst is given."""
+    tree = tmp_path / "tree"
+    shutil.copytree(NIXL_PIN, tree)
+    prefill = tree / "disaggregation" / "prefill.py"
+    text = prefill.read_text()
+    anchor = "        for req, poll in zip(self.disagg_prefill_inflight_queue, polls):"
+    end = text.index("\n", text.index(anchor)) + 1
+    chain = " and ".join(f"req.f{i}" for i in range(300))
+    prefill.write_text(text[:end] + f"            if {chain}:\n                pass\n" + text[end:])
+    report = scan_path(tree)
+    assert not any(f.rule == "undrained-queue" for f in report.findings)
+    assert_loud(report, "process_disagg_prefill_inflight_queue()")
+
+
+def test_form_feed_between_methods_keeps_lines_and_the_drain(tmp_path: Path) -> None:
+    """A real input: a page break (^L) line between methods. str.splitlines() also ends a line
+    at a form feed, so every later line was off by one (and the function snippets handed to
+    libcst were cut one line off)."""
+    tree = tmp_path / "tree"
+    shutil.copytree(NIXL_PIN, tree)
+    prefill = tree / "disaggregation" / "prefill.py"
+    text = prefill.read_text()
+    marker = "    def process_disagg_prefill_inflight_queue("
+    prefill.write_text(text.replace(marker, "\x0c\n" + marker))
+    before, after = scan_path(NIXL_PIN), scan_path(tree)
+    assert not after.incomplete and after.queues[0].drain is not None
+    assert not any(f.rule == "undrained-queue" for f in after.findings)
+    assert {s: f.fate for s, f in after.queues[0].states.items()} == {s: f.fate for s, f in before.queues[0].states.items()}
+    moved = [(s.kind, s.line) for s in after.queues[0].sites if s.path == "disaggregation/prefill.py"]
+    original = [(s.kind, s.line + (s.line >= 46)) for s in before.queues[0].sites if s.path == "disaggregation/prefill.py"]
+    assert moved == original  # the one inserted line shifts exactly the lines below it
+    lines = prefill.read_text().split("\n")
+    release = next(s for s in after.queues[0].sites if s.kind is EventKind.RELEASE)
+    assert "release" in lines[release.line - 1]
