@@ -13,6 +13,7 @@ from kvtrace.model import Backend, EventKind, Evidence, ManagerRef, PollRef, Sta
 from kvtrace.packs import Pack, matches
 from kvtrace.parse import parents as _parents
 from kvtrace.parse import walk
+from kvtrace.syntax import dotted, self_attr
 from kvtrace.states import ABSENT, NONE, OTHER, Domain, Val
 
 
@@ -135,19 +136,8 @@ def pair_manager(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, root:
 def _annotation_name(node: ast.AST | None) -> str:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value.strip("'\"").rsplit(".", 1)[-1]
-    text = _ast_dotted(node) if node is not None else ""
+    text = dotted(node) if node is not None else ""
     return text.rsplit(".", 1)[-1] if text else ""
-
-
-def _ast_dotted(node: ast.AST) -> str:
-    parts = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-        return ".".join(reversed(parts))
-    return ""
 
 
 def _manager_model(index: Index, pack: Pack, members: tuple[str, ...], sender: ClassInfo, manager: ClassInfo,
@@ -783,7 +773,7 @@ def _assigned_in_class(cls: ClassInfo, domain: Domain, pack: Pack | None = None)
                     narrowed = _narrowed_by_guard(node.value.id, node, parents, domain.members)
                     if narrowed is not None:
                         for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
-                            if _self_attr(t):
+                            if self_attr(t) is not None:
                                 table.setdefault(t.attr, set()).update(narrowed)
                         continue
                 if isinstance(node, ast.Assign):
@@ -793,7 +783,7 @@ def _assigned_in_class(cls: ClassInfo, domain: Domain, pack: Pack | None = None)
                 else:
                     continue
                 for t in targets:
-                    if _self_attr(t):
+                    if self_attr(t) is not None:
                         table.setdefault(t.attr, set()).update(_constant_tokens(node.value, domain, pack))
         _ASSIGNED[key] = table
     return _ASSIGNED[key]
@@ -869,10 +859,6 @@ def _constant_tokens(value: ast.AST, domain: Domain, pack: Pack | None = None) -
     return set(domain.universe)
 
 
-def _self_attr(node: ast.AST) -> bool:
-    return isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self"
-
-
 def _is_member(node: ast.AST, domain: Domain) -> bool:
     return isinstance(node, ast.Attribute) and node.attr in domain.members and (
         isinstance(node.value, ast.Name) and node.value.id == domain.enum
@@ -880,4 +866,4 @@ def _is_member(node: ast.AST, domain: Domain) -> bool:
 
 
 def _is_clock(node: ast.AST, pack: Pack | None) -> bool:
-    return pack is not None and isinstance(node, ast.Call) and pack.is_clock_call(_ast_dotted(node.func))
+    return pack is not None and isinstance(node, ast.Call) and pack.is_clock_call(dotted(node.func))

@@ -21,7 +21,7 @@ import libcst as cst
 from kvtrace.index import ClassInfo, FuncRef, Index
 from kvtrace.model import SITE_KINDS, EventKind
 from kvtrace.packs import Pack
-from kvtrace.parse import walk
+from kvtrace.syntax import dotted, self_attr, walk
 from kvtrace.states import ABSENT, FALSE, KEEP, NONE, NOW, OTHER, POLLS, REQ, TRUE, Domain, Val, refine
 
 MAX_PATHS = 4096  # per statement; past this the analysis says it is incomplete
@@ -129,7 +129,7 @@ class Frame:
         return isinstance(node, cst.Name) and node.value == self.self_name
 
     def is_self_attr(self, node: cst.CSTNode) -> bool:
-        return isinstance(node, cst.Attribute) and self.is_self(node.value)
+        return self_attr(node, self.self_name) is not None
 
 
 MANAGER = "@mgr."  # attribute-key prefix of the manager object reached from a sender
@@ -180,20 +180,6 @@ def code(node: cst.CSTNode) -> str:
     # Keyed by identity (libcst nodes compare by identity; a cached node stays alive, so its id
     # is never reused): the same few conditions are rendered ~70 times each in a scan.
     return _CODE.code_for_node(node)
-
-
-def dotted(node: cst.CSTNode) -> str:
-    parts: list[str] = []
-    while isinstance(node, cst.Attribute):
-        parts.append(node.attr.value)
-        node = node.value
-    if isinstance(node, cst.Name):
-        parts.append(node.value)
-        return ".".join(reversed(parts))
-    if isinstance(node, cst.Call) and isinstance(node.func, cst.Name) and node.func.value == "super":
-        parts.append("super()")
-        return ".".join(reversed(parts))
-    return ""
 
 
 def names_in(node: cst.CSTNode) -> set[str]:
@@ -881,7 +867,7 @@ class Explorer:
         if cached is not False:
             return cached
         key = None
-        if not any(isinstance(n, (cst.Call, cst.Await, cst.Yield, cst.NamedExpr, cst.Lambda)) for n in _walk_cst(node)) \
+        if not any(isinstance(n, (cst.Call, cst.Await, cst.Yield, cst.NamedExpr, cst.Lambda)) for n in walk(node)) \
                 and (self.keeps_fact(node.left, frame) or self.keeps_fact(node.comparisons[0].comparator, frame)):
             # (A comparison tested once in the function: nothing would read the fact again.)
             left, right = code(node.left), code(node.comparisons[0].comparator)
@@ -1220,12 +1206,6 @@ def fact_key(node: cst.CSTNode, frame: Frame) -> str | None:
 
 
 FACT_CMP = "?cmp:"  # a remembered comparison: "?cmp:<prefix><left> <in|==|is> <right>"
-
-
-def _walk_cst(node: cst.CSTNode):
-    yield node
-    for child in node.children:
-        yield from _walk_cst(child)
 
 
 def _forget_comparisons(path: PathState, name: str) -> PathState:

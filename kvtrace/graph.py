@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import libcst as cst
 
-from kvtrace.flow import NOT_SITES, Config, CstBody, Event, Explorer, Frame, PathState, ast_constant, dotted
+from kvtrace.flow import NOT_SITES, Config, CstBody, Event, Explorer, Frame, PathState, ast_constant
 from kvtrace.index import ClassInfo, FuncRef, Index
-from kvtrace.index import dotted as ast_dotted
 from kvtrace.model import OUTCOME_ORDER, Backend, EventKind, Evidence, ModeFate, Outcome, Site, StateFate, StateVerdict
 from kvtrace.packs import Pack, matches
+from kvtrace.syntax import dotted, mentions_attr, walk
 from kvtrace.states import KEEP, POLLS, REQ, Domain, Val
 
 MAX_MODES = 4  # distinct ways the callers in the tree bind the drain's parameters
@@ -399,10 +399,6 @@ def find_enum(index: Index, pack: Pack) -> tuple[Domain, Evidence] | None:
     return None
 
 
-def _mentions_queue(node: ast.AST, queue: str) -> bool:
-    return any(isinstance(n, ast.Attribute) and n.attr == queue for n in ast.walk(node))
-
-
 def _all_functions(index: Index) -> list[FuncRef]:
     funcs: list[FuncRef] = []
     for infos in index.classes.values():
@@ -423,7 +419,7 @@ def find_drains(index: Index, pack: Pack, within: list[FuncRef] | None = None,
             continue
         keep = _reassigned_name(func.node, pack.queue)
         removal = _removal_set(func.node, pack.queue) if keep is None else None
-        loops = [n for n in ast.walk(func.node) if isinstance(n, ast.For) and _mentions_queue(n.iter, pack.queue)]
+        loops = [n for n in ast.walk(func.node) if isinstance(n, ast.For) and mentions_attr(n.iter, pack.queue)]
         if (keep is None and removal is None) or not loops:
             continue
         if index.cst(func) is None:
@@ -454,7 +450,7 @@ def _removal_set(func: ast.AST, queue: str) -> str | None:
                                                        for t in node.targets):
             continue
         comp = node.value
-        if isinstance(comp, ast.ListComp) and len(comp.generators) == 1 and _mentions_queue(comp.generators[0].iter, queue):
+        if isinstance(comp, ast.ListComp) and len(comp.generators) == 1 and mentions_attr(comp.generators[0].iter, queue):
             for test in comp.generators[0].ifs:
                 if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.NotIn) \
                         and isinstance(test.comparators[0], ast.Name):
@@ -474,7 +470,7 @@ def held_queue(index: Index, pack: Pack) -> tuple[ClassInfo, str] | None:
                 continue
             if not any(isinstance(t, ast.Attribute) and t.attr == pack.queue for t in node.targets):
                 continue
-            name = ast_dotted(node.value.func).rsplit(".", 1)[-1] if ast_dotted(node.value.func) else ""
+            name = dotted(node.value.func, calls=True).rsplit(".", 1)[-1] if dotted(node.value.func, calls=True) else ""
             for cls in index.classes.get(name, []):
                 attr = _polled_list(index, pack, cls)
                 if attr is not None:
@@ -492,7 +488,7 @@ def _polled_list(index: Index, pack: Pack, cls: ClassInfo) -> str | None:
                     reassigned.update(t.attr for t in node.targets if isinstance(t, ast.Attribute)
                                       and isinstance(t.value, ast.Name) and t.value.id == "self")
                 if isinstance(node, ast.Call) and node.args:
-                    callee = ast_dotted(node.func) or ""
+                    callee = dotted(node.func, calls=True) or ""
                     if pack.is_poll_call(callee):
                         polled += [n.attr for a in node.args for n in ast.walk(a) if isinstance(n, ast.Attribute)
                                    and isinstance(n.value, ast.Name) and n.value.id == "self"]
@@ -539,8 +535,7 @@ def _own_loops(pack: Pack, func: FuncRef, body: CstBody) -> list[tuple[FuncRef, 
     """The top-level loops of `func` over the queue, in order, with their names' roles."""
     loops = []
     for stmt in body.node.body.body if isinstance(body.node.body, cst.IndentedBlock) else []:
-        if isinstance(stmt, cst.For) and any(isinstance(n, cst.Attribute) and n.attr.value == pack.queue
-                                             for n in _walk(stmt.iter)):
+        if isinstance(stmt, cst.For) and mentions_attr(stmt.iter, pack.queue):
             roles: dict[str, str] = {}
             _bind_loop_target(stmt.target, stmt.iter, pack.queue, {}, roles)
             loops.append((func, body, stmt, roles))
@@ -559,7 +554,7 @@ def _queue_loop(index: Index, pack: Pack, func: FuncRef) -> tuple[cst.For, CstBo
 
     class Find(cst.CSTVisitor):
         def visit_For(self, node: cst.For) -> None:
-            if any(isinstance(n, cst.Attribute) and n.attr.value == pack.queue for n in _walk(node.iter)):
+            if mentions_attr(node.iter, pack.queue):
                 loops.append(node)
 
         def visit_Assign(self, node: cst.Assign) -> None:
@@ -602,20 +597,14 @@ def _bind_loop_target(target: cst.BaseExpression, it: cst.BaseExpression, queue:
             if len(pairs) == 2 and not any(role == "@state" for role in initial.values()):
                 for element, arg in pairs:
                     if isinstance(element.value, cst.Name) and element.value.value not in initial \
-                            and not any(isinstance(n, cst.Attribute) and n.attr.value == queue for n in _walk(arg.value)):
+                            and not mentions_attr(arg.value, queue):
                         initial[element.value.value] = "@state"
         return
     if isinstance(target, cst.Name):
-        if any(isinstance(n, cst.Attribute) and n.attr.value == queue for n in _walk(it)):
+        if mentions_attr(it, queue):
             initial[target.value] = REQ
         elif isinstance(it, cst.Name) and it.value in poll_vars:
             initial[target.value] = "@state"
-
-
-def _walk(node: cst.CSTNode):
-    yield node
-    for child in node.children:
-        yield from _walk(child)
 
 
 def _post_loop_effects(index: Index, pack: Pack, func: FuncRef, body: CstBody, drain_loop: cst.For) -> dict[str, list[Event]]:
@@ -627,12 +616,12 @@ def _post_loop_effects(index: Index, pack: Pack, func: FuncRef, body: CstBody, d
         return EventKind.RELEASE if pack.is_release(callee) else EventKind.ABORT if pack.is_abort(callee) \
             else EventKind.ANSWER if pack.is_answer(callee) else None
 
-    inside_loop = {id(n) for n in _walk(drain_loop)}
-    for node in _walk(body.node):
+    inside_loop = {id(n) for n in walk(drain_loop)}
+    for node in walk(body.node):
         if id(node) in inside_loop:
             continue
         if isinstance(node, cst.For) and isinstance(node.iter, cst.Name):
-            for inner in _walk(node.body):
+            for inner in walk(node.body):
                 if isinstance(inner, cst.Call) and (kind := kind_of(dotted(inner.func))):
                     effects.setdefault(node.iter.value, []).append(Event(
                         kind, func.path, body.line(inner), func.qualname, dotted(inner.func) + " (after the loop)"))
@@ -824,8 +813,8 @@ def static_sites(index: Index, pack: Pack) -> list[Site]:
                 if any(isinstance(t, ast.Attribute) and t.attr == pack.queue for t in targets):
                     sites.append(Site(EventKind.REASSIGN, path, node.lineno, where))
             if isinstance(node, ast.Call) and pack.gauge_calls and pack.queue in _source(module, node) \
-                    and any(_mentions_queue(a, pack.queue) for a in node.args):
-                callee = ast_dotted(node.func)
+                    and any(mentions_attr(a, pack.queue) for a in node.args):
+                callee = dotted(node.func, calls=True)
                 if callee and matches(callee, pack.gauge_calls) and _is_stored(node, parents):
                     sites.append(Site(EventKind.GAUGE, path, node.lineno, where, note=callee))
             stack.extend((child, node, where) for child in ast.iter_child_nodes(node))

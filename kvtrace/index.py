@@ -9,6 +9,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass, field
 
+from kvtrace.syntax import dotted
 from kvtrace.parse import CstFunction, ParsedModule, parse_function_cst
 
 
@@ -35,21 +36,6 @@ class ClassInfo:
     methods: dict[str, FuncRef]
     node: ast.ClassDef = field(repr=False)
     module: ParsedModule = field(repr=False)
-
-
-def dotted(node: ast.AST) -> str:
-    """`self.tree_cache.cache_finished_req` for an Attribute chain; '' when not a plain chain."""
-    parts: list[str] = []
-    while isinstance(node, ast.Attribute):
-        parts.append(node.attr)
-        node = node.value
-    if isinstance(node, ast.Name):
-        parts.append(node.id)
-        return ".".join(reversed(parts))
-    if isinstance(node, ast.Call):
-        inner = dotted(node.func)
-        return f"{inner}()." + ".".join(reversed(parts)) if inner and parts else ""
-    return ""
 
 
 class Index:
@@ -104,7 +90,7 @@ class Index:
             name=stmt.name,
             path=module.source.path,
             line=stmt.lineno,
-            base_names=[dotted(b).rsplit(".", 1)[-1] for b in stmt.bases if dotted(b)],
+            base_names=[dotted(b, calls=True).rsplit(".", 1)[-1] for b in stmt.bases if dotted(b, calls=True)],
             methods={},
             node=stmt,
             module=module,

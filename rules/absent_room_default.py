@@ -4,7 +4,8 @@ import ast
 
 from kvtrace.model import Evidence, Finding
 from kvtrace.rules.base import Rule, Sample, ScanContext
-from kvtrace.rules.manager_model import _self_attr, manager_methods, member
+from kvtrace.syntax import self_attr
+from kvtrace.rules.manager_model import manager_methods, member
 from kvtrace.rules.samples import MANAGED_SENDER, STANDARD_BRANCHES, drain, manager
 
 
@@ -51,7 +52,7 @@ class AbsentRoomDefault(Rule):
                 state = line = None
                 if isinstance(node, ast.Return) and isinstance(node.value, ast.Call) \
                         and isinstance(node.value.func, ast.Attribute) and node.value.func.attr == "get" \
-                        and _self_attr(node.value.func.value) is not None and len(node.value.args) == 2:
+                        and self_attr(node.value.func.value) is not None and len(node.value.args) == 2:
                     state, line = member(node.value.args[1], enum), node.lineno
                 elif isinstance(node, ast.If) and isinstance(node.test, ast.Compare) \
                         and isinstance(node.test.ops[0], ast.NotIn) and isinstance(node.test.left, ast.Name) \

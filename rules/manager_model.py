@@ -11,6 +11,7 @@ from __future__ import annotations
 import ast
 from dataclasses import dataclass
 
+from kvtrace.syntax import self_attr
 from kvtrace.index import ClassInfo, FuncRef, Index
 
 
@@ -37,20 +38,14 @@ def manager_methods(index: Index, method: str) -> list[ManagerMethod]:
     return sorted(found, key=lambda m: (m.func.path, m.func.line))
 
 
-def _self_attr(node: ast.AST) -> str | None:
-    if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "self":
-        return node.attr
-    return None
-
-
 def _table(func: ast.AST, room: str) -> str | None:
     for node in ast.walk(func):
         if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Name) and node.slice.id == room:
-            if (attr := _self_attr(node.value)) is not None:
+            if (attr := self_attr(node.value)) is not None:
                 return attr
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("get", "pop") \
                 and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id == room:
-            if (attr := _self_attr(node.func.value)) is not None:
+            if (attr := self_attr(node.func.value)) is not None:
                 return attr
     return None
 
@@ -59,11 +54,11 @@ def reads_slot(node: ast.AST, table: str, room: str, aliases: set[str]) -> bool:
     """`self.<table>[room]`, `self.<table>.get(room...)`, or a name assigned from one."""
     if isinstance(node, ast.Name) and node.id in aliases:
         return True
-    if isinstance(node, ast.Subscript) and _self_attr(node.value) == table \
+    if isinstance(node, ast.Subscript) and self_attr(node.value) == table \
             and isinstance(node.slice, ast.Name) and node.slice.id == room:
         return True
     return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
-        and _self_attr(node.func.value) == table and bool(node.args) \
+        and self_attr(node.func.value) == table and bool(node.args) \
         and isinstance(node.args[0], ast.Name) and node.args[0].id == room
 
 
@@ -78,7 +73,7 @@ def slot_aliases(func: ast.AST, table: str, room: str) -> set[str]:
 
 def stores(func: ast.AST, table: str, room: str) -> list[ast.Assign]:
     return [node for node in ast.walk(func) if isinstance(node, ast.Assign) and any(
-        isinstance(t, ast.Subscript) and _self_attr(t.value) == table and isinstance(t.slice, ast.Name)
+        isinstance(t, ast.Subscript) and self_attr(t.value) == table and isinstance(t.slice, ast.Name)
         and t.slice.id == room for t in node.targets)]
 
 

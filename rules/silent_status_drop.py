@@ -5,7 +5,8 @@ import ast
 from kvtrace.model import Evidence, Finding
 from kvtrace.parse import walk
 from kvtrace.rules.base import Rule, Sample, ScanContext
-from kvtrace.rules.manager_model import ManagerMethod, _self_attr, manager_methods, member, slot_aliases
+from kvtrace.syntax import self_attr
+from kvtrace.rules.manager_model import ManagerMethod, manager_methods, member, slot_aliases
 from kvtrace.rules.samples import MANAGED_SENDER, STANDARD_BRANCHES, drain, manager
 
 
@@ -92,7 +93,7 @@ class SilentStatusDrop(Rule):
 def _absent_branch(node: ast.If, m: ManagerMethod, aliases: set[str]) -> list[ast.stmt] | None:
     test = node.test
     if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.left, ast.Name) \
-            and test.left.id == m.room and _self_attr(test.comparators[0]) == m.table:
+            and test.left.id == m.room and self_attr(test.comparators[0]) == m.table:
         if isinstance(test.ops[0], ast.NotIn):
             return node.body
         if isinstance(test.ops[0], ast.In):
@@ -120,7 +121,7 @@ def _decide(test: ast.expr, status: str | None, value: str, enum: str) -> bool |
 
 def _reaches_store(stmts: list[ast.stmt], m: ManagerMethod, status: str | None, value: str, enum: str) -> bool:
     for stmt in stmts:
-        if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Subscript) and _self_attr(t.value) == m.table
+        if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Subscript) and self_attr(t.value) == m.table
                                                 for t in stmt.targets):
             return True
         if isinstance(stmt, (ast.Return, ast.Raise)):

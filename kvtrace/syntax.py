@@ -1,0 +1,75 @@
+"""One set of syntax helpers for both trees the analysis reads: `ast` (the index, every file)
+and libcst (the bodies that are walked). Each helper means the same on either tree, so a
+question about names (what `self.kv_mgr.update_status` is, whether an expression reads
+`self.<queue>`, which attribute of `self` a target is) is answered in one place."""
+
+from __future__ import annotations
+
+import ast
+from typing import Iterator, Union
+
+import libcst as cst
+
+from kvtrace.parse import walk as _ast_walk
+
+Node = Union[ast.AST, cst.CSTNode]
+
+
+def dotted(node: Node, calls: bool = False) -> str:
+    """`self.tree_cache.cache_finished_req` for a Name/Attribute chain, '' when the expression is
+    not one. A `super()` receiver is written `super().m`; with `calls`, any other call receiver
+    is written too (`self.get().m`, as the index names call sites), else the chain is ''."""
+    parts: list[str] = []
+    if isinstance(node, cst.CSTNode):
+        while isinstance(node, cst.Attribute):
+            parts.append(node.attr.value)
+            node = node.value
+        name = node.value if isinstance(node, cst.Name) else None
+        func = node.func if isinstance(node, cst.Call) else None
+    else:
+        while isinstance(node, ast.Attribute):
+            parts.append(node.attr)
+            node = node.value
+        name = node.id if isinstance(node, ast.Name) else None
+        func = node.func if isinstance(node, ast.Call) else None
+    if name is not None:
+        parts.append(name)
+        return ".".join(reversed(parts))
+    if func is None:
+        return ""
+    inner = dotted(func, calls)
+    if inner == "super":
+        return ".".join(["super()", *reversed(parts)])
+    if calls and inner and parts:
+        return f"{inner}()." + ".".join(reversed(parts))
+    return ""
+
+
+def self_attr(node: Node, self_name: str = "self") -> str | None:
+    """`X` for `self.X` (the object's own attribute) in either tree, else None."""
+    if isinstance(node, cst.Attribute):
+        return node.attr.value if isinstance(node.value, cst.Name) and node.value.value == self_name else None
+    if isinstance(node, ast.Attribute):
+        return node.attr if isinstance(node.value, ast.Name) and node.value.id == self_name else None
+    return None
+
+
+def walk(node: Node) -> Iterator[Node]:
+    """Every node under `node`, itself included, in either tree (`ast`: breadth first, as
+    ast.walk; libcst: depth first in source order)."""
+    if isinstance(node, ast.AST):
+        yield from _ast_walk(node)
+        return
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        stack.extend(reversed(current.children))
+
+
+def mentions_attr(node: Node, attr: str) -> bool:
+    """Whether the expression reads `<anything>.<attr>` (a queue named by its attribute)."""
+    for n in walk(node):
+        if isinstance(n, cst.Attribute) and n.attr.value == attr or isinstance(n, ast.Attribute) and n.attr == attr:
+            return True
+    return False
