@@ -69,6 +69,6 @@ class SilentWait(Rule):
             message = (f"{ctx.pack.queue} keeps {state} at line {line} without a log line or a metric: a request "
                        f"stuck in {state} shows only in the queue gauge")
             evidence = drain_evidence(ctx) + path_evidence(group[0], state) + [
-                Evidence(path, line, f"keep: {state} goes back into the queue, nothing logged")]
+                Evidence(path, line, f"keep: back into the queue for {state}, nothing logged")]
             findings.append(self.finding(message, path, line, None, state, evidence))
         return findings
