@@ -5,9 +5,9 @@ writes, and which timeout checks it passes on the way to returning each state.""
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
-from kvtrace.flow import MANAGER, TABLE, Config, CstBody, Explorer, Frame, PathState, function_body
+from kvtrace.flow import MANAGER, TABLE, Config, CstBody, Explorer, Frame, PathLimit, PathState, function_body
 from kvtrace.index import ClassInfo, FuncRef, Index
 from kvtrace.model import Backend, EventKind, Evidence, ManagerRef, PollRef, StateVerdict, TimeoutCheck, WayOut
 from kvtrace.packs import Pack, matches
@@ -50,6 +50,7 @@ def is_abstract(func: FuncRef) -> bool:
 def analyse_backends(index: Index, pack: Pack, domain: Domain, root: str, problems: list[str]) -> list[SenderAnalysis]:
     results = []
     _ASSIGNED.clear()
+    _ASSIGNED_BY_FUNCTIONS.clear()
     senders = [c for c in index.subclasses_of(pack.sender_base) if not matches(c.name, pack.exclude_classes)]
     mappings = _class_mappings(index)
     for cls in senders:
@@ -144,6 +145,12 @@ def _manager_model(index: Index, pack: Pack, members: tuple[str, ...], sender: C
     check = index.find_method(manager, pack.check_method)
     table = _table_of(check) if check is not None else None
     functions = [f for c in index.mro(manager) + index.mro(sender) for f in c.methods.values()]
+    # Module functions the sender hands itself to (`_abort_transfer(self)`) act as its methods.
+    self_names = {id(f.node): "self" for f in functions}
+    for func, name in _functions_given_self(index, index.mro(sender)):
+        if id(func.node) not in self_names:
+            functions.append(func)
+            self_names[id(func.node)] = name
     update = index.find_method(manager, pack.update_method)
     holds: set[str] = set()
     unknown: list[str] = []
@@ -156,19 +163,25 @@ def _manager_model(index: Index, pack: Pack, members: tuple[str, ...], sender: C
                 callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
                 if callee:
                     _CALL_SITES.setdefault(callee, []).append((func, node))
+    passed: set[str] = set()  # what the update method's callers pass as the status
+    passed_unknown = False
+    in_update: list[tuple[ast.Assign, FuncRef, dict[int, ast.AST]]] = []
     for func in functions:
         parents = _parents(func.node)
         for node in walk(func.node):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
                 recv = node.func.value
                 if node.func.attr in (pack.check_method, pack.update_method) and isinstance(recv, ast.Attribute) \
-                        and isinstance(recv.value, ast.Name) and recv.value.id == "self" and func.owner in index.mro(sender):
+                        and isinstance(recv.value, ast.Name) and recv.value.id == self_names[id(func.node)] \
+                        and (func.owner is None or func.owner in index.mro(sender)):
                     attrs.add(recv.attr)
                 if node.func.attr == pack.update_method:
                     status = node.args[1] if len(node.args) > 1 else next(
                         (k.value for k in node.keywords if k.arg == "status"), None)
                     if status is not None:
-                        _collect(status, func, parents, node, holds, unknown, update, members)
+                        before = len(unknown)
+                        _collect(status, func, parents, node, passed, unknown, update, members)
+                        passed_unknown = passed_unknown or len(unknown) > before
                 if table and node.func.attr == "setdefault" and _ends_with(recv, table) and len(node.args) > 1:
                     _collect(node.args[1], func, parents, node, holds, unknown, update, members)
                 if table and node.func.attr == "pop" and _ends_with(recv, table):
@@ -180,7 +193,18 @@ def _manager_model(index: Index, pack: Pack, members: tuple[str, ...], sender: C
             elif isinstance(node, ast.Assign) and table:
                 for t in node.targets:
                     if isinstance(t, ast.Subscript) and _ends_with(t.value, table):
-                        _collect(node.value, func, parents, node, holds, unknown, update, members)
+                        if update is not None and func.name == update.name:
+                            in_update.append((node, func, parents))
+                        else:
+                            _collect(node.value, func, parents, node, holds, unknown, update, members)
+    holds |= passed
+    # A store of the update method under `if status == X` happens only if some caller passes X.
+    for node, func, parents in in_update:
+        params = [a.arg for a in func.node.args.posonlyargs + func.node.args.args][1:]
+        narrowed = _narrowed_by_guard(params[1], node, parents, members) if len(params) > 1 else None
+        if narrowed is not None and not passed_unknown and not narrowed & passed:
+            continue
+        _collect(node.value, func, parents, node, holds, unknown, update, members)
     ref = ManagerRef(manager.name, manager.path, manager.line, how, table,
                      tuple(sorted(holds)), tuple(dict.fromkeys(unknown)), tuple(sorted(set(clears), key=lambda e: (e.path, e.line))))
     return ManagerModel(manager, ref, frozenset(attrs))
@@ -330,10 +354,13 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
     table = manager.ref.table if manager else None
     configs: list[tuple[str, Val | None]] = []
     if table is not None:
-        # Only states known to be stored: a store kvtrace cannot read is reported, never a pin.
-        configs = [(f"{table} holds {s} for the room", frozenset({s})) for s in domain.members if s in manager.ref.holds]
+        # Only states known to be stored: a store kvtrace cannot read is reported, never a pin;
+        # and only those a run of the code can reach from the room's registration.
+        reach = _reachable_table(runner, index, cls, manager)
+        configs = [(f"{table} holds {s} for the room", frozenset({s})) for s in domain.members
+                   if s in manager.ref.holds and (reach is None or s in reach)]
         unborn = _room_may_be_missing(runner, index.find_method(cls, "__init__"))
-        if manager.ref.clears or unborn is not None:
+        if (manager.ref.clears or unborn is not None) and (reach is None or ABSENT in reach):
             configs.append((f"the room is absent from {table}", frozenset({ABSENT})))
         if unborn is not None:
             runner.unborn = unborn
@@ -423,6 +450,141 @@ def _room_may_be_missing(runner: "_Runner", init: FuncRef | None) -> Evidence | 
     return None
 
 
+def _entry_points(index: Index, sender: ClassInfo, manager: ManagerModel, update: str) -> list[tuple[FuncRef, ClassInfo, str]]:
+    """What can run between two polls: each method of the manager and of the sender (the one
+    their MRO resolves) that no method of theirs calls, except __init__ and the update method
+    (whose status comes from its call sites). Threads, public entry points, abort(), clear(),
+    poll(). A called method runs inside its callers, with their arguments."""
+    classes = [(manager.cls, MANAGER), (sender, "")]
+    called: set[str] = set()
+    for owner, _ in classes:
+        for c in index.mro(owner):
+            for func in c.methods.values():
+                for node in ast.walk(func.node):
+                    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                        recv = node.func.value
+                        if isinstance(recv, ast.Name) and recv.id == "self" or (
+                                isinstance(recv, ast.Attribute) and recv.attr in manager.attrs):
+                            called.add(node.func.attr)
+    entries = []
+    for owner, prefix in classes:
+        names = dict.fromkeys(n for c in index.mro(owner) for n in c.methods)
+        for name in names:
+            if name in called or name in ("__init__", update) or name.startswith("__"):
+                continue
+            func = index.find_method(owner, name)
+            if func is not None and not is_abstract(func):
+                entries.append((func, owner, prefix))
+    return entries
+
+
+def _reachable_table(runner: "_Runner", index: Index, sender: ClassInfo, manager: ManagerModel) -> set[str] | None:
+    """What the status table can hold for the room (states, ABSENT) when poll() runs: the
+    sender's __init__ from an absent room, then any entry point from any value reached so far
+    (threads in any interleaving, each run whole; the clock before and past every deadline), to
+    a fixpoint. Every value stored on the way counts: a poll can come between two stores. None
+    when a function could not be analysed (then every stored state counts)."""
+    init = index.find_method(sender, "__init__")
+    if init is None:
+        return None
+    config = runner.config()
+    reached: set[str] = set()
+    frontier: list[str] = []
+
+    def note(ends: list[PathState]) -> None:
+        for end in ends:
+            unknown = next((e for e in end.events if e.kind == EventKind.TABLE_UNKNOWN), None)
+            if unknown is not None:
+                raise _Unknown(f"{unknown.path}:{unknown.line} {unknown.detail}")
+            values = set(end.attr(TABLE) or ())
+            for e in end.events:
+                if e.kind == EventKind.TABLE_STORE:
+                    values.update(v for v in e.detail.split(", ") if v)
+            for v in values - reached:
+                reached.add(v)
+                frontier.append(v)
+
+    def run(func: FuncRef, cls: ClassInfo, prefix: str, start: str, clock_far: bool) -> list[PathState]:
+        parsed = index.cst(func)
+        if parsed is None:
+            raise _Unknown(func.qualname)
+        explorer = Explorer(replace(config, clock_far=clock_far, truncated=[], unparsed=set(), max_paths=REACH_PATHS, give_up=True))
+        explorer.stack.append(id(func.node))
+        ends = explorer.run_block(function_body(parsed.node), [PathState(attrs=((TABLE, frozenset({start})),))],
+                                  Frame(func, CstBody(parsed.node, parsed.line), cls, prefix))
+        if explorer.c.truncated or explorer.c.unparsed:
+            raise _Unknown(func.qualname)
+        return ends
+
+    budget = [REACH_RUNS]
+
+    def run_all(func: FuncRef, cls: ClassInfo, prefix: str, start: str) -> None:
+        budget[0] -= 1
+        if budget[0] < 0:
+            raise _Unknown("too many runs")
+        ends = run(func, cls, prefix, start, False)
+        note(ends)
+        if any(e.kind == EventKind.TIMEOUT for end in ends for e in end.events):  # the clock matters here
+            note(run(func, cls, prefix, start, True))
+
+    everything = set(runner.domain.members) | {ABSENT}
+    try:
+        run_all(init, sender, "", ABSENT)
+        entries = [e for e in _entry_points(index, sender, manager, runner.pack.update_method)
+                   if _touches_table(index, e[0], e[2], manager, runner.relevant)]
+        done: set[tuple[int, str]] = set()
+        while frontier and not everything <= reached:
+            start = frontier.pop()
+            for func, cls, prefix in entries:
+                if (id(func.node), start) not in done:
+                    done.add((id(func.node), start))
+                    run_all(func, cls, prefix, start)
+    except (_Unknown, PathLimit):
+        return None
+    return reached
+
+
+REACH_RUNS = 48  # past this many runs (or REACH_PATHS paths at a statement) the table's
+REACH_PATHS = 96  # reachable values are not refined: every stored state counts
+
+
+def _touches_table(index: Index, func: FuncRef, prefix: str, manager: ManagerModel, relevant: frozenset[int] | None) -> bool:
+    """Whether running `func` can store into or clear the status table: a manager method that
+    reaches it; a sender method that (through its own calls) calls such a manager method or
+    names the table."""
+    if prefix == MANAGER:
+        return relevant is None or id(func.node) in relevant
+    names = {f.name for c in index.mro(manager.cls) for f in c.methods.values()
+             if relevant is None or id(f.node) in relevant}
+    seen: set[int] = set()
+    todo = [func]
+    while todo:
+        f = todo.pop()
+        if id(f.node) in seen:
+            continue
+        seen.add(id(f.node))
+        for node in ast.walk(f.node):
+            if isinstance(node, ast.Attribute) and (node.attr == manager.ref.table or node.attr in names
+                                                    and isinstance(node.value, ast.Attribute)):
+                return True
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and f.owner is not None:
+                recv = node.func.value
+                if isinstance(recv, ast.Name) and recv.id == "self":
+                    callee = index.find_method(f.owner, node.func.attr)
+                    todo.extend([callee] if callee is not None else [])
+                elif isinstance(recv, ast.Call) and isinstance(recv.func, ast.Name) and recv.func.id == "super":
+                    todo.extend(c.methods[node.func.attr] for c in index.mro(f.owner)[1:] if node.func.attr in c.methods)
+            elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name):
+                callee = index.resolve_function(node.func.id, f.path)
+                if callee is not None:
+                    todo.append(callee)
+    return False
+
+
+class _Unknown(Exception):
+    """A function the reachability of the table depends on could not be analysed."""
+
+
 def _table_methods(index: Index, manager: ManagerModel) -> frozenset[int]:
     """The manager's methods that read or write the status table, directly or through the
     methods they call on self: the only ones a sender's poll()/abort() needs to enter."""
@@ -492,16 +654,19 @@ class _Runner:
             self._memo[key] = self._run(func, attrs, clock_far, record_writes)
         return self._memo[key]
 
+    def config(self, clock_far: bool = False, record_writes: bool = False) -> Config:
+        return Config(self.index, self.pack, self.domain, abort_attrs=self.abort_attrs, attr_values=self.attr_values,
+                      manager=self.manager.cls if self.manager else None,
+                      table=self.manager.ref.table if self.manager else None,
+                      manager_attrs=self.manager.attrs if self.manager else frozenset(),
+                      clock_far=clock_far, record_writes=record_writes, manager_relevant=self.relevant, all_facts=True)
+
     def _run(self, func: FuncRef, attrs, clock_far: bool, record_writes: bool) -> list[PathState]:
         parsed = self.index.cst(func)
         if parsed is None:
             self.unparsed.add(f"{func.path}:{func.line} {func.qualname}()")
             return []
-        config = Config(self.index, self.pack, self.domain, abort_attrs=self.abort_attrs, attr_values=self.attr_values,
-                        manager=self.manager.cls if self.manager else None,
-                        table=self.manager.ref.table if self.manager else None,
-                        manager_attrs=self.manager.attrs if self.manager else frozenset(),
-                        clock_far=clock_far, record_writes=record_writes, manager_relevant=self.relevant, all_facts=True)
+        config = self.config(clock_far, record_writes)
         explorer = Explorer(config)
         explorer.stack.append(id(func.node))
         ends = explorer.run_block(function_body(parsed.node), [PathState(attrs=tuple(sorted(attrs)))],
@@ -625,15 +790,53 @@ def _assigned_in_class(cls: ClassInfo, domain: Domain, pack: Pack | None = None)
 
 
 def _attribute_values(index: Index, domain: Domain, cls: ClassInfo, attr: str, pack: Pack | None = None) -> Val:
-    """Every value any method of the class (and its bases) assigns to self.<attr>."""
+    """Every value any method of the class (and its bases) assigns to self.<attr>, itself or
+    through a module function it hands `self` to."""
     values: set[str] = set()
     found = False
     for c in index.mro(cls):
-        assigned = _assigned_in_class(c, domain, pack).get(attr)
-        if assigned is not None:
-            found = True
-            values |= assigned
+        for assigned in (_assigned_in_class(c, domain, pack).get(attr), _assigned_by_functions(index, c, domain, pack).get(attr)):
+            if assigned is not None:
+                found = True
+                values |= assigned
     return frozenset(values) if found else domain.universe
+
+
+_ASSIGNED_BY_FUNCTIONS: dict[int, dict[str, set[str]]] = {}
+
+
+def _functions_given_self(index: Index, classes: list[ClassInfo]) -> list[tuple[FuncRef, str]]:
+    """(module function, its parameter that receives the object) for calls `f(..., self, ...)`
+    in the classes' methods."""
+    found = []
+    for cls in classes:
+        for method in cls.methods.values():
+            for node in ast.walk(method.node):
+                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+                    continue
+                at = next((i for i, a in enumerate(node.args) if isinstance(a, ast.Name) and a.id == "self"), None)
+                func = index.resolve_function(node.func.id, method.path) if at is not None else None
+                params = [a.arg for a in func.node.args.posonlyargs + func.node.args.args] if func is not None else []
+                if at is not None and at < len(params):
+                    found.append((func, params[at]))
+    return found
+
+
+def _assigned_by_functions(index: Index, cls: ClassInfo, domain: Domain, pack: Pack | None) -> dict[str, set[str]]:
+    """<attr> -> values that module functions called with `self` (`_conclude(self)`) assign to
+    the parameter's attribute (`sender.conclude_state = ...`)."""
+    key = id(cls.node)
+    if key in _ASSIGNED_BY_FUNCTIONS:
+        return _ASSIGNED_BY_FUNCTIONS[key]
+    table: dict[str, set[str]] = {}
+    _ASSIGNED_BY_FUNCTIONS[key] = table
+    for func, param in _functions_given_self(index, [cls]):
+        for inner in ast.walk(func.node):
+            if isinstance(inner, (ast.Assign, ast.AnnAssign)) and inner.value is not None:
+                for t in inner.targets if isinstance(inner, ast.Assign) else [inner.target]:
+                    if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == param:
+                        table.setdefault(t.attr, set()).update(_constant_tokens(inner.value, domain, pack))
+    return table
 
 
 def _constant_tokens(value: ast.AST, domain: Domain, pack: Pack | None = None) -> set[str]:

@@ -54,6 +54,10 @@ def _without_hash(self) -> dict:
     return {k: v for k, v in self.__dict__.items() if k != "_hash"}
 
 
+class PathLimit(Exception):
+    """More paths than a `give_up` exploration allows."""
+
+
 @dataclass(frozen=True)
 class Event:
     kind: EventKind
@@ -165,6 +169,8 @@ class Config:
     all_facts: bool = False  # remember every test of an unknown chain (sender mode)
     # Drain mode: the drain's mode parameters (graph.find_modes); a test of one is a `guard` event.
     guards: frozenset[str] = frozenset()
+    max_paths: int = MAX_PATHS  # per statement; a quick question (table reachability) asks for fewer
+    give_up: bool = False  # past max_paths raise PathLimit (the question has no answer) instead of truncating
 
 
 _CODE = cst.Module(body=[])
@@ -217,9 +223,11 @@ class Explorer:
             done = [p for p in paths if p.term is not None]
             paths = done + self.stmt(stmt, live, frame)
             paths = merge(paths)
-            if len(paths) > MAX_PATHS:
+            if len(paths) > self.c.max_paths:
+                if self.c.give_up:
+                    raise PathLimit(f"{frame.func.path}:{frame.body.line(stmt)}")
                 self.c.truncated.append(f"{frame.func.path}:{frame.body.line(stmt)}")
-                paths = paths[:MAX_PATHS]
+                paths = paths[:self.c.max_paths]
         return paths
 
     def call_function(self, func: FuncRef, cls: ClassInfo | None, args: dict[str, Val], path: PathState,
@@ -364,7 +372,8 @@ class Explorer:
         if isinstance(node, cst.Return):
             if node.value is None:
                 return [replace(path, term="return", ret=frozenset({NONE}))]
-            return [replace(p, term="return", ret=v) for p, v in self.eval(node.value, path, frame)]
+            # A value that raised while evaluated (`return table[room]`, room absent) keeps its raise.
+            return [p if p.term is not None else replace(p, term="return", ret=v) for p, v in self.eval(node.value, path, frame)]
         if isinstance(node, cst.Raise):
             return [replace(path.emit(Event(EventKind.RAISE, frame.func.path, frame.body.line(node), fn, "raise")), term="raise")]
         if isinstance(node, cst.Assert):
@@ -461,9 +470,11 @@ class Explorer:
                 else:
                     detail = ", ".join(sorted(self.c.domain.states(default))) or (
                         code(node.args[1].value) if len(node.args) > 1 else "None")
-                    absent = absent.emit(Event(EventKind.TABLE_DEFAULT if method != "pop" else "table-clear", here, line, fn, detail))
-                    if method == "setdefault":
-                        absent = absent.set_attr(TABLE, frozenset(self.c.domain.states(default)) or frozenset(self.c.domain.members))
+                    absent = absent.emit(Event(EventKind.TABLE_DEFAULT if method != "pop" else EventKind.TABLE_CLEAR, here, line, fn, detail))
+                    if method == "setdefault":  # stores the default for an absent room
+                        stored = frozenset(self.c.domain.states(default)) or frozenset(self.c.domain.members)
+                        absent = absent.set_attr(TABLE, stored).emit(
+                            Event(EventKind.TABLE_STORE, here, line, fn, ", ".join(sorted(stored))))
                     out.append((absent, default))
             return out
         return [(path, self.c.domain.universe)]
@@ -1038,6 +1049,10 @@ class Explorer:
             return [(p.emit(Event(EventKind.POLL, here, line(), fn, callee)), frozenset({self.state_value()}))]
         target = self.resolve_call(node, callee, frame, p)
         if target is None:
+            if self.c.table is not None and method == self.c.pack.update_method:
+                # A status update on an object kvtrace cannot tie to the manager: what it
+                # stores is not followed (a reachability question must not rely on this path).
+                p = p.emit(Event(EventKind.TABLE_UNKNOWN, here, line(), fn, callee))
             return self.opaque_call(node, callee, p, frame)
         args = self.bind_args(target.func, node, values, target.drop_first)
         p = p.emit(Event(EventKind.HELPER, here, line(), fn, target.func.qualname))
@@ -1062,6 +1077,9 @@ class Explorer:
             found = self.c.index.find_method(owner, name) if owner is not None else None
             if found is not None:
                 return CallTarget(found, owner, prefix, "self")
+        if func is None and self.c.manager is not None and frame.prefix == "" and len(parts) == 2 \
+                and parts[0] in self.manager_aliases(frame):
+            parts = [frame.self_name, next(iter(self.c.manager_attrs)), parts[1]]
         if func is None and self.c.manager is not None and frame.prefix == "" and len(parts) == 3 \
                 and parts[0] == frame.self_name and parts[1] in self.c.manager_attrs:
             # `self.<mgr>.<method>(...)`: the paired manager's method, on the manager object.
@@ -1083,6 +1101,20 @@ class Explorer:
                 if found is not None:
                     return CallTarget(found, frame.cls, frame.prefix, frame.self_name, drop_first=True)
         return None
+
+    def manager_aliases(self, frame: Frame) -> set[str]:
+        """Local names the function stores into the manager attribute (`self.kv_mgr = mgr`):
+        the same object, so `mgr.update_status(...)` is the manager's method."""
+        cached = getattr(frame, "_mgr_aliases", None)
+        if cached is None:
+            cached = set()
+            for n in ast.walk(frame.func.node):
+                if isinstance(n, ast.Assign) and isinstance(n.value, ast.Name) and any(
+                        isinstance(t, ast.Attribute) and t.attr in self.c.manager_attrs and isinstance(t.value, ast.Name)
+                        and t.value.id == frame.self_name for t in n.targets):
+                    cached.add(n.value.id)
+            frame._mgr_aliases = cached  # type: ignore[attr-defined]
+        return cached
 
     def opaque_call(self, node: cst.Call, callee: str, path: PathState, frame: Frame) -> list[tuple[PathState, Val]]:
         """A call kvtrace cannot enter. In sender mode, a method of an object behind the sender

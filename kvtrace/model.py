@@ -70,6 +70,7 @@ class EventKind(TextEnum):
     TABLE_CLEAR = "table-clear"  # the room is removed from the table
     TABLE_ABSENT = "table-absent"  # the room is absent on this path
     TABLE_RAISE = "table-raise"  # reading an absent room raises
+    TABLE_UNKNOWN = "table-unknown"  # a status update on an object not tied to the manager
     GUARD = "guard"  # a test of one of the drain's mode parameters (detail: the condition that held)
 
     @property

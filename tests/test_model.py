@@ -241,3 +241,40 @@ def test_form_feed_between_methods_keeps_lines_and_the_drain(tmp_path: Path) -> 
     lines = prefill.read_text().split("\n")
     release = next(s for s in after.queues[0].sites if s.kind is EventKind.RELEASE)
     assert "release" in lines[release.line - 1]
+
+
+# --- one set of syntax helpers: the same answer on either tree ---------------------------------
+
+@pytest.mark.parametrize("source, plain, with_calls", [
+    ("a.b.c", "a.b.c", "a.b.c"),
+    ("super().abort", "super().abort", "super().abort"),
+    ("super()", "super()", "super()"),
+    ("self.get().x", "", "self.get().x"),
+    ("a().b().c", "", "a().b().c"),
+    ("f()", "", ""),
+    ("x[0].y", "", ""),
+    ("1 + 2", "", ""),
+])
+def test_dotted_means_the_same_on_ast_and_libcst(source: str, plain: str, with_calls: str) -> None:
+    import ast
+
+    from kvtrace.syntax import dotted
+
+    for node in (ast.parse(source, mode="eval").body, libcst.parse_expression(source)):
+        assert dotted(node) == plain and dotted(node, calls=True) == with_calls, (type(node), source)
+
+
+def test_self_attr_walk_and_mentions_attr_on_both_trees() -> None:
+    import ast
+
+    from kvtrace.syntax import mentions_attr, self_attr, walk
+
+    for parse in (lambda s: ast.parse(s, mode="eval").body, libcst.parse_expression):
+        assert self_attr(parse("self.conclude_state")) == "conclude_state"
+        assert self_attr(parse("sender.conclude_state")) is None
+        assert self_attr(parse("sender.conclude_state"), self_name="sender") == "conclude_state"
+        assert self_attr(parse("self.a.b")) is None  # an attribute of an attribute is not the object's own
+        assert mentions_attr(parse("zip(self.disagg_prefill_inflight_queue, polls)"), "disagg_prefill_inflight_queue")
+        assert not mentions_attr(parse("zip(queue, polls)"), "queue")  # a bare name is not an attribute
+    names = [n.value for n in walk(libcst.parse_expression("f(a, g(b))")) if isinstance(n, libcst.Name)]
+    assert names == ["f", "a", "g", "b"]  # libcst: depth first, source order

@@ -26,12 +26,14 @@ Invariants the oracle relies on (and checks where it can; see oracle.py):
   loops; a call that may fail is always the last statement of a try body, see FailCall). So every syntactic path is feasible for some flag assignment, which is what makes the
   oracle's "set of outcomes over all flag assignments" comparable with kvtrace's "both branches of
   a condition that is not about the poll value are possible".
-* Sender shapes are restricted so that kvtrace's static notions coincide with the executed ones:
-  abort() assigns exactly one attribute of self; a poll() that reads it does so before any return
-  and then returns a terminal state; a timeout comparison's true side returns `KVPoll.Failed`
-  at once; no other comparison names a timeout or a deadline; the manager the oracle fakes never
-  changes its answer and ignores update_status (the "room already cleared" case of the background
-  notes). See `SenderTree` below and oracle.sender_verdicts.
+* Sender trees come in two worlds. Without a manager (the oracle fakes one that answers a fixed
+  state and ignores updates), abort() assigns one attribute of self. With a real manager
+  (`ManagerDef`: `CommonKVManager` with a status table, its check_status/update_status/
+  record_failure variants, transfer "threads" that store states or pop the room, and one
+  `<Folder>KVManager` per backend, paired by folder, `__init__` annotation or a factory dict),
+  the oracle executes the real classes: every table content a run can reach is tried, then
+  abort() (through super(), `Base.abort(self)`, a module function, or only the manager) or the
+  clock past every deadline, and poll() again. See `ManagerDef` and oracle.sender_verdicts.
 """
 
 from __future__ import annotations
@@ -659,6 +661,10 @@ class KVPoll:
     Success = 4
 
 
+class BaseKVManager(ABC):
+    """The transfer manager behind every sender (its status table says where each room is)."""
+
+
 class BaseKVSender(ABC):
     @abstractmethod
     def poll(self) -> KVPoll:
@@ -695,25 +701,19 @@ def prepare_abort(req, error_message, status_code=None):
 # ---------------------------------------------------------------------------------------------
 # Sender IR
 #
-# Assumptions that make kvtrace's static "way out" equal to the executed one (the generator
-# only builds senders that satisfy them):
-#  A1 abort() assigns exactly one attribute of self (the abort state); nothing else in abort()
-#     assigns self attributes.
-#  A2 a poll() that reads an abort attribute does so before any return (first statement, or
-#     right after the status is obtained) and, when the attribute is set, returns a terminal
-#     state at once.
-#  A3 the true side of every timeout comparison returns KVPoll.Failed at once; the comparison is
-#     reached with the same inputs before and after the clock moves, so "a path returning S
-#     passes through it" is the same as "once the clock is past it, S turns into Failed".
-#  A4 no other comparison (<, <=, >, >=) names a timeout or a deadline.
-#  A5 the manager never changes its answer by itself and ignores update_status (the room was
-#     already cleared), so only the sender's own state can end a transfer.
+# What the generator keeps to (the oracle relies on it): a flag is read at most once per poll();
+# a cached Success is never read back past a "hold" that turned it into Transferring (the cache
+# comes after the hold); manager threads take only a room (the oracle runs them as threads), and
+# a method taking a status is only run by its callers. Without a manager, the fake one answers a
+# fixed state and ignores update_status (the "room already cleared" case of the background).
 
 STATE_ATTRS = ("conclude_state", "_final_state")  # None until concluded; abort sets Failed
 BOOL_ATTRS = ("aborted", "_abort_requested")  # False until abort sets True
 TIMEOUT_FORMS = ("elapsed_ge", "elapsed_gt", "rev_lt", "rev_le", "deadline", "deadline_rev", "elapsed_var")
 CLOCKS = ("time", "monotonic", "perf_counter")
 TIMEOUT_ATTRS = ("bootstrap_timeout", "waiting_timeout")
+# Bounds named like nothing a name match would find (issue 7, item 4).
+ODD_TIMEOUT_ATTRS = ("bootstrap_time_out", "deadline_s", "max_wait")
 MGR_FLAGS = (
     "staging_outstanding",
     "defer_decode_allocation",
@@ -733,6 +733,7 @@ class Timeout:
     clock: str
     attr: str
     inverted: bool = False  # `if <not expired>: return status` then `return KVPoll.Failed`
+    on_mgr: bool = False  # the bound is the manager's (`self.kv_mgr.<attr>`), as in SGLang
 
 
 @dataclass(frozen=True)
@@ -740,17 +741,18 @@ class AbortRead:
     attr: str
     via_helper: str | None = None
     position: str = "top"  # top | after_source
+    log_only: bool = False  # `if self.<attr>: logger.info(...)`: read, but no terminal state from it
 
 
 @dataclass(frozen=True)
 class SStep:
     """One statement group of poll() after the status is known."""
 
-    kind: str  # timeout | timeout_helper | hold | missing | neutral | cache
+    kind: str  # timeout | timeout_helper | param_helper | timeout_log | hold | missing | neutral | cache
     guard: tuple[str, ...] = ()  # timeout: only when status is one of these (() = always)
     guard_form: str = "eq"  # eq | in | list
     timeout: Timeout | None = None
-    helper: str | None = None  # timeout_helper: the method called
+    helper: str | None = None  # timeout_helper / param_helper: the method called
     flag: str = ""
     attr: str = ""  # cache: the state attribute; timeout: also set this attr to Failed ("" = no)
     record: bool = False  # timeout: call kv_mgr.record_failure first
@@ -765,17 +767,22 @@ class PollDef:
 
 @dataclass(frozen=True)
 class AbortDef:
-    attr: str
+    attr: str  # "" = abort() writes no attribute of the sender (form "mgr")
     record: bool = True
     update: bool = False
     via: str | None = None  # abort() calls self.<via>(), which assigns the attribute
+    # How the work is reached: "direct" (abort's own body), "super" (`super().abort()` then the
+    # rest), "base" (`CommonKVSender.abort(self)`), "module" (a module function given `self`),
+    # "mgr" (only the manager hears of it: update_status / record_failure, no attribute).
+    form: str = "direct"
 
 
 @dataclass(frozen=True)
 class HelperDef:
     name: str
-    role: str  # read | timeout
+    role: str  # read | timeout | param (`_expired(self, status)`: a deadline for the states in `guard`)
     attr: str = ""  # read: the attribute read
+    guard: tuple[str, ...] = ()  # param: the states of the parameter the deadline applies to
     timeout: Timeout | None = None
     disabled: bool = False  # read: `return False`; timeout: `return None`
 
@@ -794,17 +801,49 @@ class SenderClass:
 
 
 @dataclass(frozen=True)
+class ThreadDef:
+    """A method of the manager with a room as its only parameter: a transfer or bootstrap thread
+    (any interleaving), modelled by what it stores in the status table."""
+
+    name: str
+    # (state, how, guard flag): how in update (`self.update_status(room, X)`), direct
+    # (`self.request_status[room] = X`), helper (`self._store(room, X)`, a method whose
+    # parameter is bound at its call sites), setdefault; a guard flag "" = always.
+    stores: tuple[tuple[str, str, str], ...]
+    clear: str = ""  # "" | pop | del: the room leaves the table at the end (after the last chunk)
+    clear_flag: str = ""
+
+
+@dataclass(frozen=True)
+class ManagerDef:
+    """`CommonKVManager` in common/conn.py, one `<Folder>KVManager` per backend."""
+
+    check: str  # subscript | get | in_check  (`table[room]`, `.get(room, D)`, `room not in table: return D`)
+    default: str  # the state D an absent room reads as (get / in_check)
+    update: str  # plain | sglang | noop_absent | max | no_overwrite_failed
+    record: str  # plain | fails (record_failure also stores Failed)
+    threads: tuple[ThreadDef, ...]
+    register: str  # how the sender's __init__ registers the room: update | direct | none | dummy
+    sender_clear: bool  # the sender's clear() pops the room
+    # A backend's manager with its own check_status: (folder, check, default).
+    overrides: tuple[tuple[str, str, str], ...] = ()
+    pairing: str = "folder"  # folder | annotation | mapping: how kvtrace can tell the pair
+    shared: tuple[str, ...] = ()  # mapping: backends that use CommonKVManager itself (no class of their own)
+
+
+@dataclass(frozen=True)
 class SenderTree:
     common: SenderClass | None
     backends: tuple[tuple[str, SenderClass], ...]
+    manager: ManagerDef | None = None
 
 
-def _cmp(timeout: Timeout) -> tuple[list[str], str]:
+def _cmp(timeout: Timeout, subject: str = "self") -> tuple[list[str], str]:
     """(statements before, comparison) that is true when the timeout has expired, or not
     expired when `timeout.inverted`."""
     now = f"time.{timeout.clock}()"
-    elapsed = f"{now} - self.init_time"
-    a = f"self.{timeout.attr}"
+    elapsed = f"{now} - {subject}.init_time"
+    a = f"{subject}.kv_mgr.{timeout.attr}" if timeout.on_mgr else f"{subject}.{timeout.attr}"
     inv = timeout.inverted
     form = timeout.form
     if form == "elapsed_ge":
@@ -816,21 +855,23 @@ def _cmp(timeout: Timeout) -> tuple[list[str], str]:
     if form == "rev_le":
         return [], f"{a} {'>' if inv else '<='} {elapsed}"
     if form == "deadline":
-        return [], f"{now} {'<=' if inv else '>'} self.transfer_deadline"
+        return [], f"{now} {'<=' if inv else '>'} {subject}.transfer_deadline"
     if form == "deadline_rev":
-        return [], f"self.transfer_deadline {'>' if inv else '<='} {now}"
+        return [], f"{subject}.transfer_deadline {'>' if inv else '<='} {now}"
     if form == "elapsed_var":
         return [f"elapsed = {elapsed}"], f"elapsed {'<' if inv else '>='} {a}"
     raise ValueError(form)
 
 
-def _guard(step: SStep) -> str:
-    if len(step.guard) == 1 and step.guard_form == "eq":
-        return f"status == {_state_ref(step.guard[0])}"
-    items = ", ".join(_state_ref(s) for s in step.guard)
-    if step.guard_form == "list":
-        return f"status in [{items}]"
-    return f"status in ({items},)" if len(step.guard) == 1 else f"status in ({items})"
+def _guard(step: SStep | HelperDef, var: str = "status") -> str:
+    guard = step.guard
+    form = getattr(step, "guard_form", "eq")
+    if len(guard) == 1 and form == "eq":
+        return f"{var} == {_state_ref(guard[0])}"
+    items = ", ".join(_state_ref(s) for s in guard)
+    if form == "list":
+        return f"{var} in [{items}]"
+    return f"{var} in ({items},)" if len(guard) == 1 else f"{var} in ({items})"
 
 
 def _render_read(out: _Out, read: AbortRead, indent: int) -> None:
@@ -838,6 +879,10 @@ def _render_read(out: _Out, read: AbortRead, indent: int) -> None:
         # Always Failed: a backend may override the helper to look at another attribute.
         out.emit(indent, f"if self.{read.via_helper}():")
         out.emit(indent + 1, "return KVPoll.Failed")
+    elif read.log_only:
+        test = f"self.{read.attr} is not None" if read.attr in STATE_ATTRS else f"self.{read.attr}"
+        out.emit(indent, f"if {test}:")
+        out.emit(indent + 1, 'logger.info("room %s: abort requested", self.bootstrap_room)')
     elif read.attr in STATE_ATTRS:
         out.emit(indent, f"if self.{read.attr} is not None:")
         out.emit(indent + 1, f"return self.{read.attr}")
@@ -847,7 +892,7 @@ def _render_read(out: _Out, read: AbortRead, indent: int) -> None:
 
 
 def _render_step(out: _Out, step: SStep, indent: int) -> None:
-    if step.kind == "timeout":
+    if step.kind in ("timeout", "timeout_log"):
         assert step.timeout is not None
         i = indent
         if step.guard:
@@ -857,6 +902,10 @@ def _render_step(out: _Out, step: SStep, indent: int) -> None:
         for line in pre:
             out.emit(i, line)
         out.emit(i, f"if {cmp}:")
+        if step.kind == "timeout_log":
+            # The true side only logs: the comparison covers nothing.
+            out.emit(i + 1, 'logger.warning("room %s is slow: %s", self.bootstrap_room, status)')
+            return
         if step.timeout.inverted:
             out.emit(i + 1, "return status")
             fail_indent = i
@@ -875,6 +924,11 @@ def _render_step(out: _Out, step: SStep, indent: int) -> None:
         out.emit(i, f"timeout_status = self.{step.helper}()")
         out.emit(i, "if timeout_status is not None:")
         out.emit(i + 1, "return timeout_status")
+    elif step.kind == "param_helper":
+        # The helper narrows its own parameter (issue 7, item 3).
+        out.emit(indent, f"expired = self.{step.helper}(status)")
+        out.emit(indent, "if expired is not None:")
+        out.emit(indent + 1, "return expired")
     elif step.kind == "hold":
         out.emit(indent, f"if status == KVPoll.Success and self.kv_mgr.{step.flag}:")
         out.emit(indent + 1, "return KVPoll.Transferring")
@@ -902,13 +956,18 @@ def _render_helper(out: _Out, h: HelperDef) -> None:
         else:
             out.emit(2, f"return bool(self.{h.attr})")
         return
-    out.emit(1, f"def {h.name}(self):")
+    out.emit(1, f"def {h.name}(self, status):" if h.role == "param" else f"def {h.name}(self):")
     if h.disabled or h.timeout is None:
         out.emit(2, "return None")
         return
     pre, cmp = _cmp(h.timeout)
     for line in pre:
         out.emit(2, line)
+    if h.role == "param":  # a deadline for the states of its parameter in `guard`
+        out.emit(2, f"if {_guard(h)} and {cmp}:" if h.guard else f"if {cmp}:")
+        out.emit(3, "return KVPoll.Failed")
+        out.emit(2, "return None")
+        return
     out.emit(2, f"if {cmp}:")
     if h.timeout.inverted:
         out.emit(3, "return None")
@@ -920,11 +979,47 @@ def _render_helper(out: _Out, h: HelperDef) -> None:
         out.emit(2, "return None")
 
 
-def render_sender_class(cls: SenderClass) -> list[str]:
+TIMEOUT_VALUES = {"bootstrap_timeout": 300, "waiting_timeout": 600, "bootstrap_time_out": 300, "deadline_s": 450,
+                  "max_wait": 900}
+MODULE_ABORT = "_abort_transfer"  # the module function a "module" abort() gives `self` to
+
+
+def _render_register(out: _Out, mgr: ManagerDef, indent: int) -> None:
+    room = "self.bootstrap_room"
+    if mgr.register == "none":
+        return
+    if mgr.register == "direct":
+        out.emit(indent, f"self.kv_mgr.request_status[{room}] = KVPoll.Bootstrapping")
+        return
+    if mgr.register == "dummy":
+        out.emit(indent, "if self.kv_mgr.is_dummy_rank:")
+        out.emit(indent + 1, f"self.kv_mgr.update_status({room}, KVPoll.WaitingForInput)")
+        out.emit(indent + 1, "return")
+    out.emit(indent, f"self.kv_mgr.update_status({room}, KVPoll.Bootstrapping)")
+
+
+def _abort_effects(out: _Out, a: AbortDef, indent: int, subject: str) -> None:
+    """The manager calls of an abort, then its attribute write."""
+    if a.record:
+        out.emit(indent, f'{subject}.kv_mgr.record_failure({subject}.bootstrap_room, "Aborted by AbortReq.")')
+    if a.update:
+        out.emit(indent, f"{subject}.kv_mgr.update_status({subject}.bootstrap_room, KVPoll.Failed)")
+    if a.attr:
+        value = "KVPoll.Failed" if a.attr in STATE_ATTRS else "True"
+        out.emit(indent, f"{subject}.{a.attr} = {value}")
+    if not (a.record or a.update or a.attr):
+        out.emit(indent, f'logger.info("room %s aborted", {subject}.bootstrap_room)')
+
+
+def render_sender_class(cls: SenderClass, mgr: ManagerDef | None = None, folder: str = "") -> list[str]:
     out = _Out()
     out.emit(0, f"class {cls.name}({cls.parent}):")
+    typed = mgr is not None and mgr.pairing == "annotation"
+    mgr_type = "CommonKVManager" if cls.name == "CommonKVSender" else f"{folder.capitalize()}KVManager"
+    param = f"mgr: {mgr_type}" if typed else "mgr"
+    wrote = False
     if cls.has_init:
-        out.emit(1, "def __init__(self, mgr, bootstrap_room):")
+        out.emit(1, f"def __init__(self, {param}, bootstrap_room):")
         out.emit(2, "self.kv_mgr = mgr")
         out.emit(2, "self.bootstrap_room = bootstrap_room")
         for a in STATE_ATTRS:
@@ -932,12 +1027,20 @@ def render_sender_class(cls: SenderClass) -> list[str]:
         for a in BOOL_ATTRS:
             out.emit(2, f"self.{a} = False")
         out.emit(2, "self.init_time = time.time()")
-        out.emit(2, "self.bootstrap_timeout = 300")
-        out.emit(2, "self.waiting_timeout = 600")
+        for a in TIMEOUT_ATTRS + ODD_TIMEOUT_ATTRS:
+            out.emit(2, f"self.{a} = {TIMEOUT_VALUES[a]}")
         out.emit(2, "self.transfer_deadline = time.monotonic() + 900")
+        if mgr is not None:
+            _render_register(out, mgr, 2)
+        wrote = True
+    elif typed and cls.parent == "CommonKVSender":
+        # The manager's type is only in this signature; super().__init__ passes it on.
+        out.emit(1, f"def __init__(self, {param}, bootstrap_room):")
+        out.emit(2, "super().__init__(mgr, bootstrap_room)")
+        wrote = True
     if cls.poll is not None:
         p = cls.poll
-        if cls.has_init:
+        if wrote:
             out.emit(0, "")
         out.emit(1, "def poll(self) -> KVPoll:")
         if p.read and p.read.position == "top":
@@ -951,45 +1054,202 @@ def render_sender_class(cls: SenderClass) -> list[str]:
         for step in p.steps:
             _render_step(out, step, 2)
         out.emit(2, "return status")
+        wrote = True
     if cls.abort is not None:
         a = cls.abort
-        if cls.has_init or cls.poll is not None:
+        if wrote:
             out.emit(0, "")
         out.emit(1, "def abort(self):")
-        if a.record:
-            out.emit(2, 'self.kv_mgr.record_failure(self.bootstrap_room, "Aborted by AbortReq.")')
-        if a.update:
-            out.emit(2, "self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Failed)")
-        value = "KVPoll.Failed" if a.attr in STATE_ATTRS else "True"
-        if a.via:
+        if a.form == "super":
+            out.emit(2, "super().abort()")
+            if a.attr:
+                _abort_effects(out, AbortDef(a.attr, False, False), 2, "self")
+            out.emit(2, 'logger.debug("room %s: abort traced", self.bootstrap_room)')
+        elif a.form == "base":
+            out.emit(2, f"{cls.parent}.abort(self)")
+            if a.attr:
+                _abort_effects(out, AbortDef(a.attr, False, False), 2, "self")
+        elif a.form == "module":
+            out.emit(2, f"{MODULE_ABORT}(self)")
+        elif a.via:
+            if a.record or a.update:
+                _abort_effects(out, dataclasses.replace(a, attr=""), 2, "self")
             out.emit(2, f"self.{a.via}()")
             out.emit(0, "")
             out.emit(1, f"def {a.via}(self):")
-        out.emit(2, f"self.{a.attr} = {value}")
+            _abort_effects(out, AbortDef(a.attr, False, False), 2, "self")
+        else:
+            _abort_effects(out, a, 2, "self")
+        wrote = True
+    if mgr is not None and mgr.sender_clear and cls.has_init:  # clear() next to the attributes it owns
+        if wrote:
+            out.emit(0, "")
+        out.emit(1, "def clear(self) -> None:")
+        out.emit(2, "self.kv_mgr.request_status.pop(self.bootstrap_room, None)")
+        wrote = True
     for h in cls.helpers:
         _render_helper(out, h)
-    if not (cls.has_init or cls.poll or cls.abort or cls.helpers):
+        wrote = True
+    if not wrote:
         out.emit(1, "pass")
+    lines = out.lines
+    if cls.abort is not None and cls.abort.form == "module":
+        lines += ["", "", f"def {MODULE_ABORT}(sender) -> None:",
+                  '    """Conclude a sender as failed (abort() hands itself over)."""']
+        body = _Out()
+        _abort_effects(body, dataclasses.replace(cls.abort, form="direct"), 1, "sender")
+        lines += body.lines
+    return lines
+
+
+# --- the manager ---------------------------------------------------------------------------
+
+THREAD_NAMES = ("transfer_worker", "bootstrap_thread", "_handle_last_chunk", "heartbeat_checker")
+THREAD_FLAGS = ("chunk_ready", "peer_alive", "last_chunk_sent", "transfer_ok", "decode_ready", "aux_sent")
+
+
+def _render_check(out: _Out, check: str, default: str) -> None:
+    out.emit(1, "def check_status(self, bootstrap_room):")
+    if check == "subscript":
+        out.emit(2, "return self.request_status[bootstrap_room]")
+    elif check == "get":
+        out.emit(2, f"return self.request_status.get(bootstrap_room, {_state_ref(default)})")
+    elif check == "in_check":
+        out.emit(2, "if bootstrap_room not in self.request_status:")
+        out.emit(3, f"return {_state_ref(default)}")
+        out.emit(2, "return self.request_status[bootstrap_room]")
+    else:
+        raise ValueError(check)
+
+
+def _render_update(out: _Out, update: str) -> None:
+    out.emit(1, "def update_status(self, bootstrap_room, status):")
+    table = "self.request_status"
+    if update == "plain":
+        out.emit(2, f"{table}[bootstrap_room] = status")
+    elif update == "sglang":
+        out.emit(2, f"if bootstrap_room not in {table}:")
+        out.emit(3, "# A cleared room is not brought back by a late Failed.")
+        out.emit(3, "if status == KVPoll.Failed:")
+        out.emit(4, "return")
+        out.emit(3, f"{table}[bootstrap_room] = status")
+        out.emit(2, "else:")
+        out.emit(3, "if status == KVPoll.Failed:")
+        out.emit(4, f"{table}[bootstrap_room] = KVPoll.Failed")
+        out.emit(3, "else:")
+        out.emit(4, f"{table}[bootstrap_room] = max({table}[bootstrap_room], status)")
+    elif update == "noop_absent":
+        out.emit(2, f"if bootstrap_room not in {table}:")
+        out.emit(3, "return")
+        out.emit(2, f"{table}[bootstrap_room] = status")
+    elif update == "max":
+        out.emit(2, f"{table}[bootstrap_room] = max({table}.get(bootstrap_room, status), status)")
+    elif update == "no_overwrite_failed":
+        out.emit(2, f"if {table}.get(bootstrap_room) == KVPoll.Failed:")
+        out.emit(3, "return")
+        out.emit(2, f"{table}[bootstrap_room] = status")
+    else:
+        raise ValueError(update)
+
+
+def _render_thread(out: _Out, t: ThreadDef) -> None:
+    out.emit(1, f"def {t.name}(self, room):")
+    for state, how, flag in t.stores:
+        i = 2
+        if flag:
+            out.emit(i, f"if self.{flag}:")
+            i += 1
+        ref = _state_ref(state)
+        out.emit(i, {
+            "update": f"self.update_status(room, {ref})",
+            "direct": f"self.request_status[room] = {ref}",
+            "helper": f"self._store(room, {ref})",
+            "setdefault": f"self.request_status.setdefault(room, {ref})",
+        }[how])
+    if t.clear:
+        i = 2
+        if t.clear_flag:
+            out.emit(i, f"if self.{t.clear_flag}:")
+            i += 1
+        if t.clear == "pop":
+            out.emit(i, "self.request_status.pop(room, None)")
+        else:
+            out.emit(i, "if room in self.request_status:")
+            out.emit(i + 1, "del self.request_status[room]")
+    if not t.stores and not t.clear:
+        out.emit(2, "pass")
+
+
+def render_common_manager(mgr: ManagerDef) -> list[str]:
+    out = _Out()
+    out.emit(0, "class CommonKVManager(BaseKVManager):")
+    out.emit(1, "def __init__(self):")
+    out.emit(2, "self.request_status = {}")
+    out.emit(2, "self.failure_records = {}")
+    for a in TIMEOUT_ATTRS + ODD_TIMEOUT_ATTRS:
+        out.emit(2, f"self.{a} = {TIMEOUT_VALUES[a]}")
+    out.emit(0, "")
+    _render_check(out, mgr.check, mgr.default)
+    out.emit(0, "")
+    _render_update(out, mgr.update)
+    out.emit(0, "")
+    out.emit(1, "def record_failure(self, bootstrap_room, failure_reason):")
+    out.emit(2, "self.failure_records[bootstrap_room] = failure_reason")
+    if mgr.record == "fails":
+        out.emit(2, "self.update_status(bootstrap_room, KVPoll.Failed)")
+    if any(how == "helper" for t in mgr.threads for _, how, _ in t.stores):
+        out.emit(0, "")
+        out.emit(1, "def _store(self, room, status):")
+        out.emit(2, "self.update_status(room, status)")
+    for t in mgr.threads:
+        out.emit(0, "")
+        _render_thread(out, t)
     return out.lines
 
 
-def render_common(cls: SenderClass) -> str:
+def render_backend_manager(folder: str, mgr: ManagerDef) -> list[str]:
+    out = _Out()
+    out.emit(0, f"class {folder.capitalize()}KVManager(CommonKVManager):")
+    override = next((o for o in mgr.overrides if o[0] == folder), None)
+    if override is None:
+        out.emit(1, "pass")
+    else:
+        _render_check(out, override[1], override[2])
+    return out.lines
+
+
+def manager_folders(tree: SenderTree) -> tuple[str, ...]:
+    """The backend folders with a manager class of their own (a mapping may point elsewhere)."""
+    mgr = tree.manager
+    if mgr is None:
+        return ()
+    return tuple(f for f, _ in tree.backends if not (mgr.pairing == "mapping" and f in mgr.shared))
+
+
+def render_common(cls: SenderClass | None, mgr: ManagerDef | None = None) -> str:
     head = [
         '"""Shared sender code of the transfer backends (generated by kvtrace\'s property tests)."""',
         "",
         "import logging",
         "import time",
         "",
-        "from ..base.conn import BaseKVSender, KVPoll",
+        "from ..base.conn import BaseKVManager, BaseKVSender, KVPoll",
         "",
         "logger = logging.getLogger(__name__)",
         "",
         "",
     ]
-    return "\n".join(head + render_sender_class(cls)) + "\n"
+    body: list[str] = []
+    if mgr is not None:
+        body += render_common_manager(mgr)
+    if cls is not None:
+        if body:
+            body += ["", ""]
+        body += render_sender_class(cls, mgr)
+    return "\n".join(head + body) + "\n"
 
 
-def render_backend(folder: str, cls: SenderClass) -> str:
+def render_backend(folder: str, cls: SenderClass, mgr: ManagerDef | None = None, own_manager: bool = True) -> str:
     head = [
         f'"""The {folder} transfer backend (generated by kvtrace\'s property tests)."""',
         "",
@@ -998,15 +1258,38 @@ def render_backend(folder: str, cls: SenderClass) -> str:
         "",
         "from ..base.conn import BaseKVSender, KVPoll",
     ]
-    if cls.parent == "CommonKVSender":
+    if cls.parent == "CommonKVSender" and mgr is not None:
+        head.append("from ..common.conn import CommonKVManager, CommonKVSender")
+    elif cls.parent == "CommonKVSender":
         head.append("from ..common.conn import CommonKVSender")
+    elif mgr is not None:
+        head.append("from ..common.conn import CommonKVManager")
     head += ["", "logger = logging.getLogger(__name__)", "", ""]
+    if mgr is not None and own_manager:
+        head += render_backend_manager(folder, mgr) + ["", ""]
     if cls.intermediate:
         base = intermediate_name(folder, cls.intermediate)
-        body = render_sender_class(dataclasses.replace(cls, name=base))
+        body = render_sender_class(dataclasses.replace(cls, name=base), mgr, folder)
         tail = ["", "", f"class {cls.name}({base}):", "    pass"]
         return "\n".join(head + body + tail) + "\n"
-    return "\n".join(head + render_sender_class(cls)) + "\n"
+    return "\n".join(head + render_sender_class(cls, mgr, folder)) + "\n"
+
+
+def render_factory(tree: SenderTree) -> str:
+    """SGLang's backend -> classes mapping (a dict literal per backend)."""
+    own = manager_folders(tree)
+    lines = ['"""Which classes each transfer backend uses (generated by kvtrace\'s property tests)."""', ""]
+    if any(f not in own for f, _ in tree.backends):
+        lines.append("from .common.conn import CommonKVManager")
+    for folder, cls in tree.backends:
+        names = [cls.name] + ([f"{folder.capitalize()}KVManager"] if folder in own else [])
+        lines.append(f"from .{folder}.conn import {', '.join(names)}")
+    lines += ["", "", "KV_CLASSES = {"]
+    for folder, cls in tree.backends:
+        manager = f"{folder.capitalize()}KVManager" if folder in own else "CommonKVManager"
+        lines.append(f'    "{folder}": {{"manager": {manager}, "sender": {cls.name}}},')
+    lines.append("}")
+    return "\n".join(lines) + "\n"
 
 
 def intermediate_name(folder: str, kind: str) -> str:
@@ -1070,12 +1353,16 @@ def render_tree(drain: DrainProgram | None = None, senders: SenderTree | None = 
         "disaggregation/utils.py": UTILS,
         "disaggregation/prefill.py": render_prefill(drain),
     }
-    if senders.common is not None:
+    mgr = senders.manager
+    if senders.common is not None or mgr is not None:
         files["disaggregation/common/__init__.py"] = ""
-        files["disaggregation/common/conn.py"] = render_common(senders.common)
+        files["disaggregation/common/conn.py"] = render_common(senders.common, mgr)
+    own = manager_folders(senders)
     for folder, cls in senders.backends:
         files[f"disaggregation/{folder}/__init__.py"] = ""
-        files[f"disaggregation/{folder}/conn.py"] = render_backend(folder, cls)
+        files[f"disaggregation/{folder}/conn.py"] = render_backend(folder, cls, mgr, folder in own)
+    if mgr is not None and mgr.pairing == "mapping":
+        files["disaggregation/factory.py"] = render_factory(senders)
     return files
 
 
@@ -1581,20 +1868,47 @@ def drain_programs(draw, features: frozenset = ALL_FEATURES) -> DrainProgram:
 # Strategies: senders
 
 
-def _draw_abort(draw, abort_attrs: tuple[str, ...], features: frozenset) -> AbortDef:
+@dataclass
+class _SCtx:
+    """What the sender strategies may use: features, and whether a real manager is behind."""
+
+    features: frozenset
+    abort_attrs: tuple[str, ...]
+    manager: bool = False
+    used_flags: set = field(default_factory=set)
+
+    def on(self, feature: str) -> bool:
+        return feature in self.features
+
+
+def _draw_abort(draw, ctx: _SCtx, above: bool = False) -> AbortDef:
+    """abort(): `above` says the parent class has a concrete abort() to call."""
+    forms = ["direct"] * 4
+    if ctx.on("abort_forms"):
+        forms += ["module"] + (["super", "base"] if above else []) + (["mgr"] if ctx.manager else [])
+    form = draw(st.sampled_from(forms))
+    if form == "mgr":
+        # Only the manager hears of it (update_status / record_failure); no attribute.
+        record, update = draw(st.sampled_from(((True, False), (False, True), (True, True))))
+        return AbortDef("", record, update, None, form)
+    if form in ("super", "base"):
+        attr = draw(st.sampled_from(("",) + ctx.abort_attrs)) if draw(st.booleans()) else ""
+        return AbortDef(attr, False, False, None, form)
     via = None
-    if "abort_helper" in features and draw(st.integers(0, 3)) == 0:
+    if form == "direct" and ctx.on("abort_helper") and draw(st.integers(0, 3)) == 0:
         via = draw(st.sampled_from(("_mark_aborted", "_set_failed")))
-    return AbortDef(draw(st.sampled_from(abort_attrs)), draw(st.booleans()), draw(st.booleans()), via)
+    return AbortDef(draw(st.sampled_from(ctx.abort_attrs)), draw(st.booleans()), draw(st.booleans()), via, form)
 
 
-def _draw_timeout(draw, inverted_ok: bool) -> Timeout:
+def _draw_timeout(draw, inverted_ok: bool, ctx: _SCtx | None = None) -> Timeout:
     form = draw(st.sampled_from(TIMEOUT_FORMS))
+    attrs = TIMEOUT_ATTRS + (ODD_TIMEOUT_ATTRS if ctx is not None and ctx.on("odd_timeouts") else ())
     return Timeout(
         form=form,
         clock=draw(st.sampled_from(CLOCKS)),
-        attr=draw(st.sampled_from(TIMEOUT_ATTRS)),
+        attr=draw(st.sampled_from(attrs)),
         inverted=inverted_ok and draw(st.integers(0, 2)) == 0,
+        on_mgr=ctx is not None and ctx.manager and draw(st.integers(0, 2)) == 0,
     )
 
 
@@ -1609,42 +1923,55 @@ def _draw_guard(draw) -> tuple[tuple[str, ...], str]:
     return states, draw(st.sampled_from(("in", "list")))
 
 
-def _draw_poll_def(
-    draw, source: str, helpers: dict, used_flags: set, no_hold: bool = False, abort_attrs: tuple = STATE_ATTRS + BOOL_ATTRS
-) -> PollDef:
+def _fresh_flag(draw, names: tuple[str, ...], used: set) -> str:
+    base = draw(st.sampled_from(names))
+    name, n = base, 2
+    while name in used:
+        name, n = f"{base}_{n}", n + 1
+    used.add(name)
+    return name
+
+
+def _draw_poll_def(draw, source: str, helpers: dict, ctx: _SCtx, no_hold: bool = False) -> PollDef:
     read = None
     if draw(st.integers(0, 3)) > 0:
-        attr = draw(st.sampled_from(abort_attrs))
+        attr = draw(st.sampled_from(ctx.abort_attrs))
         via = None
-        if draw(st.integers(0, 2)) == 0:
+        log_only = ctx.on("log_only") and draw(st.integers(0, 4)) == 0
+        if not log_only and draw(st.integers(0, 2)) == 0:
             via = draw(st.sampled_from(READ_HELPERS))
             helpers[via] = HelperDef(via, "read", attr=attr)
-        read = AbortRead(attr, via, draw(st.sampled_from(("top", "after_source"))))
+        read = AbortRead(attr, via, draw(st.sampled_from(("top", "after_source"))), log_only)
     steps: list[SStep] = []
     for _ in range(draw(st.integers(0, 4))):
         kind = _pick(
             draw,
-            [(4, "timeout"), (2, "timeout_helper"), (0 if no_hold else 2, "hold"), (1, "missing"), (1, "neutral"), (1, "cache")],
+            [(4, "timeout"), (2, "timeout_helper"), (2 if ctx.on("param_helper") else 0, "param_helper"),
+             (1 if ctx.on("log_only") else 0, "timeout_log"), (0 if no_hold else 2, "hold"), (1, "missing"),
+             (1, "neutral"), (1, "cache")],
         )
         if kind in ("hold", "missing", "neutral"):
-            base = draw(st.sampled_from(MGR_FLAGS))
-            name, n = base, 2
-            while name in used_flags:
-                name, n = f"{base}_{n}", n + 1
-            used_flags.add(name)
-            steps.append(SStep(kind, flag=name))
+            steps.append(SStep(kind, flag=_fresh_flag(draw, MGR_FLAGS, ctx.used_flags)))
         elif kind == "cache":
             steps.append(SStep("cache", attr=draw(st.sampled_from(STATE_ATTRS))))
-        elif kind == "timeout":
+        elif kind in ("timeout", "timeout_log"):
             guard, gform = _draw_guard(draw)
-            t = _draw_timeout(draw, inverted_ok=bool(guard))
-            fail_attr = draw(st.sampled_from(("",) + STATE_ATTRS)) if not t.inverted else ""
-            steps.append(SStep("timeout", guard, gform, t, attr=fail_attr, record=draw(st.booleans())))
+            t = _draw_timeout(draw, inverted_ok=bool(guard) and kind == "timeout", ctx=ctx)
+            fail_attr = draw(st.sampled_from(("",) + STATE_ATTRS)) if not t.inverted and kind == "timeout" else ""
+            steps.append(SStep(kind, guard, gform, t, attr=fail_attr, record=kind == "timeout" and draw(st.booleans())))
+        elif kind == "param_helper":
+            name = draw(st.sampled_from(PARAM_HELPERS))
+            if name not in helpers:
+                guard, gform = _draw_guard(draw)
+                helpers[name] = HelperDef(name, "param", timeout=_draw_timeout(draw, inverted_ok=False, ctx=ctx), guard=guard)
+            if any(s.helper == name for s in steps):
+                continue  # one call per poll: a second would read the same flags twice
+            steps.append(SStep("param_helper", helper=name))
         else:
             guard, gform = _draw_guard(draw)
             name = draw(st.sampled_from(TIMEOUT_HELPERS))
             if name not in helpers:
-                helpers[name] = HelperDef(name, "timeout", timeout=_draw_timeout(draw, inverted_ok=True))
+                helpers[name] = HelperDef(name, "timeout", timeout=_draw_timeout(draw, inverted_ok=True, ctx=ctx))
             steps.append(SStep("timeout_helper", guard, gform, helper=name))
     # A cached Success read back at the top of a later poll would bypass a "hold" that turned it
     # into Transferring: a transient Transferring kvtrace cannot tell from a pinned one. So the
@@ -1653,15 +1980,60 @@ def _draw_poll_def(
     return PollDef(source, read, tuple(steps))
 
 
+PARAM_HELPERS = ("_expired", "_deadline_status")
+
 SENDER_FEATURES = frozenset(
     {
         "abort_helper",  # abort() calls a self method that assigns the abort attribute
         "intermediate",  # the backend's body sits in a `Base<Folder>Sender` class of its file
         "bool_abort",  # abort() sets `self.aborted = True` (not a KVPoll member); poll() reads it
         "private_intermediate",  # ... or in `_<Folder>Base`, which is not a backend either
+        "manager",  # a real CommonKVManager + <Folder>KVManager with a status table and threads
+        "abort_forms",  # abort() through super(), Base.abort(self), a module function, only the manager
+        "param_helper",  # `self._expired(status)`: a deadline helper narrowing its parameter
+        "odd_timeouts",  # bounds named bootstrap_time_out, deadline_s, max_wait (or the manager's)
+        "log_only",  # a comparison / an abort read whose true side only logs
     }
 )
 SENDER_OPTIONAL_FEATURES: frozenset = frozenset()  # see OPTIONAL_FEATURES
+
+
+def _draw_manager(draw, folders: list[str], used_flags: set) -> ManagerDef:
+    threads = []
+    names = list(draw(st.permutations(THREAD_NAMES)))
+    for name in names[: draw(st.integers(0, 3))]:
+        stores = []
+        for _ in range(draw(st.integers(1, 3))):
+            state = _pick(draw, [(3, "Bootstrapping"), (3, "WaitingForInput"), (3, "Transferring"), (2, "Success"), (2, "Failed")])
+            how = _pick(draw, [(4, "update"), (2, "direct"), (2, "helper"), (1, "setdefault")])
+            flag = _fresh_flag(draw, THREAD_FLAGS, used_flags) if draw(st.booleans()) else ""
+            stores.append((state, how, flag))
+        clear, clear_flag = "", ""
+        if draw(st.integers(0, 3)) == 0:
+            clear = draw(st.sampled_from(("pop", "del")))
+            clear_flag = _fresh_flag(draw, THREAD_FLAGS, used_flags) if draw(st.booleans()) else ""
+        threads.append(ThreadDef(name, tuple(stores), clear, clear_flag))
+    overrides = []
+    for folder in folders:
+        if draw(st.integers(0, 3)) == 0:
+            overrides.append((folder, draw(st.sampled_from(("subscript", "get", "in_check"))), draw(st.sampled_from(STATES))))
+    pairing = draw(st.sampled_from(("folder", "annotation", "mapping")))
+    shared: tuple[str, ...] = ()
+    if pairing == "mapping":
+        shared = tuple(f for f in folders if draw(st.integers(0, 2)) == 0)
+        overrides = [o for o in overrides if o[0] not in shared]
+    return ManagerDef(
+        check=draw(st.sampled_from(("subscript", "get", "in_check"))),
+        default=_pick(draw, [(3, "WaitingForInput"), (1, "Bootstrapping"), (1, "Transferring"), (2, "Failed"), (1, "Success")]),
+        update=draw(st.sampled_from(("plain", "sglang", "noop_absent", "max", "no_overwrite_failed"))),
+        record=draw(st.sampled_from(("plain", "fails"))),
+        threads=tuple(threads),
+        register=_pick(draw, [(3, "update"), (1, "direct"), (1, "none"), (1, "dummy")]),
+        sender_clear=draw(st.integers(0, 2)) == 0,
+        overrides=tuple(overrides),
+        pairing=pairing,
+        shared=shared,
+    )
 
 
 @st.composite
@@ -1672,12 +2044,12 @@ def sender_trees(draw, features: frozenset = SENDER_FEATURES) -> SenderTree:
 
 
 def _sender_tree(draw, abort_attrs: tuple[str, ...], features: frozenset = frozenset()) -> SenderTree:
-    used_flags: set = set()
+    ctx = _SCtx(features, abort_attrs, manager="manager" in features and draw(st.integers(0, 3)) > 0)
     common = None
     common_helpers: dict = {}
     if draw(st.integers(0, 2)) > 0:
-        poll = _draw_poll_def(draw, "check_status", common_helpers, used_flags, abort_attrs=abort_attrs) if draw(st.integers(0, 3)) > 0 else None
-        abort = _draw_abort(draw, abort_attrs, features) if draw(st.integers(0, 3)) > 0 else None
+        poll = _draw_poll_def(draw, "check_status", common_helpers, ctx) if draw(st.integers(0, 3)) > 0 else None
+        abort = _draw_abort(draw, ctx) if draw(st.integers(0, 3)) > 0 else None
         common = SenderClass("CommonKVSender", "BaseKVSender", True, poll, abort, tuple(common_helpers.values()))
     folders = draw(st.lists(st.sampled_from(BACKEND_FOLDERS), min_size=1, max_size=3, unique=True))
     backends = []
@@ -1691,12 +2063,10 @@ def _sender_tree(draw, abort_attrs: tuple[str, ...], features: frozenset = froze
         if not has_poll_above or draw(st.booleans()):
             source = "super" if has_poll_above and draw(st.booleans()) else "check_status"
             common_caches = has_poll_above and any(step.kind == "cache" for step in common.poll.steps)
-            poll = _draw_poll_def(
-                draw, source, helpers, used_flags, no_hold=source == "super" and common_caches, abort_attrs=abort_attrs
-            )
+            poll = _draw_poll_def(draw, source, helpers, ctx, no_hold=source == "super" and common_caches)
         abort = None
         if not has_abort_above or draw(st.integers(0, 2)) == 0:
-            abort = _draw_abort(draw, abort_attrs, features)
+            abort = _draw_abort(draw, ctx, above=has_abort_above)
         if on_common:
             # Override some helpers of the common class (dynamic dispatch through self).
             for h in common_helpers.values():
@@ -1705,9 +2075,12 @@ def _sender_tree(draw, abort_attrs: tuple[str, ...], features: frozenset = froze
                         alt = draw(st.sampled_from(("disabled",) + abort_attrs))
                         helpers[h.name] = HelperDef(h.name, "read", attr="" if alt == "disabled" else alt, disabled=alt == "disabled")
                     elif draw(st.booleans()):
-                        helpers[h.name] = HelperDef(h.name, "timeout", disabled=True)
+                        helpers[h.name] = HelperDef(h.name, h.role, disabled=True)
+                    elif h.role == "param":
+                        guard, _ = _draw_guard(draw)
+                        helpers[h.name] = HelperDef(h.name, "param", timeout=_draw_timeout(draw, False, ctx), guard=guard)
                     else:
-                        helpers[h.name] = HelperDef(h.name, "timeout", timeout=_draw_timeout(draw, inverted_ok=True))
+                        helpers[h.name] = HelperDef(h.name, "timeout", timeout=_draw_timeout(draw, inverted_ok=True, ctx=ctx))
         kinds = [""] + (["Base"] if "intermediate" in features else []) + (["_"] if "private_intermediate" in features else [])
         intermediate = draw(st.sampled_from(kinds)) if draw(st.integers(0, 3)) == 0 else ""
         backends.append(
@@ -1716,7 +2089,8 @@ def _sender_tree(draw, abort_attrs: tuple[str, ...], features: frozenset = froze
                 SenderClass(class_name_for(folder), parent, not on_common, poll, abort, tuple(helpers.values()), intermediate),
             )
         )
-    return SenderTree(common, tuple(backends))
+    manager = _draw_manager(draw, folders, ctx.used_flags) if ctx.manager else None
+    return SenderTree(common, tuple(backends), manager)
 
 
 # ---------------------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ import inspect
 import itertools
 import logging
 import sys
+import textwrap
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -743,6 +744,21 @@ class SenderVerdict:
     # has a way out only if every way poll() gets to it has one (a configuration that pins it
     # pins it, whatever other configurations do).
     groups: dict[str, dict[tuple, bool]] = field(default_factory=dict)
+    configs: list[str] = field(default_factory=list)  # real manager: what the table held (or <absent>)
+
+    def add(self, ch: Chooser, first: str, later: list[str], mode: str, config: str) -> None:
+        """One run: `first` polled from `config`, then `later` after abort() or the clock moved
+        ("raise" when a poll raised: no state, and no way out on that run)."""
+        self.correlated |= ch.correlated
+        self.driven.add(first)
+        self.returns.add(first)
+        self.returns.update(s for s in later if s != "raise")
+        ok = any(s in TERMINAL for s in later)
+        table = self.abort_ok if mode == "abort" else self.timeout_ok
+        table[first] = table.get(first, False) or ok
+        key = (config, tuple(ch.trace[: ch.first_poll]))
+        group = self.groups.setdefault(first, {})
+        group[key] = group.get(key, False) or ok
 
     def way_out(self, state: str) -> bool:
         if state in self.groups:
@@ -777,6 +793,276 @@ def find_senders(tree: LoadedTree) -> list[tuple[str, type]]:
     return found
 
 
+# --- senders with their real manager -----------------------------------------------------------
+
+ABSENT = "<absent>"  # a configuration: the room is not in the status table
+ROOM = 7
+ROOM_PARAMS = ("room", "bootstrap_room")
+
+
+class RecordingDict(dict):
+    """A dict that remembers which values were stored under a key, whether a key was removed,
+    and whether it was read (to find the table check_status reads)."""
+
+    def __init__(self, *args) -> None:
+        super().__init__(*args)
+        self.stored: list = []  # (key, value) in order
+        self.removed: set = set()
+        self.read = False
+
+    def __setitem__(self, key, value) -> None:
+        self.stored.append((key, value))
+        super().__setitem__(key, value)
+
+    def setdefault(self, key, default=None):
+        if key not in self:
+            self.stored.append((key, default))
+        return super().setdefault(key, default)
+
+    def __delitem__(self, key) -> None:
+        super().__delitem__(key)
+        self.removed.add(key)
+
+    def pop(self, key, *default):
+        if key in self:
+            self.removed.add(key)
+        return super().pop(key, *default)
+
+    def __getitem__(self, key):
+        self.read = True
+        return super().__getitem__(key)
+
+    def get(self, key, default=None):
+        self.read = True
+        return super().get(key, default)
+
+    def __contains__(self, key) -> bool:
+        self.read = True
+        return super().__contains__(key)
+
+
+def _harness(manager_cls: type) -> type:
+    """The real manager class, with attributes nothing assigns answering as free flags (a thread's
+    `if self.chunk_ready:`, a poll's `self.kv_mgr.staging_outstanding`)."""
+
+    def __getattr__(self, name: str):
+        if name.startswith("_"):
+            raise AttributeError(name)
+        return self.__dict__["_chooser"].value(f"mgr.{name}")
+
+    return type(manager_cls.__name__, (manager_cls,), {"__getattr__": __getattr__})
+
+
+def find_manager(tree: LoadedTree, folder: str, sender_cls: type) -> type | None:
+    """The manager a backend really runs with: the factory's dict, else its folder's class."""
+    base = getattr(tree.module("base.conn"), "BaseKVManager", None)
+    if base is None:
+        return None
+    if (tree.disagg / "factory.py").is_file():
+        for row in tree.module("factory").KV_CLASSES.values():
+            if row.get("sender") is sender_cls:
+                return row["manager"]
+    module = tree.module(f"{folder}.conn")
+    local = [o for o in vars(module).values() if inspect.isclass(o) and issubclass(o, base) and o.__module__ == module.__name__]
+    return local[0] if len(local) == 1 else None
+
+
+class _World:
+    """One backend, built fresh for every run: the real manager (harnessed) and the sender."""
+
+    def __init__(self, sender_cls: type, manager_cls: type, clock: "FakeClock", folder: str) -> None:
+        self.sender_cls, self.manager_cls, self.clock, self.folder = sender_cls, _harness(manager_cls), clock, folder
+        self.table_attr = self._find_table()
+
+    def manager(self, ch: Chooser):
+        mgr = self.manager_cls.__new__(self.manager_cls)
+        mgr.__dict__["_chooser"] = ch
+        mgr.__init__()
+        for name, value in list(vars(mgr).items()):
+            if type(value) is dict:
+                setattr(mgr, name, RecordingDict(value))
+        return mgr
+
+    def _find_table(self) -> str | None:
+        mgr = self.manager(Chooser([]))
+        try:
+            mgr.check_status(ROOM)
+        except Exception:
+            pass
+        return next((n for n, v in vars(mgr).items() if isinstance(v, RecordingDict) and v.read), None)
+
+    def build(self, ch: Chooser):
+        """(manager, sender, table) after the sender's __init__ ran (clock at the start)."""
+        mgr = self.manager(ch)
+        self.clock.now = CLOCK_START
+        sender = self.sender_cls(mgr, ROOM)
+        table = getattr(mgr, self.table_attr) if self.table_attr else None
+        if table is not None:
+            table.stored.clear()
+            table.removed.clear()
+        return mgr, sender, table
+
+
+def _called_names(classes) -> set[str]:
+    """Method names the classes' own code calls on `self` or on the manager (`self.kv_mgr.x()`)."""
+    names: set[str] = set()
+    for cls in classes:
+        try:
+            tree = ast.parse(textwrap.dedent(inspect.getsource(cls)))
+        except (OSError, TypeError):
+            continue
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                recv = node.func.value
+                if isinstance(recv, ast.Name) and recv.id == "self" or isinstance(recv, ast.Attribute) and recv.attr == "kv_mgr":
+                    names.add(node.func.attr)
+    return names
+
+
+def _entry_points(world: _World) -> list[tuple[str, str, tuple]]:
+    """("mgr"|"sender", method, args): what can run between polls — every method of the manager
+    and of the sender that their own code never calls (threads, public entry points such as
+    record_failure, abort(), clear(), poll()), except __init__ and update_status, whose status
+    comes from its callers. A called method runs inside its callers, with their arguments.
+    Manager methods get the room (and a reason); sender methods take nothing."""
+    tree_classes = [c for c in world.manager_cls.__mro__[1:] + world.sender_cls.__mro__ if c.__module__.startswith("_kvtrace_oracle_")]
+    called = _called_names(tree_classes)
+    found = []
+    for owner, cls in (("mgr", world.manager_cls), ("sender", world.sender_cls)):
+        for name in dir(cls):
+            if name.startswith("__") or name in called or name == "update_status":
+                continue
+            fn = getattr(cls, name, None)
+            if not inspect.isfunction(fn) or getattr(fn, "__isabstractmethod__", False):
+                continue
+            params = list(inspect.signature(fn).parameters)[1:]
+            if owner == "mgr" and params and params[0] in ROOM_PARAMS and all(p.endswith("reason") for p in params[1:]):
+                found.append((owner, name, (ROOM,) + ("reason",) * (len(params) - 1)))
+            elif owner == "sender" and not params:
+                found.append((owner, name, ()))
+            else:
+                raise OracleError(f"{cls.__name__}.{name}{tuple(params)}: an entry point the oracle cannot call")
+    return found
+
+
+def _room_of(table) -> object:
+    return dict.get(table, ROOM, ABSENT) if dict.__contains__(table, ROOM) else ABSENT
+
+
+def reachable_configs(world: _World, name_of) -> tuple[set, dict]:
+    """What the table can hold for the room when poll() runs: the sender's __init__ (every flag
+    setting), then any entry point run from any state reached so far, to a fixpoint (threads in
+    any interleaving, each run whole). Every value stored on the way counts (a poll can come
+    between two stores of one thread). Returns (configs, {config: how it was reached})."""
+    how: dict = {}
+    frontier: list = []
+
+    def note(value, why: str) -> None:
+        key = ABSENT if value is ABSENT else name_of(value)
+        if key not in how:
+            how[key] = why
+            frontier.append(key)
+
+    def init_run(ch: Chooser):
+        mgr = world.manager(ch)
+        table = getattr(mgr, world.table_attr)
+        world.clock.now = CLOCK_START
+        try:
+            world.sender_cls(mgr, ROOM)
+        except Exception:
+            return [], ABSENT
+        return [v for k, v in table.stored if k == ROOM], _room_of(table)
+
+    for _, (stored, end) in explore(init_run):
+        for v in stored:
+            note(v, "__init__")
+        note(end, "__init__")
+    entries = _entry_points(world)
+    while frontier:
+        start = frontier.pop()
+        for owner, method, args in entries:
+            for clock_far in (False, True):
+
+                def run(ch: Chooser, start=start, owner=owner, method=method, args=args, clock_far=clock_far):
+                    try:
+                        mgr, sender, table = world.build(ch)
+                    except Exception:
+                        return [], None
+                    _force(table, start, world)
+                    world.clock.now = CLOCK_FAR if clock_far else CLOCK_START + 1
+                    try:
+                        getattr(mgr if owner == "mgr" else sender, method)(*args)
+                    except Exception:
+                        pass  # the thread dies; what it stored stays
+                    return [v for k, v in table.stored if k == ROOM], _room_of(table)
+
+                for _, (stored, end) in explore(run):
+                    for v in stored:
+                        note(v, f"{owner}.{method}")
+                    if end is not None:
+                        note(end, f"{owner}.{method}")
+    return set(how), how
+
+
+def _force(table, config, world: _World) -> None:
+    """Put the room in `config` (a state name or ABSENT) without recording it."""
+    if table is None:
+        return
+    if config is ABSENT:
+        dict.pop(table, ROOM, None)
+    else:
+        dict.__setitem__(table, ROOM, getattr(world.kvpoll, config))
+    table.stored.clear()
+    table.removed.clear()
+
+
+def _manager_verdict(folder: str, cls: type, manager_cls: type, clock: "FakeClock", kvpoll, name_of) -> "SenderVerdict":
+    world = _World(cls, manager_cls, clock, folder)
+    world.kvpoll = kvpoll
+    configs: list = [None]
+    if world.table_attr is not None:
+        found, _ = reachable_configs(world, name_of)
+        configs = sorted(found, key=lambda c: (c is ABSENT, str(c)))
+    verdict = SenderVerdict(folder, cls.__name__, set(), set(), {}, {}, configs=[str(c) for c in configs])
+    for config in configs:
+        for mode in ("abort", "timeout"):
+
+            def run(ch: Chooser, config=config, mode=mode):
+                try:
+                    mgr, sender, table = world.build(ch)
+                except Exception as exc:
+                    raise OracleError(f"{folder}: __init__: {type(exc).__name__}: {exc}") from exc
+                _force(table, config, world)
+                clock.now = CLOCK_START + 1
+                ch.new_call()
+                try:
+                    first = name_of(sender.poll())
+                except OracleError:
+                    raise
+                except Exception:
+                    return None, []  # the first poll raises: no state to judge
+                ch.first_poll = len(ch.trace)
+                later = []
+                try:
+                    if mode == "abort":
+                        sender.abort()
+                    else:
+                        clock.now = CLOCK_FAR
+                    for _ in range(POLLS_AFTER):
+                        ch.new_call()
+                        later.append(name_of(sender.poll()))
+                except OracleError:
+                    raise
+                except Exception:
+                    later.append("raise")  # the scheduler sees an exception: no terminal state
+                return first, later
+
+            for ch, (first, later) in explore(run):
+                if first is not None:
+                    verdict.add(ch, first, later, mode, str(config))
+    return verdict
+
+
 def sender_verdicts(root: Path) -> dict[str, SenderVerdict]:
     out: dict[str, SenderVerdict] = {}
     with load_tree(Path(root)) as tree:
@@ -795,13 +1081,11 @@ def sender_verdicts(root: Path) -> dict[str, SenderVerdict]:
                 raise OracleError(f"poll() returned {value!r}, not a KVPoll member") from None
 
         for folder, cls in senders:
-            returns: set[str] = set()
-            driven: set[str] = set()
-            abort_ok: dict[str, bool] = {}
-            timeout_ok: dict[str, bool] = {}
-            correlated: set[str] = set()
-            # first state -> (manager answer, flags of the first poll) -> a way out from there
-            groups: dict[str, dict[tuple, bool]] = {}
+            manager_cls = find_manager(tree, folder, cls)
+            if manager_cls is not None:
+                out[folder] = _manager_verdict(folder, cls, manager_cls, clock, kvpoll, name_of)
+                continue
+            verdict = SenderVerdict(folder, cls.__name__, set(), set(), {}, {})
             for mode in ("abort", "timeout"):
                 for state in STATES:
                     status = getattr(kvpoll, state)
@@ -829,17 +1113,8 @@ def sender_verdicts(root: Path) -> dict[str, SenderVerdict]:
                         return first, later
 
                     for ch, (first, later) in explore(run):
-                        correlated |= ch.correlated
-                        driven.add(first)
-                        returns.add(first)
-                        returns.update(later)
-                        ok = any(s in TERMINAL for s in later)
-                        table = abort_ok if mode == "abort" else timeout_ok
-                        table[first] = table.get(first, False) or ok
-                        key = (state, tuple(ch.trace[: ch.first_poll]))
-                        group = groups.setdefault(first, {})
-                        group[key] = group.get(key, False) or ok
-            out[folder] = SenderVerdict(folder, cls.__name__, returns, driven, abort_ok, timeout_ok, correlated, groups)
+                        verdict.add(ch, first, later, mode, state)
+            out[folder] = verdict
     return out
 
 

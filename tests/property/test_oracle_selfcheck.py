@@ -574,8 +574,13 @@ def expected_abort_way_out(tree: gen.SenderTree, cls: gen.SenderClass) -> bool:
     return abort.attr in read
 
 
+# The IR reading below knows the fake manager's world (abort() writes one attribute, the
+# manager ignores it); trees with a real manager are checked by hand-written cases below.
+FAKE_MANAGER_FEATURES = (gen.SENDER_FEATURES | gen.SENDER_OPTIONAL_FEATURES) - {"manager", "abort_forms", "log_only"}
+
+
 @gen.budget(ci=60, slow=2000)
-@given(gen.sender_trees(gen.SENDER_FEATURES | gen.SENDER_OPTIONAL_FEATURES))
+@given(gen.sender_trees(FAKE_MANAGER_FEATURES))
 @example(gen.SHAPE_SENDERS)
 def test_generated_senders(tree):
     files = gen.render_tree(senders=tree)
@@ -591,6 +596,56 @@ def test_generated_senders(tree):
         want = expected_abort_way_out(tree, cls)
         for state in v.driven - set(gen.TERMINAL):
             assert v.abort_ok[state] == want, v.summary()
+
+
+# ---------------------------------------------------------------------------------------------
+# Senders with a real manager: hand-built trees whose verdicts are read off the code
+
+
+def _mgr_tree(poll: gen.PollDef, abort: gen.AbortDef, manager: gen.ManagerDef, helpers=()) -> gen.SenderTree:
+    cls = gen.SenderClass("NixlKVSender", "BaseKVSender", True, poll, abort, tuple(helpers))
+    return gen.SenderTree(None, (("nixl", cls),), manager)
+
+
+THREADS_BWTS = (
+    gen.ThreadDef("transfer_worker", (("WaitingForInput", "update", ""), ("Transferring", "update", ""), ("Success", "update", ""))),
+)
+
+
+def test_manager_helper_timeout_on_parameter(tmp_path):
+    """Issue 7, item 3: `_expired(status)` gives Bootstrapping a deadline, nothing else; abort()
+    writes an attribute poll() never reads. WaitingForInput and Transferring never end."""
+    helper = gen.HelperDef("_expired", "param", timeout=gen.Timeout("elapsed_gt", "time", "bootstrap_timeout", on_mgr=True),
+                           guard=("Bootstrapping",))
+    tree = _mgr_tree(gen.PollDef("check_status", None, (gen.SStep("param_helper", helper="_expired"),)),
+                     gen.AbortDef("aborted", False, False),
+                     gen.ManagerDef("subscript", "WaitingForInput", "sglang", "plain", THREADS_BWTS, "update", False),
+                     (helper,))
+    v = oracle.sender_verdicts(gen.write_tree(tmp_path, senders=tree))["nixl"]
+    assert set(v.configs) == {"Bootstrapping", "WaitingForInput", "Transferring", "Success"}
+    assert {s: v.way_out(s) for s in gen.NON_TERMINAL} == {B: True, W: False, T: False}
+
+
+def test_manager_absent_room_chain(tmp_path):
+    """The background's chain: abort() only tells the manager Failed; that works while the room
+    is in the table, but a thread pops it after the last chunk, update_status() ignores Failed
+    for an absent room and check_status() reads an absent room as WaitingForInput."""
+    threads = THREADS_BWTS + (gen.ThreadDef("_handle_last_chunk", (), clear="pop"),)
+    tree = _mgr_tree(gen.PollDef("check_status", None, ()), gen.AbortDef("", False, True, None, "mgr"),
+                     gen.ManagerDef("get", "WaitingForInput", "sglang", "plain", threads, "update", False))
+    v = oracle.sender_verdicts(gen.write_tree(tmp_path, senders=tree))["nixl"]
+    assert oracle.ABSENT in v.configs
+    assert {s: v.way_out(s) for s in gen.NON_TERMINAL} == {B: True, W: False, T: True}
+
+
+def test_manager_noop_update_never_creates_the_room(tmp_path):
+    """update_status() ignores an absent room and nothing else creates it: the table never holds
+    the room, every poll reads the default."""
+    tree = _mgr_tree(gen.PollDef("check_status", None, ()), gen.AbortDef("", False, True, None, "mgr"),
+                     gen.ManagerDef("get", "WaitingForInput", "noop_absent", "plain", THREADS_BWTS, "update", False))
+    v = oracle.sender_verdicts(gen.write_tree(tmp_path, senders=tree))["nixl"]
+    assert v.configs == [oracle.ABSENT]
+    assert v.returns == {W} and not v.way_out(W)
 
 
 # ---------------------------------------------------------------------------------------------
