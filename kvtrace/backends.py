@@ -16,6 +16,9 @@ from kvtrace.parse import walk
 from kvtrace.syntax import dotted, self_attr
 from kvtrace.states import ABSENT, NONE, OTHER, Domain, Val
 
+# Per manager model: function name -> (caller, call) for calls of self.<name>(...) in scope.
+CallSites = dict[str, list[tuple[FuncRef, ast.Call]]]
+
 
 @dataclass
 class SenderAnalysis:
@@ -156,13 +159,13 @@ def _manager_model(index: Index, pack: Pack, members: tuple[str, ...], sender: C
     unknown: list[str] = []
     clears: list[Evidence] = []
     attrs: set[str] = set()
-    _CALL_SITES.clear()
+    call_sites: CallSites = {}
     for func in functions:
         for node in walk(func.node):
             if isinstance(node, ast.Call):
                 callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
                 if callee:
-                    _CALL_SITES.setdefault(callee, []).append((func, node))
+                    call_sites.setdefault(callee, []).append((func, node))
     passed: set[str] = set()  # what the update method's callers pass as the status
     passed_unknown = False
     in_update: list[tuple[ast.Assign, FuncRef, dict[int, ast.AST]]] = []
@@ -180,10 +183,10 @@ def _manager_model(index: Index, pack: Pack, members: tuple[str, ...], sender: C
                         (k.value for k in node.keywords if k.arg == "status"), None)
                     if status is not None:
                         before = len(unknown)
-                        _collect(status, func, parents, node, passed, unknown, update, members)
+                        _collect(status, func, parents, node, passed, unknown, update, members, call_sites)
                         passed_unknown = passed_unknown or len(unknown) > before
                 if table and node.func.attr == "setdefault" and _ends_with(recv, table) and len(node.args) > 1:
-                    _collect(node.args[1], func, parents, node, holds, unknown, update, members)
+                    _collect(node.args[1], func, parents, node, holds, unknown, update, members, call_sites)
                 if table and node.func.attr == "pop" and _ends_with(recv, table):
                     clears.append(Evidence(func.path, node.lineno, f"{func.qualname}() pops the room from {table}"))
             elif isinstance(node, ast.Delete) and table:
@@ -196,7 +199,7 @@ def _manager_model(index: Index, pack: Pack, members: tuple[str, ...], sender: C
                         if update is not None and func.name == update.name:
                             in_update.append((node, func, parents))
                         else:
-                            _collect(node.value, func, parents, node, holds, unknown, update, members)
+                            _collect(node.value, func, parents, node, holds, unknown, update, members, call_sites)
     holds |= passed
     # A store of the update method under `if status == X` happens only if some caller passes X.
     for node, func, parents in in_update:
@@ -204,7 +207,7 @@ def _manager_model(index: Index, pack: Pack, members: tuple[str, ...], sender: C
         narrowed = _narrowed_by_guard(params[1], node, parents, members) if len(params) > 1 else None
         if narrowed is not None and not passed_unknown and not narrowed & passed:
             continue
-        _collect(node.value, func, parents, node, holds, unknown, update, members)
+        _collect(node.value, func, parents, node, holds, unknown, update, members, call_sites)
     ref = ManagerRef(manager.name, manager.path, manager.line, how, table,
                      tuple(sorted(holds)), tuple(dict.fromkeys(unknown)), tuple(sorted(set(clears), key=lambda e: (e.path, e.line))))
     return ManagerModel(manager, ref, frozenset(attrs))
@@ -225,10 +228,6 @@ def _table_of(check: FuncRef) -> str | None:
     return None
 
 
-# Per manager model: function name -> (caller, call) for calls of self.<name>(...) in scope.
-_CALL_SITES: dict[str, list[tuple[FuncRef, ast.Call]]] = {}
-
-
 def _argument(call: ast.Call, func: FuncRef, param: str) -> ast.expr | None:
     for keyword in call.keywords:
         if keyword.arg == param:
@@ -243,7 +242,8 @@ def _argument(call: ast.Call, func: FuncRef, param: str) -> ast.expr | None:
 
 
 def _collect(value: ast.expr, func: FuncRef, parents: dict[int, ast.AST], site: ast.AST, holds: set[str],
-             unknown: list[str], update: FuncRef | None, members: tuple[str, ...], depth: int = 0) -> None:
+             unknown: list[str], update: FuncRef | None, members: tuple[str, ...], call_sites: CallSites,
+             depth: int = 0) -> None:
     """The states a stored value can be: constants, both arms of `a if c else b`, max/min of
     stored values, a local assigned constants, a name narrowed by an enclosing `if name == X`;
     a parameter of the update method is what its call sites pass (collected there)."""
@@ -253,12 +253,12 @@ def _collect(value: ast.expr, func: FuncRef, parents: dict[int, ast.AST], site: 
         return
     if isinstance(value, ast.IfExp):
         for arm in (value.body, value.orelse):
-            _collect(arm, func, parents, site, holds, unknown, update, members, depth)
+            _collect(arm, func, parents, site, holds, unknown, update, members, call_sites, depth)
         return
     if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in ("max", "min"):
         for arg in value.args:  # max(old, new) is one of them: a stored value or a new one
             if not isinstance(arg, (ast.Subscript, ast.Call)):
-                _collect(arg, func, parents, site, holds, unknown, update, members, depth)
+                _collect(arg, func, parents, site, holds, unknown, update, members, call_sites, depth)
         return
     if isinstance(value, ast.Name) and depth < 3:
         params = {a.arg for a in func.node.args.posonlyargs + func.node.args.args + func.node.args.kwonlyargs}
@@ -269,18 +269,19 @@ def _collect(value: ast.expr, func: FuncRef, parents: dict[int, ast.AST], site: 
         if value.id in params:
             if update is not None and func.name == update.name:
                 return  # the update method's own parameter: its call sites say what it holds
-            sites = _CALL_SITES.get(func.name, [])
+            sites = call_sites.get(func.name, [])
             bound = [(arg, caller, call) for caller, call in sites if (arg := _argument(call, func, value.id)) is not None]
             if not bound:
                 unknown.append(f"{func.path}:{site.lineno} {func.qualname}() stores its parameter {value.id}")
             for arg, caller, call in bound:  # a helper's parameter: what its callers pass
-                _collect(arg, caller, _parents(caller.node), call, holds, unknown, update, members, depth + 1)
+                _collect(arg, caller, _parents(caller.node), call, holds, unknown, update, members, call_sites,
+                         depth + 1)
             return
         sources = [n.value for n in walk(func.node) if isinstance(n, ast.Assign)
                    and any(isinstance(t, ast.Name) and t.id == value.id for t in n.targets)]
         if sources:
             for source in sources:
-                _collect(source, func, parents, site, holds, unknown, update, members, depth + 1)
+                _collect(source, func, parents, site, holds, unknown, update, members, call_sites, depth + 1)
             return
     if isinstance(value, (ast.Subscript, ast.Call)) and isinstance(getattr(value, "func", None), ast.Attribute) \
             and value.func.attr == "get":

@@ -207,7 +207,9 @@ class Explorer:
         self.c = config
         self.stack: list[int] = []
         self._fact_cache: dict[tuple[int, str], bool] = {}
-        self._comparison_keys: dict[tuple[int, str], str | None] = {}  # per Comparison node and object
+        # Per Comparison node and object. The node is kept with its key: chained comparisons are
+        # split into throwaway nodes, and a freed node's id() may be reused by the next one.
+        self._comparison_keys: dict[tuple[int, str], tuple[cst.Comparison, str | None]] = {}
         self._discarded: cst.CSTNode | None = None  # the call of an expression statement
         self._read_state = False  # the poll state's value was used (by the helper run in progress)
         self._unparsed_log: list[str] = []  # every Config.unparsed addition, in order
@@ -931,9 +933,9 @@ class Explorer:
         return [(path.set_attr(key, frozenset({TRUE if truth != negated else FALSE})), truth, False) for truth in (True, False)]
 
     def comparison_key(self, node: cst.Comparison, op: str, frame: Frame) -> str | None:
-        cached = self._comparison_keys.get((id(node), frame.prefix), False)
-        if cached is not False:
-            return cached
+        cached = self._comparison_keys.get((id(node), frame.prefix))
+        if cached is not None and cached[0] is node:
+            return cached[1]
         key = None
         if not any(isinstance(n, (cst.Call, cst.Await, cst.Yield, cst.NamedExpr, cst.Lambda)) for n in walk(node)) \
                 and (self.keeps_fact(node.left, frame) or self.keeps_fact(node.comparisons[0].comparator, frame)):
@@ -941,7 +943,7 @@ class Explorer:
             left, right = code(node.left), code(node.comparisons[0].comparator)
             family = {"!=": "==", "is not": "is", "not in": "in"}.get(op, op)
             key = f"{FACT_CMP}{frame.prefix}{left} {family} {right}"
-        self._comparison_keys[(id(node), frame.prefix)] = key
+        self._comparison_keys[(id(node), frame.prefix)] = (node, key)
         return key
 
     def order_compare(self, node: cst.Comparison, op: str, path: PathState, frame: Frame,

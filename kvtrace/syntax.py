@@ -6,13 +6,22 @@ question about names (what `self.kv_mgr.update_status` is, whether an expression
 from __future__ import annotations
 
 import ast
-from typing import Iterator, Union
-
-import libcst as cst
+from typing import TYPE_CHECKING, Iterator, Union
 
 from kvtrace.parse import walk as _ast_walk
 
-Node = Union[ast.AST, cst.CSTNode]
+if TYPE_CHECKING:
+    import libcst as cst
+
+Node = Union[ast.AST, "cst.CSTNode"]
+
+
+def _cst():
+    """libcst, imported on first use: a cached rescan asks only `ast` questions and must not
+    pay libcst's import (a libcst node can only exist once libcst is imported anyway)."""
+    import libcst
+
+    return libcst
 
 
 def dotted(node: Node, calls: bool = False) -> str:
@@ -20,7 +29,8 @@ def dotted(node: Node, calls: bool = False) -> str:
     not one. A `super()` receiver is written `super().m`; with `calls`, any other call receiver
     is written too (`self.get().m`, as the index names call sites), else the chain is ''."""
     parts: list[str] = []
-    if isinstance(node, cst.CSTNode):
+    if not isinstance(node, ast.AST):
+        cst = _cst()
         while isinstance(node, cst.Attribute):
             parts.append(node.attr.value)
             node = node.value
@@ -47,10 +57,12 @@ def dotted(node: Node, calls: bool = False) -> str:
 
 def self_attr(node: Node, self_name: str = "self") -> str | None:
     """`X` for `self.X` (the object's own attribute) in either tree, else None."""
+    if isinstance(node, ast.AST):
+        return node.attr if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) \
+            and node.value.id == self_name else None
+    cst = _cst()
     if isinstance(node, cst.Attribute):
         return node.attr.value if isinstance(node.value, cst.Name) and node.value.value == self_name else None
-    if isinstance(node, ast.Attribute):
-        return node.attr if isinstance(node.value, ast.Name) and node.value.id == self_name else None
     return None
 
 
@@ -69,7 +81,7 @@ def walk(node: Node) -> Iterator[Node]:
 
 def mentions_attr(node: Node, attr: str) -> bool:
     """Whether the expression reads `<anything>.<attr>` (a queue named by its attribute)."""
-    for n in walk(node):
-        if isinstance(n, cst.Attribute) and n.attr.value == attr or isinstance(n, ast.Attribute) and n.attr == attr:
-            return True
-    return False
+    if isinstance(node, ast.AST):
+        return any(isinstance(n, ast.Attribute) and n.attr == attr for n in _ast_walk(node))
+    cst = _cst()
+    return any(isinstance(n, cst.Attribute) and n.attr.value == attr for n in walk(node))
