@@ -17,6 +17,8 @@ STATUS_TEXT = {
 
 def file_reason(f: SourceFile) -> str:
     status = STATUS_TEXT.get(f.status, f.status)
+    if f.error and f.error.startswith(status):  # the error already says it ("not UTF-8 and ...")
+        return f.error
     return f"{status}: {f.error}" if f.error else status
 
 

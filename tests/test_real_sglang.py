@@ -329,3 +329,20 @@ def test_nixl_pin_names_its_chain() -> None:
     assert "def poll(" in line(link("no timeout check is reached for WaitingForInput"))
     for note in ("absent", "never reads", "without effect", "pops the room", "no timeout"):
         assert note in finding.message
+
+
+def test_a_state_behind_an_unfollowed_return_is_undecided_not_never() -> None:
+    """0.5.14's mori poll() returns what `_finalize_failure()` hands back (a value kvtrace does
+    not follow): the grid must say `?` for the states it might be, never `-` ("never returns")."""
+    from kvtrace.report.verdicts import NOT_RETURNED, UNKNOWN, verdict_grid
+
+    report = scan_path(sglang_tree("0.5.14"))
+    mori = next(b for b in report.backends if b.name == "mori")
+    assert mori.returns_unknown and "Failed" not in mori.returns
+    grid = verdict_grid(report)
+    assert grid.cells["mori", "Failed"][0] == UNKNOWN
+    for b in report.backends:  # a backend whose returns are all known keeps its `-` cells
+        if not b.returns_unknown:
+            for state in grid.states:
+                if state not in b.returns and grid.cells[b.name, state][0] != NOT_RETURNED:
+                    assert any(f.backend == b.name and f.state == state for f in report.findings)

@@ -290,3 +290,9 @@ def test_version_generated_by_setuptools_scm_is_found(tmp_path: Path) -> None:
     data = json.loads(kvtrace("scan", str(tree), "--format", "json").stdout)
     assert data["reports"][0]["version"] == {"package": "sglang", "version": "4.5.6",
                                              "path": "_version.py", "line": 3}
+
+
+def test_source_text_in_brackets_survives_the_terminal_report() -> None:
+    # rich reads `[...]` in a plain str cell as markup and drops it; the report must not.
+    text = terminal_report(EXAMPLES / "nixl-pin")
+    assert "stores self.request_status[bootstrap_room]" in " ".join(text.split())

@@ -21,6 +21,7 @@ from kvtrace import __version__
 from kvtrace.baseline import counts_against
 from kvtrace.model import Backend, Evidence, Gap, Report, SourceFile
 from kvtrace.report import modes_line, state_fate_lines
+from kvtrace.safe_text import plain
 from kvtrace.report.verdicts import (
     NOT_CHECKED,
     NOT_RETURNED,
@@ -195,7 +196,7 @@ def _evidence_table(evidence: list[Evidence], width: int = 1000) -> Table:
         table.add_column(no_wrap=True, style="dim")
         table.add_column(overflow="fold")
         for e in evidence:
-            table.add_row(f"{e.path}:{e.line}", e.note)
+            table.add_row(f"{e.path}:{e.line}", _literal(e.note))
         return table
     table.add_column(overflow="fold")
     for e in evidence:
@@ -225,7 +226,7 @@ def _details(report: Report, console: Console) -> None:
                 states = ", ".join(site.states)
                 if site.note and site.kind not in ("check", "poll", "entry", "reassign", "raise"):
                     states = f"{states} [{site.note}]" if states else f"[{site.note}]"
-                table.add_row(site.kind, f"{site.path}:{site.line}", states)
+                table.add_row(site.kind, f"{site.path}:{site.line}", _literal(states))
             console.print(Padding(table, (0, 0, 0, 4)))
 
         console.print()
@@ -253,22 +254,29 @@ def _details(report: Report, console: Console) -> None:
             console.print(Padding(_backend_detail(b), (0, 0, 0, 2)))
 
 
+def _literal(text: str) -> Text:
+    """A table cell shown as written: a plain str cell is read as rich markup, which would
+    swallow source text such as `self.request_status[bootstrap_room]`. Lines stay lines;
+    other control characters are shown escaped."""
+    return Text("\n".join(plain(line) for line in text.split("\n")))
+
+
 def _backend_detail(b: Backend) -> Group:
     rows = Table.grid(padding=(0, 2))
     rows.add_column(no_wrap=True, style="dim")
     rows.add_column()
-    rows.add_row("sender", f"{b.sender}  {b.path}:{b.line}")
+    rows.add_row("sender", _literal(f"{b.sender}  {b.path}:{b.line}"))
     if b.poll:
         inherited = f" (inherited from {b.poll.inherited_from})" if b.poll.inherited_from else ""
-        rows.add_row("poll()", f"{b.poll.path}:{b.poll.line}{inherited}")
-    rows.add_row("returns", "\n".join([", ".join(b.returns) or "-"] + unknown_returns(b)))
+        rows.add_row("poll()", _literal(f"{b.poll.path}:{b.poll.line}{inherited}"))
+    rows.add_row("returns", _literal("\n".join([", ".join(b.returns) or "-"] + unknown_returns(b))))
     abort = (f"read ({b.abort_state})" if b.reads_abort_state else
              f"not read (abort() writes {b.abort_state})" if b.abort_state else "none (no abort state)")
-    rows.add_row("abort state", abort)
+    rows.add_row("abort state", _literal(abort))
     timeouts = [f"{t.path}:{t.line} covers {', '.join(t.covers) or 'no state'}" for t in b.timeouts]
-    rows.add_row("timeouts", "\n".join(timeouts) or "none")
+    rows.add_row("timeouts", _literal("\n".join(timeouts) or "none"))
     for state, verdict in b.verdicts.items():
-        rows.add_row("way out", f"{state}: {way_out_text(verdict)}")
+        rows.add_row("way out", _literal(f"{state}: {way_out_text(verdict)}"))
     for note in b.notes:
-        rows.add_row("note", note)
+        rows.add_row("note", _literal(note))
     return Group(Text(b.name, style="bold"), Padding(rows, (0, 0, 0, 2)))

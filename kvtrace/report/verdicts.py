@@ -103,6 +103,11 @@ def verdict_grid(report: Report, short: bool = False) -> Grid:
             if b.poll is not None and not b.returns and b.returns_unknown:
                 cells[row, state] = (UNKNOWN, "warning")  # nothing known it returns, something unknown
                 undecided = True
+            elif b.poll is not None and state not in b.returns and b.returns_unknown \
+                    and not any(f.backend == b.name for f in hits):
+                # poll() returns values kvtrace could not follow: one of them may be this state.
+                cells[row, state] = (UNKNOWN, "warning")
+                undecided = True
             elif b.poll is None or (state not in b.returns and not any(f.backend == b.name for f in hits)):
                 cells[row, state] = (NOT_RETURNED, None)
             elif b.way_out(state) is not None and b.way_out(state).way_out is WayOut.UNKNOWN \
