@@ -100,15 +100,12 @@ def verdict_grid(report: Report, short: bool = False) -> Grid:
             hits = [f for f in report.findings
                     if f.state == state and not f.suppressed
                     and (f.backend == b.name or (f.backend is None and _concerns(f, b)))]
-            if b.poll is not None and not b.returns and b.returns_unknown:
-                cells[row, state] = (UNKNOWN, "warning")  # nothing known it returns, something unknown
-                undecided = True
-            elif b.poll is not None and state not in b.returns and b.returns_unknown \
-                    and not any(f.backend == b.name for f in hits):
-                # poll() returns values kvtrace could not follow: one of them may be this state.
+            unseen = b.poll is None or (state not in b.returns and not any(f.backend == b.name for f in hits))
+            if b.poll is not None and b.returns_unknown and (unseen or not b.returns):
+                # poll() also returns values kvtrace could not follow: this state may be one of them.
                 cells[row, state] = (UNKNOWN, "warning")
                 undecided = True
-            elif b.poll is None or (state not in b.returns and not any(f.backend == b.name for f in hits)):
+            elif unseen:
                 cells[row, state] = (NOT_RETURNED, None)
             elif b.way_out(state) is not None and b.way_out(state).way_out is WayOut.UNKNOWN \
                     and not any(f.severity == "error" for f in hits):
