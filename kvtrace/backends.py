@@ -52,8 +52,6 @@ def is_abstract(func: FuncRef) -> bool:
 
 def analyse_backends(index: Index, pack: Pack, domain: Domain, root: str, problems: list[str]) -> list[SenderAnalysis]:
     results = []
-    _ASSIGNED.clear()
-    _ASSIGNED_BY_FUNCTIONS.clear()
     senders = [c for c in index.subclasses_of(pack.sender_base) if not matches(c.name, pack.exclude_classes)]
     mappings = _class_mappings(index)
     for cls in senders:
@@ -161,16 +159,14 @@ def _manager_model(index: Index, pack: Pack, members: tuple[str, ...], sender: C
     attrs: set[str] = set()
     call_sites: CallSites = {}
     for func in functions:
-        for node in walk(func.node):
-            if isinstance(node, ast.Call):
-                callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
-                if callee:
-                    call_sites.setdefault(callee, []).append((func, node))
+        for node in index.calls_in(func):
+            callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+            if callee:
+                call_sites.setdefault(callee, []).append((func, node))
     passed: set[str] = set()  # what the update method's callers pass as the status
     passed_unknown = False
     in_update: list[tuple[ast.Assign, FuncRef, dict[int, ast.AST]]] = []
     for func in functions:
-        parents = _parents(func.node)
         for node in walk(func.node):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
                 recv = node.func.value
@@ -183,10 +179,10 @@ def _manager_model(index: Index, pack: Pack, members: tuple[str, ...], sender: C
                         (k.value for k in node.keywords if k.arg == "status"), None)
                     if status is not None:
                         before = len(unknown)
-                        _collect(status, func, parents, node, passed, unknown, update, members, call_sites)
+                        _collect(status, func, _parents(func.node), node, passed, unknown, update, members, call_sites)
                         passed_unknown = passed_unknown or len(unknown) > before
                 if table and node.func.attr == "setdefault" and _ends_with(recv, table) and len(node.args) > 1:
-                    _collect(node.args[1], func, parents, node, holds, unknown, update, members, call_sites)
+                    _collect(node.args[1], func, _parents(func.node), node, holds, unknown, update, members, call_sites)
                 if table and node.func.attr == "pop" and _ends_with(recv, table):
                     clears.append(Evidence(func.path, node.lineno, f"{func.qualname}() pops the room from {table}"))
             elif isinstance(node, ast.Delete) and table:
@@ -197,9 +193,9 @@ def _manager_model(index: Index, pack: Pack, members: tuple[str, ...], sender: C
                 for t in node.targets:
                     if isinstance(t, ast.Subscript) and _ends_with(t.value, table):
                         if update is not None and func.name == update.name:
-                            in_update.append((node, func, parents))
+                            in_update.append((node, func, _parents(func.node)))
                         else:
-                            _collect(node.value, func, parents, node, holds, unknown, update, members, call_sites)
+                            _collect(node.value, func, _parents(func.node), node, holds, unknown, update, members, call_sites)
     holds |= passed
     # A store of the update method under `if status == X` happens only if some caller passes X.
     for node, func, parents in in_update:
@@ -461,8 +457,8 @@ def _entry_points(index: Index, sender: ClassInfo, manager: ManagerModel, update
     for owner, _ in classes:
         for c in index.mro(owner):
             for func in c.methods.values():
-                for node in ast.walk(func.node):
-                    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                for node in index.calls_in(func):
+                    if isinstance(node.func, ast.Attribute):
                         recv = node.func.value
                         if isinstance(recv, ast.Name) and recv.id == "self" or (
                                 isinstance(recv, ast.Attribute) and recv.attr in manager.attrs):
@@ -564,7 +560,7 @@ def _touches_table(index: Index, func: FuncRef, prefix: str, manager: ManagerMod
         if id(f.node) in seen:
             continue
         seen.add(id(f.node))
-        for node in ast.walk(f.node):
+        for node in walk(f.node):
             if isinstance(node, ast.Attribute) and (node.attr == manager.ref.table or node.attr in names
                                                     and isinstance(node.value, ast.Attribute)):
                 return True
@@ -756,13 +752,10 @@ def _chain(runner: _Runner, cls: ClassInfo, poll: FuncRef, abort: FuncRef | None
     return tuple(dict.fromkeys(links))
 
 
-_ASSIGNED: dict[int, dict[str, set[str]]] = {}
-
-
-def _assigned_in_class(cls: ClassInfo, domain: Domain, pack: Pack | None = None) -> dict[str, set[str]]:
-    """self.<attr> -> the values the class's own methods assign to it (one walk per class)."""
-    key = id(cls.node)
-    if key not in _ASSIGNED:
+def _assigned_in_class(index: Index, cls: ClassInfo, domain: Domain, pack: Pack | None = None) -> dict[str, set[str]]:
+    """self.<attr> -> the values the class's own methods assign to it (one walk per class and Index)."""
+    key = ("assigned", id(cls.node), domain, pack.clock_calls if pack is not None else None)
+    if key not in index.derived:
         table: dict[str, set[str]] = {}
         for func in cls.methods.values():
             parents: dict[int, ast.AST] | None = None
@@ -786,8 +779,8 @@ def _assigned_in_class(cls: ClassInfo, domain: Domain, pack: Pack | None = None)
                 for t in targets:
                     if self_attr(t) is not None:
                         table.setdefault(t.attr, set()).update(_constant_tokens(node.value, domain, pack))
-        _ASSIGNED[key] = table
-    return _ASSIGNED[key]
+        index.derived[key] = table
+    return index.derived[key]
 
 
 def _attribute_values(index: Index, domain: Domain, cls: ClassInfo, attr: str, pack: Pack | None = None) -> Val:
@@ -796,14 +789,11 @@ def _attribute_values(index: Index, domain: Domain, cls: ClassInfo, attr: str, p
     values: set[str] = set()
     found = False
     for c in index.mro(cls):
-        for assigned in (_assigned_in_class(c, domain, pack).get(attr), _assigned_by_functions(index, c, domain, pack).get(attr)):
+        for assigned in (_assigned_in_class(index, c, domain, pack).get(attr), _assigned_by_functions(index, c, domain, pack).get(attr)):
             if assigned is not None:
                 found = True
                 values |= assigned
     return frozenset(values) if found else domain.universe
-
-
-_ASSIGNED_BY_FUNCTIONS: dict[int, dict[str, set[str]]] = {}
 
 
 def _functions_given_self(index: Index, classes: list[ClassInfo]) -> list[tuple[FuncRef, str]]:
@@ -812,8 +802,8 @@ def _functions_given_self(index: Index, classes: list[ClassInfo]) -> list[tuple[
     found = []
     for cls in classes:
         for method in cls.methods.values():
-            for node in ast.walk(method.node):
-                if not (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)):
+            for node in index.calls_in(method):
+                if not isinstance(node.func, ast.Name):
                     continue
                 at = next((i for i, a in enumerate(node.args) if isinstance(a, ast.Name) and a.id == "self"), None)
                 func = index.resolve_function(node.func.id, method.path) if at is not None else None
@@ -826,13 +816,13 @@ def _functions_given_self(index: Index, classes: list[ClassInfo]) -> list[tuple[
 def _assigned_by_functions(index: Index, cls: ClassInfo, domain: Domain, pack: Pack | None) -> dict[str, set[str]]:
     """<attr> -> values that module functions called with `self` (`_conclude(self)`) assign to
     the parameter's attribute (`sender.conclude_state = ...`)."""
-    key = id(cls.node)
-    if key in _ASSIGNED_BY_FUNCTIONS:
-        return _ASSIGNED_BY_FUNCTIONS[key]
+    key = ("assigned by functions", id(cls.node), domain, pack.clock_calls if pack is not None else None)
+    if key in index.derived:
+        return index.derived[key]
     table: dict[str, set[str]] = {}
-    _ASSIGNED_BY_FUNCTIONS[key] = table
+    index.derived[key] = table
     for func, param in _functions_given_self(index, [cls]):
-        for inner in ast.walk(func.node):
+        for inner in walk(func.node):
             if isinstance(inner, (ast.Assign, ast.AnnAssign)) and inner.value is not None:
                 for t in inner.targets if isinstance(inner, ast.Assign) else [inner.target]:
                     if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == param:

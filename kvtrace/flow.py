@@ -20,6 +20,7 @@ import libcst as cst
 
 from kvtrace.index import ClassInfo, FuncRef, Index
 from kvtrace.parse import CstFunction
+from kvtrace.parse import walk as walk_ast
 from kvtrace.model import SITE_KINDS, EventKind
 from kvtrace.packs import Pack
 from kvtrace.syntax import dotted, self_attr, walk
@@ -1110,7 +1111,7 @@ class Explorer:
         cached = getattr(frame, "_mgr_aliases", None)
         if cached is None:
             cached = set()
-            for n in ast.walk(frame.func.node):
+            for n in walk_ast(frame.func.node):
                 if isinstance(n, ast.Assign) and isinstance(n.value, ast.Name) and any(
                         isinstance(t, ast.Attribute) and t.attr in self.c.manager_attrs and isinstance(t.value, ast.Name)
                         and t.value.id == frame.self_name for t in n.targets):

@@ -18,6 +18,7 @@ from kvtrace.flow import NOT_SITES, Config, CstBody, Event, Explorer, Frame, Pat
 from kvtrace.index import ClassInfo, FuncRef, Index
 from kvtrace.model import OUTCOME_ORDER, Backend, EventKind, Evidence, ModeFate, Outcome, Site, StateFate, StateVerdict
 from kvtrace.packs import Pack, matches
+from kvtrace.parse import walk as walk_ast
 from kvtrace.syntax import dotted, mentions_attr, walk
 from kvtrace.states import KEEP, POLLS, REQ, Domain, Val
 
@@ -313,39 +314,33 @@ def find_modes(index: Index, func: FuncRef, domain: Domain) -> tuple[list[Mode],
     if func.owner is not None and positional and not any(
             getattr(d, "id", None) == "staticmethod" for d in node.decorator_list):
         positional = positional[1:]
-    read = {n.id for n in ast.walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
+    read = {n.id for n in walk_ast(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Load)}
     params = [p for p in defaults if p in read]
     default_of = {p: ast_constant(defaults[p], domain) for p in params}
     universe = domain.universe
     # Per call site: for each parameter, None (its default), or (what it is given, its value).
     sites: dict[tuple, list[Evidence]] = {}
-    for caller in _all_functions(index):
+    for caller, call in index.callers(func.name):
         if caller is func:
             continue
-        for call in ast.walk(caller.node):
-            if not isinstance(call, ast.Call):
+        starred = any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords)
+        given = []
+        for p in params:
+            keyword = next((k.value for k in call.keywords if k.arg == p), None)
+            at = positional.index(p) if p in positional else None
+            if keyword is None and at is not None and at < len(call.args) and not starred:
+                keyword = call.args[at]
+            if keyword is None and not starred:
+                given.append(None)
                 continue
-            name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", None)
-            if name != func.name:
-                continue
-            starred = any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords)
-            given = []
-            for p in params:
-                keyword = next((k.value for k in call.keywords if k.arg == p), None)
-                at = positional.index(p) if p in positional else None
-                if keyword is None and at is not None and at < len(call.args) and not starred:
-                    keyword = call.args[at]
-                if keyword is None and not starred:
-                    given.append(None)
-                    continue
-                value = ast_constant(keyword, domain) if keyword is not None else None
-                if value is not None and value == default_of[p]:
-                    given.append(None)  # passes the default itself
-                else:
-                    shown = ast.unparse(keyword) if keyword is not None else "*args"
-                    given.append((shown if value is not None else "", value))
-            sites.setdefault(tuple(given), []).append(
-                Evidence(caller.path, call.lineno, f"{caller.qualname} calls {func.name}"))
+            value = ast_constant(keyword, domain) if keyword is not None else None
+            if value is not None and value == default_of[p]:
+                given.append(None)  # passes the default itself
+            else:
+                shown = ast.unparse(keyword) if keyword is not None else "*args"
+                given.append((shown if value is not None else "", value))
+        sites.setdefault(tuple(given), []).append(
+            Evidence(caller.path, call.lineno, f"{caller.qualname} calls {func.name}"))
     if not sites:
         sites[tuple(None for _ in params)] = []
     keys = sorted(sites, key=lambda k: (sum(g is not None for g in k), str(k)))
@@ -399,27 +394,17 @@ def find_enum(index: Index, pack: Pack) -> tuple[Domain, Evidence] | None:
     return None
 
 
-def _all_functions(index: Index) -> list[FuncRef]:
-    funcs: list[FuncRef] = []
-    for infos in index.classes.values():
-        for info in infos:
-            funcs.extend(info.methods.values())
-    for refs in index.functions.values():
-        funcs.extend(refs)
-    return sorted(funcs, key=lambda f: (not index.in_root(f.path), f.path, f.line))
-
-
 def find_drains(index: Index, pack: Pack, within: list[FuncRef] | None = None,
                 unparsed: list[str] | None = None) -> list[Drain]:
     """The drain loops of the queue. A function that is one by its `ast` shape but that libcst
     cannot parse is added to `unparsed` (the scan must say so, never call the queue undrained)."""
     drains = []
-    for func in within if within is not None else _all_functions(index):
+    for func in within if within is not None else index.all_functions():
         if pack.queue not in "\n".join(func.module.lines[func.node.lineno - 1 : func.node.end_lineno]):
             continue
         keep = _reassigned_name(func.node, pack.queue)
         removal = _removal_set(func.node, pack.queue) if keep is None else None
-        loops = [n for n in ast.walk(func.node) if isinstance(n, ast.For) and mentions_attr(n.iter, pack.queue)]
+        loops = [n for n in walk_ast(func.node) if isinstance(n, ast.For) and mentions_attr(n.iter, pack.queue)]
         if (keep is None and removal is None) or not loops:
             continue
         if index.cst(func) is None:
@@ -434,7 +419,7 @@ def find_drains(index: Index, pack: Pack, within: list[FuncRef] | None = None,
 
 
 def _reassigned_name(func: ast.AST, queue: str) -> str | None:
-    for node in ast.walk(func):
+    for node in walk_ast(func):
         if isinstance(node, (ast.Assign, ast.AnnAssign)):
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             for t in targets:
@@ -445,7 +430,7 @@ def _reassigned_name(func: ast.AST, queue: str) -> str | None:
 
 def _removal_set(func: ast.AST, queue: str) -> str | None:
     """`self.<queue> = [x for i, x in enumerate(self.<queue>) if i not in S]`: the set S."""
-    for node in ast.walk(func):
+    for node in walk_ast(func):
         if not isinstance(node, ast.Assign) or not any(isinstance(t, ast.Attribute) and t.attr == queue
                                                        for t in node.targets):
             continue
@@ -465,7 +450,7 @@ def held_queue(index: Index, pack: Pack) -> tuple[ClassInfo, str] | None:
     The list is the attribute the class polls (`poll_and_all_reduce([r.receiver for r in self.X])`)
     and reassigns; the outside reads it as `self.<queue>.X` (the gauge)."""
     for module in index.modules.values():
-        for node in ast.walk(module.tree):
+        for node in walk_ast(module.tree):
             if not isinstance(node, ast.Assign) or not isinstance(node.value, ast.Call):
                 continue
             if not any(isinstance(t, ast.Attribute) and t.attr == pack.queue for t in node.targets):
@@ -483,14 +468,14 @@ def _polled_list(index: Index, pack: Pack, cls: ClassInfo) -> str | None:
     polled: list[str] = []
     for c in index.mro(cls):
         for func in c.methods.values():
-            for node in ast.walk(func.node):
+            for node in walk_ast(func.node):
                 if isinstance(node, ast.Assign) and func.name != "__init__":
                     reassigned.update(t.attr for t in node.targets if isinstance(t, ast.Attribute)
                                       and isinstance(t.value, ast.Name) and t.value.id == "self")
                 if isinstance(node, ast.Call) and node.args:
                     callee = dotted(node.func, calls=True) or ""
                     if pack.is_poll_call(callee):
-                        polled += [n.attr for a in node.args for n in ast.walk(a) if isinstance(n, ast.Attribute)
+                        polled += [n.attr for a in node.args for n in walk_ast(a) if isinstance(n, ast.Attribute)
                                    and isinstance(n.value, ast.Name) and n.value.id == "self"]
     return next((attr for attr in polled if attr in reassigned), None)
 
@@ -509,12 +494,12 @@ def _build_drain(index: Index, pack: Pack, func: FuncRef, keep: str, removal: st
     if removal is not None and not any(role == "@state" for role in initial.values()) and func.owner is not None:
         # A filtered queue may read its poll values in a helper the drain calls first (a pass
         # that marks requests) and remove them in its own loops: analyse the loop that polls.
-        for node in ast.walk(func.node):
+        for node in walk_ast(func.node):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                     and isinstance(node.func.value, ast.Name) and node.func.value.id == "self":
                 helper = index.find_method(func.owner, node.func.attr)
                 if helper is not None and helper is not func and unparsed is not None and index.cst(helper) is None \
-                        and any(isinstance(n, ast.For) for n in ast.walk(helper.node)):
+                        and any(isinstance(n, ast.For) for n in walk_ast(helper.node)):
                     unparsed.append(_unparsed_name(helper))  # it may be the pass that polls
                 polled = _queue_loop(index, pack, helper) if helper is not None and helper is not func else None
                 if polled is not None and any(role == "@state" for role in polled[2].values()):
@@ -730,7 +715,7 @@ def _held_sites(index: Index, list_pack: Pack, cls: ClassInfo, methods: list[Fun
     methods); other classes' lists of the same name are not this queue."""
     sites = []
     for func in methods:
-        for node in ast.walk(func.node):
+        for node in walk_ast(func.node):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                     and node.func.attr in ("append", "extend", "insert", "appendleft") \
                     and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == list_pack.queue \

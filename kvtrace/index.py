@@ -10,7 +10,7 @@ import ast
 from dataclasses import dataclass, field
 
 from kvtrace.syntax import dotted
-from kvtrace.parse import CstFunction, ParsedModule, parse_function_cst
+from kvtrace.parse import CstFunction, ParsedModule, parse_function_cst, walk
 
 
 @dataclass(eq=False)
@@ -53,6 +53,12 @@ class Index:
         self._mro: dict[int, list[ClassInfo]] = {}
         # kvtrace.flow's helper-call results for this scan (it lives as long as the trees its keys name).
         self.call_memo: dict = {}
+        # What the analysis derives from the trees (keyed by node ids and what else it depends
+        # on): per Index, as the trees whose ids the keys hold live as long as it.
+        self.derived: dict = {}
+        self._all_functions: list[FuncRef] | None = None
+        self._calls: dict[int, list[ast.Call]] = {}
+        self._callers: dict[str, list[tuple[FuncRef, ast.Call]]] | None = None
         for module in modules:
             self._add(module)
 
@@ -179,6 +185,37 @@ class Index:
             if len(found) == 1:
                 return found[0]
         return None
+
+    def all_functions(self) -> list[FuncRef]:
+        """Every method and module-level function, the located package's first, then by path and line."""
+        if self._all_functions is None:
+            funcs: list[FuncRef] = []
+            for infos in self.classes.values():
+                for info in infos:
+                    funcs.extend(info.methods.values())
+            for refs in self.functions.values():
+                funcs.extend(refs)
+            self._all_functions = sorted(funcs, key=lambda f: (not self.in_root(f.path), f.path, f.line))
+        return self._all_functions
+
+    def calls_in(self, func: FuncRef) -> list[ast.Call]:
+        """The calls in a function (nested functions included), in `ast.walk` order."""
+        found = self._calls.get(id(func.node))
+        if found is None:
+            found = self._calls[id(func.node)] = [n for n in walk(func.node) if isinstance(n, ast.Call)]
+        return found
+
+    def callers(self, name: str) -> list[tuple[FuncRef, ast.Call]]:
+        """(function, call) for every call of `name(...)` or `<anything>.name(...)` in the tree,
+        in all_functions order, then calls_in order. One pass over the tree serves every name."""
+        if self._callers is None:
+            self._callers = {}
+            for func in self.all_functions():
+                for call in self.calls_in(func):
+                    callee = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", None)
+                    if callee:
+                        self._callers.setdefault(callee, []).append((func, call))
+        return self._callers.get(name, [])
 
     def cst(self, func: FuncRef) -> CstFunction | None:
         key = id(func.node)
