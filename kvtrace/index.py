@@ -7,6 +7,7 @@ Built from the `ast` trees of the in-scope files; libcst bodies are produced on 
 from __future__ import annotations
 
 import ast
+import bisect
 from dataclasses import dataclass, field
 
 from kvtrace.syntax import dotted
@@ -58,7 +59,8 @@ class Index:
         self.derived: dict = {}
         self._all_functions: list[FuncRef] | None = None
         self._calls: dict[int, list[ast.Call]] = {}
-        self._callers: dict[str, list[tuple[FuncRef, ast.Call]]] | None = None
+        self._callers: dict[str, list[tuple[FuncRef, ast.Call]]] = {}
+        self._name_lines: dict[tuple[str, str], list[int]] = {}
         for module in modules:
             self._add(module)
 
@@ -207,15 +209,33 @@ class Index:
 
     def callers(self, name: str) -> list[tuple[FuncRef, ast.Call]]:
         """(function, call) for every call of `name(...)` or `<anything>.name(...)` in the tree,
-        in all_functions order, then calls_in order. One pass over the tree serves every name."""
-        if self._callers is None:
-            self._callers = {}
+        in all_functions order, then calls_in order. Only functions whose lines hold the name
+        as text are walked (a call of it names it there)."""
+        found = self._callers.get(name)
+        if found is None:
+            found = []
             for func in self.all_functions():
+                if not self._mentions(func, name):
+                    continue
                 for call in self.calls_in(func):
                     callee = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", None)
-                    if callee:
-                        self._callers.setdefault(callee, []).append((func, call))
-        return self._callers.get(name, [])
+                    if callee == name:
+                        found.append((func, call))
+            self._callers[name] = found
+        return found
+
+    def _mentions(self, func: FuncRef, name: str) -> bool:
+        """Whether the function's lines (its decorators' included, as ast.walk visits them) hold `name`."""
+        key = (func.path, name)
+        lines = self._name_lines.get(key, False)
+        if lines is False:
+            # The parser normalizes identifiers (NFKC): a line outside ASCII may spell it otherwise.
+            lines = self._name_lines[key] = [at for at, line in enumerate(func.module.lines, 1)
+                                             if name in line or not line.isascii()]
+        node = func.node
+        start = min([d.lineno for d in node.decorator_list] + [node.lineno])
+        at = bisect.bisect_left(lines, start)
+        return at < len(lines) and lines[at] <= (node.end_lineno or node.lineno)
 
     def cst(self, func: FuncRef) -> CstFunction | None:
         key = id(func.node)
