@@ -167,7 +167,7 @@ def _manager_model(index: Index, pack: Pack, members: tuple[str, ...], sender: C
     passed_unknown = False
     in_update: list[tuple[ast.Assign, FuncRef, dict[int, ast.AST]]] = []
     for func in functions:
-        for node in walk(func.node):
+        for node in index.nodes_in(func, _STORES_AND_CALLS):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
                 recv = node.func.value
                 if node.func.attr in (pack.check_method, pack.update_method) and isinstance(recv, ast.Attribute) \
@@ -207,6 +207,9 @@ def _manager_model(index: Index, pack: Pack, members: tuple[str, ...], sender: C
     ref = ManagerRef(manager.name, manager.path, manager.line, how, table,
                      tuple(sorted(holds)), tuple(dict.fromkeys(unknown)), tuple(sorted(set(clears), key=lambda e: (e.path, e.line))))
     return ManagerModel(manager, ref, frozenset(attrs))
+
+
+_STORES_AND_CALLS = (ast.Call, ast.Delete, ast.Assign)  # what the manager model reads in a function
 
 
 def _ends_with(node: ast.AST, attr: str) -> bool:
@@ -507,10 +510,13 @@ def _reachable_table(runner: "_Runner", index: Index, sender: ClassInfo, manager
             raise _Unknown(func.qualname)
         explorer = Explorer(replace(config, clock_far=clock_far, truncated=[], unparsed=set(), max_paths=REACH_PATHS, give_up=True))
         explorer.stack.append(id(func.node))
-        ends = explorer.run_block(function_body(parsed.node), [PathState(attrs=((TABLE, frozenset({start})),))],
+        attrs = ((TABLE, frozenset({start})),)
+        ends = explorer.run_block(function_body(parsed.node), [PathState(attrs=attrs)],
                                   Frame(func, CstBody(parsed.node, parsed.line), cls, prefix))
         if explorer.c.truncated or explorer.c.unparsed:
             raise _Unknown(func.qualname)
+        if cls is runner.cls and prefix == "":  # what runner.run would do for the sender's own method
+            runner.seed(func, attrs, clock_far, ends)
         return ends
 
     budget = [REACH_RUNS]
@@ -560,7 +566,7 @@ def _touches_table(index: Index, func: FuncRef, prefix: str, manager: ManagerMod
         if id(f.node) in seen:
             continue
         seen.add(id(f.node))
-        for node in walk(f.node):
+        for node in index.nodes_in(f, _ATTRIBUTES_AND_CALLS):
             if isinstance(node, ast.Attribute) and (node.attr == manager.ref.table or node.attr in names
                                                     and isinstance(node.value, ast.Attribute)):
                 return True
@@ -582,6 +588,9 @@ class _Unknown(Exception):
     """A function the reachability of the table depends on could not be analysed."""
 
 
+_ATTRIBUTES_AND_CALLS = (ast.Attribute, ast.Call)
+
+
 def _table_methods(index: Index, manager: ManagerModel) -> frozenset[int]:
     """The manager's methods that read or write the status table, directly or through the
     methods they call on self: the only ones a sender's poll()/abort() needs to enter."""
@@ -590,7 +599,7 @@ def _table_methods(index: Index, manager: ManagerModel) -> frozenset[int]:
     calls: dict[str, set[str]] = {}
     touches: set[str] = set()
     for name, func in methods.items():
-        for node in walk(func.node):
+        for node in index.nodes_in(func, _ATTRIBUTES_AND_CALLS):
             if isinstance(node, ast.Attribute) and node.attr == table:
                 touches.add(name)
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and isinstance(node.func.value, ast.Name) \
@@ -632,6 +641,7 @@ class _Runner:
         self.unparsed: set[str] = set()
         self.timeout_sites: set[tuple[str, int]] = set()
         self._memo: dict[tuple, list[PathState]] = {}
+        self._seeded: dict[tuple, list[PathState]] = {}  # see seed()
         self.unborn: Evidence | None = None  # why the room can be missing before any clear
         self.relevant = _table_methods(index, manager) if manager is not None and manager.ref.table else None
 
@@ -648,8 +658,27 @@ class _Runner:
     def run(self, func: FuncRef, attrs, clock_far: bool = False, record_writes: bool = False) -> list[PathState]:
         key = (id(func.node), tuple(attrs), clock_far, record_writes, self.abort_attrs)
         if key not in self._memo:
-            self._memo[key] = self._run(func, attrs, clock_far, record_writes)
+            seeded = self._seeded.pop(key, None)
+            if seeded is not None:
+                self._memo[key] = seeded
+                self._note_timeouts(seeded)
+            else:
+                self._memo[key] = self._run(func, attrs, clock_far, record_writes)
         return self._memo[key]
+
+    def seed(self, func: FuncRef, attrs, clock_far: bool, ends: list[PathState]) -> None:
+        """The ends of a run of the sender's `func` that _reachable_table made with this
+        runner's config but fewer paths allowed (REACH_PATHS, giving up past them): as it never
+        reached that bound, a run allowed more paths goes the same way, and run() takes it."""
+        key = (id(func.node), tuple(attrs), clock_far, False, self.abort_attrs)
+        if key not in self._memo:
+            self._seeded.setdefault(key, ends)
+
+    def _note_timeouts(self, ends: list[PathState]) -> None:
+        for end in ends:
+            for e in end.events:
+                if e.kind == EventKind.TIMEOUT:
+                    self.timeout_sites.add((e.path, e.line))
 
     def config(self, clock_far: bool = False, record_writes: bool = False) -> Config:
         return Config(self.index, self.pack, self.domain, abort_attrs=self.abort_attrs, attr_values=self.attr_values,
@@ -670,10 +699,7 @@ class _Runner:
                                   Frame(func, CstBody(parsed.node, parsed.line), self.cls))
         self.truncated.extend(config.truncated)
         self.unparsed |= config.unparsed
-        for end in ends:
-            for e in end.events:
-                if e.kind == EventKind.TIMEOUT:
-                    self.timeout_sites.add((e.path, e.line))
+        self._note_timeouts(ends)
         return ends
 
     def _terminal(self, end: PathState) -> bool:
@@ -752,6 +778,9 @@ def _chain(runner: _Runner, cls: ClassInfo, poll: FuncRef, abort: FuncRef | None
     return tuple(dict.fromkeys(links))
 
 
+_ASSIGNS = (ast.Assign, ast.AnnAssign)
+
+
 def _assigned_in_class(index: Index, cls: ClassInfo, domain: Domain, pack: Pack | None = None) -> dict[str, set[str]]:
     """self.<attr> -> the values the class's own methods assign to it (one walk per class and Index)."""
     key = ("assigned", id(cls.node), domain, pack.clock_calls if pack is not None else None)
@@ -759,7 +788,7 @@ def _assigned_in_class(index: Index, cls: ClassInfo, domain: Domain, pack: Pack 
         table: dict[str, set[str]] = {}
         for func in cls.methods.values():
             parents: dict[int, ast.AST] | None = None
-            for node in walk(func.node):
+            for node in index.nodes_in(func, _ASSIGNS):
                 if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Name) \
                         and node.value.id not in ("None", "True", "False"):
                     # `if status in (Success, Failed): self.conclude_state = status`
@@ -822,7 +851,7 @@ def _assigned_by_functions(index: Index, cls: ClassInfo, domain: Domain, pack: P
     table: dict[str, set[str]] = {}
     index.derived[key] = table
     for func, param in _functions_given_self(index, [cls]):
-        for inner in walk(func.node):
+        for inner in index.nodes_in(func, _ASSIGNS):
             if isinstance(inner, (ast.Assign, ast.AnnAssign)) and inner.value is not None:
                 for t in inner.targets if isinstance(inner, ast.Assign) else [inner.target]:
                     if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == param:

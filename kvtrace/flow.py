@@ -20,7 +20,6 @@ import libcst as cst
 
 from kvtrace.index import ClassInfo, FuncRef, Index
 from kvtrace.parse import CstFunction
-from kvtrace.parse import walk as walk_ast
 from kvtrace.model import SITE_KINDS, EventKind
 from kvtrace.packs import Pack
 from kvtrace.syntax import dotted, self_attr, walk
@@ -764,13 +763,7 @@ class Explorer:
 
     def local_names(self, frame: Frame) -> set[str]:
         """Names the function binds itself (parameters and assignments): never module constants."""
-        cached = getattr(frame, "_locals", None)
-        if cached is None:
-            node = frame.func.node
-            cached = {a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs}
-            cached |= {n.id for n in walk(node) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
-            frame._locals = cached  # type: ignore[attr-defined]
-        return cached
+        return self.c.index.local_names(frame.func)
 
     def module_constant(self, name: str, frame: Frame) -> Val | None:
         value = self.c.index.module_constant(name, frame.func.path)
@@ -1108,15 +1101,16 @@ class Explorer:
     def manager_aliases(self, frame: Frame) -> set[str]:
         """Local names the function stores into the manager attribute (`self.kv_mgr = mgr`):
         the same object, so `mgr.update_status(...)` is the manager's method."""
-        cached = getattr(frame, "_mgr_aliases", None)
+        key = ("manager aliases", id(frame.func.node), frame.self_name, self.c.manager_attrs)
+        cached = self.c.index.derived.get(key)
         if cached is None:
             cached = set()
-            for n in walk_ast(frame.func.node):
-                if isinstance(n, ast.Assign) and isinstance(n.value, ast.Name) and any(
+            for n in self.c.index.nodes_in(frame.func, (ast.Assign,)):
+                if isinstance(n.value, ast.Name) and any(
                         isinstance(t, ast.Attribute) and t.attr in self.c.manager_attrs and isinstance(t.value, ast.Name)
                         and t.value.id == frame.self_name for t in n.targets):
                     cached.add(n.value.id)
-            frame._mgr_aliases = cached  # type: ignore[attr-defined]
+            self.c.index.derived[key] = cached
         return cached
 
     def opaque_call(self, node: cst.Call, callee: str, path: PathState, frame: Frame) -> list[tuple[PathState, Val]]:

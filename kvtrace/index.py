@@ -58,7 +58,8 @@ class Index:
         # on): per Index, as the trees whose ids the keys hold live as long as it.
         self.derived: dict = {}
         self._all_functions: list[FuncRef] | None = None
-        self._calls: dict[int, list[ast.Call]] = {}
+        self._nodes: dict[tuple[int, tuple[type, ...]], list] = {}
+        self._locals: dict[int, set[str]] = {}
         self._callers: dict[str, list[tuple[FuncRef, ast.Call]]] = {}
         self._name_lines: dict[tuple[str, str], list[int]] = {}
         for module in modules:
@@ -200,11 +201,27 @@ class Index:
             self._all_functions = sorted(funcs, key=lambda f: (not self.in_root(f.path), f.path, f.line))
         return self._all_functions
 
+    def nodes_in(self, func: FuncRef, types: tuple[type, ...]) -> list:
+        """The nodes of these types in a function (nested functions included), in `ast.walk`
+        order; kept, as the model asks the same functions the same questions for every sender."""
+        key = (id(func.node), types)
+        found = self._nodes.get(key)
+        if found is None:
+            found = self._nodes[key] = [n for n in walk(func.node) if isinstance(n, types)]
+        return found
+
     def calls_in(self, func: FuncRef) -> list[ast.Call]:
         """The calls in a function (nested functions included), in `ast.walk` order."""
-        found = self._calls.get(id(func.node))
+        return self.nodes_in(func, (ast.Call,))
+
+    def local_names(self, func: FuncRef) -> set[str]:
+        """Names the function binds itself (parameters and assignments): never module constants."""
+        found = self._locals.get(id(func.node))
         if found is None:
-            found = self._calls[id(func.node)] = [n for n in walk(func.node) if isinstance(n, ast.Call)]
+            node = func.node
+            found = {a.arg for a in node.args.posonlyargs + node.args.args + node.args.kwonlyargs}
+            found |= {n.id for n in self.nodes_in(func, (ast.Name,)) if isinstance(n.ctx, ast.Store)}
+            self._locals[id(func.node)] = found
         return found
 
     def callers(self, name: str) -> list[tuple[FuncRef, ast.Call]]:
