@@ -481,13 +481,16 @@ def _entry_points(index: Index, sender: ClassInfo, manager: ManagerModel, update
         for name in names:
             func = index.find_method(owner, name)
             if func is not None and name != update:
-                entries.extend((nested, owner, prefix) for nested in nested_functions(func))
+                entries.extend((nested, owner, prefix) for nested in nested_functions(func, index))
     return entries
 
 
-def nested_functions(func: FuncRef) -> list[FuncRef]:
+def nested_functions(func: FuncRef, index: Index | None = None) -> list[FuncRef]:
     """The functions defined inside `func` (at any depth, not inside a nested class, whose
-    `self` is another object), as functions of the same owner: `Owner.method.inner`."""
+    `self` is another object), as functions of the same owner: `Owner.method.inner`. With the
+    Index, a function that defines none (most) is told from its kept node lists."""
+    if index is not None and len(index.nodes_in(func, _DEFS)) == 1:  # only `func` itself
+        return []
     found: list[FuncRef] = []
     todo: list[tuple[ast.AST, str]] = [(stmt, func.name) for stmt in func.node.body]
     while todo:
@@ -501,6 +504,9 @@ def nested_functions(func: FuncRef) -> list[FuncRef]:
             continue
         todo.extend((child, scope) for child in ast.iter_child_nodes(node))
     return sorted(found, key=lambda f: f.line)
+
+
+_DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)
 
 
 def _reachable_table(runner: "_Runner", index: Index, sender: ClassInfo, manager: ManagerModel) -> set[str] | None:
@@ -574,6 +580,9 @@ def _reachable_table(runner: "_Runner", index: Index, sender: ClassInfo, manager
     return reached
 
 
+_HIDING = (ast.Lambda, ast.ClassDef)  # a body no run enters: a callback's, another object's methods
+
+
 def _stores_out_of_reach(index: Index, sender: ClassInfo, manager: ManagerModel, update: str) -> bool:
     """Whether some method holds a table update that no run enters: one in a lambda (a callback
     body) or in a class defined inside the method (its `self` is another object). Its states
@@ -582,12 +591,14 @@ def _stores_out_of_reach(index: Index, sender: ClassInfo, manager: ManagerModel,
     for owner in (manager.cls, sender):
         for c in index.mro(owner):
             for func in c.methods.values():
+                if not index.nodes_in(func, _HIDING):
+                    continue  # nothing in it hides a store (the walk below only looks under these)
                 todo: list[tuple[ast.AST, bool]] = [(stmt, False) for stmt in func.node.body]
                 while todo:
                     node, hidden = todo.pop()
                     if hidden and _stores_into(node, update, table):
                         return True
-                    hidden = hidden or isinstance(node, (ast.Lambda, ast.ClassDef))
+                    hidden = hidden or isinstance(node, _HIDING)
                     todo.extend((child, hidden) for child in ast.iter_child_nodes(node))
     return False
 

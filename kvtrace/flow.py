@@ -11,9 +11,11 @@ that change nothing do not cost 2**n.
 from __future__ import annotations
 
 import ast
+import bisect
 import re
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 from functools import lru_cache
+from operator import attrgetter
 from typing import Callable, Iterable
 
 import libcst as cst
@@ -34,18 +36,19 @@ NOT_SITES: frozenset[EventKind] = frozenset(EventKind) - SITE_KINDS
 TABLE = "@table"  # attribute key of this room's entry in the manager's status table
 
 
-_HASHED: dict[type, tuple[str, ...]] = {}
+_HASHED: dict[type, Callable[[object], tuple]] = {}
 
 
 def _cached_hash(self) -> int:
     """The dataclass hash (of the fields in order), computed once per immutable instance."""
-    found = self.__dict__.get("_hash")
+    own = self.__dict__
+    found = own.get("_hash")
     if found is None:
-        names = _HASHED.get(type(self))
-        if names is None:
-            names = _HASHED[type(self)] = tuple(f.name for f in fields(self) if (f.compare if f.hash is None else f.hash))
-        found = hash(tuple(getattr(self, name) for name in names))
-        object.__setattr__(self, "_hash", found)
+        fields_of = _HASHED.get(type(self))
+        if fields_of is None:
+            names = tuple(f.name for f in fields(self) if (f.compare if f.hash is None else f.hash))
+            fields_of = _HASHED[type(self)] = attrgetter(*names) if len(names) > 1 else (lambda o: (getattr(o, names[0]),))
+        found = own["_hash"] = hash(fields_of(self))
     return found
 
 
@@ -80,11 +83,22 @@ Bindings = tuple[tuple[str, Val], ...]
 
 
 def _lookup(bindings: Bindings, name: str) -> Val | None:
-    return next((value for key, value in bindings if key == name), None)
+    for key, value in bindings:
+        if key == name:
+            return value
+    return None
 
 
 def _with(bindings: Bindings, name: str, value: Val) -> Bindings:
-    return tuple(sorted([(k, v) for k, v in bindings if k != name] + [(name, value)]))
+    """The bindings (sorted by name, names unique) with `name` bound to `value`."""
+    kept = [(k, v) for k, v in bindings if k != name]
+    at = bisect.bisect_left(kept, name, key=_name_of)
+    kept.insert(at, (name, value))
+    return tuple(kept)
+
+
+def _name_of(binding: tuple[str, Val]) -> str:
+    return binding[0]
 
 
 @dataclass(frozen=True)
@@ -103,16 +117,36 @@ class PathState:
         return _lookup(self.env, name)
 
     def bind(self, name: str, value: Val) -> "PathState":
-        return replace(self, env=_with(self.env, name, value))
+        return _path(_with(self.env, name, value), self.attrs, self.events, self.term, self.ret)
 
     def attr(self, name: str) -> Val | None:
         return _lookup(self.attrs, name)
 
     def set_attr(self, name: str, value: Val) -> "PathState":
-        return replace(self, attrs=_with(self.attrs, name, value))
+        return _path(self.env, _with(self.attrs, name, value), self.events, self.term, self.ret)
 
     def emit(self, event: Event) -> "PathState":
-        return replace(self, events=self.events + (event,))
+        return _path(self.env, self.attrs, self.events + (event,), self.term, self.ret)
+
+    def ending(self, term: str | None) -> "PathState":
+        """The path, ended by `term` (None: running again)."""
+        return _path(self.env, self.attrs, self.events, term, self.ret)
+
+
+def _path(env: Bindings, attrs: Bindings, events: tuple[Event, ...], term: str | None, ret: Val | None) -> PathState:
+    """PathState(env, attrs, events, term, ret) without the frozen dataclass's __init__ (or
+    dataclasses.replace): paths are made ~10^5 times a scan."""
+    path = _new(PathState)
+    fields_of = path.__dict__
+    fields_of["env"] = env
+    fields_of["attrs"] = attrs
+    fields_of["events"] = events
+    fields_of["term"] = term
+    fields_of["ret"] = ret
+    return path
+
+
+_new = object.__new__
 
 
 @dataclass
@@ -262,8 +296,8 @@ class Explorer:
             self._read_state = self._read_state or known.read_state
         results = []
         for attrs, events, term, value in known.ends:
-            back = replace(path, attrs=attrs, events=path.events + events)
-            results.append((replace(back, term=term) if term is not None else back, value))
+            results.append((_path(path.env, attrs, path.events + events, term if term is not None else path.term, path.ret),
+                            value))
         return _merge_pairs(results)
 
     def _run_call(self, func: FuncRef, cst_func: CstFunction, cls: ClassInfo | None, env: Bindings,
@@ -373,11 +407,11 @@ class Explorer:
             return [p for p, _ in self.eval(node.value, path, frame)]
         if isinstance(node, cst.Return):
             if node.value is None:
-                return [replace(path, term="return", ret=frozenset({NONE}))]
+                return [_path(path.env, path.attrs, path.events, "return", frozenset({NONE}))]
             # A value that raised while evaluated (`return table[room]`, room absent) keeps its raise.
-            return [p if p.term is not None else replace(p, term="return", ret=v) for p, v in self.eval(node.value, path, frame)]
+            return [p if p.term is not None else _path(p.env, p.attrs, p.events, "return", v) for p, v in self.eval(node.value, path, frame)]
         if isinstance(node, cst.Raise):
-            return [replace(path.emit(Event(EventKind.RAISE, frame.func.path, frame.body.line(node), fn, "raise")), term="raise")]
+            return [path.emit(Event(EventKind.RAISE, frame.func.path, frame.body.line(node), fn, "raise")).ending("raise")]
         if isinstance(node, cst.Assert):
             out = []
             for p, truth, about_poll in self.decide(node.test, path, frame):
@@ -386,8 +420,7 @@ class Explorer:
                 if truth:
                     out.append(p)
                 else:
-                    out.append(replace(p.emit(Event(EventKind.RAISE, frame.func.path, frame.body.line(node), fn, "assert")),
-                                       term="raise"))
+                    out.append(p.emit(Event(EventKind.RAISE, frame.func.path, frame.body.line(node), fn, "assert")).ending("raise"))
             return out
         if isinstance(node, cst.Del):
             targets = [e.value for e in node.target.elements] if isinstance(node.target, (cst.Tuple, cst.List)) else [node.target]
@@ -400,13 +433,13 @@ class Explorer:
                         out.append(present.set_attr(TABLE, frozenset({ABSENT})).emit(
                             Event(EventKind.TABLE_CLEAR, frame.func.path, line, fn, code(node))))
                     if absent is not None:
-                        out.append(replace(absent.emit(Event(EventKind.TABLE_RAISE, frame.func.path, line, fn, code(node))), term="raise"))
+                        out.append(absent.emit(Event(EventKind.TABLE_RAISE, frame.func.path, line, fn, code(node))).ending("raise"))
                     return out
             return [path]
         if isinstance(node, cst.Continue):
-            return [replace(path, term="continue")]
+            return [path.ending("continue")]
         if isinstance(node, cst.Break):
-            return [replace(path, term="break")]
+            return [path.ending("break")]
         return [path]
 
     def assign(self, target: cst.CSTNode, value: Val, path: PathState, frame: Frame | None = None) -> PathState:
@@ -468,7 +501,7 @@ class Explorer:
                 out.append((present, value))
             if absent is not None:
                 if method == "pop" and len(values) < 2:
-                    out.append((replace(absent.emit(Event(EventKind.TABLE_RAISE, here, line, fn, code(node))), term="raise"), EMPTY))
+                    out.append((absent.emit(Event(EventKind.TABLE_RAISE, here, line, fn, code(node))).ending("raise"), EMPTY))
                 else:
                     detail = ", ".join(sorted(self.c.domain.states(default))) or (
                         code(node.args[1].value) if len(node.args) > 1 else "None")
@@ -578,9 +611,9 @@ class Explorer:
         after = []
         for p in body_out:
             if p.term in ("continue", None):
-                after.append(replace(p, term=None))
+                after.append(p.ending(None))
             elif p.term == "break":
-                after.append(replace(p, term=None))
+                after.append(p.ending(None))
             else:
                 after.append(p)
         normal = merge(skipped + [p for p in after])
@@ -595,7 +628,7 @@ class Explorer:
         if node.handlers:
             # A handler can run after an explicit raise, or after any call in the body failed:
             # approximate the latter by the body's normal exits (effects included).
-            into_handler = [replace(p, term=None) for p in body_out if p.term in ("raise", None)]
+            into_handler = [p.ending(None) for p in body_out if p.term in ("raise", None)]
             for handler in node.handlers:
                 out.extend(self.run_block(handler.body.body, merge(into_handler), frame))
         normal = [p for p in body_out if p.term is None]
@@ -608,8 +641,8 @@ class Explorer:
             held = [(p, p.term) for p in out]
             finished = []
             for p, term in held:
-                for q in self.run_block(node.finalbody.body.body, [replace(p, term=None)], frame):
-                    finished.append(q if q.term is not None else replace(q, term=term))
+                for q in self.run_block(node.finalbody.body.body, [p.ending(None)], frame):
+                    finished.append(q if q.term is not None else q.ending(term))
             out = merge(finished)
         return out
 
@@ -676,8 +709,8 @@ class Explorer:
                 out.append((present.emit(Event(EventKind.TABLE_READ, frame.func.path, line, frame.func.qualname, code(node))),
                             present.attr(TABLE) or EMPTY))
             if absent is not None:  # KeyError
-                out.append((replace(absent.emit(Event(EventKind.TABLE_RAISE, frame.func.path, line, frame.func.qualname, code(node))),
-                                    term="raise"), EMPTY))
+                out.append((absent.emit(Event(EventKind.TABLE_RAISE, frame.func.path, line, frame.func.qualname,
+                                                code(node))).ending("raise"), EMPTY))
             return out
         if isinstance(node, cst.BinaryOperation):
             out = []
@@ -1278,14 +1311,14 @@ def _forget_comparisons(path: PathState, name: str) -> PathState:
     if not any(k.startswith(FACT_CMP) for k, _ in path.attrs):
         return path
     word = re.compile(rf"\b{re.escape(name)}\b")
-    return replace(path, attrs=tuple((k, v) for k, v in path.attrs
-                                     if not (k.startswith(FACT_CMP) and word.search(k[len(FACT_CMP):]))))
+    return _path(path.env, tuple((k, v) for k, v in path.attrs if not (k.startswith(FACT_CMP) and word.search(k[len(FACT_CMP):]))),
+                 path.events, path.term, path.ret)
 
 
 def _forget_facts(path: PathState, prefix: str) -> PathState:
     if not any(k.startswith(prefix) for k, _ in path.attrs):
         return path
-    return replace(path, attrs=tuple((k, v) for k, v in path.attrs if not k.startswith(prefix)))
+    return _path(path.env, tuple((k, v) for k, v in path.attrs if not k.startswith(prefix)), path.events, path.term, path.ret)
 
 
 def _product(values: list[Val]):

@@ -60,6 +60,7 @@ class Index:
         self._all_functions: list[FuncRef] | None = None
         self._nodes: dict[tuple[int, tuple[type, ...]], list] = {}
         self._locals: dict[int, set[str]] = {}
+        self._by_type: dict[int, dict[type, list[tuple[int, ast.AST]]]] = {}
         self._callers: dict[str, list[tuple[FuncRef, ast.Call]]] = {}
         self._name_lines: dict[tuple[str, str], list[int]] = {}
         for module in modules:
@@ -207,7 +208,17 @@ class Index:
         key = (id(func.node), types)
         found = self._nodes.get(key)
         if found is None:
-            found = self._nodes[key] = [n for n in walk(func.node) if isinstance(n, types)]
+            buckets = self._by_type.get(id(func.node))
+            if buckets is None:  # one pass per function: its nodes by exact type, with their walk positions
+                buckets = self._by_type[id(func.node)] = {}
+                for at, node in enumerate(walk(func.node)):
+                    buckets.setdefault(type(node), []).append((at, node))
+            picked = [bucket for kind, bucket in buckets.items() if issubclass(kind, types)]  # isinstance's answer
+            if len(picked) == 1:
+                found = [node for _, node in picked[0]]
+            else:
+                found = [node for _, node in sorted((pair for bucket in picked for pair in bucket), key=_position)]
+            self._nodes[key] = found
         return found
 
     def calls_in(self, func: FuncRef) -> list[ast.Call]:
@@ -259,6 +270,10 @@ class Index:
         if key not in self._cst:
             self._cst[key] = parse_function_cst(func.module, func.node)
         return self._cst[key]
+
+
+def _position(pair: tuple[int, ast.AST]) -> int:
+    return pair[0]
 
 
 def _c3_or(fallback: list[ClassInfo], index: Index, cls: ClassInfo) -> list[ClassInfo]:

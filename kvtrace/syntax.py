@@ -16,12 +16,18 @@ if TYPE_CHECKING:
 Node = Union[ast.AST, "cst.CSTNode"]
 
 
+_LIBCST = None
+
+
 def _cst():
     """libcst, imported on first use: a cached rescan asks only `ast` questions and must not
     pay libcst's import (a libcst node can only exist once libcst is imported anyway)."""
-    import libcst
+    global _LIBCST
+    if _LIBCST is None:
+        import libcst
 
-    return libcst
+        _LIBCST = libcst
+    return _LIBCST
 
 
 def dotted(node: Node, calls: bool = False) -> str:
