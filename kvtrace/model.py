@@ -303,6 +303,7 @@ class Finding:
     suppressed: str | None = None  # path:line of the `# kvtrace: ignore[...]` comment that silences it
     baseline: str | None = None  # "new" or "unchanged" when compared with a baseline
     code: str = ""  # the rule's short code (KVT001); `rule` is its name
+    queue: str | None = None  # the queue whose drain it is about (None: the backends alone)
 
 
 @dataclass(frozen=True)

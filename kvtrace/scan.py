@@ -204,8 +204,12 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
         entries = [s for s in queue.static_sites if s.kind is EventKind.ENTRY]
         model = ScanModel(queue, senders, domain)
         ctx = ScanContext(queue_pack, domain, index, model, entries)
-        findings += [f for rule in rules if rule.per_queue or number == 0 for f in rule().check(ctx)
-                     if settings.wants_backend(f.backend)]
+        for rule in rules:
+            if rule.per_queue or number == 0:
+                for f in rule().check(ctx):
+                    if settings.wants_backend(f.backend):
+                        f.queue = name if rule.per_queue else None  # one verdict grid per queue
+                        findings.append(f)
         if queue.unparsed:
             # Never a silent skip, nor a confident "undrained": the scan is incomplete (exit 3).
             problems.append(f"could not be parsed with libcst, so the analysis of {name} is incomplete: "

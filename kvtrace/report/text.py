@@ -107,20 +107,27 @@ def _grid_width(grid, by_state: bool) -> int:
 
 
 def _grid(report: Report, console: Console) -> None:
-    """Names in the cells when they fit (states as columns, else backends as columns), else
-    rule codes with a legend: a name is never folded or cut."""
-    # Backends as rows first (names, then codes), then states as rows.
-    for by_states, short in ((True, False), (True, True), (False, False), (False, True)):
-        grid = verdict_grid(report, short)
-        if _grid_width(grid, by_states) <= console.width:
-            break
-    queue = report.queues[0].name if report.queues else "the queue"
+    """One grid per queue. Names in the cells when they fit (states as columns, else backends
+    as columns), else rule codes with a legend: a name is never folded or cut."""
+    queues = report.queues or [None]
+    for number, queue in enumerate(queues):
+        if number:
+            console.print()
+        # Backends as rows first (names, then codes), then states as rows.
+        for by_states, short in ((True, False), (True, True), (False, False), (False, True)):
+            grid = verdict_grid(report, short, queue)
+            if _grid_width(grid, by_states) <= console.width:
+                break
+        _one_grid(grid, by_states, console)
+
+
+def _one_grid(grid, by_states: bool, console: Console) -> None:
     if not grid.backends:
-        console.print(Text(f"No backends found for {queue}.", style="yellow"))
+        console.print(Text(f"No backends found for {grid.queue}.", style="yellow"))
         return
     styles = {OK: "green", NOT_RETURNED: "dim", UNKNOWN: "yellow", NOT_CHECKED: "yellow"}
     table = Table(box=None, show_edge=False, pad_edge=False, title_justify="left", header_style="bold",
-                  title=f"Verdicts for {queue}", title_style="bold")
+                  title=f"Verdicts for {grid.queue}", title_style="bold")
 
     def cell(value: str, severity: str | None) -> Text:
         return Text(value, style=SEVERITY_STYLE.get(severity or "", styles.get(value, "")))
@@ -138,7 +145,29 @@ def _grid(report: Report, console: Console) -> None:
         for state in grid.states:
             table.add_row(state, *(cell(*grid.cells[b, state]) for b in grid.backends))
     console.print(table)
-    console.print(Text(grid.legend, style="dim"))
+    for line in legend_lines(grid.legend_items, console.width):
+        console.print(Text(line, style="dim"), no_wrap=True, overflow="ignore")
+
+
+def legend_lines(items: list[str], width: int) -> list[str]:
+    """The legend's items joined with ` · `, a line break only between items, so a code is never
+    parted from its name; an item wider than the line is wrapped at spaces on its own lines,
+    its continuation indented."""
+    lines: list[str] = []
+    for item in items:
+        if lines and len(lines[-1]) + 3 + len(item) <= width:
+            lines[-1] += " · " + item
+            continue
+        words = item.split(" ")
+        line = words[0]
+        for word in words[1:]:
+            if len(line) + 1 + len(word) <= width:
+                line += " " + word
+            else:
+                lines.append(line)
+                line = "  " + word
+        lines.append(line)
+    return lines
 
 
 def _backend_findings(report: Report, backend: str | None, groups, files: dict[str, SourceFile],
