@@ -3,6 +3,7 @@ look) for what it could not, one grid per queue, each titled with its own queue.
 
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 import sys
@@ -87,3 +88,47 @@ def test_decode_pack_has_one_grid_per_queue_each_with_its_own_findings() -> None
     text = render_plain([report], width=100, show_map=False)
     assert "Verdicts for disagg_decode_prealloc_queue" in text and "Verdicts for disagg_decode_transfer_queue" in text
     assert OK in {c for c, _ in grids["disagg_decode_transfer_queue"].cells.values()}
+
+
+def test_markdown_lists_findings_errors_first() -> None:
+    """Before: sorted by path, 0.5.14's one error was finding 13 of 16."""
+    from kvtrace.report.markdown import render
+
+    report = scan_path(sglang_tree("0.5.14"))
+    assert any(f.severity == "error" for f in report.findings)
+    listed = re.findall(r"^- \*\*([\w-]+)\*\* \((error|warning|note)\)", render([report]), re.M)
+    assert len(listed) == len(report.findings)
+    rank = {"error": 0, "warning": 1, "note": 2}
+    assert [rank[s] for _, s in listed] == sorted(rank[s] for _, s in listed)
+    assert listed[0] == ("pinned-state", "error")
+
+
+def test_release_map_reads_at_80_columns() -> None:
+    """Before, at 80 columns on 0.5.14 and 0.5.23: state cells cut to "Faile…", "Boots…" beside a
+    long path, "(after the loop)]" one word per line, mode lines without a hanging indent."""
+    for version in ("0.5.14", "0.5.23"):
+        report = scan_path(sglang_tree(version))
+        text = render_plain([report], width=80, show_map=True)
+        assert all(len(line) <= 80 for line in text.splitlines())
+        details = text[text.index("\nRelease map: "):text.index("\nBackends\n")]
+        assert "…" not in details
+        states = list(report.queues[0].states)
+        for word in re.findall(r"\b[A-Z]\w+", details):
+            assert not any(s.startswith(word) and s != word for s in states), word  # no cut state name
+        lines = details.splitlines()
+        for line in lines:
+            assert line.strip() not in ("(after", "the", "loop)]", "loop)")
+        # Every site of the map is shown with its states, each state's name whole.
+        for site in report.queues[0].sites:
+            at = next(i for i, line in enumerate(lines) if line.split()[:2] == [str(site.kind), f"{site.path}:{site.line}"])
+            shown = " ".join(lines[at:at + 3])
+            assert all(s in shown for s in site.states), (site, shown)
+        # A mode's fate that wraps hangs under its own column, never at the state column.
+        poll_states = text[text.index("\nPoll states\n"):text.index("\nBackends\n")].splitlines()
+        column = 2 + max(len(s) for s in states) + 2
+        for i, line in enumerate(poll_states):
+            if "rids_to_check passed:" in line:
+                assert line.index("rids_to_check passed:") == column, line
+                follow = poll_states[i + 1]
+                if not follow.lstrip().startswith(("sglang/", "rids_to_check=None")):
+                    assert len(follow) - len(follow.lstrip()) == column, (line, follow)

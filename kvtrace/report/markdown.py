@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from kvtrace.model import Report
 from kvtrace.report import modes_line, state_fate_lines
-from kvtrace.report.verdicts import gap_text, summary_line, unknown_returns, verdict_grids, way_out_text
+from kvtrace.report.verdicts import by_severity, gap_text, summary_line, unknown_returns, verdict_grids, way_out_text
 from kvtrace.report.bugreport import code_link, environment_lines, excerpt_details, target_from_cwd
 from kvtrace.report.diagram import mermaid_section
 from kvtrace.report.links import permalinks
@@ -26,7 +26,7 @@ def render(reports: list[Report]) -> str:
                    f"/{len(report.files)} files analysed.\n")
         _answer_first(report, out)
         out.append(f"### Findings ({len(report.findings)})\n")
-        for f in report.findings:
+        for f in by_severity(report.findings):
             out.append(f"- **{f.rule}** ({f.severity}) {code_link(f.path, f.line, links)}: {f.message}")
             for e in f.evidence:
                 out.append(f"  - {code_link(e.path, e.line, links)} {e.note}")

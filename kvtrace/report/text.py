@@ -247,31 +247,31 @@ def _details(report: Report, console: Console) -> None:
         path_width = max((len(f"{s.path}:{s.line}") for s in queue.sites), default=10)
         for function, sites in by_function.items():
             console.print(Text(f"  {function}", style="italic"), no_wrap=True, overflow="ignore")
-            table = Table.grid(padding=(0, 2))
-            table.add_column(no_wrap=True, min_width=8)
-            table.add_column(no_wrap=True, min_width=path_width)
-            table.add_column()
-            for site in sites:
-                states = ", ".join(site.states)
-                if site.note and site.kind not in ("check", "poll", "entry", "reassign", "raise"):
-                    states = f"{states} [{site.note}]" if states else f"[{site.note}]"
-                table.add_row(site.kind, f"{site.path}:{site.line}", _literal(states))
-            console.print(Padding(table, (0, 0, 0, 4)))
-
+            console.print(Padding(_map_table(sites, path_width, console.width - 4), (0, 0, 0, 4)))
         console.print()
         console.print(Text("Poll states", style="bold"))
         modes = modes_line(queue)
         if modes:
-            console.print(Padding(Text(modes, style="dim"), (0, 0, 0, 2)))
+            head, _, rest = modes.partition(" ")
+            line = Table.grid(padding=(0, 1))
+            line.add_column(no_wrap=True)
+            line.add_column(overflow="fold")
+            line.add_row(Text(head, style="dim"), Text(rest, style="dim"))  # wraps under its text
+            console.print(Padding(line, (0, 0, 0, 2)))
         state_width = max((len(s) for s in queue.states), default=0)
         for state, fate in queue.states.items():
+            # state | `mode: fate`: a fate that wraps hangs under its column, never under the state.
+            rows = Table.grid(padding=(0, 1))
+            rows.add_column(no_wrap=True, min_width=state_width + 1)
+            rows.add_column(overflow="fold")
             for i, (mode, described) in enumerate(state_fate_lines(queue, fate)):
-                line = Text((state if not i else "").ljust(state_width + 2))
+                line = Text()
                 if mode:
                     line.append(f"{mode}: ", "dim")
                 for word in re.split(r"(\b(?:kept|leaves|raises|dropped)\b)", described):
                     line.append(word, OUTCOME_STYLE.get(word, ""))
-                console.print(Padding(line, (0, 0, 0, 2)))
+                rows.add_row(Text(state if not i else ""), line)
+            console.print(Padding(rows, (0, 0, 0, 2)))
             where = [e for e in fate.evidence if not e.note.startswith(("check", "helper"))]
             if where:
                 console.print(Padding(_evidence_table(where, console.width - 4), (0, 0, 0, 4)))
@@ -281,6 +281,41 @@ def _details(report: Report, console: Console) -> None:
         console.print(Text("Backends", style="bold"))
         for b in report.backends:
             console.print(Padding(_backend_detail(b), (0, 0, 0, 2)))
+
+
+def _map_table(sites: list, path_width: int, width: int) -> Table:
+    """`kind  path:line  states [note]` rows. When the states' longest word would not fit beside
+    the paths (a long path, a narrow terminal), they go on their own line under the path,
+    indented, so a state name is never cut and a note wraps with a hanging indent."""
+    texts = []
+    for site in sites:
+        states = ", ".join(site.states)
+        note = site.note
+        owner = site.function.rpartition(".")[0]
+        if owner and note.startswith(owner + "."):
+            note = note[len(owner) + 1:]  # a method of the function's own class: its name is enough
+        if note and site.kind not in ("check", "poll", "entry", "reassign", "raise"):
+            states = f"{states} [{note}]" if states else f"[{note}]"
+        texts.append(states)
+    longest = max((len(word) for text in texts for word in text.split()), default=0)
+    own_width = max((len(f"{s.path}:{s.line}") for s in sites), default=0)
+    if 8 + 2 + path_width + 2 + max(longest, 24) > width:
+        path_width = own_width  # aligned with the other functions' tables only where that fits
+    side_by_side = 8 + 2 + path_width + 2 + max(longest, 24) <= width
+    table = Table.grid(padding=(0, 2))
+    table.add_column(no_wrap=True, min_width=8)
+    if side_by_side:
+        table.add_column(no_wrap=True, min_width=path_width)
+        table.add_column(overflow="fold")
+        for site, text in zip(sites, texts):
+            table.add_row(site.kind, f"{site.path}:{site.line}", _literal(text))
+        return table
+    table.add_column(overflow="fold")
+    for site, text in zip(sites, texts):
+        table.add_row(site.kind, Text(f"{site.path}:{site.line}", overflow="fold"))
+        if text:
+            table.add_row("", Padding(_literal(text), (0, 0, 0, 2)))
+    return table
 
 
 def _literal(text: str) -> Text:

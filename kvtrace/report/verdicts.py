@@ -187,6 +187,12 @@ def _legend(report: Report, used: set[str], partial: bool, short: bool, why: set
     return parts
 
 
+def by_severity(findings: list[Finding]) -> list[Finding]:
+    """Errors first, then warnings, then notes; by place within each (the order a reader wants)."""
+    return sorted(findings, key=lambda f: (SEVERITY_ORDER.get(f.severity, 3), f.path, f.line, f.rule,
+                                           f.backend or "", f.state or ""))
+
+
 @dataclass
 class FindingGroup:
     """Findings of one rule at one place for one backend: one excerpt, the states listed."""
