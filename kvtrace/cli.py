@@ -107,11 +107,14 @@ def check_output_path(path: Path) -> None:
 
 
 def check_targets(targets: list[str]) -> None:
-    """Every TARGET parses (malformed remote forms, `-`) before the first one is fetched."""
-    from kvtrace.target import parse_target
+    """Every TARGET parses (malformed remote forms, `-`, a local symlink loop) before the first
+    one is fetched."""
+    from kvtrace.fetch.local import refuse_symlink_loop
+    from kvtrace.target import LocalTarget, parse_target
 
     for text in targets:
-        parse_target(text)
+        if isinstance(parse_target(text), LocalTarget):
+            refuse_symlink_loop(Path(text))
 
 
 # ---------------------------------------------------------------------------------------------

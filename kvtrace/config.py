@@ -55,7 +55,10 @@ def find_pyproject(start: Path | None, cwd: Path) -> Path | None:
     """The first pyproject.toml with a [tool.kvtrace] table: the target and its parents, then cwd."""
     candidates: list[Path] = []
     if start is not None:
-        start = start.resolve()
+        try:
+            start = start.resolve()
+        except (OSError, RuntimeError):  # a symlink loop: refused with its own message elsewhere
+            start = start.absolute()
         folder = start if start.is_dir() else start.parent
         candidates += [folder, *folder.parents]
     candidates.append(cwd.resolve())

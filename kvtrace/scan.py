@@ -155,7 +155,7 @@ def _in_scope(files: list[SourceFile], pack: Pack, root: str, scope: str) -> lis
             return True
         if not _inside(f.path, scope):
             return False
-        if f.status in ("too-large", "unreadable"):
+        if f.status in ("too-large", "unreadable", "skipped"):
             return True
         return any(q in f.data for q in queues)
 
