@@ -82,6 +82,24 @@ def _root(
     pass
 
 
+class _Verdict:
+    """The exit code a command has decided before it writes its report: a reader that goes
+    away (`kvtrace scan ... | head`) must not turn an INCOMPLETE (3) or findings (1) into 0."""
+
+    code: int | None = None
+
+
+verdict = _Verdict()
+
+
+def closed_pipe(stream) -> None:
+    """The reader of `stream` went away: what is left for it goes to /dev/null, so nothing
+    buffered fails again (click would make that exit 1, the interpreter 120)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, stream.fileno())
+    os.close(devnull)
+
+
 def _fail(message: str, code: int = EXIT_INPUT) -> typer.Exit:
     typer.echo(f"kvtrace: error: {plain(message)}", err=True)
     return typer.Exit(code)
@@ -256,10 +274,14 @@ def scan(
         else:
             log.debug("%s: fetched %d files in %.2fs; %s in %.2fs", r.target, len(r.report.files), r.timings["fetch"],
                       "cached result" if r.cached else "analysed", r.timings["analyse"])
+    verdict.code = worst_exit(r.exit_code for r in results)  # what the run exits with, whatever stdout does
     reports = [report for r in results for report in r.reports]
     if reports:
         try:
-            _write(reports, output_format, output, no_map, sarif_root)
+            try:
+                _write(reports, output_format, output, no_map, sarif_root)
+            except BrokenPipeError:  # `| head`: the files below are still written, the code kept
+                closed_pipe(sys.stdout)
             if graph is not None:
                 from kvtrace.report import graph_export
 
@@ -270,14 +292,18 @@ def scan(
                 write_baseline.write_text(render_json(reports), encoding="utf-8")
         except OSError as exc:
             raise _fail(f"cannot write the report: {exc.strerror or exc}: {exc.filename or output}")
-    report_gaps(reports, quiet)
-    if not quiet and (fleet or metrics is not None):
-        summary = render_summary([summarise(r) for r in results])
-        if output_format is OutputFormat.text and output is None:
-            typer.echo("\n" + summary, nl=False)
-        else:
-            typer.echo(summary, err=True, nl=False)
-    raise typer.Exit(worst_exit(r.exit_code for r in results))
+    try:
+        report_gaps(reports, quiet)
+        if not quiet and (fleet or metrics is not None):
+            summary = render_summary([summarise(r) for r in results])
+            if output_format is OutputFormat.text and output is None:
+                typer.echo("\n" + summary, nl=False)
+            else:
+                typer.echo(summary, err=True, nl=False)
+    except BrokenPipeError:  # `2>&1 | head`
+        closed_pipe(sys.stdout)
+        closed_pipe(sys.stderr)
+    raise typer.Exit(verdict.code)
 
 
 def _names(values: list[str] | None) -> tuple[str, ...]:
@@ -459,11 +485,12 @@ def merge(
         hosts = merge_files(reports, fail_on.value)
     except KvtraceError as exc:
         raise _fail(str(exc))
+    verdict.code = worst_exit(h.exit_code for h in hosts)
     if output_format == "json":
         typer.echo(json.dumps(summary_json(hosts), indent=2))
     else:
         typer.echo(render_summary(hosts), nl=False)
-    raise typer.Exit(worst_exit(h.exit_code for h in hosts))
+    raise typer.Exit(verdict.code)
 
 
 cache_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
@@ -599,8 +626,11 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     exceptions = _click_exceptions()
     command = typer.main.get_command(app)
+    verdict.code = None
     try:
         code = command.main(args=args, prog_name="kvtrace", standalone_mode=False)
+        sys.stdout.flush()  # here, not at interpreter exit, where a closed pipe would mean exit 120
+        sys.stderr.flush()
     except exceptions.NoArgsIsHelpError as exc:
         typer.echo(exc.ctx.get_help() if exc.ctx else "", err=True)
         code = EXIT_INPUT
@@ -616,9 +646,12 @@ def main(argv: list[str] | None = None) -> None:
         # Not sys.exit: it would join fleet worker threads still blocked on remote hosts.
         os._exit(130)
     except BrokenPipeError:
-        # The reader went away (`kvtrace scan ... | head`): not an error worth a line.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        code = EXIT_CLEAN
+        # The reader went away (`kvtrace scan ... | head`, maybe with 2>&1): not an error worth
+        # a line, and the exit code stays the scan's verdict. Both streams go to /dev/null so
+        # nothing buffered fails again at interpreter exit.
+        closed_pipe(sys.stdout)
+        closed_pipe(sys.stderr)
+        code = verdict.code if verdict.code is not None else EXIT_CLEAN
     except Exception as exc:  # a bug in kvtrace
         _internal(plain(f"internal error: {type(exc).__name__}: {exc}"), exc, args)
         code = EXIT_INTERNAL
