@@ -55,3 +55,37 @@ def test_a_reader_that_goes_away_keeps_the_exit_code(incomplete_tree: Path, fmt:
     assert proc.returncode == 3
     if not stderr_too:
         assert b"Traceback" not in err and b"Exception ignored" not in err and b"BrokenPipe" not in err, err
+
+
+# --- 4. merge: no gate that cannot fail; hosts told apart ------------------------------------
+
+@pytest.mark.parametrize("content", ["[]", '{"schema": "kvtrace/2", "kvtrace": "0.1.0", "reports": []}'])
+def test_merge_of_no_report_is_an_error(tmp_path: Path, content: str) -> None:
+    """Before: "Fleet: 0 hosts, exit 0"."""
+    empty = tmp_path / "e.json"
+    empty.write_text(content)
+    line = one_line_error(kvtrace("merge", str(empty)))
+    assert "e.json: holds no report" in line
+
+
+def test_merge_tells_apart_two_reports_from_one_machine(tmp_path: Path, incomplete_tree: Path) -> None:
+    """Before: both were labelled with the machine's host name alone."""
+    first, second = tmp_path / "first.json", tmp_path / "second.json"
+    assert kvtrace("scan", str(NIXL_PIN), "--format", "json", "-o", str(first)).returncode == 1
+    assert kvtrace("scan", str(incomplete_tree), "--format", "json", "-o", str(second)).returncode == 3
+    result = kvtrace("merge", str(first), str(second), "--format", "json")
+    assert result.returncode == 3, result.stderr
+    hosts = [h["target"] for h in json.loads(result.stdout)["hosts"]]
+    host = json.loads(first.read_text())["reports"][0]["host"]
+    assert hosts == [f"{host} ({first})", f"{host} ({second})"]
+    # Two reports of one host in one file (`scan --all`): their place in the file tells them apart.
+    together = tmp_path / "together.json"
+    document = json.loads(first.read_text())
+    document["reports"] += json.loads(second.read_text())["reports"]
+    together.write_text(json.dumps(document))
+    both = kvtrace("merge", str(together), "--format", "json")
+    assert [h["target"] for h in json.loads(both.stdout)["hosts"]] == [
+        f"{host} ({together}, report 1)", f"{host} ({together}, report 2)"]
+    # A host name seen once keeps its plain name.
+    alone = kvtrace("merge", str(first), "--format", "json")
+    assert [h["target"] for h in json.loads(alone.stdout)["hosts"]] == [host]
