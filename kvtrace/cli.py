@@ -124,6 +124,34 @@ def check_output_path(path: Path) -> None:
         raise InputError(f"--output {path}: cannot create a file in {parent}: permission denied")
 
 
+# An extension that says what a file holds -> the formats that may be written to it.
+_EXTENSION_FORMATS: dict[str, tuple[OutputFormat, ...]] = {
+    ".sarif.json": (OutputFormat.sarif,),
+    ".sarif": (OutputFormat.sarif,),
+    ".json": (OutputFormat.json, OutputFormat.sarif),  # SARIF is JSON too
+    ".md": (OutputFormat.markdown,),
+    ".markdown": (OutputFormat.markdown,),
+    ".html": (OutputFormat.html,),
+    ".htm": (OutputFormat.html,),
+}
+
+
+def report_format(given: OutputFormat | None, output: Path | None) -> OutputFormat:
+    """--format, else what the --output file's extension says (else text); a --format the
+    extension contradicts is refused rather than writing, say, text into kvtrace.sarif."""
+    name = output.name.lower() if output is not None else ""
+    extension = next((e for e in _EXTENSION_FORMATS if name.endswith(e) and len(name) > len(e)), None)
+    if extension is None:
+        return given or OutputFormat.text
+    allowed = _EXTENSION_FORMATS[extension]
+    if given is None:
+        return allowed[0]
+    if given not in allowed:
+        raise InputError(f"--format {given.value} contradicts --output {output} (a {extension} file is "
+                         f"{' or '.join(f.value for f in allowed)}); change one of them")
+    return given
+
+
 def check_targets(targets: list[str]) -> None:
     """Every TARGET parses (malformed remote forms, `-`, a local symlink loop) before the first
     one is fetched."""
@@ -153,7 +181,8 @@ def scan(
         metavar="TARGET",
         help="Local paths (an SGLang checkout, an installed sglang package, or its disaggregation "
              "folder) or remote ones: [user@]host[:port]:path or ssh://[user@]host[:port]/path.")] = None,
-    output_format: Annotated[OutputFormat, typer.Option("--format", "-f", help="Report format.")] = OutputFormat.text,
+    given_format: Annotated[Optional[OutputFormat], typer.Option("--format", "-f",
+        help="Report format. Default: from the --output file's extension (.sarif, .json, .md, .html), else text.")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", metavar="FILE",
         help="Write the report to FILE (checked before scanning).")] = None,
     rules: Annotated[Optional[str], typer.Option("--rules", metavar="PACK|FILE",
@@ -236,6 +265,7 @@ def scan(
         if not wanted:
             raise InputError("no TARGET: give paths or hosts, or --hosts FILE")
         check_targets(wanted)
+        output_format = report_format(given_format, output)
         for path in (output, write_baseline):
             if path is not None:
                 check_output_path(path)

@@ -89,3 +89,33 @@ def test_merge_tells_apart_two_reports_from_one_machine(tmp_path: Path, incomple
     # A host name seen once keeps its plain name.
     alone = kvtrace("merge", str(first), "--format", "json")
     assert [h["target"] for h in json.loads(alone.stdout)["hosts"]] == [host]
+
+
+# --- 5. the report format follows --output's extension ---------------------------------------
+
+@pytest.mark.parametrize(("name", "starts"), [
+    ("k.sarif", '{\n  "$schema": "https://docs.oasis-open.org/sarif'),
+    ("k.sarif.json", '{\n  "$schema": "https://docs.oasis-open.org/sarif'),
+    ("k.json", '{\n  "schema": "kvtrace/2"'),
+    ("k.md", "## kvtrace"),
+    ("k.html", "<!DOCTYPE html>"),
+    ("k.txt", "kvtrace "),
+])
+def test_the_format_follows_the_output_extension(tmp_path: Path, name: str, starts: str) -> None:
+    """Before: `-o x.sarif` without --format wrote the text report into it."""
+    out = tmp_path / name
+    result = kvtrace("scan", str(NIXL_PIN), "-o", str(out))
+    assert result.returncode == 1, result.stderr
+    assert out.read_text().startswith(starts)
+
+
+@pytest.mark.parametrize(("fmt", "name"), [("text", "k.sarif"), ("json", "k.md"), ("sarif", "k.html"),
+                                           ("markdown", "k.json")])
+def test_a_format_the_extension_contradicts_is_refused(tmp_path: Path, fmt: str, name: str) -> None:
+    out = tmp_path / name
+    line = one_line_error(kvtrace("scan", str(NIXL_PIN), "--format", fmt, "-o", str(out)))
+    assert f"--format {fmt} contradicts --output {out}" in line
+    assert not out.exists()  # refused before anything was scanned or written
+    # SARIF is JSON: --format sarif into a .json file is what it says.
+    assert kvtrace("scan", str(NIXL_PIN), "--format", "sarif", "-o", str(tmp_path / "s.json")).returncode == 1
+    assert '"$schema"' in (tmp_path / "s.json").read_text()
