@@ -119,3 +119,30 @@ def test_a_format_the_extension_contradicts_is_refused(tmp_path: Path, fmt: str,
     # SARIF is JSON: --format sarif into a .json file is what it says.
     assert kvtrace("scan", str(NIXL_PIN), "--format", "sarif", "-o", str(tmp_path / "s.json")).returncode == 1
     assert '"$schema"' in (tmp_path / "s.json").read_text()
+
+
+# --- 6. SARIF locations are valid URIs --------------------------------------------------------
+
+def test_sarif_uris_are_percent_encoded_and_valid(tmp_path: Path) -> None:
+    """Before: "my tree/nixl pin/disaggregation/..." went into artifactLocation.uri as is."""
+    import jsonschema
+
+    tree = tmp_path / "my tree" / "nixl pin #1 é"
+    shutil.copytree(NIXL_PIN, tree)
+    (tree / "disaggregation" / "broken file.py").write_text("def f(:\n")  # a file gap has a location too
+    out = tmp_path / "k.sarif"
+    result = kvtrace("scan", str(tree), "-o", str(out), cwd=tmp_path)
+    assert result.returncode == 3, result.stderr
+    log = json.loads(out.read_text())
+    schema = json.loads((Path(__file__).parent / "data" / "sarif-schema-2.1.0.json").read_text())
+    checker = jsonschema.FormatChecker()
+    assert "uri-reference" in checker.checkers  # rfc3986-validator (test extra) makes the check real
+    jsonschema.validate(log, schema, format_checker=checker)
+    uris = {loc["physicalLocation"]["artifactLocation"]["uri"]
+            for run in log["runs"] for res in run["results"] for loc in res["locations"]}
+    uris |= {loc["physicalLocation"]["artifactLocation"]["uri"] for run in log["runs"]
+             for inv in run["invocations"] for note in inv["toolExecutionNotifications"]
+             for loc in note.get("locations", [])}
+    prefix = "my%20tree/nixl%20pin%20%231%20%C3%A9/disaggregation/"
+    assert f"{prefix}nixl/conn.py" in uris and f"{prefix}broken%20file.py" in uris
+    assert all(checker.conforms(u, "uri-reference") and " " not in u for u in uris)

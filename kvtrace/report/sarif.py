@@ -12,6 +12,7 @@ import json
 import os
 from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import quote
 
 from kvtrace import __version__
 from kvtrace.baseline import SARIF_KEY, fingerprint, sarif_marks
@@ -74,10 +75,12 @@ class _Locator:
             self.prefix = "" if rel == "." else PurePosixPath(Path(rel).as_posix()).as_posix() + "/"
 
     def __call__(self, path: str, line: int, message: str | None = None) -> dict[str, Any]:
+        # SARIF requires a valid URI reference (RFC 3986): a space, '#', '%' or a non-ASCII
+        # letter in a path is percent-encoded (UTF-8), '/' kept.
         if self.prefix is not None:
-            artifact: dict[str, Any] = {"uri": self.prefix + path, "uriBaseId": "SRCROOT"}
+            artifact: dict[str, Any] = {"uri": quote(self.prefix + path, safe="/"), "uriBaseId": "SRCROOT"}
         else:
-            artifact = {"uri": path, "uriBaseId": "TARGET"}
+            artifact = {"uri": quote(path, safe="/"), "uriBaseId": "TARGET"}
         location: dict[str, Any] = {
             "physicalLocation": {"artifactLocation": artifact, "region": {"startLine": max(1, line)}}
         }
