@@ -130,6 +130,9 @@ def test_sarif_uris_are_percent_encoded_and_valid(tmp_path: Path) -> None:
     tree = tmp_path / "my tree" / "nixl pin #1 é"
     shutil.copytree(NIXL_PIN, tree)
     (tree / "disaggregation" / "broken file.py").write_text("def f(:\n")  # a file gap has a location too
+    conn = tree / "disaggregation" / "nixl" / "conn.py"
+    conn.write_text(conn.read_text().replace("    def poll(self) -> KVPoll:",
+                                             "    def poll(self) -> KVPoll:  # kvtrace: ignore[pinned-state]", 1))
     out = tmp_path / "k.sarif"
     result = kvtrace("scan", str(tree), "-o", str(out), cwd=tmp_path)
     assert result.returncode == 3, result.stderr
@@ -143,6 +146,10 @@ def test_sarif_uris_are_percent_encoded_and_valid(tmp_path: Path) -> None:
     uris |= {loc["physicalLocation"]["artifactLocation"]["uri"] for run in log["runs"]
              for inv in run["invocations"] for note in inv["toolExecutionNotifications"]
              for loc in note.get("locations", [])}
+    suppressed = {sup["location"]["physicalLocation"]["artifactLocation"]["uri"] for run in log["runs"]
+                  for res in run["results"] for sup in res.get("suppressions", [])}
+    uris |= suppressed
     prefix = "my%20tree/nixl%20pin%20%231%20%C3%A9/disaggregation/"
+    assert suppressed == {f"{prefix}nixl/conn.py"}  # like every location: from the SARIF root
     assert f"{prefix}nixl/conn.py" in uris and f"{prefix}broken%20file.py" in uris
     assert all(checker.conforms(u, "uri-reference") and " " not in u for u in uris)

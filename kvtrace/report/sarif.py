@@ -89,6 +89,17 @@ class _Locator:
         return location
 
 
+def _located_marks(finding: Any, locate: _Locator) -> dict[str, Any]:
+    """sarif_marks with the suppression comment's location made like every other one
+    (relative to the SARIF root, percent-encoded)."""
+    marks = sarif_marks(finding)
+    for suppression in marks.get("suppressions", []):
+        physical = suppression["location"]["physicalLocation"]
+        suppression["location"] = {"physicalLocation": locate(
+            physical["artifactLocation"]["uri"], physical["region"]["startLine"])["physicalLocation"]}
+    return marks
+
+
 def _flow(evidence: list[Evidence], locate: _Locator) -> dict[str, Any]:
     return {"threadFlows": [{"locations": [{"location": locate(e.path, e.line, e.note)} for e in evidence]}]}
 
@@ -129,7 +140,7 @@ def to_sarif(reports: list[Report], root: Path | None = None) -> dict[str, Any]:
                 "partialFingerprints": {"kvtrace/v1": f"{f.rule}:{f.backend or '-'}:{f.state or '-'}",
                                         SARIF_KEY: str(fingerprint(f))},
                 "properties": {"rule": f.rule, "backend": f.backend, "state": f.state, "function": f.function},
-                **sarif_marks(f),
+                **_located_marks(f, locate),
             }
             if f.evidence:
                 result["codeFlows"] = [_flow(f.evidence, locate)]
