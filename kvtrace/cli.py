@@ -323,6 +323,7 @@ def scan(
         except OSError as exc:
             raise _fail(f"cannot write the report: {exc.strerror or exc}: {exc.filename or output}")
     try:
+        warn_unknown_backends(reports, settings, overrides)
         report_gaps(reports, quiet)
         if not quiet and (fleet or metrics is not None):
             summary = render_summary([summarise(r) for r in results])
@@ -350,6 +351,22 @@ def _settings(target: str, overrides):
     start = Path(target) if isinstance(local, LocalTarget) else None
     known = {r.name for r in ALL_RULES} | {r.code for r in ALL_RULES}
     return resolve(start, Path.cwd(), overrides, known)
+
+
+def warn_unknown_backends(reports: list[Report], settings: dict, overrides) -> None:
+    """A backend name to leave out that the tree does not have is a warning, not an error: a
+    typo can only leave more in (the gate gets stricter, never blind), and one list serves
+    trees of several SGLang versions whose backends differ. Silence would hide a stale filter."""
+    for report in reports:
+        unknown = report.filters.unknown_backends
+        if not unknown:
+            continue
+        source = "--ignore-backend" if overrides.ignore_backends else \
+            f"ignore-backends in {getattr(settings.get(report.target), 'source', None) or report.filters.config}"
+        found = sorted({b.name for b in report.backends} | set(report.filters.ignored_backends))
+        typer.echo(plain(f"kvtrace: warning: {report.target}: {source}: no backend {', '.join(unknown)} in this "
+                         f"tree (its backends: {', '.join(found) or 'none'}); nothing left out for "
+                         f"{'it' if len(unknown) == 1 else 'them'}"), err=True)
 
 
 def report_gaps(reports: list[Report], quiet: bool) -> None:

@@ -19,7 +19,7 @@ import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -283,6 +283,8 @@ def run_fleet(targets: list[str], options: FleetOptions, log: Log | None = None,
                     found["metrics"] = sample(tcp_opener, url, options.metrics_seconds, options.metrics_interval)
             result.metrics = found.get("metrics")
             for report in result.reports:
+                # The cache keys on what is selected, not on which file said so: stamp it per run.
+                report.filters = replace(report.filters, config=getattr(settings, "source", None))
                 report.host_facts = {
                     "host": _host_label(target),
                     "sglang_version": result.sglang_version,

@@ -21,6 +21,7 @@ from kvtrace.model import (
     EventKind,
     FetchLimits,
     FetchResult,
+    Filters,
     ModeInfo,
     QueueReport,
     Report,
@@ -234,6 +235,10 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
         graph=queue.graph.as_data(),
     )
     report.gaps = find_gaps(report, enum_evidence.path)
+    found = {s.backend.name for s in senders}
+    report.filters = Filters(settings.source, settings.select, settings.ignore,
+                             tuple(sorted(found & set(settings.ignore_backends))),
+                             tuple(sorted(set(settings.ignore_backends) - found)))
     return report
 
 

@@ -153,3 +153,44 @@ def test_sarif_uris_are_percent_encoded_and_valid(tmp_path: Path) -> None:
     assert suppressed == {f"{prefix}nixl/conn.py"}  # like every location: from the SARIF root
     assert f"{prefix}nixl/conn.py" in uris and f"{prefix}broken%20file.py" in uris
     assert all(checker.conforms(u, "uri-reference") and " " not in u for u in uris)
+
+
+# --- 7. backend filters: never silent --------------------------------------------------------
+
+def test_an_unknown_backend_to_leave_out_is_a_warning_naming_the_backends(tmp_path: Path) -> None:
+    """Before: `--ignore-backend nixxl` was accepted without a word. A warning (not exit 2): a
+    typo only leaves more in, so the gate gets stricter, never blind."""
+    result = kvtrace("scan", str(NIXL_PIN), "--ignore-backend", "nixxl", "--no-map")
+    assert result.returncode == 1
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("kvtrace: warning:")]
+    assert warnings == [f"kvtrace: warning: {NIXL_PIN}: --ignore-backend: no backend nixxl in this tree "
+                        "(its backends: mooncake, nixl); nothing left out for it"]
+    assert "no such backend to leave out: nixxl" in result.stdout.splitlines()[2]
+    data = json.loads(kvtrace("scan", str(NIXL_PIN), "--ignore-backend", "nixxl", "--format", "json").stdout)
+    assert data["reports"][0]["filters"]["unknown_backends"] == ["nixxl"]
+    clean = kvtrace("scan", str(NIXL_PIN), "--ignore-backend", "nixl", "--no-map")
+    assert "warning" not in clean.stderr and "left out: backend nixl" in clean.stdout.splitlines()[2]
+
+
+def test_a_config_in_the_scanned_tree_is_named_in_the_report(tmp_path: Path) -> None:
+    """Before: `ignore-backends = ["nixl"]` in the scanned tree's pyproject.toml removed the nixl
+    pin and the report did not say so."""
+    tree = tmp_path / "tree"
+    shutil.copytree(NIXL_PIN, tree)
+    config = tree / "pyproject.toml"
+    config.write_text('[tool.kvtrace]\nignore-backends = ["nixl"]\nignore = ["no-timeout"]\n')
+    result = kvtrace("scan", str(tree), "--no-map", cwd=tmp_path)
+    assert result.returncode == 1, result.stderr
+    assert result.stdout.splitlines()[2] == f"config {config} · left out: backend nixl · rules left out: no-timeout"
+    data = json.loads(kvtrace("scan", str(tree), "--format", "json", cwd=tmp_path).stdout)
+    report = data["reports"][0]
+    assert report["filters"] == {"config": str(config), "select": [], "ignore": ["no-timeout"],
+                                 "ignored_backends": ["nixl"], "unknown_backends": []}
+    import jsonschema
+
+    schema = json.loads(kvtrace("schema").stdout)
+    jsonschema.validate(data, schema)
+    assert not any(f["backend"] == "nixl" for f in report["findings"])
+    # Unfiltered, the header says nothing more than before.
+    plain_run = kvtrace("scan", str(NIXL_PIN), "--no-map")
+    assert plain_run.stdout.splitlines()[2] == ""
