@@ -48,10 +48,20 @@ def cache_dir() -> Path:
 
 
 def max_bytes() -> int:
-    try:
-        return int(os.environ.get("KVTRACE_CACHE_MAX_BYTES", DEFAULT_MAX_BYTES))
-    except ValueError:
+    """The bound from KVTRACE_CACHE_MAX_BYTES; a value that is not a whole number of bytes is
+    an input error (a typo silently meaning 64 MiB is a setting that does nothing)."""
+    text = os.environ.get("KVTRACE_CACHE_MAX_BYTES")
+    if text is None or text.strip() == "":
         return DEFAULT_MAX_BYTES
+    try:
+        value = int(text.strip())
+    except ValueError:
+        value = -1
+    if value < 0:
+        from kvtrace.errors import InputError
+
+        raise InputError(f"KVTRACE_CACHE_MAX_BYTES={text!r}: not a number of bytes (e.g. 67108864; 0 keeps nothing)")
+    return value
 
 
 _CODE_DIGEST: str | None = None

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import traceback
 from enum import Enum
@@ -276,6 +277,7 @@ def scan(
             from kvtrace.metrics import parse_metrics_url
 
             parse_metrics_url(metrics)
+        cache = None if no_cache else Cache()
     except KvtraceError as exc:
         raise _fail(str(exc))
     limits = FetchLimits(max_file_bytes=max_file_bytes, max_files=max_files, max_total_bytes=max_total_bytes)
@@ -289,7 +291,7 @@ def scan(
             log.debug("%s: baseline: %d unchanged, %d new, %d no longer found", target, compared.unchanged,
                       compared.new, len(compared.gone))
 
-    options = FleetOptions(packs, settings, limits, ssh, jobs, None if no_cache else Cache(), metrics,
+    options = FleetOptions(packs, settings, limits, ssh, jobs, cache, metrics,
                            metrics_seconds, after_scan=after_scan, scan_all=scan_all)
     fleet = len(wanted) > 1
     with Progress(fleet and not quiet and not verbose and sys.stderr.isatty()) as progress:
@@ -550,7 +552,10 @@ def cache_info() -> None:
     """Where the cache is, how many entries and bytes it holds, and its bound."""
     from kvtrace.cache import Cache
 
-    info = Cache().info()
+    try:
+        info = Cache().info()
+    except KvtraceError as exc:
+        raise _fail(str(exc))
     typer.echo(f"path     {info.path}\nentries  {info.entries}\nsize     {info.total_bytes} bytes "
                f"(bound {info.max_bytes}; KVTRACE_CACHE_MAX_BYTES)")
 
@@ -560,7 +565,10 @@ def cache_clear() -> None:
     """Remove every cached result."""
     from kvtrace.cache import Cache
 
-    cache = Cache()
+    try:
+        cache = Cache()
+    except KvtraceError as exc:
+        raise _fail(str(exc))
     typer.echo(f"removed {cache.clear()} entries from {cache.dir}")
 
 
@@ -586,8 +594,9 @@ def explain(rule: Annotated[str, typer.Argument(metavar="RULE",
     """Show what a rule finds, why it matters, an example and the fix."""
     found = find_rule(rule)
     if found is None:
-        known = ", ".join(f"{r.code} {r.name}" for r in ALL_RULES)
-        raise _fail(f"unknown rule {rule!r}; known: {known}")
+        from kvtrace.config import unknown_rule
+
+        raise _fail(unknown_rule(rule, {r.name for r in ALL_RULES} | {r.code for r in ALL_RULES}))
     width = _text_width()
     typer.echo(_hanging("", f"{found.code} {found.name} ({found.severity}): {found.title}", width) + "\n")
     typer.echo(_reflow(found.docs(), width))
@@ -683,7 +692,7 @@ def main(argv: list[str] | None = None) -> None:
         code = EXIT_INPUT
     except exceptions.UsageError as exc:
         hint = f" (see 'kvtrace {exc.ctx.info_name} --help')" if exc.ctx and exc.ctx.parent else " (see 'kvtrace --help')"
-        message = " ".join(exc.format_message().split())
+        message = _usage_message(exc) or " ".join(exc.format_message().split())
         typer.echo(f"kvtrace: error: {message}{hint}", err=True)
         code = EXIT_INPUT
     except (_Interrupted, KeyboardInterrupt, typer.Abort):
@@ -703,6 +712,36 @@ def main(argv: list[str] | None = None) -> None:
         _internal(plain(f"internal error: {type(exc).__name__}: {exc}"), exc, args)
         code = EXIT_INTERNAL
     sys.exit(code if isinstance(code, int) else EXIT_CLEAN)
+
+
+# typer (0.29) validates options with pydantic and words its errors; say the same in ours.
+_USAGE_WORDING = [
+    (re.compile(r"Value error, '(?P<value>.*)' is not one of (?P<choices>.*?)\.?$"), None),
+    (re.compile(r"Input should be a valid integer.*"), "not a whole number"),
+    (re.compile(r"Input should be a valid number.*"), "not a number"),
+    (re.compile(r"Input should be greater than or equal to (?P<n>\S+)"), "must be at least {n}"),
+    (re.compile(r"Input should be less than or equal to (?P<n>\S+)"), "must be at most {n}"),
+    (re.compile(r"Input should be greater than (?P<n>\S+)"), "must be more than {n}"),
+    (re.compile(r"Input should be less than (?P<n>\S+)"), "must be less than {n}"),
+]
+
+
+def _usage_message(exc: Exception) -> str | None:
+    """`--format pdf: not one of text, json, ...` instead of the validation library's words."""
+    param = getattr(exc, "param", None)
+    opts = getattr(param, "opts", None)
+    text = str(getattr(exc, "message", ""))
+    if not opts:
+        return None
+    for pattern, wording in _USAGE_WORDING:
+        match = pattern.fullmatch(text.strip())
+        if match is None:
+            continue
+        if wording is None:
+            choices = re.findall(r"'([^']*)'", match.group("choices"))
+            return f"{opts[0]} {match.group('value')}: not one of {', '.join(choices)}"
+        return f"{opts[0]}: {wording.format(**match.groupdict())}"
+    return None
 
 
 def _internal(message: str, exc: BaseException | None, args: list[str]) -> None:

@@ -194,3 +194,67 @@ def test_a_config_in_the_scanned_tree_is_named_in_the_report(tmp_path: Path) -> 
     # Unfiltered, the header says nothing more than before.
     plain_run = kvtrace("scan", str(NIXL_PIN), "--no-map")
     assert plain_run.stdout.splitlines()[2] == ""
+
+
+# --- 8. small things: one clear line each ----------------------------------------------------
+
+def test_a_bad_cache_bound_is_an_error() -> None:
+    """Before: KVTRACE_CACHE_MAX_BYTES=abc was silently taken as the default 64 MiB."""
+    env = {**os.environ, "KVTRACE_CACHE_MAX_BYTES": "abc"}
+    for args in (("scan", str(NIXL_PIN)), ("cache", "info")):
+        line = one_line_error(kvtrace(*args, env=env))
+        assert line == "kvtrace: error: KVTRACE_CACHE_MAX_BYTES='abc': not a number of bytes (e.g. 67108864; 0 keeps nothing)"
+    assert kvtrace("scan", str(NIXL_PIN), env={**os.environ, "KVTRACE_CACHE_MAX_BYTES": "1000"}).returncode == 1
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (("--format", "pdf"), "kvtrace: error: --format pdf: not one of text, json, sarif, markdown, github, html "
+                          "(see 'kvtrace scan --help')"),
+    (("--fail-on", "bad"), "kvtrace: error: --fail-on bad: not one of error, warning, note, never "
+                           "(see 'kvtrace scan --help')"),
+    (("--max-files", "0"), "kvtrace: error: --max-files: must be at least 1 (see 'kvtrace scan --help')"),
+    (("--timeout", "soon"), "kvtrace: error: --timeout: not a number (see 'kvtrace scan --help')"),
+])
+def test_option_errors_speak_kvtrace_not_the_validation_library(args: tuple[str, ...], expected: str) -> None:
+    """Before: "Value error, 'pdf' is not one of ...", "Input should be greater than or equal to 1"."""
+    assert one_line_error(kvtrace("scan", str(NIXL_PIN), *args)) == expected
+
+
+def test_an_unknown_rule_is_short_with_a_suggestion(tmp_path: Path) -> None:
+    """Before: one ~430-character line listing all 28 ids, starting "command line: select:"."""
+    line = one_line_error(kvtrace("scan", str(NIXL_PIN), "--select", "pined-state"))
+    assert line.startswith("kvtrace: error: --select pined-state: unknown rule 'pined-state'; did you mean pinned-state")
+    assert line.endswith("(`kvtrace rules` lists them)") and len(line) < 160
+    line = one_line_error(kvtrace("scan", str(NIXL_PIN), "--ignore", "KVT0001"))
+    assert "--ignore KVT0001: unknown rule 'KVT0001'; did you mean KVT001" in line and len(line) < 160
+    assert one_line_error(kvtrace("explain", "pinned")) == \
+        "kvtrace: error: unknown rule 'pinned'; did you mean pinned-state? (`kvtrace rules` lists them)"
+    tree = tmp_path / "tree"
+    shutil.copytree(NIXL_PIN, tree)
+    (tree / "pyproject.toml").write_text('[tool.kvtrace]\nignore = ["no-timout"]\n')
+    line = one_line_error(kvtrace("scan", str(tree), cwd=tmp_path))
+    assert line == (f"kvtrace: error: {tree / 'pyproject.toml'}: [tool.kvtrace]: ignore: unknown rule 'no-timout'; "
+                    "did you mean no-timeout? (`kvtrace rules` lists them)")
+
+
+def test_a_file_over_the_size_limit_names_the_option(tmp_path: Path) -> None:
+    tree = tmp_path / "tree"
+    shutil.copytree(NIXL_PIN, tree)
+    (tree / "disaggregation" / "gen.py").write_text("X = 1\n" * 3000)
+    result = kvtrace("scan", str(tree), "--max-file-bytes", "10000", "--no-map")
+    assert result.returncode == 3
+    assert f"kvtrace: incomplete: {tree}: disaggregation/gen.py not analysed (too large: 18000 bytes, over the " \
+           "per-file limit (--max-file-bytes 10000))" in result.stderr.splitlines()
+
+
+def test_the_tree_size_limits_refuse_as_the_readme_says(tmp_path: Path) -> None:
+    """The README and the behaviour agree: --max-files and --max-total-bytes refuse (exit 2,
+    naming the limit); nothing is analysed from a cut-off fetch."""
+    for option, value, words in (("--max-files", "3", "more than 3 .py files"),
+                                 ("--max-total-bytes", "2000", "more than 2000 bytes")):
+        line = one_line_error(kvtrace("scan", str(NIXL_PIN), option, value))
+        assert words in line and option in line
+    readme = (ROOT / "README.md").read_text()
+    assert "is refused (exit 2, naming the limit)" in readme
+    assert "`--max-files` (20,000) or `--max-total-bytes` (128 MiB; the whole SGLang 0.5.23 package is\n67 MB), " \
+           "saying which limit stopped it" not in readme

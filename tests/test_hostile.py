@@ -407,6 +407,10 @@ def test_memory_stays_bounded_with_huge_generated_files(tree: Path) -> None:
     assert usage.ru_maxrss / 1024 < 500, f"peak RSS {usage.ru_maxrss / 1024:.0f} MB"
     files = {f["path"].rsplit("/", 1)[-1]: f for f in data["files"]}
     assert all(files[f"huge{i}.py"]["status"] == "too-large" for i in range(4))
+    assert "huge0.py not analysed (too large: 11423226 bytes, over the per-file limit (--max-file-bytes 1048576))" \
+        in stderr, stderr
     budget = [n for n in files if n.startswith("dense") and "parse budget" in (files[n]["error"] or "")]
     assert len(budget) >= 4, {n: files[n]["error"] for n in files if n.startswith("dense")}
+    # Before: "not analysed (too large: not analysed: ...)".
+    assert "too large: not analysed" not in stderr, stderr
     assert pins(data) == EXPECTED_PINS  # the real package is still analysed

@@ -37,7 +37,7 @@ def oversized_file(path: str, size: int, limits: FetchLimits) -> SourceFile:
         data=b"",
         sha256="",
         status="too-large",
-        error=f"{size} bytes is over the per-file limit of {limits.max_file_bytes}",
+        error=f"{size} bytes, over the per-file limit (--max-file-bytes {limits.max_file_bytes})",
     )
 
 

@@ -158,7 +158,7 @@ def renamed(sf: SourceFile, path: str) -> SourceFile:
 
 def too_large(name: str, size: int | None, limits: FetchLimits) -> SourceFile:
     if size is None:
-        return SourceFile(name, b"", "", status="too-large", error=f"over the per-file limit of {limits.max_file_bytes}")
+        return SourceFile(name, b"", "", status="too-large", error=f"over the per-file limit (--max-file-bytes {limits.max_file_bytes})")
     return oversized_file(name, size, limits)
 
 
