@@ -91,10 +91,12 @@ def pack_digest(pack: object) -> str:
 
 
 def tree_digest(files: list[SourceFile]) -> str:
-    """sha256 over the sorted (path, sha256) pairs: the identity of a fetched tree."""
+    """sha256 over the sorted (path, sha256, status, why) of each file: the identity of a fetched
+    tree. A file not read has no bytes to hash: its reason (a size, where a link leads) is what
+    the report shows, so it is part of the key."""
     digest = hashlib.sha256()
     for f in sorted(files, key=lambda f: f.path):
-        digest.update(f"{f.path}\0{f.sha256}\0{f.status}\n".encode("utf-8", "surrogateescape"))
+        digest.update(f"{f.path}\0{f.sha256}\0{f.status}\0{f.error or ''}\n".encode("utf-8", "surrogateescape"))
     return digest.hexdigest()
 
 

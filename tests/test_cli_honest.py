@@ -258,3 +258,19 @@ def test_the_tree_size_limits_refuse_as_the_readme_says(tmp_path: Path) -> None:
     assert "is refused (exit 2, naming the limit)" in readme
     assert "`--max-files` (20,000) or `--max-total-bytes` (128 MiB; the whole SGLang 0.5.23 package is\n67 MB), " \
            "saying which limit stopped it" not in readme
+
+
+def test_the_result_cache_keys_on_why_a_file_was_not_read(tmp_path: Path) -> None:
+    """Two trees alike but for where a link leads: the second scan must not be served the
+    first one's gap (a file not read has no bytes to hash; its reason is its content)."""
+    env = {**os.environ, "KVTRACE_CACHE_DIR": str(tmp_path / "cache")}
+    reasons = []
+    for name in ("one", "two"):
+        tree = tmp_path / name / "tree"
+        shutil.copytree(NIXL_PIN, tree)
+        shutil.move(str(tree / "disaggregation" / "nixl"), str(tmp_path / name / "elsewhere"))
+        os.symlink(tmp_path / name / "elsewhere", tree / "disaggregation" / "nixl")
+        result = kvtrace("scan", str(tree), "--format", "json", env=env)
+        assert result.returncode == 3
+        reasons.append(json.loads(result.stdout)["reports"][0]["gaps"][0]["reason"])
+    assert str(tmp_path / "one" / "elsewhere") in reasons[0] and str(tmp_path / "two" / "elsewhere") in reasons[1]

@@ -551,6 +551,30 @@ def test_cli_remote_scan_of_a_real_release_matches_local(sshd: SshdServer) -> No
     assert any(f["backend"] == "nixl" and f["state"] == "WaitingForInput" for f in remote_data["findings"])
 
 
+@pytest.mark.parametrize("server_name", ["sshd", "sftp_only_sshd"])
+def test_cli_remote_backend_linked_from_outside_is_a_gap(server_name: str, tmp_path: Path,
+                                                         request: pytest.FixtureRequest) -> None:
+    """Before: a backend folder that is a symlink out of the target vanished (exit 1, complete).
+    Over SSH (exec and SFTP) as locally: a gap naming the link and the backend, exit 3."""
+    server: SshdServer = request.getfixturevalue(server_name)
+    tree = tmp_path / "tree"
+    shutil.copytree(EXAMPLES / "nixl-pin", tree)
+    shutil.move(str(tree / "disaggregation" / "nixl"), str(tmp_path / "outside"))
+    os.symlink(tmp_path / "outside", tree / "disaggregation" / "nixl")
+    local = _cli("scan", str(tree), "--format", "json")
+    remote = _cli("scan", f"{server.user}@{server.host}:{server.port}:{tree}", "--format", "json", *_ssh_flags(server))
+    assert remote.returncode == local.returncode == 3, remote.stderr
+    for result in (local, remote):
+        report = json.loads(result.stdout)["reports"][0]
+        assert report["complete"] is False
+        assert report["gaps"] == [
+            {"kind": "file", "subject": "disaggregation/nixl/",
+             "reason": f"skipped: symlink to a folder outside the target ({tmp_path / 'outside'}); not followed"},
+            {"kind": "backend", "subject": "nixl", "reason": "not checked: disaggregation/nixl/ could not be analysed"},
+        ]
+        assert "backend nixl not checked" in result.stderr
+
+
 def test_cli_unknown_host_is_one_clear_line(sshd: SshdServer, tmp_path: Path) -> None:
     empty = tmp_path / "known_hosts"
     empty.write_text("")
