@@ -191,6 +191,9 @@ def test_a_config_in_the_scanned_tree_is_named_in_the_report(tmp_path: Path) -> 
     schema = json.loads(kvtrace("schema").stdout)
     jsonschema.validate(data, schema)
     assert not any(f["backend"] == "nixl" for f in report["findings"])
+    sarif = json.loads(kvtrace("scan", str(tree), "--format", "sarif", cwd=tmp_path).stdout)
+    assert sarif["runs"][0]["invocations"][0]["properties"]["filters"] == \
+        f"config {config} · left out: backend nixl · rules left out: no-timeout"
     # Unfiltered, the header says nothing more than before.
     plain_run = kvtrace("scan", str(NIXL_PIN), "--no-map")
     assert plain_run.stdout.splitlines()[2] == ""

@@ -118,7 +118,8 @@ def _invocation(report: Report, locate: _Locator) -> dict[str, Any]:
     return {
         "executionSuccessful": not report.incomplete,
         "toolExecutionNotifications": notifications,
-        "properties": {"summary": summary_line(report)},
+        "properties": {"summary": summary_line(report),
+                       **({"filters": report.filters.describe()} if report.filters.active else {})},
     }
 
 
