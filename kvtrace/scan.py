@@ -5,10 +5,12 @@ target -> fetch -> parse -> index -> graph -> checks -> report
 
 from __future__ import annotations
 
+import pickle
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from kvtrace.beside import Beside
 from kvtrace.config import Settings
 from kvtrace.rules import ALL_RULES, ScanContext
 from kvtrace.errors import AmbiguousTarget, InputError
@@ -21,6 +23,7 @@ from kvtrace.model import (
     EventKind,
     FetchLimits,
     FetchResult,
+    Filters,
     ModeInfo,
     QueueReport,
     Report,
@@ -32,7 +35,14 @@ from kvtrace.rules.unused_suppression import UnusedSuppression
 from kvtrace.suppress import silence
 
 if TYPE_CHECKING:
+    from kvtrace.backends import SenderAnalysis
     from kvtrace.graph import ScanModel
+    from kvtrace.index import Index
+    from kvtrace.states import Domain
+
+# Trees smaller than this are analysed in one process: a fork and its pickles cost ~10 ms, the
+# senders of a small tree less. SGLang's disaggregation/ is 0.8-1.5 MB.
+PARALLEL_MIN_BYTES = 200_000
 
 
 def scan_path(path: Path, pack: Pack | None = None, limits: FetchLimits = FetchLimits(),
@@ -155,7 +165,7 @@ def _in_scope(files: list[SourceFile], pack: Pack, root: str, scope: str) -> lis
             return True
         if not _inside(f.path, scope):
             return False
-        if f.status in ("too-large", "unreadable"):
+        if f.status in ("too-large", "unreadable", "skipped"):
             return True
         return any(q in f.data for q in queues)
 
@@ -187,20 +197,33 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
         raise InputError(_enum_unreadable_message(fetched.target, pack, in_scope))
     domain, enum_evidence = enum
     problems: list[str] = []
-    senders = analyse_backends(index, pack, domain, root, problems)
+    queue_names = pack.queues or (pack.queue,)
+    # The senders are analysed beside the queue (kvtrace.beside) when the work is worth a fork.
+    big = sum(len(f.data) for f in in_scope) >= PARALLEL_MIN_BYTES
+    before = {f.path: (f.status, f.error) for f in in_scope}
+    with Beside(lambda: _senders_out(index, pack, domain, root, in_scope, before), enabled=big) as child:
+        queues: list[tuple[QueueAnalysis, list[str]]] = []
+        for name in queue_names:
+            queue_pack = pack.for_queue(name)
+            try:
+                queues.append((analyse_queue(index, queue_pack, domain), []))
+            except RecursionError:
+                # Pathologically nested code: say so rather than guess (the scan is marked incomplete).
+                queues.append((QueueAnalysis(None, StateGraph(), {}, static_sites(index, queue_pack)),
+                               [f"the drain loop of {name} is nested too deeply to analyse"]))
+        from_child = child.result()
+    if from_child is not None:
+        senders = _senders_in(from_child, index, in_scope, before, problems)
+    else:
+        senders = analyse_backends(index, pack, domain, root, problems)
     findings = []
     queue_reports = []
     rules = [rule for rule in ALL_RULES if settings.wants_rule(rule.name, rule.code)]
     # A pack may name several queues (decode: prealloc and transfer); each is its own graph,
     # the backends are shared. Rules about the backends alone run once.
-    for number, name in enumerate(pack.queues or (pack.queue,)):
+    for number, (name, (queue, queue_problems)) in enumerate(zip(queue_names, queues)):
         queue_pack = pack.for_queue(name)
-        try:
-            queue = analyse_queue(index, queue_pack, domain)
-        except RecursionError:
-            # Pathologically nested code: say so rather than guess (the scan is marked incomplete).
-            problems.append(f"the drain loop of {name} is nested too deeply to analyse")
-            queue = QueueAnalysis(None, StateGraph(), {}, static_sites(index, queue_pack))
+        problems.extend(queue_problems)
         entries = [s for s in queue.static_sites if s.kind is EventKind.ENTRY]
         model = ScanModel(queue, senders, domain)
         ctx = ScanContext(queue_pack, domain, index, model, entries)
@@ -238,7 +261,43 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
         graph=queue.graph.as_data(),
     )
     report.gaps = find_gaps(report, enum_evidence.path)
+    found = {s.backend.name for s in senders}
+    report.filters = Filters(settings.source, settings.select, settings.ignore,
+                             tuple(sorted(found & set(settings.ignore_backends))),
+                             tuple(sorted(set(settings.ignore_backends) - found)))
     return report
+
+
+def _senders_out(index: Index, pack: Pack, domain: Domain, root: str, files: list[SourceFile],
+                 before: dict[str, tuple[str, str | None]]) -> bytes:
+    """In the child: analyse the senders; send the reports, the problems met and the files whose
+    status changed (a function too deep for libcst marks its file), never the syntax trees."""
+    from kvtrace.backends import analyse_backends
+
+    problems: list[str] = []
+    senders = analyse_backends(index, pack, domain, root, problems)
+    found = [((s.cls.path, s.cls.line), s.backend, (s.poll.path, s.poll.line) if s.poll else None, s.raise_sites)
+             for s in senders]
+    changed = {f.path: (f.status, f.error) for f in files if (f.status, f.error) != before[f.path]}
+    return pickle.dumps((found, problems, changed), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _senders_in(data: bytes, index: Index, files: list[SourceFile], before: dict[str, tuple[str, str | None]],
+                problems: list[str]) -> list[SenderAnalysis]:
+    """In the parent: the child's senders on the parent's own classes and functions, with
+    everything else as one process would have left it (senders first, then the queue)."""
+    from kvtrace.backends import SenderAnalysis
+
+    found, child_problems, changed = pickle.loads(data)
+    mine = {f.path: (f.status, f.error) for f in files if (f.status, f.error) != before[f.path]}
+    by_path = {f.path: f for f in files}
+    for path, (status, error) in {**changed, **mine}.items():
+        by_path[path].status, by_path[path].error = status, error
+    problems.extend(child_problems)
+    classes = {(c.path, c.line): c for infos in index.classes.values() for c in infos}
+    methods = {(f.path, f.line): f for c in classes.values() for f in c.methods.values()}
+    return [SenderAnalysis(backend, classes[cls], methods[poll] if poll else None, raise_sites)
+            for cls, backend, poll, raise_sites in found]
 
 
 def _enum_unreadable_message(target: str, pack: Pack, files: list[SourceFile]) -> str:

@@ -76,6 +76,8 @@ def _header(report: Report, console: Console) -> None:
     if report.version is not None:
         parts.append(f"version from {report.version.path}:{report.version.line}")
     console.print(Text(" · ".join(parts), style="dim"))
+    if report.filters.active:  # a filtered scan says so, and by whose word
+        console.print(Text(report.filters.describe(), style="dim"), soft_wrap=True)
 
 
 def _gaps(gaps: list[Gap], console: Console, more: int, heading: bool = True) -> None:

@@ -1,0 +1,95 @@
+"""Work done in a forked child beside the parent's own, on a second core.
+
+A scan analyses the senders (their poll(), abort() and managers) and the queue's drain loop;
+the two share nothing but the parsed trees. On a machine with a spare core the senders run in a
+child forked after parsing (it inherits the trees, nothing is re-parsed) while the parent walks
+the drain loop, and the child sends back its result as bytes through a pipe.
+
+Only where it is safe and pays: Linux, a second CPU, no other thread in the process (a fork
+copies a lock another thread holds in its held state: paramiko's transport and the fleet's
+pool have threads), and work large enough to cover the ~10 ms a fork and the pickles cost. A
+child that fails for any reason yields None and the caller does the work itself, so the result
+never depends on whether the child ran.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import signal
+import sys
+import threading
+from collections.abc import Callable
+from types import TracebackType
+
+
+def can_fork() -> bool:
+    if not sys.platform.startswith("linux") or os.environ.get("KVTRACE_NO_FORK"):
+        return False
+    try:
+        cpus = len(os.sched_getaffinity(0))
+    except OSError:
+        return False
+    return cpus >= 2 and threading.active_count() == 1
+
+
+class Beside:
+    """`with Beside(work) as child: ...; data = child.result()`: `work()` runs in a forked child
+    while the block runs; result() is its bytes, or None when it did not run or failed."""
+
+    def __init__(self, work: Callable[[], bytes], enabled: bool = True):
+        self._work = work
+        self._enabled = enabled and can_fork()
+        self._pid: int | None = None
+        self._fd: int | None = None
+
+    def __enter__(self) -> "Beside":
+        if not self._enabled:
+            return self
+        read_end, write_end = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: never returns into the caller's code
+            status = 1
+            try:
+                os.close(read_end)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C ends it with the parent
+                # The inherited objects are never collected here: without this the collector's
+                # first pass would touch (and so copy) every page of the parent's heap.
+                gc.freeze()
+                data = self._work()
+                with os.fdopen(write_end, "wb") as out:
+                    out.write(data)
+                status = 0
+            except BaseException:  # noqa: BLE001 - any failure means "the parent does it"
+                pass
+            finally:
+                os._exit(status)
+        os.close(write_end)
+        self._pid, self._fd = pid, read_end
+        return self
+
+    def result(self) -> bytes | None:
+        if self._pid is None or self._fd is None:
+            return None
+        try:
+            with os.fdopen(self._fd, "rb") as pipe:
+                self._fd = None
+                data = pipe.read()
+        finally:
+            _, status = os.waitpid(self._pid, 0)
+            self._pid = None
+        return data if os.waitstatus_to_exitcode(status) == 0 else None
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        # Left early (an error, Ctrl-C) or result() never asked: end the child, never leave it.
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        if self._pid is not None:
+            try:
+                os.kill(self._pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            os.waitpid(self._pid, 0)
+            self._pid = None

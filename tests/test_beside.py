@@ -1,0 +1,105 @@
+"""The senders analysed in a forked child (kvtrace.beside) give the same report as one process,
+a failing child leaves the work to the parent, and a child is never left behind.
+
+Each check runs in a fresh interpreter: a fork is only taken in a process without other threads,
+and the test runner's own process may have some (servers of other tests)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def run(code: str, env: dict[str, str] | None = None) -> str:
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT, timeout=300,
+                          env={**os.environ, **(env or {})})
+    assert done.returncode == 0, done.stderr[-3000:]
+    return done.stdout
+
+
+def test_child_runs_the_work_in_another_process() -> None:
+    out = run("""
+import os
+from kvtrace.beside import Beside, can_fork
+assert can_fork(), "a single-threaded Linux process with 2 CPUs may fork"
+with Beside(lambda: str(os.getpid()).encode()) as child:
+    data = child.result()
+print(int(data) != os.getpid(), int(data) > 0)
+""")
+    assert out.split() == ["True", "True"]
+
+
+def test_failing_child_gives_none_and_no_other_thread_disables_it() -> None:
+    out = run("""
+import threading, time
+from kvtrace.beside import Beside, can_fork
+def boom():
+    raise ValueError("child fails")
+with Beside(boom) as child:
+    print(child.result())
+stop = threading.Event()
+t = threading.Thread(target=stop.wait); t.start()
+print(can_fork())
+with Beside(lambda: b"x") as child:
+    print(child.result())  # not forked: a thread is running
+stop.set(); t.join()
+""")
+    assert out.split() == ["None", "False", "None"]
+
+
+def test_leaving_early_ends_the_child() -> None:
+    out = run("""
+import os, time
+from kvtrace.beside import Beside
+start = time.monotonic()
+try:
+    with Beside(lambda: time.sleep(120) or b"late") as child:
+        pid = child._pid
+        raise KeyboardInterrupt
+except KeyboardInterrupt:
+    pass
+try:
+    os.kill(pid, 0)
+    print("alive")
+except ProcessLookupError:
+    print("gone", time.monotonic() - start < 30)
+""")
+    assert out.split() == ["gone", "True"]
+
+
+@pytest.mark.parametrize("example", ["nixl-pin", "manager-shapes", "pp-crash"])
+def test_scan_with_the_senders_beside_is_the_scan_in_one_process(example: str) -> None:
+    """The report (every field) is the same whether the senders ran in a child or not, and the
+    child really ran (its pid is recorded by a wrapper around the work)."""
+    program = f"""
+import json, os, pathlib
+import kvtrace.scan as scan
+from kvtrace.beside import Beside
+from kvtrace.report.json import to_document
+forked = []
+class Watched(Beside):
+    def result(self):
+        data = super().result()
+        forked.append(data is not None)
+        return data
+scan.Beside = Watched
+scan.PARALLEL_MIN_BYTES = 0
+report = scan.scan_path(pathlib.Path("examples/{example}"))
+print(json.dumps({{"forked": forked, "report": to_document([report])}}))
+"""
+    together = json.loads(run(program))
+    alone = json.loads(run(program, {"KVTRACE_NO_FORK": "1"}))
+    assert together["forked"] == [True] and alone["forked"] == [False]
+    for doc in (together, alone):  # run-dependent fields, not results
+        doc["report"].pop("generated", None)
+        for r in doc["report"].get("reports", []):
+            r.pop("duration_seconds", None)
+    assert together["report"] == alone["report"]
+    assert together["report"]["reports"][0]["findings"], "the example has findings to compare"
