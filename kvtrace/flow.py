@@ -663,7 +663,8 @@ class Explorer:
 
     def eval(self, node: cst.CSTNode, path: PathState, frame: Frame) -> list[tuple[PathState, Val]]:
         d = self.c.domain
-        if isinstance(node, cst.Name):
+        kind = _EXPRESSION_KINDS.get(type(node)) or _kind(node, _EXPRESSION_KINDS, _EXPRESSIONS)
+        if kind == "name":
             if node.value == "None":
                 return [(path, frozenset({NONE}))]
             if node.value in ("True", "False"):
@@ -672,7 +673,7 @@ class Explorer:
             if value is None:
                 value = self.constant(node, frame) if node.value not in self.local_names(frame) else None
             return [(path, value if value is not None else d.universe)]
-        if isinstance(node, cst.Attribute):
+        if kind == "attribute":
             const = self.constant(node)
             if const is not None:
                 return [(path, const)]
@@ -696,12 +697,12 @@ class Explorer:
             for p, _ in self.eval(node.value, path, frame):
                 out.append((p, d.universe))
             return out
-        if isinstance(node, cst.Integer):
+        if kind == "integer":
             const = self.constant(node)
             return [(path, const if const is not None else frozenset({OTHER}))]
-        if isinstance(node, cst.Call):
+        if kind == "call":
             return self.call(node, path, frame)
-        if isinstance(node, cst.Subscript) and self.is_table(node.value, frame):
+        if kind == "subscript" and self.is_table(node.value, frame):
             present, absent = self.table_split(path)
             out = []
             line = frame.body.line(node)
@@ -712,12 +713,12 @@ class Explorer:
                 out.append((absent.emit(Event(EventKind.TABLE_RAISE, frame.func.path, line, frame.func.qualname,
                                                 code(node))).ending("raise"), EMPTY))
             return out
-        if isinstance(node, cst.BinaryOperation):
+        if kind == "binary":
             out = []
             for p, (left, right) in self.eval_all([node.left, node.right], path, frame):
                 out.append((p, frozenset({NOW}) if NOW in left or NOW in right else d.universe))
             return _merge_pairs(out)
-        if isinstance(node, cst.Subscript):
+        if kind == "subscript":
             out = []
             for p, container in self.eval(node.value, path, frame):
                 value = d.universe
@@ -725,25 +726,24 @@ class Explorer:
                     value = frozenset({self.state_value()})
                 out.append((p, value))
             return out
-        if isinstance(node, (cst.Comparison, cst.BooleanOperation)) or (
-                isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not)):
+        if kind == "test" or (kind == "unary" and isinstance(node.operator, cst.Not)):
             out = []
             for p, truth, _ in self.branch(node, path, frame):
                 out.append((p, frozenset({TRUE if truth else FALSE})))
             return _merge_pairs(out)
-        if isinstance(node, (cst.Tuple, cst.List, cst.Set)):
+        if kind == "sequence":
             out = []
             for p, values in self.eval_all([e.value for e in node.elements], path, frame):
                 out.append((p, frozenset().union(*values) if values else EMPTY))
             return out
-        if isinstance(node, cst.Await):
+        if kind == "await":
             return self.eval(node.expression, path, frame)
-        if isinstance(node, cst.IfExp):
+        if kind == "ifexp":
             out = []
             for p, truth, _ in self.decide(node.test, path, frame):
                 out.extend(self.eval(node.body if truth else node.orelse, p, frame))
             return out
-        if isinstance(node, (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString, cst.Float)):
+        if kind == "text":
             return [(path, frozenset({OTHER}))]
         # Anything else (lambdas, comprehensions, arithmetic...): evaluate calls inside for effects.
         return self.eval_children_for_effects(node, path, frame)
@@ -764,33 +764,35 @@ class Explorer:
     def constant(self, node: cst.CSTNode, frame: Frame | None = None) -> Val | None:
         """The exact set of values of a constant expression (members, None, literals), else None."""
         d = self.c.domain
-        if isinstance(node, cst.Attribute) and isinstance(node.value, cst.Name):
-            if node.value.value == d.enum and node.attr.value in d.members:
+        kind = _EXPRESSION_KINDS.get(type(node)) or _kind(node, _EXPRESSION_KINDS, _EXPRESSIONS)
+        if kind == "attribute":
+            if isinstance(node.value, cst.Name) and node.value.value == d.enum and node.attr.value in d.members:
                 return frozenset({node.attr.value})
-        if isinstance(node, cst.Attribute) and dotted(node).endswith(f"{d.enum}.{node.attr.value}"):
-            if node.attr.value in d.members:
+            if dotted(node).endswith(f"{d.enum}.{node.attr.value}") and node.attr.value in d.members:
                 return frozenset({node.attr.value})
-        if isinstance(node, cst.Name):
+            return None
+        if kind == "name":
             if node.value == "None":
                 return frozenset({NONE})
             if node.value in ("True", "False"):
                 return frozenset({node.value})
             if frame is not None and node.value not in self.local_names(frame):
                 return self.module_constant(node.value, frame)
-        if isinstance(node, cst.Integer):
+            return None
+        if kind == "integer":
             try:
                 member = d.member_for_int(int(node.evaluated_value))
             except ValueError:
                 member = None
             return frozenset({member}) if member else frozenset({OTHER})
-        if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Minus) and isinstance(node.expression, cst.Integer):
+        if kind == "unary" and isinstance(node.operator, cst.Minus) and isinstance(node.expression, cst.Integer):
             return frozenset({OTHER})
-        if isinstance(node, (cst.Tuple, cst.List, cst.Set)):
+        if kind == "sequence":
             parts = [self.constant(e.value, frame) for e in node.elements if not isinstance(e, cst.StarredElement)]
             if any(isinstance(e, cst.StarredElement) for e in node.elements) or any(p is None for p in parts):
                 return None
             return frozenset().union(*parts) if parts else EMPTY
-        if isinstance(node, (cst.SimpleString, cst.Float)):
+        if kind == "text" and isinstance(node, (cst.SimpleString, cst.Float)):
             return frozenset({OTHER})
         return None
 
@@ -1266,6 +1268,23 @@ def ast_constant(value: ast.expr, domain: Domain) -> Val | None:
             and len(value.args) == 1:
         return ast_constant(value.args[0], domain)
     return None
+
+
+# Explorer.eval's cases in order, by node class; a node type's case is found once (the first
+# whose classes it is an instance of) and kept: libcst's classes are ABCs, slow to isinstance().
+_EXPRESSIONS: tuple[tuple[str, tuple[type, ...]], ...] = (
+    ("name", (cst.Name,)), ("attribute", (cst.Attribute,)), ("integer", (cst.Integer,)), ("call", (cst.Call,)),
+    ("subscript", (cst.Subscript,)), ("binary", (cst.BinaryOperation,)), ("test", (cst.Comparison, cst.BooleanOperation)),
+    ("unary", (cst.UnaryOperation,)), ("sequence", (cst.Tuple, cst.List, cst.Set)), ("await", (cst.Await,)),
+    ("ifexp", (cst.IfExp,)), ("text", (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString, cst.Float)),
+)
+_EXPRESSION_KINDS: dict[type, str] = {}
+
+
+def _kind(node: cst.CSTNode, known: dict[type, str], cases: tuple[tuple[str, tuple[type, ...]], ...]) -> str:
+    """The first case whose classes `node` is an instance of ("other" for none), kept by its type."""
+    kind = known[type(node)] = next((name for name, classes in cases if isinstance(node, classes)), "other")
+    return kind
 
 
 def function_body(node: cst.FunctionDef) -> list[cst.CSTNode]:

@@ -6,6 +6,7 @@ question about names (what `self.kv_mgr.update_status` is, whether an expression
 from __future__ import annotations
 
 import ast
+from functools import lru_cache
 from typing import TYPE_CHECKING, Iterator, Union
 
 from kvtrace.parse import walk as _ast_walk
@@ -34,6 +35,17 @@ def dotted(node: Node, calls: bool = False) -> str:
     """`self.tree_cache.cache_finished_req` for a Name/Attribute chain, '' when the expression is
     not one. A `super()` receiver is written `super().m`; with `calls`, any other call receiver
     is written too (`self.get().m`, as the index names call sites), else the chain is ''."""
+    return _dotted(node, calls) if isinstance(node, ast.AST) else _dotted_cst(node, calls)
+
+
+@lru_cache(maxsize=8192)
+def _dotted_cst(node: "cst.CSTNode", calls: bool) -> str:
+    # Keyed by identity (libcst nodes compare by identity; a cached node stays alive, so its id
+    # is never reused): the flow engine asks for the same few chains thousands of times.
+    return _dotted(node, calls)
+
+
+def _dotted(node: Node, calls: bool) -> str:
     parts: list[str] = []
     if not isinstance(node, ast.AST):
         cst = _cst()
