@@ -487,7 +487,32 @@ def _entry_points(index: Index, sender: ClassInfo, manager: ManagerModel, update
             func = index.find_method(owner, name)
             if func is not None and not is_abstract(func):
                 entries.append((func, owner, prefix))
+        # A function nested in a method (a thread target, a callback) runs when whoever got it
+        # calls it, on the enclosing method's `self`: it is an entry point of its own. One the
+        # method calls by name is run this way too (the method's run does not enter it).
+        for name in names:
+            func = index.find_method(owner, name)
+            if func is not None and name != update:
+                entries.extend((nested, owner, prefix) for nested in nested_functions(func))
     return entries
+
+
+def nested_functions(func: FuncRef) -> list[FuncRef]:
+    """The functions defined inside `func` (at any depth, not inside a nested class, whose
+    `self` is another object), as functions of the same owner: `Owner.method.inner`."""
+    found: list[FuncRef] = []
+    todo: list[tuple[ast.AST, str]] = [(stmt, func.name) for stmt in func.node.body]
+    while todo:
+        node, scope = todo.pop()
+        if isinstance(node, ast.ClassDef):
+            continue
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            name = f"{scope}.{node.name}"
+            found.append(FuncRef(name, func.path, node.lineno, node, func.module, func.owner))
+            todo.extend((stmt, name) for stmt in node.body)
+            continue
+        todo.extend((child, scope) for child in ast.iter_child_nodes(node))
+    return sorted(found, key=lambda f: f.line)
 
 
 def _reachable_table(runner: "_Runner", index: Index, sender: ClassInfo, manager: ManagerModel) -> set[str] | None:
@@ -540,6 +565,8 @@ def _reachable_table(runner: "_Runner", index: Index, sender: ClassInfo, manager
             note(run(func, cls, prefix, start, True))
 
     everything = set(runner.domain.members) | {ABSENT}
+    if _stores_out_of_reach(index, sender, manager, runner.pack.update_method):
+        return None
     try:
         run_all(init, sender, "", ABSENT)
         entries = [e for e in _entry_points(index, sender, manager, runner.pack.update_method)
@@ -556,6 +583,33 @@ def _reachable_table(runner: "_Runner", index: Index, sender: ClassInfo, manager
     return reached
 
 
+def _stores_out_of_reach(index: Index, sender: ClassInfo, manager: ManagerModel, update: str) -> bool:
+    """Whether some method holds a table update that no run enters: one in a lambda (a callback
+    body) or in a class defined inside the method (its `self` is another object). Its states
+    are never dropped: then every stored state counts."""
+    table = manager.ref.table
+    for owner in (manager.cls, sender):
+        for c in index.mro(owner):
+            for func in c.methods.values():
+                todo: list[tuple[ast.AST, bool]] = [(stmt, False) for stmt in func.node.body]
+                while todo:
+                    node, hidden = todo.pop()
+                    if hidden and _stores_into(node, update, table):
+                        return True
+                    hidden = hidden or isinstance(node, (ast.Lambda, ast.ClassDef))
+                    todo.extend((child, hidden) for child in ast.iter_child_nodes(node))
+    return False
+
+
+def _stores_into(node: ast.AST, update: str, table: str | None) -> bool:
+    """`x.update_status(...)`, `x.<table>[k] = v` / `del`, `x.<table>.pop|setdefault|...(...)`."""
+    if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+        return node.func.attr == update or node.func.attr in ("pop", "setdefault", "update", "clear", "__setitem__") \
+            and _ends_with(node.func.value, table or "")
+    return isinstance(node, ast.Subscript) and isinstance(node.ctx, (ast.Store, ast.Del)) \
+        and _ends_with(node.value, table or "")
+
+
 REACH_RUNS = 48  # past this many runs (or REACH_PATHS paths at a statement) the table's
 REACH_PATHS = 96  # reachable values are not refined: every stored state counts
 
@@ -564,8 +618,11 @@ def _touches_table(index: Index, func: FuncRef, prefix: str, manager: ManagerMod
     """Whether running `func` can store into or clear the status table: a manager method that
     reaches it; a sender method that (through its own calls) calls such a manager method or
     names the table."""
-    if prefix == MANAGER:
-        return relevant is None or id(func.node) in relevant
+    if relevant is None or id(func.node) in relevant:
+        if prefix == MANAGER:
+            return True
+    elif prefix == MANAGER and func.owner is not None and func.owner.methods.get(func.name) is func:
+        return False
     names = {f.name for c in index.mro(manager.cls) for f in c.methods.values()
              if relevant is None or id(f.node) in relevant}
     seen: set[int] = set()
@@ -583,6 +640,8 @@ def _touches_table(index: Index, func: FuncRef, prefix: str, manager: ManagerMod
                 recv = node.func.value
                 if isinstance(recv, ast.Name) and recv.id == "self":
                     callee = index.find_method(f.owner, node.func.attr)
+                    if prefix == MANAGER and callee is not None and (relevant is None or id(callee.node) in relevant):
+                        return True  # a function nested in a manager method that updates the table
                     todo.extend([callee] if callee is not None else [])
                 elif isinstance(recv, ast.Call) and isinstance(recv.func, ast.Name) and recv.func.id == "super":
                     todo.extend(c.methods[node.func.attr] for c in index.mro(f.owner)[1:] if node.func.attr in c.methods)

@@ -24,6 +24,7 @@ from kvtrace.model import (
     EventKind,
     FetchLimits,
     FetchResult,
+    Filters,
     ModeInfo,
     QueueReport,
     Report,
@@ -165,7 +166,7 @@ def _in_scope(files: list[SourceFile], pack: Pack, root: str, scope: str) -> lis
             return True
         if not _inside(f.path, scope):
             return False
-        if f.status in ("too-large", "unreadable"):
+        if f.status in ("too-large", "unreadable", "skipped"):
             return True
         return any(q in f.data for q in queues)
 
@@ -238,8 +239,12 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
         entries = [s for s in queue.static_sites if s.kind is EventKind.ENTRY]
         model = ScanModel(queue, senders, domain)
         ctx = ScanContext(queue_pack, domain, index, model, entries)
-        findings += [f for rule in rules if rule.per_queue or number == 0 for f in rule().check(ctx)
-                     if settings.wants_backend(f.backend)]
+        for rule in rules:
+            if rule.per_queue or number == 0:
+                for f in rule().check(ctx):
+                    if settings.wants_backend(f.backend):
+                        f.queue = name if rule.per_queue else None  # one verdict grid per queue
+                        findings.append(f)
         if queue.unparsed:
             # Never a silent skip, nor a confident "undrained": the scan is incomplete (exit 3).
             problems.append(f"could not be parsed with libcst, so the analysis of {name} is incomplete: "
@@ -268,6 +273,10 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
         graph=queue.graph.as_data(),
     )
     report.gaps = find_gaps(report, enum_evidence.path)
+    found = {s.backend.name for s in senders}
+    report.filters = Filters(settings.source, settings.select, settings.ignore,
+                             tuple(sorted(found & set(settings.ignore_backends))),
+                             tuple(sorted(set(settings.ignore_backends) - found)))
     return report
 
 

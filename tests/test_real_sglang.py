@@ -346,3 +346,44 @@ def test_a_state_behind_an_unfollowed_return_is_undecided_not_never() -> None:
             for state in grid.states:
                 if state not in b.returns and grid.cells[b.name, state][0] != NOT_RETURNED:
                     assert any(f.backend == b.name and f.state == state for f in report.findings)
+
+
+def _store_lines(root: Path, rel: str, state: str) -> list[int]:
+    """Lines of `rel` that store `state` through update_status (read independently, with ast)."""
+    tree = ast.parse((root / rel).read_text())
+    return [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+            and n.func.attr == "update_status" and any(isinstance(a, ast.Attribute) and a.attr == state
+                                                       for a in ast.walk(n))]
+
+
+def _nested_def_lines(root: Path, rel: str) -> list[tuple[int, int]]:
+    """(first, last) lines of the functions defined inside a method of `rel`."""
+    tree = ast.parse((root / rel).read_text())
+    spans = []
+    for cls in (n for n in tree.body if isinstance(n, ast.ClassDef)):
+        for method in (m for m in cls.body if isinstance(m, ast.FunctionDef)):
+            spans += [(d.lineno, d.end_lineno) for d in ast.walk(method)
+                      if isinstance(d, ast.FunctionDef) and d is not method]
+    return spans
+
+
+@pytest.mark.parametrize(("version", "backend", "states"), [
+    # mori's bootstrap_worker closure hands each message to _handle_transfer_message, which
+    # stores WaitingForInput; the closure is only started as a thread.
+    ("0.5.9", "mori", {"WaitingForInput"}),
+    # mooncake's transfer_thread closure stores Failed and Success (its bootstrap_thread closure
+    # WaitingForInput), both started with threading.Thread(target=...).
+    ("0.4.6.post5", "mooncake", {"Failed", "Success"}),
+])
+def test_states_stored_by_thread_closures_are_returned(version: str, backend: str, states: set[str]) -> None:
+    root = sglang_tree(version)
+    rel = f"sglang/srt/disaggregation/{backend}/conn.py"
+    spans = _nested_def_lines(root, rel)
+    for state in states:  # the premise, read from the release: the only update is in a closure...
+        calls = _store_lines(root, rel, state)
+        assert calls, state
+    report = scan_path(root)
+    found = next(b for b in report.backends if b.name == backend)
+    assert states <= set(found.returns), found.returns  # ...and kvtrace follows it
+    if version == "0.4.6.post5":  # no method of this manager stores them outside a closure
+        assert all(any(a <= line <= b for a, b in spans) for s in states for line in _store_lines(root, rel, s))
