@@ -5,6 +5,7 @@ writes, and which timeout checks it passes on the way to returning each state.""
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from kvtrace.flow import MANAGER, TABLE, Config, CstBody, Event, Explorer, Frame, PathLimit, PathState, function_body
@@ -50,13 +51,18 @@ def is_abstract(func: FuncRef) -> bool:
     return False
 
 
-def analyse_backends(index: Index, pack: Pack, domain: Domain, root: str, problems: list[str]) -> list[SenderAnalysis]:
+def analyse_backends(index: Index, pack: Pack, domain: Domain, root: str, problems: list[str],
+                     take: Callable[[int], bool] | None = None) -> list[SenderAnalysis]:
+    """Each backend's sender, in (path, line) order. `take(i)` says whether this process
+    analyses the i-th sender class (kvtrace.scan shares them with a forked child); None: all."""
     results = []
     _ASSIGNED.clear()
     _ASSIGNED_BY_FUNCTIONS.clear()
-    senders = [c for c in index.subclasses_of(pack.sender_base) if not matches(c.name, pack.exclude_classes)]
+    senders = sender_classes(index, pack)
     mappings = _class_mappings(index)
-    for cls in senders:
+    for position, cls in enumerate(senders):
+        if take is not None and not take(position):
+            continue
         # An intermediate class that a sender of the same backend builds on is not a backend
         # of its own: the class that extends it is what the backend creates.
         folder = backend_name(cls.path, root)
@@ -69,6 +75,11 @@ def analyse_backends(index: Index, pack: Pack, domain: Domain, root: str, proble
         except RecursionError:
             problems.append(f"{cls.name}.{pack.poll_method}() is nested too deeply to analyse ({cls.path}:{cls.line})")
     return results
+
+
+def sender_classes(index: Index, pack: Pack) -> list[ClassInfo]:
+    """Every class built on the pack's sender base (intermediate ones included), in (path, line) order."""
+    return [c for c in index.subclasses_of(pack.sender_base) if not matches(c.name, pack.exclude_classes)]
 
 
 # --- pairing a sender with its manager ---------------------------------------------------------

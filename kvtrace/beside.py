@@ -15,6 +15,7 @@ never depends on whether the child ran.
 from __future__ import annotations
 
 import gc
+import mmap
 import os
 import signal
 import sys
@@ -68,6 +69,11 @@ class Beside:
         self._pid, self._fd = pid, read_end
         return self
 
+    @property
+    def forked(self) -> bool:
+        """A child is running (its result() is still to be read)."""
+        return self._pid is not None
+
     def result(self) -> bytes | None:
         if self._pid is None or self._fd is None:
             return None
@@ -93,3 +99,29 @@ class Beside:
                 pass
             os.waitpid(self._pid, 0)
             self._pid = None
+
+
+class Claims:
+    """Work items 0..n-1 shared by a parent and its forked child: `claim(i)` is True for exactly
+    one of them, whichever asks first, so each takes what the other has not started. One byte
+    per item in memory both see (an anonymous shared mapping made before the fork), guarded by a
+    pipe holding one token (reading a byte from a pipe is atomic: one process gets it)."""
+
+    def __init__(self, count: int):
+        self._taken = mmap.mmap(-1, max(count, 1))
+        self._lock_read, self._lock_write = os.pipe()
+        os.write(self._lock_write, b"t")
+
+    def claim(self, item: int) -> bool:
+        os.read(self._lock_read, 1)
+        try:
+            won = self._taken[item] == 0
+            self._taken[item] = 1
+        finally:
+            os.write(self._lock_write, b"t")
+        return won
+
+    def close(self) -> None:
+        os.close(self._lock_read)
+        os.close(self._lock_write)
+        self._taken.close()

@@ -48,10 +48,20 @@ def cache_dir() -> Path:
 
 
 def max_bytes() -> int:
-    try:
-        return int(os.environ.get("KVTRACE_CACHE_MAX_BYTES", DEFAULT_MAX_BYTES))
-    except ValueError:
+    """The bound from KVTRACE_CACHE_MAX_BYTES; a value that is not a whole number of bytes is
+    an input error (a typo silently meaning 64 MiB is a setting that does nothing)."""
+    text = os.environ.get("KVTRACE_CACHE_MAX_BYTES")
+    if text is None or text.strip() == "":
         return DEFAULT_MAX_BYTES
+    try:
+        value = int(text.strip())
+    except ValueError:
+        value = -1
+    if value < 0:
+        from kvtrace.errors import InputError
+
+        raise InputError(f"KVTRACE_CACHE_MAX_BYTES={text!r}: not a number of bytes (e.g. 67108864; 0 keeps nothing)")
+    return value
 
 
 _CODE_DIGEST: str | None = None
@@ -81,10 +91,12 @@ def pack_digest(pack: object) -> str:
 
 
 def tree_digest(files: list[SourceFile]) -> str:
-    """sha256 over the sorted (path, sha256) pairs: the identity of a fetched tree."""
+    """sha256 over the sorted (path, sha256, status, why) of each file: the identity of a fetched
+    tree. A file not read has no bytes to hash: its reason (a size, where a link leads) is what
+    the report shows, so it is part of the key."""
     digest = hashlib.sha256()
     for f in sorted(files, key=lambda f: f.path):
-        digest.update(f"{f.path}\0{f.sha256}\0{f.status}\n".encode("utf-8", "surrogateescape"))
+        digest.update(f"{f.path}\0{f.sha256}\0{f.status}\0{f.error or ''}\n".encode("utf-8", "surrogateescape"))
     return digest.hexdigest()
 
 

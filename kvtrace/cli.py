@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import traceback
 from enum import Enum
@@ -82,6 +83,24 @@ def _root(
     pass
 
 
+class _Verdict:
+    """The exit code a command has decided before it writes its report: a reader that goes
+    away (`kvtrace scan ... | head`) must not turn an INCOMPLETE (3) or findings (1) into 0."""
+
+    code: int | None = None
+
+
+verdict = _Verdict()
+
+
+def closed_pipe(stream) -> None:
+    """The reader of `stream` went away: what is left for it goes to /dev/null, so nothing
+    buffered fails again (click would make that exit 1, the interpreter 120)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, stream.fileno())
+    os.close(devnull)
+
+
 def _fail(message: str, code: int = EXIT_INPUT) -> typer.Exit:
     typer.echo(f"kvtrace: error: {plain(message)}", err=True)
     return typer.Exit(code)
@@ -106,12 +125,43 @@ def check_output_path(path: Path) -> None:
         raise InputError(f"--output {path}: cannot create a file in {parent}: permission denied")
 
 
+# An extension that says what a file holds -> the formats that may be written to it.
+_EXTENSION_FORMATS: dict[str, tuple[OutputFormat, ...]] = {
+    ".sarif.json": (OutputFormat.sarif,),
+    ".sarif": (OutputFormat.sarif,),
+    ".json": (OutputFormat.json, OutputFormat.sarif),  # SARIF is JSON too
+    ".md": (OutputFormat.markdown,),
+    ".markdown": (OutputFormat.markdown,),
+    ".html": (OutputFormat.html,),
+    ".htm": (OutputFormat.html,),
+}
+
+
+def report_format(given: OutputFormat | None, output: Path | None) -> OutputFormat:
+    """--format, else what the --output file's extension says (else text); a --format the
+    extension contradicts is refused rather than writing, say, text into kvtrace.sarif."""
+    name = output.name.lower() if output is not None else ""
+    extension = next((e for e in _EXTENSION_FORMATS if name.endswith(e) and len(name) > len(e)), None)
+    if extension is None:
+        return given or OutputFormat.text
+    allowed = _EXTENSION_FORMATS[extension]
+    if given is None:
+        return allowed[0]
+    if given not in allowed:
+        raise InputError(f"--format {given.value} contradicts --output {output} (a {extension} file is "
+                         f"{' or '.join(f.value for f in allowed)}); change one of them")
+    return given
+
+
 def check_targets(targets: list[str]) -> None:
-    """Every TARGET parses (malformed remote forms, `-`) before the first one is fetched."""
-    from kvtrace.target import parse_target
+    """Every TARGET parses (malformed remote forms, `-`, a local symlink loop) before the first
+    one is fetched."""
+    from kvtrace.fetch.local import refuse_symlink_loop
+    from kvtrace.target import LocalTarget, parse_target
 
     for text in targets:
-        parse_target(text)
+        if isinstance(parse_target(text), LocalTarget):
+            refuse_symlink_loop(Path(text))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -132,7 +182,8 @@ def scan(
         metavar="TARGET",
         help="Local paths (an SGLang checkout, an installed sglang package, or its disaggregation "
              "folder) or remote ones: [user@]host[:port]:path or ssh://[user@]host[:port]/path.")] = None,
-    output_format: Annotated[OutputFormat, typer.Option("--format", "-f", help="Report format.")] = OutputFormat.text,
+    given_format: Annotated[Optional[OutputFormat], typer.Option("--format", "-f",
+        help="Report format. Default: from the --output file's extension (.sarif, .json, .md, .html), else text.")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", metavar="FILE",
         help="Write the report to FILE (checked before scanning).")] = None,
     rules: Annotated[Optional[str], typer.Option("--rules", metavar="PACK|FILE",
@@ -215,6 +266,7 @@ def scan(
         if not wanted:
             raise InputError("no TARGET: give paths or hosts, or --hosts FILE")
         check_targets(wanted)
+        output_format = report_format(given_format, output)
         for path in (output, write_baseline):
             if path is not None:
                 check_output_path(path)
@@ -225,6 +277,7 @@ def scan(
             from kvtrace.metrics import parse_metrics_url
 
             parse_metrics_url(metrics)
+        cache = None if no_cache else Cache()
     except KvtraceError as exc:
         raise _fail(str(exc))
     limits = FetchLimits(max_file_bytes=max_file_bytes, max_files=max_files, max_total_bytes=max_total_bytes)
@@ -238,7 +291,7 @@ def scan(
             log.debug("%s: baseline: %d unchanged, %d new, %d no longer found", target, compared.unchanged,
                       compared.new, len(compared.gone))
 
-    options = FleetOptions(packs, settings, limits, ssh, jobs, None if no_cache else Cache(), metrics,
+    options = FleetOptions(packs, settings, limits, ssh, jobs, cache, metrics,
                            metrics_seconds, after_scan=after_scan, scan_all=scan_all)
     fleet = len(wanted) > 1
     with Progress(fleet and not quiet and not verbose and sys.stderr.isatty()) as progress:
@@ -253,10 +306,14 @@ def scan(
         else:
             log.debug("%s: fetched %d files in %.2fs; %s in %.2fs", r.target, len(r.report.files), r.timings["fetch"],
                       "cached result" if r.cached else "analysed", r.timings["analyse"])
+    verdict.code = worst_exit(r.exit_code for r in results)  # what the run exits with, whatever stdout does
     reports = [report for r in results for report in r.reports]
     if reports:
         try:
-            _write(reports, output_format, output, no_map, sarif_root)
+            try:
+                _write(reports, output_format, output, no_map, sarif_root)
+            except BrokenPipeError:  # `| head`: the files below are still written, the code kept
+                closed_pipe(sys.stdout)
             if graph is not None:
                 from kvtrace.report import graph_export
 
@@ -267,14 +324,19 @@ def scan(
                 write_baseline.write_text(render_json(reports), encoding="utf-8")
         except OSError as exc:
             raise _fail(f"cannot write the report: {exc.strerror or exc}: {exc.filename or output}")
-    report_gaps(reports, quiet)
-    if not quiet and (fleet or metrics is not None):
-        summary = render_summary([summarise(r) for r in results])
-        if output_format is OutputFormat.text and output is None:
-            typer.echo("\n" + summary, nl=False)
-        else:
-            typer.echo(summary, err=True, nl=False)
-    raise typer.Exit(worst_exit(r.exit_code for r in results))
+    try:
+        warn_unknown_backends(reports, settings, overrides)
+        report_gaps(reports, quiet)
+        if not quiet and (fleet or metrics is not None):
+            summary = render_summary([summarise(r) for r in results])
+            if output_format is OutputFormat.text and output is None:
+                typer.echo("\n" + summary, nl=False)
+            else:
+                typer.echo(summary, err=True, nl=False)
+    except BrokenPipeError:  # `2>&1 | head`
+        closed_pipe(sys.stdout)
+        closed_pipe(sys.stderr)
+    raise typer.Exit(verdict.code)
 
 
 def _names(values: list[str] | None) -> tuple[str, ...]:
@@ -291,6 +353,22 @@ def _settings(target: str, overrides):
     start = Path(target) if isinstance(local, LocalTarget) else None
     known = {r.name for r in ALL_RULES} | {r.code for r in ALL_RULES}
     return resolve(start, Path.cwd(), overrides, known)
+
+
+def warn_unknown_backends(reports: list[Report], settings: dict, overrides) -> None:
+    """A backend name to leave out that the tree does not have is a warning, not an error: a
+    typo can only leave more in (the gate gets stricter, never blind), and one list serves
+    trees of several SGLang versions whose backends differ. Silence would hide a stale filter."""
+    for report in reports:
+        unknown = report.filters.unknown_backends
+        if not unknown:
+            continue
+        source = "--ignore-backend" if overrides.ignore_backends else \
+            f"ignore-backends in {getattr(settings.get(report.target), 'source', None) or report.filters.config}"
+        found = sorted({b.name for b in report.backends} | set(report.filters.ignored_backends))
+        typer.echo(plain(f"kvtrace: warning: {report.target}: {source}: no backend {', '.join(unknown)} in this "
+                         f"tree (its backends: {', '.join(found) or 'none'}); nothing left out for "
+                         f"{'it' if len(unknown) == 1 else 'them'}"), err=True)
 
 
 def report_gaps(reports: list[Report], quiet: bool) -> None:
@@ -456,11 +534,12 @@ def merge(
         hosts = merge_files(reports, fail_on.value)
     except KvtraceError as exc:
         raise _fail(str(exc))
+    verdict.code = worst_exit(h.exit_code for h in hosts)
     if output_format == "json":
         typer.echo(json.dumps(summary_json(hosts), indent=2))
     else:
         typer.echo(render_summary(hosts), nl=False)
-    raise typer.Exit(worst_exit(h.exit_code for h in hosts))
+    raise typer.Exit(verdict.code)
 
 
 cache_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,
@@ -473,7 +552,10 @@ def cache_info() -> None:
     """Where the cache is, how many entries and bytes it holds, and its bound."""
     from kvtrace.cache import Cache
 
-    info = Cache().info()
+    try:
+        info = Cache().info()
+    except KvtraceError as exc:
+        raise _fail(str(exc))
     typer.echo(f"path     {info.path}\nentries  {info.entries}\nsize     {info.total_bytes} bytes "
                f"(bound {info.max_bytes}; KVTRACE_CACHE_MAX_BYTES)")
 
@@ -483,7 +565,10 @@ def cache_clear() -> None:
     """Remove every cached result."""
     from kvtrace.cache import Cache
 
-    cache = Cache()
+    try:
+        cache = Cache()
+    except KvtraceError as exc:
+        raise _fail(str(exc))
     typer.echo(f"removed {cache.clear()} entries from {cache.dir}")
 
 
@@ -509,8 +594,9 @@ def explain(rule: Annotated[str, typer.Argument(metavar="RULE",
     """Show what a rule finds, why it matters, an example and the fix."""
     found = find_rule(rule)
     if found is None:
-        known = ", ".join(f"{r.code} {r.name}" for r in ALL_RULES)
-        raise _fail(f"unknown rule {rule!r}; known: {known}")
+        from kvtrace.config import unknown_rule
+
+        raise _fail(unknown_rule(rule, {r.name for r in ALL_RULES} | {r.code for r in ALL_RULES}))
     width = _text_width()
     typer.echo(_hanging("", f"{found.code} {found.name} ({found.severity}): {found.title}", width) + "\n")
     typer.echo(_reflow(found.docs(), width))
@@ -596,14 +682,17 @@ def main(argv: list[str] | None = None) -> None:
     args = sys.argv[1:] if argv is None else argv
     exceptions = _click_exceptions()
     command = typer.main.get_command(app)
+    verdict.code = None
     try:
         code = command.main(args=args, prog_name="kvtrace", standalone_mode=False)
+        sys.stdout.flush()  # here, not at interpreter exit, where a closed pipe would mean exit 120
+        sys.stderr.flush()
     except exceptions.NoArgsIsHelpError as exc:
         typer.echo(exc.ctx.get_help() if exc.ctx else "", err=True)
         code = EXIT_INPUT
     except exceptions.UsageError as exc:
         hint = f" (see 'kvtrace {exc.ctx.info_name} --help')" if exc.ctx and exc.ctx.parent else " (see 'kvtrace --help')"
-        message = " ".join(exc.format_message().split())
+        message = _usage_message(exc) or " ".join(exc.format_message().split())
         typer.echo(f"kvtrace: error: {message}{hint}", err=True)
         code = EXIT_INPUT
     except (_Interrupted, KeyboardInterrupt, typer.Abort):
@@ -613,13 +702,46 @@ def main(argv: list[str] | None = None) -> None:
         # Not sys.exit: it would join fleet worker threads still blocked on remote hosts.
         os._exit(130)
     except BrokenPipeError:
-        # The reader went away (`kvtrace scan ... | head`): not an error worth a line.
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        code = EXIT_CLEAN
+        # The reader went away (`kvtrace scan ... | head`, maybe with 2>&1): not an error worth
+        # a line, and the exit code stays the scan's verdict. Both streams go to /dev/null so
+        # nothing buffered fails again at interpreter exit.
+        closed_pipe(sys.stdout)
+        closed_pipe(sys.stderr)
+        code = verdict.code if verdict.code is not None else EXIT_CLEAN
     except Exception as exc:  # a bug in kvtrace
         _internal(plain(f"internal error: {type(exc).__name__}: {exc}"), exc, args)
         code = EXIT_INTERNAL
     sys.exit(code if isinstance(code, int) else EXIT_CLEAN)
+
+
+# typer (0.29) validates options with pydantic and words its errors; say the same in ours.
+_USAGE_WORDING = [
+    (re.compile(r"Value error, '(?P<value>.*)' is not one of (?P<choices>.*?)\.?$"), None),
+    (re.compile(r"Input should be a valid integer.*"), "not a whole number"),
+    (re.compile(r"Input should be a valid number.*"), "not a number"),
+    (re.compile(r"Input should be greater than or equal to (?P<n>\S+)"), "must be at least {n}"),
+    (re.compile(r"Input should be less than or equal to (?P<n>\S+)"), "must be at most {n}"),
+    (re.compile(r"Input should be greater than (?P<n>\S+)"), "must be more than {n}"),
+    (re.compile(r"Input should be less than (?P<n>\S+)"), "must be less than {n}"),
+]
+
+
+def _usage_message(exc: Exception) -> str | None:
+    """`--format pdf: not one of text, json, ...` instead of the validation library's words."""
+    param = getattr(exc, "param", None)
+    opts = getattr(param, "opts", None)
+    text = str(getattr(exc, "message", ""))
+    if not opts:
+        return None
+    for pattern, wording in _USAGE_WORDING:
+        match = pattern.fullmatch(text.strip())
+        if match is None:
+            continue
+        if wording is None:
+            choices = re.findall(r"'([^']*)'", match.group("choices"))
+            return f"{opts[0]} {match.group('value')}: not one of {', '.join(choices)}"
+        return f"{opts[0]}: {wording.format(**match.groupdict())}"
+    return None
 
 
 def _internal(message: str, exc: BaseException | None, args: list[str]) -> None:

@@ -8,7 +8,9 @@ and the key: a misspelt `ignore-backend` silently doing nothing is how CI gates 
 
 from __future__ import annotations
 
+import difflib
 import tomllib
+from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
@@ -55,7 +57,10 @@ def find_pyproject(start: Path | None, cwd: Path) -> Path | None:
     """The first pyproject.toml with a [tool.kvtrace] table: the target and its parents, then cwd."""
     candidates: list[Path] = []
     if start is not None:
-        start = start.resolve()
+        try:
+            start = start.resolve()
+        except (OSError, RuntimeError):  # a symlink loop: refused with its own message elsewhere
+            start = start.absolute()
         folder = start if start.is_dir() else start.parent
         candidates += [folder, *folder.parents]
     candidates.append(cwd.resolve())
@@ -106,11 +111,23 @@ def load_settings(path: Path, known_rules: set[str]) -> Settings:
     return settings
 
 
-def check_rules(settings: Settings, known_rules: set[str], where: str) -> None:
+def unknown_rule(name: str, known_rules: Iterable[str]) -> str:
+    """`unknown rule 'pined-state'; did you mean pinned-state? (`kvtrace rules` lists them)`."""
+    known = sorted(known_rules)
+    by_fold = {k.lower(): k for k in known}
+    close = [by_fold[name.lower()]] if name.lower() in by_fold else \
+        [by_fold[m] for m in difflib.get_close_matches(name.lower(), list(by_fold), n=2, cutoff=0.6)]
+    hint = f"; did you mean {' or '.join(close)}?" if close else ""
+    return f"unknown rule {name!r}{hint} (`kvtrace rules` lists them)"
+
+
+def check_rules(settings: Settings, known_rules: set[str], where: str | None) -> None:
+    """Every rule named exists; `where` is the file's table, or None for the command line."""
     for key, names in (("select", settings.select), ("ignore", settings.ignore)):
         unknown = [n for n in names if n not in known_rules]
         if unknown:
-            raise InputError(f"{where}: {key}: unknown rule {unknown[0]!r} (known: {', '.join(sorted(known_rules))})")
+            said = f"--{key} {unknown[0]}: " if where is None else f"{where}: {key}: "
+            raise InputError(said + unknown_rule(unknown[0], known_rules))
 
 
 @dataclass(frozen=True)
@@ -129,7 +146,7 @@ def resolve(target: Path | None, cwd: Path, overrides: Overrides, known_rules: s
     """The file's settings with the command line's on top (each option given replaces the key)."""
     found = find_pyproject(target, cwd)
     settings = load_settings(found, known_rules) if found else Settings()
-    check_rules(Settings(select=overrides.select, ignore=overrides.ignore), known_rules, "command line")
+    check_rules(Settings(select=overrides.select, ignore=overrides.ignore), known_rules, None)
     changes = {name: getattr(overrides, name) for name in ("select", "ignore", "ignore_backends")
                if getattr(overrides, name)}
     changes |= {name: getattr(overrides, name) for name in ("pack", "fail_on", "baseline")

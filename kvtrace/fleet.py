@@ -16,9 +16,10 @@ import re
 import socket
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Iterable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -282,6 +283,8 @@ def run_fleet(targets: list[str], options: FleetOptions, log: Log | None = None,
                     found["metrics"] = sample(tcp_opener, url, options.metrics_seconds, options.metrics_interval)
             result.metrics = found.get("metrics")
             for report in result.reports:
+                # The cache keys on what is selected, not on which file said so: stamp it per run.
+                report.filters = replace(report.filters, config=getattr(settings, "source", None))
                 report.host_facts = {
                     "host": _host_label(target),
                     "sglang_version": result.sglang_version,
@@ -446,9 +449,13 @@ def summaries_from_json(data: Any, source: str, fail_on: str = "note") -> list[H
 
 
 def merge_files(paths: list[Path], fail_on: str = "note") -> list[HostSummary]:
+    """Host summaries from JSON report files. A file holding no report is an error (a merge of
+    nothing would be a gate that cannot fail); hosts that carry the same name (two reports made
+    on one machine) are told apart by the file each came from."""
     import json
 
     hosts: list[HostSummary] = []
+    sources: list[tuple[str, int]] = []  # per host: the file it came from, its place in that file
     for path in paths:
         try:
             data = json.loads(path.read_text(encoding="utf-8"))
@@ -456,5 +463,16 @@ def merge_files(paths: list[Path], fail_on: str = "note") -> list[HostSummary]:
             raise InputError(f"{path}: {exc.strerror or exc}") from None
         except (UnicodeDecodeError, json.JSONDecodeError) as exc:
             raise InputError(f"{path}: not JSON ({exc})") from None
-        hosts.extend(summaries_from_json(data, str(path), fail_on))
+        found = summaries_from_json(data, str(path), fail_on)
+        if not found:
+            raise InputError(f"{path}: holds no report (run `kvtrace scan --format json` on each host); "
+                             "nothing to merge")
+        hosts.extend(found)
+        sources.extend((str(path), i) for i in range(len(found)))
+    names = Counter(h.target for h in hosts)
+    per_file = Counter((h.target, source) for h, (source, _) in zip(hosts, sources))
+    for host, (source, index) in zip(hosts, sources):
+        if names[host.target] > 1:
+            part = f", report {index + 1}" if per_file[(host.target, source)] > 1 else ""
+            host.target = f"{host.target} ({source}{part})"
     return hosts

@@ -304,6 +304,7 @@ class Finding:
     suppressed: str | None = None  # path:line of the `# kvtrace: ignore[...]` comment that silences it
     baseline: str | None = None  # "new" or "unchanged" when compared with a baseline
     code: str = ""  # the rule's short code (KVT001); `rule` is its name
+    queue: str | None = None  # the queue whose drain it is about (None: the backends alone)
 
 
 @dataclass(frozen=True)
@@ -328,6 +329,38 @@ class DetectedVersion:
     line: int
 
 
+@dataclass(frozen=True)
+class Filters:
+    """What the scan was told to leave out and where that came from, so a report never hides
+    that it was filtered (text header, JSON `filters`)."""
+
+    config: str | None = None  # the pyproject.toml whose [tool.kvtrace] was applied
+    select: tuple[str, ...] = ()  # only these rules (empty: every rule)
+    ignore: tuple[str, ...] = ()  # rules left out
+    ignored_backends: tuple[str, ...] = ()  # backends of the tree that were left out
+    unknown_backends: tuple[str, ...] = ()  # backends asked to be left out that the tree does not have
+
+    @property
+    def active(self) -> bool:
+        return bool(self.config or self.select or self.ignore or self.ignored_backends or self.unknown_backends)
+
+    def describe(self) -> str:
+        """One line: `config pyproject.toml · left out: backend fake · rules: only pinned-state`."""
+        parts = [f"config {self.config}"] if self.config else []
+        if self.ignored_backends:
+            parts.append("left out: backend" + ("s " if len(self.ignored_backends) > 1 else " ")
+                         + ", ".join(self.ignored_backends))
+        if self.unknown_backends:
+            parts.append("no such backend to leave out: " + ", ".join(self.unknown_backends))
+        if self.select:
+            parts.append("rules: only " + ", ".join(self.select))
+        if self.ignore:
+            parts.append("rules left out: " + ", ".join(self.ignore))
+        if len(parts) == 1 and self.config:
+            parts.append("nothing left out")
+        return " · ".join(parts)
+
+
 @dataclass
 class Report:
     target: str
@@ -341,6 +374,7 @@ class Report:
     schema: str = SCHEMA
     gaps: list[Gap] = field(default_factory=list)
     version: DetectedVersion | None = None
+    filters: Filters = field(default_factory=Filters)
 
     @property
     def incomplete(self) -> bool:

@@ -109,7 +109,7 @@ def parse_modules(sources: list[SourceFile], max_nodes: int = MAX_AST_NODES) -> 
         # Checked before parsing too, so the file that would overflow is never built in memory.
         if held and held + len(source.data) * NODES_PER_BYTE_AT_MOST > max_nodes and source.status == "ok":
             source.status = "too-large"
-            source.error = (f"not analysed: {len(source.data):,} bytes could exceed the {max_nodes:,}-node parse "
+            source.error = (f"{len(source.data):,} bytes could exceed the {max_nodes:,}-node parse "
                             "budget (which bounds memory) left after smaller files")
             continue
         module = parse_module(source)
@@ -118,7 +118,7 @@ def parse_modules(sources: list[SourceFile], max_nodes: int = MAX_AST_NODES) -> 
         nodes = count_nodes(module.tree)
         if held + nodes > max_nodes and held:
             source.status = "too-large"
-            source.error = f"not analysed: {nodes:,} syntax nodes would exceed the {max_nodes:,}-node parse budget (which bounds memory)"
+            source.error = f"{nodes:,} syntax nodes would exceed the {max_nodes:,}-node parse budget (which bounds memory)"
             continue
         held += nodes
         parsed[index] = module

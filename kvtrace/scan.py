@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import pickle
 import re
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from kvtrace.beside import Beside
+from kvtrace.beside import Beside, Claims
 from kvtrace.config import Settings
 from kvtrace.rules import ALL_RULES, ScanContext
 from kvtrace.errors import AmbiguousTarget, InputError
@@ -23,6 +24,7 @@ from kvtrace.model import (
     EventKind,
     FetchLimits,
     FetchResult,
+    Filters,
     ModeInfo,
     QueueReport,
     Report,
@@ -164,7 +166,7 @@ def _in_scope(files: list[SourceFile], pack: Pack, root: str, scope: str) -> lis
             return True
         if not _inside(f.path, scope):
             return False
-        if f.status in ("too-large", "unreadable"):
+        if f.status in ("too-large", "unreadable", "skipped"):
             return True
         return any(q in f.data for q in queues)
 
@@ -176,7 +178,7 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
     """Analyse one package of the fetched tree: `root` (from locate_packages), or the only one."""
     # The analysis stages (and libcst under them) are imported here, not with the module: a rescan
     # served from the cache only locates the package (locate_packages) and never needs them.
-    from kvtrace.backends import analyse_backends
+    from kvtrace.backends import analyse_backends, sender_classes
     from kvtrace.graph import QueueAnalysis, ScanModel, StateGraph, analyse_queue, find_enum, static_sites
 
     pack = pack or load_pack()
@@ -197,24 +199,35 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
     domain, enum_evidence = enum
     problems: list[str] = []
     queue_names = pack.queues or (pack.queue,)
-    # The senders are analysed beside the queue (kvtrace.beside) when the work is worth a fork.
+    # The senders are analysed beside the queue (kvtrace.beside) when the work is worth a fork:
+    # the child takes them in order, the parent the ones it has not started once the queue is done.
     big = sum(len(f.data) for f in in_scope) >= PARALLEL_MIN_BYTES
     before = {f.path: (f.status, f.error) for f in in_scope}
-    with Beside(lambda: _senders_out(index, pack, domain, root, in_scope, before), enabled=big) as child:
-        queues: list[tuple[QueueAnalysis, list[str]]] = []
-        for name in queue_names:
-            queue_pack = pack.for_queue(name)
-            try:
-                queues.append((analyse_queue(index, queue_pack, domain), []))
-            except RecursionError:
-                # Pathologically nested code: say so rather than guess (the scan is marked incomplete).
-                queues.append((QueueAnalysis(None, StateGraph(), {}, static_sites(index, queue_pack)),
-                               [f"the drain loop of {name} is nested too deeply to analyse"]))
-        from_child = child.result()
-    if from_child is not None:
-        senders = _senders_in(from_child, index, in_scope, before, problems)
-    else:
-        senders = analyse_backends(index, pack, domain, root, problems)
+    claims = Claims(len(sender_classes(index, pack)))
+    try:
+        with Beside(lambda: _senders_out(index, pack, domain, root, in_scope, before, claims.claim), big) as child:
+            queues: list[tuple[QueueAnalysis, list[str]]] = []
+            for name in queue_names:
+                queue_pack = pack.for_queue(name)
+                try:
+                    queues.append((analyse_queue(index, queue_pack, domain), []))
+                except RecursionError:
+                    # Pathologically nested code: say so rather than guess (the scan is marked incomplete).
+                    queues.append((QueueAnalysis(None, StateGraph(), {}, static_sites(index, queue_pack)),
+                                   [f"the drain loop of {name} is nested too deeply to analyse"]))
+            sender_problems: list[str] = []
+            mine = analyse_backends(index, pack, domain, root, sender_problems, claims.claim) if child.forked else None
+            from_child = child.result()
+    finally:
+        claims.close()
+    if mine is not None and from_child is not None:
+        senders = _senders_in(from_child, index, in_scope, before, sender_problems) + mine
+        order = {id(c): i for i, c in enumerate(sender_classes(index, pack))}
+        senders.sort(key=lambda s: order[id(s.cls)])
+    else:  # one process (or the child failed: everything is done here)
+        sender_problems = []
+        senders = analyse_backends(index, pack, domain, root, sender_problems)
+    problems.extend(sorted(sender_problems))  # the same order whichever process met them
     findings = []
     queue_reports = []
     rules = [rule for rule in ALL_RULES if settings.wants_rule(rule.name, rule.code)]
@@ -226,8 +239,12 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
         entries = [s for s in queue.static_sites if s.kind is EventKind.ENTRY]
         model = ScanModel(queue, senders, domain)
         ctx = ScanContext(queue_pack, domain, index, model, entries)
-        findings += [f for rule in rules if rule.per_queue or number == 0 for f in rule().check(ctx)
-                     if settings.wants_backend(f.backend)]
+        for rule in rules:
+            if rule.per_queue or number == 0:
+                for f in rule().check(ctx):
+                    if settings.wants_backend(f.backend):
+                        f.queue = name if rule.per_queue else None  # one verdict grid per queue
+                        findings.append(f)
         if queue.unparsed:
             # Never a silent skip, nor a confident "undrained": the scan is incomplete (exit 3).
             problems.append(f"could not be parsed with libcst, so the analysis of {name} is incomplete: "
@@ -256,17 +273,21 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
         graph=queue.graph.as_data(),
     )
     report.gaps = find_gaps(report, enum_evidence.path)
+    found = {s.backend.name for s in senders}
+    report.filters = Filters(settings.source, settings.select, settings.ignore,
+                             tuple(sorted(found & set(settings.ignore_backends))),
+                             tuple(sorted(set(settings.ignore_backends) - found)))
     return report
 
 
 def _senders_out(index: Index, pack: Pack, domain: Domain, root: str, files: list[SourceFile],
-                 before: dict[str, tuple[str, str | None]]) -> bytes:
-    """In the child: analyse the senders; send the reports, the problems met and the files whose
-    status changed (a function too deep for libcst marks its file), never the syntax trees."""
+                 before: dict[str, tuple[str, str | None]], take: Callable[[int], bool]) -> bytes:
+    """In the child: analyse the senders it claims; send the reports, the problems met and the
+    files whose status changed (a function too deep for libcst marks its file), never the trees."""
     from kvtrace.backends import analyse_backends
 
     problems: list[str] = []
-    senders = analyse_backends(index, pack, domain, root, problems)
+    senders = analyse_backends(index, pack, domain, root, problems, take)
     found = [((s.cls.path, s.cls.line), s.backend, (s.poll.path, s.poll.line) if s.poll else None, s.raise_sites)
              for s in senders]
     changed = {f.path: (f.status, f.error) for f in files if (f.status, f.error) != before[f.path]}

@@ -13,6 +13,24 @@ _LOGGED_WAIT = STANDARD_BRANCHES.replace(
     '            else:\n                logger.debug("still bootstrapping %s", req.rid)\n                undone_reqs.append(req)')
 
 
+# A pipeline-parallel consensus wait (a request another rank has not finished stays, whatever its
+# poll state, with nothing logged) before the logged branches: a wait on the other rank, no
+# silent keep of any state.
+_PP_WAIT_THEN_LOGGED = """\
+            if rids_to_check is not None:
+                if req.rid not in rids_to_check:
+                    undone_reqs.append(req)
+                    continue
+""" + _LOGGED_WAIT
+_PP_CALLERS = """
+    def event_loop(self):
+        self.drain_inflight()
+
+    def event_loop_pp(self, finished_upstream):
+        self.drain_inflight(rids_to_check=finished_upstream)
+"""
+
+
 class SilentWait(Rule):
     """The drain loop keeps a waiting request without a log line or a metric: only the gauge shows it.
 
@@ -20,7 +38,9 @@ class SilentWait(Rule):
         For each non-terminal poll state the drain loop keeps, looks at the paths through each
         statement that keeps it for a call the pack names as a log (`logger.*`) or a metric
         (`*metrics_collector.*`). Reports the state at a keep statement no path through which
-        leaves any trace (preferring the branch that tests for the state).
+        leaves any trace (preferring the branch that tests for the state). Only paths that test
+        the poll value count: a keep that every state reaches alike without a test of it (the
+        pipeline-parallel `if req.rid not in rids_to_check: keep`) waits on something else.
 
     Why it matters:
         A request stuck in that state is visible only as a queue-length gauge that does not go
@@ -41,7 +61,9 @@ class SilentWait(Rule):
     title = "Waiting request leaves no trace"
     severity = "note"
 
-    VALID = [Sample({"disaggregation/prefill.py": drain(_LOGGED_WAIT)})]
+    VALID = [Sample({"disaggregation/prefill.py": drain(_LOGGED_WAIT)}),
+             Sample({"disaggregation/prefill.py": drain(_PP_WAIT_THEN_LOGGED, _PP_CALLERS).replace(
+                 "def drain_inflight(self):", "def drain_inflight(self, rids_to_check=None):")})]
     INVALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES)},
                       expect=((None, "Bootstrapping"), (None, "WaitingForInput"), (None, "Transferring")))]
 
@@ -53,11 +75,15 @@ class SilentWait(Rule):
         for state in ctx.domain.non_terminal:
             # Per keep site: a log on another branch (say, the pipeline-parallel one) does not
             # make the ordinary wait visible.
+            # Only paths that test the poll value count: a keep reached without testing it (the
+            # pipeline-parallel `if req.rid not in rids_to_check: keep`) is a wait on something
+            # else that treats every state alike, not the drain keeping this state.
             sites: dict[tuple[str, int], list] = {}
-            for events in ctx.model.paths(state, Outcome.KEPT):
-                keep = next((e for e in reversed(events) if e.kind == EventKind.KEEP), None)
-                if keep is not None:
-                    sites.setdefault((keep.path, keep.line), []).append(events)
+            for _, deciding, _ in ctx.model.deciding(state):
+                for events, outcome in deciding:
+                    keep = next((e for e in reversed(events) if e.kind == EventKind.KEEP), None)
+                    if outcome is Outcome.KEPT and keep is not None:
+                        sites.setdefault((keep.path, keep.line), []).append(events)
             silent = [(where, group) for where, group in sites.items()
                       if not any(e.kind in (EventKind.LOG, EventKind.METRIC) for events in group for e in events)]
             if not silent:

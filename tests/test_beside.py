@@ -54,6 +54,22 @@ stop.set(); t.join()
     assert out.split() == ["None", "False", "None"]
 
 
+def test_each_item_is_claimed_by_exactly_one_process() -> None:
+    out = run("""
+import json, time
+from kvtrace.beside import Beside, Claims
+claims = Claims(400)
+with Beside(lambda: json.dumps([i for i in range(400) if claims.claim(i)]).encode()) as child:
+    while not claims._taken[0]:  # the child has begun (it takes item 0 first): now both contend
+        time.sleep(0.001)
+    mine = [i for i in reversed(range(400)) if claims.claim(i)]
+    theirs = json.loads(child.result())
+claims.close()
+print(len(mine) + len(theirs), len(set(mine) | set(theirs)), 0 in theirs)
+""")
+    assert out.split() == ["400", "400", "True"]
+
+
 def test_leaving_early_ends_the_child() -> None:
     out = run("""
 import os, time

@@ -114,16 +114,78 @@ def test_nested_too_deep_for_python_is_a_syntax_error(tree: Path) -> None:
 
 
 def test_symlink_loops(tree: Path) -> None:
+    """Before: the file loop and the link out of the tree were dropped without a word (exit 1,
+    "complete": true). Every link not followed is a gap saying why: INCOMPLETE, exit 3."""
     pkg = tree / "disaggregation"
-    os.symlink(pkg, pkg / "loop")  # a directory that contains itself
+    os.symlink(pkg, pkg / "loop")  # a folder that contains itself: inside, read once, no gap
     os.symlink("b.py", pkg / "a.py")
     os.symlink("a.py", pkg / "b.py")  # a file loop
     os.symlink("/etc/hostname", pkg / "outside.py")  # leaves the tree: never read
     code, data = scan_json(tree)
-    assert code == 1 and pins(data) == EXPECTED_PINS
+    assert code == 3 and pins(data) == EXPECTED_PINS and data["complete"] is False
     paths = {f["path"] for f in data["files"]}
     assert not any(p.startswith("disaggregation/loop/") for p in paths)
-    assert "disaggregation/outside.py" not in paths
+    gaps = {g["subject"]: g["reason"] for g in data["gaps"] if g["kind"] == "file"}
+    assert gaps == {
+        "disaggregation/a.py": "skipped: symlink to 'b.py' is a loop; not followed",
+        "disaggregation/b.py": "skipped: symlink to 'a.py' is a loop; not followed",
+        "disaggregation/outside.py": "skipped: symlink to '/etc/hostname' leads outside the target; not followed",
+    }
+
+
+def _move_out(tree: Path, rel: str, outside: Path) -> None:
+    """Move tree/rel to `outside` and leave a symlink to it in its place."""
+    shutil.move(str(tree / rel), str(outside))
+    os.symlink(outside, tree / rel)
+
+
+def test_a_backend_folder_linked_from_outside_is_a_gap_not_a_missing_backend(tree: Path, tmp_path: Path) -> None:
+    """Before: `5 of 5 files analysed · 1 backend`, exit 1, "complete": true, "gaps": [] -- the
+    nixl backend and its pin silently gone."""
+    _move_out(tree, "disaggregation/nixl", tmp_path / "outside")
+    result = kvtrace("scan", str(tree), "--no-map")
+    assert result.returncode == 3, result.stderr
+    assert "disaggregation/nixl/ not analysed (skipped: symlink to a folder outside the target" in result.stderr
+    assert "backend nixl not checked" in result.stderr
+    assert "INCOMPLETE" in result.stdout and "5 of 6 files analysed" in result.stdout
+    code, data = scan_json(tree)
+    assert code == 3 and data["complete"] is False
+    assert {(g["kind"], g["subject"]) for g in data["gaps"]} == {("file", "disaggregation/nixl/"), ("backend", "nixl")}
+    assert str(tmp_path / "outside") in data["gaps"][0]["reason"]
+
+
+def test_a_file_linked_from_outside_is_a_gap(tree: Path, tmp_path: Path) -> None:
+    _move_out(tree, "disaggregation/nixl/conn.py", tmp_path / "conn.py")
+    code, data = scan_json(tree, "-v")
+    assert code == 3
+    assert {(g["kind"], g["subject"]) for g in data["gaps"]} == {("file", "disaggregation/nixl/conn.py"),
+                                                                  ("backend", "nixl")}
+
+
+def test_links_inside_the_tree(tree: Path) -> None:
+    """Documented choice (README, fetch limits): a folder link inside the target is not entered
+    (its files are read once, under their own names); a .py link to a file inside is read
+    under its name too, as Python would import it. Neither is a gap."""
+    (tree / "extra").mkdir()
+    os.symlink("../disaggregation", tree / "extra" / "again")
+    os.symlink("../disaggregation/prefill.py", tree / "extra" / "prefill_alias.py")
+    code, data = scan_json(tree)
+    assert code == 1 and data["complete"] is True and pins(data) == EXPECTED_PINS
+    paths = [f["path"] for f in data["files"]]
+    assert not any(p.startswith("extra/again") for p in paths)
+    assert "extra/prefill_alias.py" in paths
+
+
+def test_a_target_that_is_a_symlink_loop_is_one_line_exit_2(tmp_path: Path) -> None:
+    """Before: exit 4, "internal error: RuntimeError: Symlink loop ..."."""
+    os.symlink("selfloop", tmp_path / "selfloop")
+    for target in (tmp_path / "selfloop", tmp_path / "selfloop" / "sub"):
+        result = kvtrace("scan", str(target))
+        assert result.returncode == 2, result.stderr
+        assert result.stderr == f"kvtrace: error: {target}: a symlink loop (too many levels of symbolic links)\n"
+    os.symlink(tmp_path / "nowhere", tmp_path / "dangling")
+    result = kvtrace("scan", str(tmp_path / "dangling"))
+    assert result.returncode == 2 and result.stderr.count("\n") == 1 and "does not exist" in result.stderr
 
 
 def test_missing_enum_file(tree: Path) -> None:
@@ -345,6 +407,10 @@ def test_memory_stays_bounded_with_huge_generated_files(tree: Path) -> None:
     assert usage.ru_maxrss / 1024 < 500, f"peak RSS {usage.ru_maxrss / 1024:.0f} MB"
     files = {f["path"].rsplit("/", 1)[-1]: f for f in data["files"]}
     assert all(files[f"huge{i}.py"]["status"] == "too-large" for i in range(4))
+    assert "huge0.py not analysed (too large: 11423226 bytes, over the per-file limit (--max-file-bytes 1048576))" \
+        in stderr, stderr
     budget = [n for n in files if n.startswith("dense") and "parse budget" in (files[n]["error"] or "")]
     assert len(budget) >= 4, {n: files[n]["error"] for n in files if n.startswith("dense")}
+    # Before: "not analysed (too large: not analysed: ...)".
+    assert "too large: not analysed" not in stderr, stderr
     assert pins(data) == EXPECTED_PINS  # the real package is still analysed

@@ -227,3 +227,50 @@ def test_graph_export(tmp_path: Path) -> None:
     assert dot.startswith("digraph kvtrace {") and dot.count(" -> ") == graph.number_of_edges()
     bad = kvtrace("scan", "examples/nixl-pin", "--graph", str(tmp_path / "graph.png"))
     assert bad.returncode == 2 and "must end in" in bad.stderr and "Traceback" not in bad.stderr
+
+
+BOXES_JS = """
+const box = e => { const b = e.getBoundingClientRect(); return [b.left, b.top, b.right, b.bottom]; };
+return Array.from(document.querySelectorAll('section.backend')).map(s => ({
+  backend: s.dataset.backend,
+  labels: Array.from(s.querySelectorAll('text.elabel')).map(t => [t.textContent, box(t)]),
+  nodes: Array.from(s.querySelectorAll('g.node rect')).map(box),
+}));
+"""
+
+
+def _apart(a: list[float], b: list[float]) -> bool:
+    return a[2] <= b[0] or b[2] <= a[0] or a[3] <= b[1] or b[3] <= a[1]
+
+
+@pytest.mark.parametrize("version", ["0.5.2", "0.5.14"])
+def test_html_answer_first_and_edge_labels_apart(browser, tmp_path: Path, version: str) -> None:
+    """Before: the page's headline was "16 finding(s)" with no verdict grid nor summary line,
+    the diagrams came in name order (the pinned nixl last) and edge labels sat on each other."""
+    from kvtrace.report.verdicts import summary_line, verdict_grid
+    from kvtrace.scan import scan_path
+
+    page = tmp_path / f"sglang-{version}.html"
+    assert kvtrace("scan", str(sglang_tree(version)), "-f", "html", "-o", str(page)).returncode == 1
+    open_page(browser, page)
+    report = scan_path(sglang_tree(version))
+    headline = browser.execute_script("return document.querySelector('p.summary').textContent")
+    assert headline == summary_line(report) and "finding(s)" not in headline
+    grid = verdict_grid(report)
+    shown = browser.execute_script("""
+      return Array.from(document.querySelectorAll('table.grid tr[data-backend]')).map(r =>
+        [r.dataset.backend, Array.from(r.querySelectorAll('td')).map(c => [c.dataset.state, c.textContent])]);""")
+    assert {b: dict(cells) for b, cells in shown} == {
+        b: {s: grid.cells[b, s][0] for s in grid.states} for b in grid.backends}
+    sections = browser.execute_script(BOXES_JS)
+    pins = {f.backend for f in report.findings if f.rule == "pinned-state"}
+    order = [s["backend"] for s in sections]
+    assert pins and set(order[:len(pins)]) == pins  # the backends that pin come first
+    for section in sections:
+        labels = section["labels"]
+        assert labels
+        for i, (text, a) in enumerate(labels):
+            for other, b in labels[i + 1:]:
+                assert _apart(a, b), (section["backend"], text, other, a, b)
+            for rect in section["nodes"]:
+                assert _apart(a, rect), (section["backend"], text, a, rect)

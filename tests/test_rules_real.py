@@ -54,10 +54,11 @@ EXPECTED: dict[str, dict[str, set[tuple[str, str, int, str | None, str | None]]]
         # and WaitingForInput, which backends return, are state-crash's (tests/test_real_sglang.py);
         # no 0.5.2 backend returns Transferring.
         "unhandled-state": {("unhandled-state", f"{D}/prefill.py", 506, None, "Transferring")},
-        # 509: the WaitingForInput/Transferring keep, nothing logged; Bootstrapping is only kept by
-        # the PP branch (503, `if req.rid not in rids_to_check: undone_reqs.append(req)`).
-        "silent-wait": {("silent-wait", f"{D}/prefill.py", 503, None, "Bootstrapping"),
-                        ("silent-wait", f"{D}/prefill.py", 509, None, "WaitingForInput"),
+        # 509: the WaitingForInput/Transferring keep, nothing logged. Bootstrapping is kept only by
+        # the PP branch (503, `if req.rid not in rids_to_check: undone_reqs.append(req)`), which
+        # tests no poll value and holds every state alike until the other rank concludes: a
+        # wait, not a silent keep of Bootstrapping.
+        "silent-wait": {("silent-wait", f"{D}/prefill.py", 509, None, "WaitingForInput"),
                         ("silent-wait", f"{D}/prefill.py", 509, None, "Transferring")},
         # Failed: cache_finished_req (524) + prepare_abort (525) + done_reqs; after the loop
         # stream_output(done_reqs) and req_to_metadata_buffer_idx_allocator.free for each.
@@ -135,3 +136,17 @@ def test_no_timeout_names_the_deadline_elsewhere() -> None:
     for finding in mooncake.values():
         assert (finding.path, finding.line) == (f"{D}/mooncake/conn.py", 1154)
         assert f"deadline for Bootstrapping ({D}/mooncake/conn.py:1163)" in finding.message
+
+
+def test_silent_wait_ignores_the_pp_consensus_wait_and_logged_keeps() -> None:
+    """0.5.14 prefill.py: 742-744 `if req.rid not in rids_to_check: undone_reqs.append(req)` (the
+    PP consensus wait: no test of the poll value, every state alike) and Bootstrapping's own
+    keeps at 758 and 797, each after a `logger.warning_once(...)`. Only the WaitingForInput /
+    Transferring keep at 762 is silent."""
+    root = sglang_tree("0.5.14")
+    report = scan_path(root)
+    found = {(f.path, f.line, f.state) for f in report.findings if f.rule == "silent-wait"}
+    assert found == {(f"{D}/prefill.py", 762, "WaitingForInput"), (f"{D}/prefill.py", 762, "Transferring")}
+    lines = (root / D / "prefill.py").read_text().splitlines()
+    assert "req.rid not in rids_to_check" in lines[742 - 1]
+    assert "undone_reqs.append(req)" in lines[762 - 1]

@@ -107,9 +107,14 @@ def build_tree(root: Path) -> None:
         "dangling.py": "nope.py",
         "link_dir.py": "pkg",  # a .py name on a directory: skipped
         "link_hidden.txt": ".hidden/x.py",
-        "loop/up": "..",  # a directory loop: never walked
-        "pkg_link": "pkg",
+        "loop/up": "..",  # a link back up: not entered (the folder is read under its own name)
+        "pkg_link": "pkg",  # a folder inside: not entered, likewise
+        "hidden_link": ".hidden",  # a folder the walk skips: a gap
+        "out_dir": str(root.parent / "outside_dir"),  # a folder outside the root: a gap
+        "dir_link_dangling": "no_such_dir",  # neither .py nor a folder: nothing to miss
     }
+    (root.parent / "outside_dir").mkdir(exist_ok=True)
+    (root.parent / "outside_dir" / "away.py").write_bytes(b"away = 1\n")
     for rel, dest in links.items():
         os.symlink(dest, root / rel)
     os.link(root / "pkg/mod.py", root / "pkg/hard.py")  # tar sends it as a hard-link member
@@ -158,8 +163,15 @@ def test_exec_fetch_matches_local(sshd: SshdServer, tree: Path) -> None:
     assert any("authenticated as" in s and " ms" in s for s in steps), steps
     paths = [f.path for f in remote.files]
     assert "link_in.py" in paths and "pkg/hard.py" in paths and "link_abs_in.py" in paths
-    assert not any(p.startswith(("loop/", ".hidden", "__pycache__")) and p != "loop/real.py" for p in paths)
-    assert not any("link_out" in p or "dangling" in p for p in paths)
+    assert not any(p.startswith(("loop/", ".hidden", "__pycache__", "pkg_link/")) and p != "loop/real.py" for p in paths)
+    # Every link not followed is a skipped entry saying why (a gap in the report), never dropped.
+    skipped = {f.path: f.error for f in remote.files if f.status == "skipped"}
+    assert skipped == {
+        "dangling.py": "symlink to 'nope.py' does not end at a .py file kvtrace reads; not followed",
+        "hidden_link/": "symlink to a folder kvtrace skips (.hidden: hidden or __pycache__); not followed",
+        "link_out.py": "symlink to '/etc/hostname' leads outside the target; not followed",
+        "out_dir/": f"symlink to a folder outside the target ({tree.parent / 'outside_dir'}); not followed",
+    }, skipped
     latin1 = next(f for f in remote.files if f.path == "latin1.py")
     assert latin1.data == b"# caf\xe9 \xff\xfe not UTF-8\n" and latin1.status == "ok"
 
@@ -219,18 +231,20 @@ def test_parsed_scp_target_and_relative_order(sshd: SshdServer, tree: Path) -> N
 
 @pytest.mark.parametrize("server_name", ["sshd", "sftp_only_sshd"])
 def test_symlink_loops_are_not_followed(server_name: str, tmp_path: Path, request: pytest.FixtureRequest) -> None:
-    # Remote only: fetch_local currently raises RuntimeError ("Symlink loop") on a .py link
-    # loop (Path.resolve in fetch_local); reported to the owner of kvtrace/fetch/local.py.
     server: SshdServer = request.getfixturevalue(server_name)
     (tmp_path / "real.py").write_bytes(b"real = 1\n")
     os.symlink("self_loop.py", tmp_path / "self_loop.py")
     os.symlink("pong.py", tmp_path / "ping.py")
     os.symlink("ping.py", tmp_path / "pong.py")
-    os.symlink(".", tmp_path / "again")  # directory loop
-    os.symlink("again/again/real.py", tmp_path / "via_loop.py")
+    os.symlink(".", tmp_path / "again")  # a folder link back to the root: not entered, no gap
+    os.symlink("again/again/real.py", tmp_path / "via_loop.py")  # ends at real.py, as the kernel says
     steps: list[str] = []
     remote = fetch_ssh(target(server, tmp_path), options(server), FetchLimits(), steps.append)
-    assert [(f.path, f.data) for f in remote.files] == [("real.py", b"real = 1\n")]
+    assert rows(remote) == rows(fetch_local(tmp_path))
+    assert [(f.path, f.data, f.status) for f in remote.files] == [
+        ("ping.py", b"", "skipped"), ("pong.py", b"", "skipped"), ("real.py", b"real = 1\n", "ok"),
+        ("self_loop.py", b"", "skipped"), ("via_loop.py", b"real = 1\n", "ok")]
+    assert all("is a loop" in (f.error or "") for f in remote.files if f.status == "skipped")
     assert any("self_loop.py" in s and "a loop" in s for s in steps), steps
 
 
@@ -535,6 +549,30 @@ def test_cli_remote_scan_of_a_real_release_matches_local(sshd: SshdServer) -> No
     assert local_data.pop("host") == socket.gethostname()
     assert remote_data == local_data
     assert any(f["backend"] == "nixl" and f["state"] == "WaitingForInput" for f in remote_data["findings"])
+
+
+@pytest.mark.parametrize("server_name", ["sshd", "sftp_only_sshd"])
+def test_cli_remote_backend_linked_from_outside_is_a_gap(server_name: str, tmp_path: Path,
+                                                         request: pytest.FixtureRequest) -> None:
+    """Before: a backend folder that is a symlink out of the target vanished (exit 1, complete).
+    Over SSH (exec and SFTP) as locally: a gap naming the link and the backend, exit 3."""
+    server: SshdServer = request.getfixturevalue(server_name)
+    tree = tmp_path / "tree"
+    shutil.copytree(EXAMPLES / "nixl-pin", tree)
+    shutil.move(str(tree / "disaggregation" / "nixl"), str(tmp_path / "outside"))
+    os.symlink(tmp_path / "outside", tree / "disaggregation" / "nixl")
+    local = _cli("scan", str(tree), "--format", "json")
+    remote = _cli("scan", f"{server.user}@{server.host}:{server.port}:{tree}", "--format", "json", *_ssh_flags(server))
+    assert remote.returncode == local.returncode == 3, remote.stderr
+    for result in (local, remote):
+        report = json.loads(result.stdout)["reports"][0]
+        assert report["complete"] is False
+        assert report["gaps"] == [
+            {"kind": "file", "subject": "disaggregation/nixl/",
+             "reason": f"skipped: symlink to a folder outside the target ({tmp_path / 'outside'}); not followed"},
+            {"kind": "backend", "subject": "nixl", "reason": "not checked: disaggregation/nixl/ could not be analysed"},
+        ]
+        assert "backend nixl not checked" in result.stderr
 
 
 def test_cli_unknown_host_is_one_clear_line(sshd: SshdServer, tmp_path: Path) -> None:

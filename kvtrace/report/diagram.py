@@ -259,7 +259,9 @@ def _layout(g: nx.DiGraph) -> tuple[int, int]:
 
 
 def diagrams(report: Report) -> list[Diagram]:
-    return [backend_diagram(report, b) for b in report.backends]
+    """One diagram per backend, the backends that pin first (the answer), then in report order."""
+    drawn = [backend_diagram(report, b) for b in report.backends]
+    return sorted(drawn, key=lambda d: not d.pinned)
 
 
 def _mermaid_id(node: tuple) -> str:
@@ -322,7 +324,7 @@ def mermaid_section(report: Report) -> list[str]:
     out = ["\n### State diagrams\n",
            "Each poll state → the drain loop's branches → kept / leaves / raises / dropped → the sender's "
            "way out; red: pinned, thick arrows: a pinned state's path, dotted: a missing way out.\n"]
-    for diagram in sorted(diagrams(report), key=lambda d: (not d.pinned, d.backend.name)):
+    for diagram in diagrams(report):
         verdict = f"pins {', '.join(diagram.pinned)}" if diagram.pinned else "no pinned state"
         out += [f"#### {diagram.backend.name} (`{diagram.backend.sender}`): {verdict}\n",
                 "```mermaid", mermaid(diagram).rstrip("\n"), "```\n"]

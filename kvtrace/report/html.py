@@ -11,12 +11,12 @@ from __future__ import annotations
 from html import escape
 
 from kvtrace import __version__
-from kvtrace.baseline import mark
+from kvtrace.baseline import counts_against, mark
 from kvtrace.model import Report
 from kvtrace.report import modes_line, state_fate_lines
 from kvtrace.report.diagram import NODE_H, NODE_W, ROW, Diagram, diagrams, node_id
 from kvtrace.report.links import Permalinks, permalinks
-from kvtrace.report.verdicts import unknown_returns
+from kvtrace.report.verdicts import OK, Grid, by_severity, summary_line, unknown_returns, verdict_grids
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0 auto;max-width:1400px;padding:16px 24px;color:#1f2328}
@@ -33,6 +33,9 @@ svg text{font:12px system-ui,sans-serif;pointer-events:none}svg text.code{font:1
 .outcome-kept rect{fill:#fff8c5}.outcome-leaves rect{fill:#dafbe1}.outcome-raises rect{fill:#fbefff}.outcome-dropped rect{fill:#fff1e5;stroke:#bc4c00}
 .wayout.ok rect{fill:#dafbe1;stroke:#1a7f37}.wayout.missing rect{fill:#ffebe9;stroke:#cf222e;stroke-dasharray:5 3}.wayout.partial rect{stroke-dasharray:2 2}
 .edge{fill:none;stroke:#8c959f;stroke-width:1.3}.edge.pinned{stroke:#cf222e;stroke-width:2}.edge.missing{stroke:#cf222e;stroke-dasharray:5 3}
+table.grid th{background:#f6f8fa}table.grid caption{text-align:left;font-weight:600;padding:2px 0}
+td.sev-error{background:#ffebe9;color:#a40e26;font-weight:700}td.sev-warning{background:#fff8c5}td.sev-note{background:#ddf4ff}
+td.ok{color:#1a7f37}td.never{color:#8c959f}.summary{font-size:16px}
 .elabel{fill:#1f2328;font-size:10px!important;paint-order:stroke;stroke:#fff;stroke-width:4px;stroke-linejoin:round}
 """
 
@@ -71,7 +74,7 @@ def _diagram_svg(page: _Page, diagram: Diagram) -> str:
            f'role="img" aria-label="state diagram of the {escape(diagram.backend.name)} backend">',
            '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" '
            'orient="auto-start-reverse"><path d="M0,0L10,5L0,10z" fill="#8c959f"/></marker></defs>']
-    labels = []
+    wanted: list[tuple[str, tuple[float, float], tuple[float, float]]] = []  # (label, edge start, first stop)
     for a, b, data in g.edges(data=True):
         na, nb = g.nodes[a], g.nodes[b]
         x1, y1 = na["x"] + NODE_W / 2, na["y"] + NODE_H
@@ -94,14 +97,8 @@ def _diagram_svg(page: _Page, diagram: Diagram) -> str:
         states = ", ".join(data["states"]) or "not covered"
         out.append(f'<path class="{css}" d="{d}" marker-end="url(#arrow)"><title>{escape(states)}</title></path>')
         if a[0] != "state" and y2 > y1 and data["states"]:
-            # In the gap below the source, on the side the edge leaves towards.
-            label = states if len(states) <= 40 else states[:38] + "…"
-            first_x = data["points"][0][0] if data["points"] else x2
-            lx = (x1 + first_x) / 2
-            anchor = "end" if first_x < x1 - 1 else "start" if first_x > x1 + 1 else "middle"
-            lx += {"end": -6, "start": 6, "middle": 0}[anchor]
-            labels.append(f'<text class="elabel" x="{lx:.0f}" y="{y1 + (ROW - NODE_H) / 2 + 4:.0f}" '
-                          f'text-anchor="{anchor}">{escape(label)}</text>')
+            first = stops[1]
+            wanted.append((states if len(states) <= 40 else states[:38] + "…", (x1, y1), first))
     for n, data in g.nodes(data=True):
         tip = data["tip"]
         where = f"{data['path']}:{data['line']}" if data["path"] else ""
@@ -119,14 +116,69 @@ def _diagram_svg(page: _Page, diagram: Diagram) -> str:
                 f'<rect x="{data["x"]}" y="{data["y"]}" width="{NODE_W}" height="{NODE_H}" rx="6"/>'
                 f'<text x="{data["x"] + 8}" y="{text_y}">{escape(label)}</text>{second}</g>')
         out.append(f'<a href="{escape(page.href(data["path"], data["line"]))}">{body}</a>' if data["path"] else body)
-    out += labels  # drawn last, over the edges and nodes
+    out += _edge_labels(wanted, g, diagram.width)  # drawn last, over the edges and nodes
     out.append("</svg>")
     return "\n".join(out)
+
+
+LABEL_CHAR_W, LABEL_H = 6.0, 12  # an edge label's box at 10px (wide enough to hold the rendered text)
+LABEL_AT = (0.5, 0.35, 0.65, 0.2, 0.8, 0.1, 0.9)  # where along its first curve a label may sit, in order
+
+
+def _edge_labels(wanted: list[tuple[str, tuple[float, float], tuple[float, float]]], g, width: int) -> list[str]:
+    """Each edge's states, centred on the edge's first curve (from its source down to the next
+    layer) at the first point where its box meets no node and no label already placed; where
+    every point does, at the point of least overlap."""
+    taken = [(d["x"], d["y"], d["x"] + NODE_W, d["y"] + NODE_H) for _, d in g.nodes(data=True)]
+    out = []
+    for label, (x1, y1), (sx, sy) in wanted:
+        w = len(label) * LABEL_CHAR_W + 4
+        mid = (y1 + sy) / 2
+        best: tuple[float, float, float] | None = None
+        for t in LABEL_AT:
+            # The cubic Bezier the edge is drawn with: (x1,y1) C (x1,mid) (sx,mid) (sx,sy).
+            u = 1 - t
+            x = u ** 3 * x1 + 3 * u * u * t * x1 + 3 * u * t * t * sx + t ** 3 * sx
+            y = u ** 3 * y1 + 3 * u * u * t * mid + 3 * u * t * t * mid + t ** 3 * sy
+            x = min(max(x, w / 2 + 2), width - w / 2 - 2)
+            box = (x - w / 2, y - LABEL_H / 2, x + w / 2, y + LABEL_H / 2)
+            overlap = sum(_overlap(box, other) for other in taken)
+            if best is None or overlap < best[0]:
+                best = (overlap, x, y)
+            if not overlap:
+                break
+        _, x, y = best
+        taken.append((x - w / 2, y - LABEL_H / 2, x + w / 2, y + LABEL_H / 2))
+        out.append(f'<text class="elabel" x="{x:.0f}" y="{y + 3.5:.0f}" text-anchor="middle">{escape(label)}</text>')
+    return out
+
+
+def _overlap(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> float:
+    return max(0.0, min(a[2], b[2]) - max(a[0], b[0])) * max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
 
 
 def _statement(report: Report, path: str, line: int) -> str:
     rows = [text for n, text in _excerpt(report, path, line, 0)]
     return rows[0].strip() if rows else ""
+
+
+def _grid_html(grid: Grid) -> str:
+    """The backend x state verdict grid, a cell per state, coloured by the worst rule there."""
+    if not grid.backends:
+        return f'<p class="bad">No backends found for <code>{escape(grid.queue)}</code>.</p>'
+    rows = [f'<table class="grid" data-queue="{escape(grid.queue)}"><caption>Verdicts for '
+            f"<code>{escape(grid.queue)}</code></caption><tr><th>backend</th>"
+            + "".join(f"<th>{escape(s)}</th>" for s in grid.states) + "</tr>"]
+    for backend in grid.backends:
+        cells = []
+        for state in grid.states:
+            text, severity = grid.cells[backend, state]
+            css = f"sev-{severity}" if severity else "ok" if text == OK else "never"
+            cells.append(f'<td class="{css}" data-state="{escape(state)}">{escape(text)}</td>')
+        rows.append(f'<tr data-backend="{escape(backend)}"><th>{escape(backend)}</th>{"".join(cells)}</tr>')
+    rows.append("</table>")
+    rows.append(f'<p class="meta legend">{escape(grid.legend)}</p>')
+    return "".join(rows)
 
 
 def _report(report: Report, out: list[str]) -> None:
@@ -140,11 +192,11 @@ def _report(report: Report, out: list[str]) -> None:
     problems = [f"{f.path}: {f.status}: {f.error}" for f in report.files if f.status != "ok"] + list(report.problems)
     if problems:
         out.append('<p class="bad">INCOMPLETE: ' + "; ".join(escape(p) for p in problems) + "</p>")
-    failing = [f for f in report.findings if not f.suppressed]
-    out.append(f'<p class="{"bad" if failing else "good"}">{len(report.findings)} finding(s)'
-               + (f", {len(report.findings) - len(failing)} suppressed" if len(failing) != len(report.findings) else "")
-               + "</p>")
-
+    # The answer first, as in the text report: what pins (the summary line), then the grid.
+    failing = any(counts_against(f) for f in report.findings)
+    out.append(f'<p class="summary {"bad" if failing else "good"}">{escape(summary_line(report))}</p>')
+    for grid in verdict_grids(report):
+        out.append(_grid_html(grid))
     out.append("<h2>State diagrams</h2>")
     out.append('<p class="meta">Each poll state the sender\'s poll() can return → the branches and helpers of the '
                "drain loop it passes → kept / leaves / raises / dropped → for kept states, the sender's way out "
@@ -166,7 +218,7 @@ def _report(report: Report, out: list[str]) -> None:
     out.append(f"<h2>Findings ({len(report.findings)})</h2>")
     if not report.findings:
         out.append('<p class="good">None.</p>')
-    for f in report.findings:
+    for f in by_severity(report.findings):
         tag = mark(f)
         out.append(f'<div class="finding" data-rule="{escape(f.rule)}"><p><b>{escape(f.severity)}[{escape(f.rule)}]</b> '
                    f'<a href="{escape(page.href(f.path, f.line))}"><code>{escape(f.path)}:{f.line}</code></a>'

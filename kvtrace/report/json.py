@@ -99,6 +99,10 @@ def to_json_dict(report: Report) -> dict[str, Any]:
             for f in report.findings
         ],
         "problems": report.problems,
+        "filters": {"config": report.filters.config, "select": list(report.filters.select),
+                    "ignore": list(report.filters.ignore),
+                    "ignored_backends": list(report.filters.ignored_backends),
+                    "unknown_backends": list(report.filters.unknown_backends)},
         **report.host_facts,  # host, sglang_version, metrics (kvtrace.fleet)
     }
 

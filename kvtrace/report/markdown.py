@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from kvtrace.model import Report
 from kvtrace.report import modes_line, state_fate_lines
-from kvtrace.report.verdicts import gap_text, summary_line, unknown_returns, verdict_grid, way_out_text
+from kvtrace.report.verdicts import by_severity, gap_text, summary_line, unknown_returns, verdict_grids, way_out_text
 from kvtrace.report.bugreport import code_link, environment_lines, excerpt_details, target_from_cwd
 from kvtrace.report.diagram import mermaid_section
 from kvtrace.report.links import permalinks
@@ -26,7 +26,7 @@ def render(reports: list[Report]) -> str:
                    f"/{len(report.files)} files analysed.\n")
         _answer_first(report, out)
         out.append(f"### Findings ({len(report.findings)})\n")
-        for f in report.findings:
+        for f in by_severity(report.findings):
             out.append(f"- **{f.rule}** ({f.severity}) {code_link(f.path, f.line, links)}: {f.message}")
             for e in f.evidence:
                 out.append(f"  - {code_link(e.path, e.line, links)} {e.note}")
@@ -72,14 +72,16 @@ def _answer_first(report: Report, out: list[str]) -> None:
                 if gap.kind == "backend" else "scan"
             out.append(f"- {subject}: {_cell(gap.reason)}")
         out.append("")
-    grid = verdict_grid(report)
-    if grid.backends:
+    for grid in verdict_grids(report):
+        if not grid.backends:
+            continue
+        out.append(f"Verdicts for `{grid.queue}`:\n")
         out.append("| backend | " + " | ".join(grid.states) + " |")
         out.append("|---" * (len(grid.states) + 1) + "|")
         for backend in grid.backends:
             cells = [f"**{text}**" if severity == "error" else text
                      for text, severity in (grid.cells[backend, s] for s in grid.states)]
             out.append(f"| {backend} | " + " | ".join(cells) + " |")
-        out.append(f"\n{grid.legend}\n")
+        out.append(f"\n{_cell(grid.legend)}\n")
     out.append(f"**{summary_line(report)}**\n")
 

@@ -12,6 +12,7 @@ import json
 import os
 from pathlib import Path, PurePosixPath
 from typing import Any
+from urllib.parse import quote
 
 from kvtrace import __version__
 from kvtrace.baseline import SARIF_KEY, fingerprint, sarif_marks
@@ -74,16 +75,29 @@ class _Locator:
             self.prefix = "" if rel == "." else PurePosixPath(Path(rel).as_posix()).as_posix() + "/"
 
     def __call__(self, path: str, line: int, message: str | None = None) -> dict[str, Any]:
+        # SARIF requires a valid URI reference (RFC 3986): a space, '#', '%' or a non-ASCII
+        # letter in a path is percent-encoded (UTF-8), '/' kept.
         if self.prefix is not None:
-            artifact: dict[str, Any] = {"uri": self.prefix + path, "uriBaseId": "SRCROOT"}
+            artifact: dict[str, Any] = {"uri": quote(self.prefix + path, safe="/"), "uriBaseId": "SRCROOT"}
         else:
-            artifact = {"uri": path, "uriBaseId": "TARGET"}
+            artifact = {"uri": quote(path, safe="/"), "uriBaseId": "TARGET"}
         location: dict[str, Any] = {
             "physicalLocation": {"artifactLocation": artifact, "region": {"startLine": max(1, line)}}
         }
         if message:
             location["message"] = {"text": message}
         return location
+
+
+def _located_marks(finding: Any, locate: _Locator) -> dict[str, Any]:
+    """sarif_marks with the suppression comment's location made like every other one
+    (relative to the SARIF root, percent-encoded)."""
+    marks = sarif_marks(finding)
+    for suppression in marks.get("suppressions", []):
+        physical = suppression["location"]["physicalLocation"]
+        suppression["location"] = {"physicalLocation": locate(
+            physical["artifactLocation"]["uri"], physical["region"]["startLine"])["physicalLocation"]}
+    return marks
 
 
 def _flow(evidence: list[Evidence], locate: _Locator) -> dict[str, Any]:
@@ -104,7 +118,8 @@ def _invocation(report: Report, locate: _Locator) -> dict[str, Any]:
     return {
         "executionSuccessful": not report.incomplete,
         "toolExecutionNotifications": notifications,
-        "properties": {"summary": summary_line(report)},
+        "properties": {"summary": summary_line(report),
+                       **({"filters": report.filters.describe()} if report.filters.active else {})},
     }
 
 
@@ -126,7 +141,7 @@ def to_sarif(reports: list[Report], root: Path | None = None) -> dict[str, Any]:
                 "partialFingerprints": {"kvtrace/v1": f"{f.rule}:{f.backend or '-'}:{f.state or '-'}",
                                         SARIF_KEY: str(fingerprint(f))},
                 "properties": {"rule": f.rule, "backend": f.backend, "state": f.state, "function": f.function},
-                **sarif_marks(f),
+                **_located_marks(f, locate),
             }
             if f.evidence:
                 result["codeFlows"] = [_flow(f.evidence, locate)]

@@ -55,6 +55,20 @@ REPORT_SCHEMA: dict[str, Any] = {
         "summary": {"type": "string", "description": "the text report's summary line"},
         "gaps": {"type": "array", "items": _GAP, "description": "every file, backend or part not analysed, and why"},
         "host": {"type": "string", "description": "the machine scanned: the SSH target, or this host's name"},
+        "filters": {
+            "type": "object",
+            "description": "what the scan was told to leave out: the [tool.kvtrace] file applied (or null), "
+                           "rules selected or ignored, backends of the tree left out, and backends asked to "
+                           "be left out that the tree does not have",
+            "required": ["config", "select", "ignore", "ignored_backends", "unknown_backends"],
+            "properties": {
+                "config": {"type": ["string", "null"]},
+                "select": {"type": "array", "items": {"type": "string"}},
+                "ignore": {"type": "array", "items": {"type": "string"}},
+                "ignored_backends": {"type": "array", "items": {"type": "string"}},
+                "unknown_backends": {"type": "array", "items": {"type": "string"}},
+            },
+        },
         "sglang_version": {"type": ["string", "null"],
                            "description": "from the installed package metadata (sglang-*.dist-info), if any"},
         "metrics": {

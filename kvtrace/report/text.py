@@ -76,6 +76,8 @@ def _header(report: Report, console: Console) -> None:
     if report.version is not None:
         parts.append(f"version from {report.version.path}:{report.version.line}")
     console.print(Text(" · ".join(parts), style="dim"))
+    if report.filters.active:  # a filtered scan says so, and by whose word
+        console.print(Text(report.filters.describe(), style="dim"), soft_wrap=True)
 
 
 def _gaps(gaps: list[Gap], console: Console, more: int, heading: bool = True) -> None:
@@ -107,20 +109,27 @@ def _grid_width(grid, by_state: bool) -> int:
 
 
 def _grid(report: Report, console: Console) -> None:
-    """Names in the cells when they fit (states as columns, else backends as columns), else
-    rule codes with a legend: a name is never folded or cut."""
-    # Backends as rows first (names, then codes), then states as rows.
-    for by_states, short in ((True, False), (True, True), (False, False), (False, True)):
-        grid = verdict_grid(report, short)
-        if _grid_width(grid, by_states) <= console.width:
-            break
-    queue = report.queues[0].name if report.queues else "the queue"
+    """One grid per queue. Names in the cells when they fit (states as columns, else backends
+    as columns), else rule codes with a legend: a name is never folded or cut."""
+    queues = report.queues or [None]
+    for number, queue in enumerate(queues):
+        if number:
+            console.print()
+        # Backends as rows first (names, then codes), then states as rows.
+        for by_states, short in ((True, False), (True, True), (False, False), (False, True)):
+            grid = verdict_grid(report, short, queue)
+            if _grid_width(grid, by_states) <= console.width:
+                break
+        _one_grid(grid, by_states, console)
+
+
+def _one_grid(grid, by_states: bool, console: Console) -> None:
     if not grid.backends:
-        console.print(Text(f"No backends found for {queue}.", style="yellow"))
+        console.print(Text(f"No backends found for {grid.queue}.", style="yellow"))
         return
     styles = {OK: "green", NOT_RETURNED: "dim", UNKNOWN: "yellow", NOT_CHECKED: "yellow"}
     table = Table(box=None, show_edge=False, pad_edge=False, title_justify="left", header_style="bold",
-                  title=f"Verdicts for {queue}", title_style="bold")
+                  title=f"Verdicts for {grid.queue}", title_style="bold")
 
     def cell(value: str, severity: str | None) -> Text:
         return Text(value, style=SEVERITY_STYLE.get(severity or "", styles.get(value, "")))
@@ -138,7 +147,29 @@ def _grid(report: Report, console: Console) -> None:
         for state in grid.states:
             table.add_row(state, *(cell(*grid.cells[b, state]) for b in grid.backends))
     console.print(table)
-    console.print(Text(grid.legend, style="dim"))
+    for line in legend_lines(grid.legend_items, console.width):
+        console.print(Text(line, style="dim"), no_wrap=True, overflow="ignore")
+
+
+def legend_lines(items: list[str], width: int) -> list[str]:
+    """The legend's items joined with ` · `, a line break only between items, so a code is never
+    parted from its name; an item wider than the line is wrapped at spaces on its own lines,
+    its continuation indented."""
+    lines: list[str] = []
+    for item in items:
+        if lines and len(lines[-1]) + 3 + len(item) <= width:
+            lines[-1] += " · " + item
+            continue
+        words = item.split(" ")
+        line = words[0]
+        for word in words[1:]:
+            if len(line) + 1 + len(word) <= width:
+                line += " " + word
+            else:
+                lines.append(line)
+                line = "  " + word
+        lines.append(line)
+    return lines
 
 
 def _backend_findings(report: Report, backend: str | None, groups, files: dict[str, SourceFile],
@@ -218,31 +249,31 @@ def _details(report: Report, console: Console) -> None:
         path_width = max((len(f"{s.path}:{s.line}") for s in queue.sites), default=10)
         for function, sites in by_function.items():
             console.print(Text(f"  {function}", style="italic"), no_wrap=True, overflow="ignore")
-            table = Table.grid(padding=(0, 2))
-            table.add_column(no_wrap=True, min_width=8)
-            table.add_column(no_wrap=True, min_width=path_width)
-            table.add_column()
-            for site in sites:
-                states = ", ".join(site.states)
-                if site.note and site.kind not in ("check", "poll", "entry", "reassign", "raise"):
-                    states = f"{states} [{site.note}]" if states else f"[{site.note}]"
-                table.add_row(site.kind, f"{site.path}:{site.line}", _literal(states))
-            console.print(Padding(table, (0, 0, 0, 4)))
-
+            console.print(Padding(_map_table(sites, path_width, console.width - 4), (0, 0, 0, 4)))
         console.print()
         console.print(Text("Poll states", style="bold"))
         modes = modes_line(queue)
         if modes:
-            console.print(Padding(Text(modes, style="dim"), (0, 0, 0, 2)))
+            head, _, rest = modes.partition(" ")
+            line = Table.grid(padding=(0, 1))
+            line.add_column(no_wrap=True)
+            line.add_column(overflow="fold")
+            line.add_row(Text(head, style="dim"), Text(rest, style="dim"))  # wraps under its text
+            console.print(Padding(line, (0, 0, 0, 2)))
         state_width = max((len(s) for s in queue.states), default=0)
         for state, fate in queue.states.items():
+            # state | `mode: fate`: a fate that wraps hangs under its column, never under the state.
+            rows = Table.grid(padding=(0, 1))
+            rows.add_column(no_wrap=True, min_width=state_width + 1)
+            rows.add_column(overflow="fold")
             for i, (mode, described) in enumerate(state_fate_lines(queue, fate)):
-                line = Text((state if not i else "").ljust(state_width + 2))
+                line = Text()
                 if mode:
                     line.append(f"{mode}: ", "dim")
                 for word in re.split(r"(\b(?:kept|leaves|raises|dropped)\b)", described):
                     line.append(word, OUTCOME_STYLE.get(word, ""))
-                console.print(Padding(line, (0, 0, 0, 2)))
+                rows.add_row(Text(state if not i else ""), line)
+            console.print(Padding(rows, (0, 0, 0, 2)))
             where = [e for e in fate.evidence if not e.note.startswith(("check", "helper"))]
             if where:
                 console.print(Padding(_evidence_table(where, console.width - 4), (0, 0, 0, 4)))
@@ -252,6 +283,41 @@ def _details(report: Report, console: Console) -> None:
         console.print(Text("Backends", style="bold"))
         for b in report.backends:
             console.print(Padding(_backend_detail(b), (0, 0, 0, 2)))
+
+
+def _map_table(sites: list, path_width: int, width: int) -> Table:
+    """`kind  path:line  states [note]` rows. When the states' longest word would not fit beside
+    the paths (a long path, a narrow terminal), they go on their own line under the path,
+    indented, so a state name is never cut and a note wraps with a hanging indent."""
+    texts = []
+    for site in sites:
+        states = ", ".join(site.states)
+        note = site.note
+        owner = site.function.rpartition(".")[0]
+        if owner and note.startswith(owner + "."):
+            note = note[len(owner) + 1:]  # a method of the function's own class: its name is enough
+        if note and site.kind not in ("check", "poll", "entry", "reassign", "raise"):
+            states = f"{states} [{note}]" if states else f"[{note}]"
+        texts.append(states)
+    longest = max((len(word) for text in texts for word in text.split()), default=0)
+    own_width = max((len(f"{s.path}:{s.line}") for s in sites), default=0)
+    if 8 + 2 + path_width + 2 + max(longest, 24) > width:
+        path_width = own_width  # aligned with the other functions' tables only where that fits
+    side_by_side = 8 + 2 + path_width + 2 + max(longest, 24) <= width
+    table = Table.grid(padding=(0, 2))
+    table.add_column(no_wrap=True, min_width=8)
+    if side_by_side:
+        table.add_column(no_wrap=True, min_width=path_width)
+        table.add_column(overflow="fold")
+        for site, text in zip(sites, texts):
+            table.add_row(site.kind, f"{site.path}:{site.line}", _literal(text))
+        return table
+    table.add_column(overflow="fold")
+    for site, text in zip(sites, texts):
+        table.add_row(site.kind, Text(f"{site.path}:{site.line}", overflow="fold"))
+        if text:
+            table.add_row("", Padding(_literal(text), (0, 0, 0, 2)))
+    return table
 
 
 def _literal(text: str) -> Text:

@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvtrace.baseline import counts_against, mark, tally
-from kvtrace.model import Backend, Evidence, Finding, Gap, Report, StateVerdict, WayOut
+from kvtrace.model import Backend, Evidence, Finding, Gap, QueueReport, Report, StateVerdict, WayOut
 
 OK = "ok"
 NOT_RETURNED = "-"
@@ -47,15 +47,25 @@ def rule_label(finding: Finding, short: bool = False) -> str:
 
 @dataclass
 class Grid:
+    queue: str
     states: list[str]
     backends: list[str]
     cells: dict[tuple[str, str], tuple[str, str | None]]  # (backend, state) -> (text, severity)
-    legend: str
+    legend_items: list[str]  # one explanation per item; never split between a code and its name
+
+    @property
+    def legend(self) -> str:
+        return " · ".join(self.legend_items)
 
 
-def _states(report: Report) -> list[str]:
-    if report.queues and report.queues[0].states:
-        return list(report.queues[0].states)
+def _queue(report: Report, queue: QueueReport | None = None) -> QueueReport | None:
+    return queue if queue is not None else (report.queues[0] if report.queues else None)
+
+
+def _states(report: Report, queue: QueueReport | None = None) -> list[str]:
+    queue = _queue(report, queue)
+    if queue is not None and queue.states:
+        return list(queue.states)
     seen: list[str] = []
     for b in report.backends:
         seen.extend(s for s in b.returns if s not in seen)
@@ -89,31 +99,57 @@ def _concerns(finding: Finding, backend: Backend) -> bool:
     return folder in homes
 
 
-def verdict_grid(report: Report, short: bool = False) -> Grid:
-    states = _states(report)
+def _of_queue(finding: Finding, queue: QueueReport | None) -> bool:
+    """A finding about one queue's drain belongs in that queue's grid only; one about the
+    backends alone (no queue) in every grid."""
+    return finding.queue is None or queue is None or finding.queue == queue.name
+
+
+# Why a cell reads `?`, each pointing at the part of the report that explains it.
+WHY_UNKNOWN = {
+    "unchecked": "backend not checked (see INCOMPLETE)",
+    "no-drain": "drain loop not analysed (see INCOMPLETE)",
+    "undrained": "no drain loop found (see undrained-queue)",
+    "returns": "poll() may return it through a value kvtrace cannot follow (see unknown: under Backends)",
+    "way-out": "way out not decided (see INCOMPLETE)",
+}
+
+
+def verdict_grid(report: Report, short: bool = False, queue: QueueReport | None = None) -> Grid:
+    """The backend x state grid for `queue` (default: the report's first queue). A cell says
+    `ok` only when the scan established it: the drain loop was analysed and the backend's way
+    out decided; anything less reads `?`, with the legend saying why and where to look."""
+    queue = _queue(report, queue)
+    states = _states(report, queue)
     partial = partial_backends(report)
+    # No drain loop read: whether the drain keeps a state is unknown, so no pin can be ruled out.
+    drain_unknown = queue is None or queue.drain is None
     rows: list[str] = []
     cells: dict[tuple[str, str], tuple[str, str | None]] = {}
     used: set[str] = set()
-    undecided = False
+    why: set[str] = set()
     for b in report.backends:
         row = f"{b.name}*" if b.name in partial else b.name
         rows.append(row)
         for state in states:
             hits = [f for f in report.findings
-                    if f.state == state and not f.suppressed
+                    if f.state == state and not f.suppressed and _of_queue(f, queue)
                     and (f.backend == b.name or (f.backend is None and _concerns(f, b)))]
+            error = any(f.severity == "error" for f in hits)
             unseen = b.poll is None or (state not in b.returns and not any(f.backend == b.name for f in hits))
+            verdict = b.way_out(state)
             if b.poll is not None and b.returns_unknown and (unseen or not b.returns):
                 # poll() also returns values kvtrace could not follow: this state may be one of them.
                 cells[row, state] = (UNKNOWN, "warning")
-                undecided = True
+                why.add("returns")
             elif unseen:
                 cells[row, state] = (NOT_RETURNED, None)
-            elif b.way_out(state) is not None and b.way_out(state).way_out is WayOut.UNKNOWN \
-                    and not any(f.severity == "error" for f in hits):
+            elif verdict is not None and verdict.way_out is WayOut.UNKNOWN and not error:
                 cells[row, state] = (UNKNOWN, "warning")  # whether it pins is not decided: never "ok"
-                undecided = True
+                why.add("way-out")
+            elif drain_unknown and not error:
+                cells[row, state] = (UNKNOWN, "warning")  # the drain was not read: never "ok"
+                why.add("no-drain" if report.gaps else "undrained")
             elif hits:
                 worst = min(hits, key=lambda f: SEVERITY_ORDER.get(f.severity, 3))
                 cells[row, state] = (rule_label(worst, short), worst.severity)
@@ -125,11 +161,19 @@ def verdict_grid(report: Report, short: bool = False) -> Grid:
         for state in states:
             cells[name, state] = (NOT_CHECKED, "warning")
         used.add(NOT_CHECKED)
-    legend = _legend(report, used, bool(partial), short, undecided)
-    return Grid(states, rows, cells, legend)
+        why.add("unchecked")
+    name = queue.name if queue is not None else "the queue"
+    return Grid(name, states, rows, cells, _legend(report, used, bool(partial), short, why))
 
 
-def _legend(report: Report, used: set[str], partial: bool, short: bool, undecided: bool = False) -> str:
+def verdict_grids(report: Report, short: bool = False) -> list[Grid]:
+    """One grid per queue the pack names (decode: the prealloc and the transfer queue)."""
+    if not report.queues:
+        return [verdict_grid(report, short)]
+    return [verdict_grid(report, short, queue) for queue in report.queues]
+
+
+def _legend(report: Report, used: set[str], partial: bool, short: bool, why: set[str]) -> list[str]:
     parts = []
     if short:
         labels = {rule_label(f, True): f.rule for f in report.findings if f.state}
@@ -138,11 +182,18 @@ def _legend(report: Report, used: set[str], partial: bool, short: bool, undecide
         parts.append("ok: poll() returns it, it has a way out")
     if NOT_RETURNED in used:
         parts.append("-: poll() never returns it")
-    if NOT_CHECKED in used:
-        parts.append("?: not checked" + (" or not decided (see what was not analysed)" if undecided else ""))
+    if UNKNOWN in used:
+        reasons = [text for key, text in WHY_UNKNOWN.items() if key in why] or ["not checked"]
+        parts.append("?: " + "; or ".join(reasons))
     if partial:
         parts.append("*: checked without some of its files")
-    return " · ".join(parts)
+    return parts
+
+
+def by_severity(findings: list[Finding]) -> list[Finding]:
+    """Errors first, then warnings, then notes; by place within each (the order a reader wants)."""
+    return sorted(findings, key=lambda f: (SEVERITY_ORDER.get(f.severity, 3), f.path, f.line, f.rule,
+                                           f.backend or "", f.state or ""))
 
 
 @dataclass

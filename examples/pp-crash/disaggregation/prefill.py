@@ -48,7 +48,7 @@ class SchedulerDisaggregationPrefillMixin:
         for req, poll in zip(self.disagg_prefill_inflight_queue, polls):  # fates: Failed=kept+leaves Bootstrapping=kept+raises WaitingForInput=kept+raises Transferring=kept+raises Success=kept+leaves ; mode rids_to_check=None: Failed=leaves Bootstrapping=raises WaitingForInput=kept Transferring=kept Success=leaves ; mode rids_to_check passed: Failed=waits@50+leaves Bootstrapping=waits@50+raises WaitingForInput=waits@50+raises Transferring=waits@50+raises Success=waits@50+leaves
             if rids_to_check is not None:
                 if req.rid not in rids_to_check:
-                    undone_reqs.append(req)  # site: keep ; expect: silent-wait[:Bootstrapping], silent-wait[:Transferring], silent-wait[:WaitingForInput]
+                    undone_reqs.append(req)  # site: keep ; the PP consensus wait: it tests no poll value, so no silent-wait
                     continue
                 # The previous rank finished it, so this one must have too (it need not).
                 assert poll == KVPoll.Success or poll == KVPoll.Failed  # site: raise ; expect: state-crash[:Bootstrapping], state-crash[:Transferring], state-crash[:WaitingForInput]

@@ -4,10 +4,22 @@ sorted into fetch_local's order."""
 from __future__ import annotations
 
 import posixpath
+from collections import deque
 from typing import TYPE_CHECKING
 
 from kvtrace.errors import LimitExceeded
-from kvtrace.fetch.local import Budget, oversized_file
+from kvtrace.fetch.local import (
+    Budget,
+    folder_outside,
+    folder_pruned,
+    link_loop,
+    link_outside,
+    link_unread,
+    oversized_file,
+    pruned_name as _pruned,
+    skipped_link,
+    walk_order,
+)
 from kvtrace.model import FetchLimits, FetchResult, SourceFile
 from kvtrace.fetch.ssh.options import Log
 
@@ -35,7 +47,8 @@ class Collected:
         self.log = log
         self.notes: list[str] = []
         self.files: dict[str, SourceFile] = {}
-        self.symlinks: dict[str, str] = {}
+        self.symlinks: dict[str, str] = {}  # a .py link -> its text
+        self.folder_links: dict[str, str] = {}  # a link to a folder -> the folder's real path ("" if unknown)
         self.hardlinks: dict[str, str] = {}
         self.budget = Budget(limits, label)
 
@@ -50,54 +63,84 @@ class Collected:
 
     def link(self, table: dict[str, str], rel: str, target: str) -> None:
         table[rel] = target
-        if len(self.symlinks) + len(self.hardlinks) > self.limits.max_files:  # bounded, like files
+        # Bounded like the records (links carry no data; files are bounded on their own).
+        bound = 4 * (self.limits.max_files + 1)
+        if len(self.symlinks) + len(self.hardlinks) + len(self.folder_links) > bound:
             raise LimitExceeded(
-                f"{self.label}: more than {self.limits.max_files} .py links; "
+                f"{self.label}: more than {bound} links (4 x --max-files); "
                 "point kvtrace at the disaggregation folder or raise --max-files"
             )
 
     def finish(self) -> FetchResult:
+        """Links resolved as fetch_local resolves them (see its docstring): a .py link that ends
+        at a fetched file is that file under the link's name; a folder link inside the root is
+        not entered; every other link is a skipped entry, a gap naming it and why."""
         for rel, target in self.hardlinks.items():
             if target in self.files:
                 self.add(rel, renamed(self.files[target], rel))
-        for rel in list(self.symlinks):
-            resolved = self._follow(rel)
-            if resolved in self.files:
+        for rel, real in self.folder_links.items():
+            self.symlinks.pop(rel, None)  # a .py name on a folder is a folder link
+            name = rel.rsplit("/", 1)[-1]
+            if _pruned(name) and not name.endswith(".py"):
+                continue  # named like a folder the walk skips: skipped like one
+            root = self.root_real.rstrip("/")
+            if real and (real == self.root_real or real.startswith(root + "/")):
+                below = real[len(root) + 1 :]
+                if any(_pruned(part) for part in below.split("/") if part):
+                    self.add(rel + "/", skipped_link(rel + "/", folder_pruned(below)))
+            else:
+                self.add(rel + "/", skipped_link(rel + "/", folder_outside(real or "?")))
+        for rel, text in list(self.symlinks.items()):
+            resolved = self._resolve(rel)
+            if resolved and resolved in self.files and self.files[resolved].status != "skipped":
                 self.add(rel, renamed(self.files[resolved], rel))
             else:
-                why = "a loop" if resolved == "" else "outside the root or not a fetched .py file"
-                self.log(f"ssh: symlink {rel} -> {self.symlinks[rel]!r} not followed ({why})")
+                why = link_outside(text) if resolved is None else link_loop(text) if resolved == "" else link_unread(text)
+                self.log(f"ssh: {rel}: {why}")
+                self.add(rel, skipped_link(rel, why))
         files = sorted(self.files.values(), key=lambda f: walk_order(f.path))
         for note in self.notes:
             self.log(f"ssh: note: {note}")
         return FetchResult(target=self.label, files=files, notes=self.notes)
 
-    def _follow(self, rel: str) -> str | None:
-        """Resolve a .py symlink lexically among the fetched names: the relative path it ends
-        at, None when it leaves the root, "" on a loop. Never touches the remote."""
-        current = rel
-        for _ in range(40):  # the kernel's own limit on link chains
-            link = self.symlinks.get(current)
-            if link is None:
-                return current
-            if link.startswith("/"):
-                root = self.root_real.rstrip("/")
-                if not self.root_real or not link.startswith(root + "/"):
-                    return None
-                link_rel = link[len(root) + 1 :]
-            else:
-                link_rel = posixpath.join(posixpath.dirname(current), link)
-            current = posixpath.normpath(link_rel)
-            if current == ".." or current.startswith("../") or current.startswith("/"):
-                return None
-        return ""
-
-
-def walk_order(path: str) -> tuple[tuple[int, str], ...]:
-    """Sort key reproducing fetch_local's order: os.walk top-down with sorted names, i.e. a
-    directory's files first, then each subdirectory in turn."""
-    *dirs, name = path.split("/")
-    return tuple((1, d) for d in dirs) + ((0, name),)
+    def _resolve(self, rel: str) -> str | None:
+        """Resolve a link among the fetched names, component by component as the kernel does
+        (a link's text read from the folder it ends in): the root-relative path it ends at,
+        None when it leaves the root, "" on a loop. Never touches the remote; folders outside
+        the root are taken as plain folders."""
+        root = [c for c in self.root_real.split("/") if c] if self.root_real else ["\0root"]
+        current = list(root)
+        pending = deque(rel.split("/"))
+        hops = 0
+        while pending:
+            part = pending.popleft()
+            if part in ("", "."):
+                continue
+            if part == "..":
+                if current:
+                    current.pop()
+                continue
+            current.append(part)
+            if current[: len(root)] != root or len(current) == len(root):
+                continue
+            key = "/".join(current[len(root) :])
+            if key in self.folder_links:
+                real = self.folder_links[key]
+                current = [c for c in real.split("/") if c] if real else ["\0unknown"]
+            elif key in self.symlinks:
+                hops += 1
+                if hops > 40:  # the kernel's own limit on link chains
+                    return ""
+                text = self.symlinks[key]
+                current.pop()
+                if text.startswith("/"):
+                    if not self.root_real:
+                        return None
+                    current = []
+                pending.extendleft(reversed(text.split("/")))
+        if current[: len(root)] != root or len(current) == len(root):
+            return None
+        return "/".join(current[len(root) :])
 
 
 def relative(name: str) -> str | None:
@@ -115,7 +158,7 @@ def renamed(sf: SourceFile, path: str) -> SourceFile:
 
 def too_large(name: str, size: int | None, limits: FetchLimits) -> SourceFile:
     if size is None:
-        return SourceFile(name, b"", "", status="too-large", error=f"over the per-file limit of {limits.max_file_bytes}")
+        return SourceFile(name, b"", "", status="too-large", error=f"over the per-file limit (--max-file-bytes {limits.max_file_bytes})")
     return oversized_file(name, size, limits)
 
 

@@ -120,6 +120,11 @@ class ExecFetch(Route):
                             f"{self.label}: more than {self.limits.max_files} .py files; "
                             "point kvtrace at the disaggregation folder or raise --max-files"
                         )
+            elif kind == b"L":
+                name = self._name(stream.token(), collected)
+                real = stream.token().decode("utf-8", "surrogateescape")
+                if name is not None:
+                    collected.link(collected.folder_links, name, real)
             elif kind == b"D":
                 name = self._name(stream.token(), collected)
                 if name is not None:

@@ -13,6 +13,8 @@ Stream (stdout), every field NUL-terminated:
         S <ls -lnLd> <f>   a .py file over the per-file limit (not sent)
         U <f>              a .py file the remote user cannot read (not sent)
         R <f>              a .py file that is readable: it must be in the archive
+        L <l> <real>       a symlink (any name) that ends at a folder, and that folder's
+                           `pwd -P` (empty if it cannot be entered); never entered by find
     E
     then ONE tar archive of the readable .py files and .py symlinks (as links, never followed).
 A file's fate is known from these records alone: stderr is never parsed (it is localised and
@@ -31,6 +33,7 @@ _PRUNE = '"(" -type d "(" -name ".*" -o -name __pycache__ ")" -prune ")" -o'
 _EACH = "-exec sh -c 'for f; do {body}; done' sh {{}} +"  # inner script in double quotes only
 _DIR = _EACH.format(body='[ -r "$f" ] && [ -x "$f" ] || printf "D\\0%s\\0" "$f"')
 _BIG = _EACH.format(body='printf "S\\0%s\\0%s\\0" "$(ls -lnLd -- "$f")" "$f"')
+_LINK = _EACH.format(body='[ -d "$f" ] && printf "L\\0%s\\0%s\\0" "$f" "$(cd -P -- "$f" 2>/dev/null && pwd -P)"')
 _READ = _EACH.format(body='if [ -r "$f" ]; then printf "R\\0%s\\0" "$f"; else printf "U\\0%s\\0" "$f"; fi')
 
 SCRIPT = (
@@ -43,6 +46,7 @@ SCRIPT = (
     'elif [ -e "$r" ]; then exit 5; else exit 3; fi; '
     "printf 'KVTRACE2\\0%s\\0' \"$(pwd -P)\"; "
     f'find -H "$s" -mindepth $m {_PRUNE} -type d {_DIR} '
+    f'-o -type l {_LINK} '
     f'-o -type f -name "*.py" -size +"$n"c {_BIG} '
     f'-o -type f -name "*.py" {_READ}; '
     "printf 'E\\0'; "

@@ -97,19 +97,37 @@ class SftpFetch(Route):
                 if stat.S_ISDIR(mode):  # lstat attributes: a link to a dir is S_ISLNK, not walked
                     if not name.startswith(".") and name != "__pycache__":
                         pending.append(rel)
+                elif stat.S_ISLNK(mode):
+                    self._link(sftp, collected, posixpath.join(full_dir, name), rel, name)
                 elif not name.endswith(".py"):
                     continue
                 elif stat.S_ISREG(mode):
                     sf = self._read(sftp, posixpath.join(full_dir, name), rel, attr.st_size)
                     if sf is not None:
                         collected.add(rel, sf)
-                elif stat.S_ISLNK(mode):
-                    self._tick(sftp)
-                    try:
-                        collected.link(collected.symlinks, rel, sftp.readlink(posixpath.join(full_dir, name)) or "")
-                    except OSError as exc:
-                        self.conn.log(f"ssh: cannot read symlink {rel}: {why(exc)}")
         return collected.finish()
+
+    def _link(self, sftp: paramiko.SFTPClient, collected: Collected, full: str, rel: str, name: str) -> None:
+        """A link to a folder (any name) is recorded with the folder's real path, a .py link
+        with its text; collect.py decides, as fetch_local does, what each one is."""
+        self._tick(sftp)
+        try:
+            is_dir = stat.S_ISDIR(sftp.stat(full).st_mode or 0)
+        except (OSError, paramiko.SSHException):
+            is_dir = False  # dangling or a loop: only a .py name can be missed
+        try:
+            if is_dir:
+                self._tick(sftp)
+                collected.link(collected.folder_links, rel, sftp.normalize(full))
+            elif name.endswith(".py"):
+                self._tick(sftp)
+                collected.link(collected.symlinks, rel, sftp.readlink(full) or "")
+        except OSError as exc:
+            if isinstance(exc, (TimeoutError, socket.timeout)):
+                raise
+            self.conn.log(f"ssh: cannot read symlink {rel}: {why(exc)}")
+            if name.endswith(".py") or is_dir:
+                collected.add(rel, SourceFile(rel, b"", "", status="unreadable", error=f"symlink: {why(exc)}"))
 
     def _read(self, sftp: paramiko.SFTPClient, full: str, rel: str, size: int | None) -> SourceFile | None:
         """The file, too-large or unreadable; None when it vanished since the listing."""

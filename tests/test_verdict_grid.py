@@ -1,0 +1,134 @@
+"""The verdict grid claims only what the scan established: `?` (with the legend saying where to
+look) for what it could not, one grid per queue, each titled with its own queue."""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+from kvtrace.packs import load_pack
+from kvtrace.report import render_plain
+from kvtrace.report.text import legend_lines
+from kvtrace.report.verdicts import OK, UNKNOWN, verdict_grid, verdict_grids
+from kvtrace.scan import scan_path
+from tests.sglang_wheels import sglang_tree
+
+ROOT = Path(__file__).resolve().parent.parent
+NIXL_PIN = ROOT / "examples" / "nixl-pin"
+
+
+def test_unreadable_drain_loop_makes_no_cell_ok(tmp_path: Path) -> None:
+    """Before: with prefill.py unparsable (no drain loop read), the grid still said `ok` for
+    mooncake Bootstrapping and Success."""
+    tree = tmp_path / "tree"
+    shutil.copytree(NIXL_PIN, tree)
+    prefill = tree / "disaggregation" / "prefill.py"
+    prefill.write_text(prefill.read_text() + "def x(:\n")
+    run = subprocess.run([sys.executable, "-m", "kvtrace", "scan", str(tree), "--no-cache", "--no-map"],
+                         capture_output=True, text=True, timeout=300, env={"COLUMNS": "80", "PATH": ""})
+    assert run.returncode == 3, run.stderr
+    report = scan_path(tree)
+    grid = verdict_grid(report)
+    assert grid.backends == ["mooncake", "nixl"]
+    for backend in grid.backends:
+        for state in grid.states:
+            assert grid.cells[backend, state][0] == UNKNOWN, (backend, state, grid.cells[backend, state])
+    assert "drain loop not analysed (see INCOMPLETE)" in grid.legend
+    table = run.stdout.split("Verdicts for")[1].split("\n\n")[0]
+    assert " ok " not in f" {table} " and "ok:" not in table
+
+
+def test_unknown_legend_points_at_the_backends_on_a_complete_scan() -> None:
+    """Before: `?: not checked or not decided (see what was not analysed)` on complete scans
+    that have no such section; the `?` there comes from the Backends table's `unknown:` lines."""
+    for version, backend in (("0.4.6.post5", "mooncake"), ("0.5.14", "mori")):
+        report = scan_path(sglang_tree(version))
+        assert not report.gaps
+        grid = verdict_grid(report)
+        assert UNKNOWN in {grid.cells[backend, s][0] for s in grid.states}
+        assert "what was not analysed" not in grid.legend and "INCOMPLETE" not in grid.legend
+        assert "see unknown: under Backends" in grid.legend
+        text = render_plain([report], width=80, show_map=True)
+        assert "  unknown: " in text.split("\nBackends\n")[1]
+
+
+def test_legend_breaks_only_between_items() -> None:
+    items = ["KVT001: pinned-state", "KVT009: no-timeout", "KVT010: silent-status-drop",
+             "KVT012: failed-not-sticky", "ok: poll() returns it, it has a way out"]
+    lines = legend_lines(items, 80)
+    assert all(len(line) <= 80 for line in lines)
+    joined = "\n".join(lines)
+    for item in items:
+        assert item in joined  # never parted between a code and its name
+    # nixl-pin at 80 columns needs codes; before, the legend wrapped as "KVT012:\nfailed-not-sticky".
+    report = scan_path(NIXL_PIN)
+    text = render_plain([report], width=80, show_map=False)
+    grid = verdict_grid(report, short=True)
+    assert any(item.startswith("KVT") for item in grid.legend_items)
+    assert "KVT001" in text.split("Verdicts")[1].split("\n")[3]  # the codes are what the grid shows
+    lines = text.splitlines()
+    for item in grid.legend_items:
+        assert any(item in line for line in lines), item
+
+
+def test_decode_pack_has_one_grid_per_queue_each_with_its_own_findings() -> None:
+    """0.5.2 decode: before, one grid titled disagg_decode_prealloc_queue showed the transfer
+    queue's pinned-state cells, and the transfer queue had no grid."""
+    report = scan_path(sglang_tree("0.5.2"), pack=load_pack("sglang-decode"))
+    grids = {grid.queue: grid for grid in verdict_grids(report)}
+    assert list(grids) == ["disagg_decode_prealloc_queue", "disagg_decode_transfer_queue"]
+    pinned = {(f.queue, f.backend, f.state) for f in report.findings if f.rule == "pinned-state"}
+    assert pinned and all(queue == "disagg_decode_transfer_queue" for queue, _, _ in pinned)
+    for _, backend, state in pinned:
+        assert grids["disagg_decode_transfer_queue"].cells[backend, state][0] == "PINNED-STATE"
+        assert grids["disagg_decode_prealloc_queue"].cells[backend, state][0] != "PINNED-STATE"
+    text = render_plain([report], width=100, show_map=False)
+    assert "Verdicts for disagg_decode_prealloc_queue" in text and "Verdicts for disagg_decode_transfer_queue" in text
+    assert OK in {c for c, _ in grids["disagg_decode_transfer_queue"].cells.values()}
+
+
+def test_markdown_lists_findings_errors_first() -> None:
+    """Before: sorted by path, 0.5.14's one error was finding 13 of 16."""
+    from kvtrace.report.markdown import render
+
+    report = scan_path(sglang_tree("0.5.14"))
+    assert any(f.severity == "error" for f in report.findings)
+    listed = re.findall(r"^- \*\*([\w-]+)\*\* \((error|warning|note)\)", render([report]), re.M)
+    assert len(listed) == len(report.findings)
+    rank = {"error": 0, "warning": 1, "note": 2}
+    assert [rank[s] for _, s in listed] == sorted(rank[s] for _, s in listed)
+    assert listed[0] == ("pinned-state", "error")
+
+
+def test_release_map_reads_at_80_columns() -> None:
+    """Before, at 80 columns on 0.5.14 and 0.5.23: state cells cut to "Faile…", "Boots…" beside a
+    long path, "(after the loop)]" one word per line, mode lines without a hanging indent."""
+    for version in ("0.5.14", "0.5.23"):
+        report = scan_path(sglang_tree(version))
+        text = render_plain([report], width=80, show_map=True)
+        assert all(len(line) <= 80 for line in text.splitlines())
+        details = text[text.index("\nRelease map: "):text.index("\nBackends\n")]
+        assert "…" not in details
+        states = list(report.queues[0].states)
+        for word in re.findall(r"\b[A-Z]\w+", details):
+            assert not any(s.startswith(word) and s != word for s in states), word  # no cut state name
+        lines = details.splitlines()
+        for line in lines:
+            assert line.strip() not in ("(after", "the", "loop)]", "loop)")
+        # Every site of the map is shown with its states, each state's name whole.
+        for site in report.queues[0].sites:
+            at = next(i for i, line in enumerate(lines) if line.split()[:2] == [str(site.kind), f"{site.path}:{site.line}"])
+            shown = " ".join(lines[at:at + 3])
+            assert all(s in shown for s in site.states), (site, shown)
+        # A mode's fate that wraps hangs under its own column, never at the state column.
+        poll_states = text[text.index("\nPoll states\n"):text.index("\nBackends\n")].splitlines()
+        column = 2 + max(len(s) for s in states) + 2
+        for i, line in enumerate(poll_states):
+            if "rids_to_check passed:" in line:
+                assert line.index("rids_to_check passed:") == column, line
+                follow = poll_states[i + 1]
+                if not follow.lstrip().startswith(("sglang/", "rids_to_check=None")):
+                    assert len(follow) - len(follow.lstrip()) == column, (line, follow)
