@@ -3,12 +3,14 @@ commands work in the order a workflow runs them (the upload step is reached, the
 
 from __future__ import annotations
 
+import http.server
 import json
 import os
 import re
 import shutil
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import jsonschema
@@ -57,3 +59,61 @@ def test_ci_snippet_runs_as_written(tmp_path: Path) -> None:
     uris = {r["locations"][0]["physicalLocation"]["artifactLocation"]["uri"] for r in sarif["runs"][0]["results"]}
     assert uris and all((tmp_path / uri).is_file() and uri.startswith("python/sglang/") for uri in uris)
     assert codes[-1] == 1  # ...and the last step fails the job on the findings
+
+
+def test_summary_line_quoted_is_what_kvtrace_prints() -> None:
+    quoted = re.search(r"on `examples/nixl-pin`:\s+`([^`]+)`", README)
+    assert quoted, "the summary-line example and the example it comes from"
+    result = subprocess.run([sys.executable, "-m", "kvtrace", "scan", "examples/nixl-pin", "--no-cache", "--no-map"],
+                            cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 1, result.stderr
+    assert " ".join(quoted.group(1).split()) in result.stdout.splitlines()
+
+
+class _StuckGauge(http.server.BaseHTTPRequestHandler):
+    """A Prometheus page whose prefill inflight gauge stays at 1 (the symptom kvtrace explains)."""
+
+    PAGE = (b"# TYPE sglang:num_prefill_inflight_queue_reqs gauge\n"
+            b'sglang:num_prefill_inflight_queue_reqs{engine_type="unified",model_name="m",tp_rank="0"} 1.0\n')
+
+    def do_GET(self) -> None:  # noqa: N802 -- the http.server hook's name
+        self.send_response(200)
+        self.send_header("Content-Type", "text/plain; version=0.0.4")
+        self.end_headers()
+        self.wfile.write(self.PAGE)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
+def test_fleet_sample_is_what_kvtrace_prints(tmp_path: Path) -> None:
+    """The Fleets sample, run as written against a local page with a stuck gauge (on a free port
+    instead of 30000) on the SGLang 0.5.2 wheel's tree."""
+    from tests.sglang_wheels import sglang_tree
+
+    section = README[README.index("### Fleets"):README.index("### Speed")]
+    block = re.search(r"```text\n\$ (kvtrace scan .*?)\n(.*?)```", section, re.S)
+    assert block, "the Fleets sample"
+    command, expected = block.group(1), block.group(2)
+    server = http.server.HTTPServer(("127.0.0.1", 0), _StuckGauge)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        tree = sglang_tree("0.5.2") / "sglang"
+        shown = "~/.cache/kvtrace-tests/trees/0.5.2/sglang"
+        args = command.split()[1:]
+        args = [str(tree) if a == shown else a.replace(":30000/", f":{server.server_port}/") for a in args]
+        result = subprocess.run([sys.executable, "-m", "kvtrace", *args, "--no-cache"], cwd=tmp_path,
+                                capture_output=True, text=True, timeout=300)
+    finally:
+        server.shutdown()
+        thread.join()
+    assert result.returncode == 1, result.stderr
+    assert (tmp_path / "report.json").is_file()
+
+    def normal(text: str) -> list[str]:
+        # The same tree wherever the cache is; the sampled span is whatever the clock gave (3.0 s).
+        text = re.sub(r"\S*/kvtrace-tests/trees/0\.5\.2/sglang", "TREE", text.replace(str(tree), "TREE"))
+        return re.sub(r" for \d+\.\d s ", " for N s ", text).splitlines()
+
+    assert normal(expected) == normal(result.stderr)

@@ -133,3 +133,34 @@ def test_release_map_reads_at_80_columns() -> None:
                 follow = poll_states[i + 1]
                 if not follow.lstrip().startswith(("sglang/", "rids_to_check=None")):
                     assert len(follow) - len(follow.lstrip()) == column, (line, follow)
+
+
+def test_narrowed_rules_never_call_a_cell_ok() -> None:
+    """Before: `--select pinned-state` on 0.5.2 showed `ok` for Bootstrapping on ascend, mooncake
+    and nixl, where the full scan shows STATE-CRASH (a rule that was not run)."""
+    from kvtrace.config import Settings
+
+    tree = sglang_tree("0.5.2")
+    full = verdict_grid(scan_path(tree))
+    narrowed_report = scan_path(tree, settings=Settings(select=("pinned-state",)))
+    narrowed = verdict_grid(narrowed_report)
+    assert narrowed_report.filters.select == ("pinned-state",)
+    for backend in ("ascend", "mooncake", "nixl"):
+        assert full.cells[backend, "Bootstrapping"][0] == "STATE-CRASH"
+        assert narrowed.cells[backend, "Bootstrapping"][0] == UNKNOWN
+    assert OK not in {text for text, _ in narrowed.cells.values()}
+    for key, (text, _) in full.cells.items():
+        if text == "PINNED-STATE":
+            assert narrowed.cells[key][0] == "PINNED-STATE"  # what the rule run finds is shown
+        if text == "-":
+            assert narrowed.cells[key][0] == "-"  # poll() never returns it, whatever the rules
+    assert "rules that judge it were left out" in narrowed.legend
+    text = render_plain([narrowed_report], width=100, show_map=False)
+    assert "pinned-state" in text.split("Verdicts for")[0]  # the header says what was run
+    from kvtrace.report import html, markdown
+
+    assert "Filters: rules: only pinned-state." in markdown.render([narrowed_report]).split("Verdicts for")[0]
+    assert '<p class="meta filters">rules: only pinned-state</p>' in html.render([narrowed_report])
+    # Leaving out a rule that judges no cell (unused-suppression) changes no cell.
+    quiet = verdict_grid(scan_path(tree, settings=Settings(ignore=("unused-suppression",))))
+    assert quiet.cells == full.cells

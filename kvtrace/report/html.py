@@ -189,6 +189,8 @@ def _report(report: Report, out: list[str]) -> None:
     analysed = sum(f.status == "ok" for f in report.files)
     out.append(f'<p class="meta">kvtrace {__version__}; package <code>{escape(report.root or ".")}</code>; '
                f"{analysed}/{len(report.files)} files analysed.</p>")
+    if report.filters.active:  # a narrowed scan says so, as the text report's header does
+        out.append(f'<p class="meta filters">{escape(report.filters.describe())}</p>')
     problems = [f"{f.path}: {f.status}: {f.error}" for f in report.files if f.status != "ok"] + list(report.problems)
     if problems:
         out.append('<p class="bad">INCOMPLETE: ' + "; ".join(escape(p) for p in problems) + "</p>")

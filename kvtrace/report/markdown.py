@@ -24,6 +24,8 @@ def render(reports: list[Report]) -> str:
         out += environment_lines(report) + [""]
         out.append(f"Package `{report.root or '.'}`; {sum(f.status == 'ok' for f in report.files)}"
                    f"/{len(report.files)} files analysed.\n")
+        if report.filters.active:  # a narrowed scan says so, as the text report's header does
+            out.append(f"Filters: {_cell(report.filters.describe())}.\n")
         _answer_first(report, out)
         out.append(f"### Findings ({len(report.findings)})\n")
         for f in by_severity(report.findings):

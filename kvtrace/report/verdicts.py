@@ -105,6 +105,22 @@ def _of_queue(finding: Finding, queue: QueueReport | None) -> bool:
     return finding.queue is None or queue is None or finding.queue == queue.name
 
 
+def rules_left_out(report: Report) -> list[str]:
+    """The rules that place findings in the grid's cells (their samples name a state) that
+    --select/--ignore or [tool.kvtrace] left out of this scan: with any, a cell where the rules
+    run find nothing is not `ok`, since a rule that was not run may fire there."""
+    from kvtrace.rules import ALL_RULES
+
+    select, ignore = set(report.filters.select), set(report.filters.ignore)
+    left_out = []
+    for rule in ALL_RULES:
+        names = {rule.name, rule.code}
+        if (select and not names & select) or names & ignore:
+            if any(state for sample in rule.INVALID for _, state in sample.expect):
+                left_out.append(rule.name)
+    return left_out
+
+
 # Why a cell reads `?`, each pointing at the part of the report that explains it.
 WHY_UNKNOWN = {
     "unchecked": "backend not checked (see INCOMPLETE)",
@@ -112,6 +128,7 @@ WHY_UNKNOWN = {
     "undrained": "no drain loop found (see undrained-queue)",
     "returns": "poll() may return it through a value kvtrace cannot follow (see unknown: under Backends)",
     "way-out": "way out not decided (see INCOMPLETE)",
+    "rules": "no finding from the rules run, but rules that judge it were left out (see the header)",
 }
 
 
@@ -124,6 +141,7 @@ def verdict_grid(report: Report, short: bool = False, queue: QueueReport | None 
     partial = partial_backends(report)
     # No drain loop read: whether the drain keeps a state is unknown, so no pin can be ruled out.
     drain_unknown = queue is None or queue.drain is None
+    narrowed = bool(rules_left_out(report))
     rows: list[str] = []
     cells: dict[tuple[str, str], tuple[str, str | None]] = {}
     used: set[str] = set()
@@ -153,6 +171,9 @@ def verdict_grid(report: Report, short: bool = False, queue: QueueReport | None 
             elif hits:
                 worst = min(hits, key=lambda f: SEVERITY_ORDER.get(f.severity, 3))
                 cells[row, state] = (rule_label(worst, short), worst.severity)
+            elif narrowed:
+                cells[row, state] = (UNKNOWN, "warning")  # a rule left out may fire here: never "ok"
+                why.add("rules")
             else:
                 cells[row, state] = (OK, None)
             used.add(cells[row, state][0])
