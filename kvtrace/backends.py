@@ -8,7 +8,7 @@ import ast
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from kvtrace.flow import MANAGER, TABLE, Config, CstBody, Explorer, Frame, PathLimit, PathState, function_body
+from kvtrace.flow import MANAGER, TABLE, Config, CstBody, Event, Explorer, Frame, PathLimit, PathState, function_body
 from kvtrace.index import ClassInfo, FuncRef, Index
 from kvtrace.model import Backend, EventKind, Evidence, ManagerRef, PollRef, StateVerdict, TimeoutCheck, WayOut
 from kvtrace.packs import Pack, matches
@@ -347,6 +347,7 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
     inherited = poll.owner.name if poll.owner is not None and poll.owner is not cls else None
     ref = PollRef(poll.path, poll.line, inherited)
     runner = _Runner(index, pack, domain, cls, manager)
+    runner.poll = poll
     if runner.parse(poll) is None:
         notes.append(f"{pack.poll_method}() could not be parsed")
         if problems is not None:
@@ -380,6 +381,7 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
         configs = [("", None)]
     returns: set[str] = set()
     unknown: list[str] = []
+    unknown_sites: dict[str, list[str]] = {}
     verdicts: dict[str, StateVerdict] = {}
     covers: dict[tuple[str, int], set[str]] = {}
     reads_abort = False
@@ -398,7 +400,10 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
             states = domain.states(value)
             if OTHER in value or not states:
                 if OTHER in value:
-                    unknown.append(f"a value kvtrace cannot follow ({label or 'poll()'})")
+                    site = _return_site(runner, end)
+                    where = f"{site.function}() returns it at {site.path}:{site.line}" if site is not None \
+                        else f"{poll.qualname}() at {poll.path}:{poll.line}"
+                    unknown_sites.setdefault(where, []).append(label)
                     continue
             returns |= states
             for state in states:
@@ -415,6 +420,10 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
                         verdicts[state] = StateVerdict(state, WayOut.NONE, found.verdict.how, chain)
                 elif previous is None:
                     verdicts[state] = found.verdict
+    for where, labels in unknown_sites.items():  # one line per return site, with the table contents it is seen for
+        seen = [label for label in dict.fromkeys(labels) if label]
+        unknown.append(f"a value kvtrace cannot follow: {where}"
+                       + (f" ({'; '.join(seen)})" if seen and len(seen) < len(configs) else ""))
     for key in runner.timeout_sites:
         covers.setdefault(key, set())
     if raises:
@@ -707,6 +716,7 @@ class _Runner:
         self.timeout_sites: set[tuple[str, int]] = set()
         self._memo: dict[tuple, list[PathState]] = {}
         self.unborn: Evidence | None = None  # why the room can be missing before any clear
+        self.poll: FuncRef | None = None
         self.relevant = _table_methods(index, manager) if manager is not None and manager.ref.table else None
 
     def parse(self, func: FuncRef):
@@ -738,6 +748,8 @@ class _Runner:
             self.unparsed.add(f"{func.path}:{func.line} {func.qualname}()")
             return []
         config = self.config(clock_far, record_writes)
+        # poll() runs mark their return statements: the chain cites the line a state comes from.
+        config.record_returns = func is self.poll
         explorer = Explorer(config)
         explorer.stack.append(id(func.node))
         ends = explorer.run_block(function_body(parsed.node), [PathState(attrs=tuple(sorted(attrs)))],
@@ -795,8 +807,7 @@ def _chain(runner: _Runner, cls: ClassInfo, poll: FuncRef, abort: FuncRef | None
            manager: ManagerModel | None, label: str, held: Val | None, end: PathState, state: str,
            found: _Found) -> tuple[Evidence, ...]:
     """Why `state` has no way out: each link with its line."""
-    links: list[Evidence] = [Evidence(poll.path, poll.line, f"{cls.name}.{poll.name}() returns {state}"
-                                      + (f" when {label}" if label else ""))]
+    links: list[Evidence] = [_returned_at(runner, cls, poll, end, label, held, state)]
     for e in end.events:
         if e.kind == EventKind.TABLE_DEFAULT:
             links.append(Evidence(e.path, e.line, f"{e.function}() returns {e.detail} for a room absent from the table"))
@@ -824,6 +835,41 @@ def _chain(runner: _Runner, cls: ClassInfo, poll: FuncRef, abort: FuncRef | None
     else:
         links.append(Evidence(poll.path, poll.line, f"no timeout check is reached for {state}"))
     return tuple(dict.fromkeys(links))
+
+
+def _return_site(runner: _Runner, end: PathState) -> Event | None:
+    """The return statement a poll() path's value comes from: of the returns that end the path
+    one inside the other (`return self._x()`), the innermost one outside the manager (whose
+    table read is a link of its own)."""
+    returns: list[Event] = []
+    for e in reversed(end.events):
+        if e.kind != EventKind.RETURN:
+            break
+        returns.append(e)
+    manager = {c.name for c in runner.index.mro(runner.manager.cls)} if runner.manager is not None else set()
+    return next((e for e in reversed(returns) if e.function.split(".")[0] not in manager), None)
+
+
+def _returned_at(runner: _Runner, cls: ClassInfo, poll: FuncRef, end: PathState, label: str, held: Val | None,
+                 state: str) -> Evidence:
+    """The return statement that yields `state` on this path: poll()'s own, or the one of the
+    sender helper (`return self._x()`, `return super().poll()`) it hands back directly. The
+    table's value is named only when the path read it: as the condition when it is the value
+    returned, else as what was read before another value was returned."""
+    origin = _return_site(runner, end)
+    path, line = (origin.path, origin.line) if origin is not None else (poll.path, poll.line)
+    where = f"line {line}" if path == poll.path else f"{path}:{line}"
+    note = f"{cls.name}.{poll.name}() returns {state} at {where}"
+    read = any(e.kind in (EventKind.TABLE_READ, EventKind.TABLE_DEFAULT) for e in end.events)
+    if label and held is not None and read:
+        if state in held or ABSENT in held:
+            note += f" when {label}"
+        else:
+            table = runner.manager.ref.table if runner.manager is not None else "the status table"
+            note += f" after reading {', '.join(sorted(held))} from {table}"
+    elif label and held is None:
+        note += f" when {label}"
+    return Evidence(path, line, note)
 
 
 _ASSIGNED: dict[int, dict[str, set[str]]] = {}

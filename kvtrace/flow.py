@@ -171,6 +171,7 @@ class Config:
     guards: frozenset[str] = frozenset()
     max_paths: int = MAX_PATHS  # per statement; a quick question (table reachability) asks for fewer
     give_up: bool = False  # past max_paths raise PathLimit (the question has no answer) instead of truncating
+    record_returns: bool = False  # emit a return event at each return (a sender's poll(): the line a state comes from)
 
 
 _CODE = cst.Module(body=[])
@@ -373,9 +374,10 @@ class Explorer:
             return [p for p, _ in self.eval(node.value, path, frame)]
         if isinstance(node, cst.Return):
             if node.value is None:
-                return [replace(path, term="return", ret=frozenset({NONE}))]
+                return [replace(self._returned(path, frame, node, frozenset({NONE})), term="return", ret=frozenset({NONE}))]
             # A value that raised while evaluated (`return table[room]`, room absent) keeps its raise.
-            return [p if p.term is not None else replace(p, term="return", ret=v) for p, v in self.eval(node.value, path, frame)]
+            return [p if p.term is not None else replace(self._returned(p, frame, node, v), term="return", ret=v)
+                    for p, v in self.eval(node.value, path, frame)]
         if isinstance(node, cst.Raise):
             return [replace(path.emit(Event(EventKind.RAISE, frame.func.path, frame.body.line(node), fn, "raise")), term="raise")]
         if isinstance(node, cst.Assert):
@@ -409,6 +411,13 @@ class Explorer:
             return [replace(path, term="break")]
         return [path]
 
+    def _returned(self, path: PathState, frame: Frame, node: cst.Return, value: Val) -> PathState:
+        """Sender runs: mark the return statement (the line a returned state comes from)."""
+        if not self.c.record_returns:
+            return path
+        return path.emit(Event(EventKind.RETURN, frame.func.path, frame.body.line(node), frame.func.qualname,
+                               ", ".join(sorted(self.c.domain.states(value)))))
+
     def assign(self, target: cst.CSTNode, value: Val, path: PathState, frame: Frame | None = None) -> PathState:
         if isinstance(target, cst.Name):
             path = _forget_comparisons(path, target.value)
@@ -420,8 +429,10 @@ class Explorer:
         if frame is not None and frame.is_self_attr(target):
             return self.write_self_attr(target, value, path, frame)
         if isinstance(target, (cst.Tuple, cst.List)):
-            for element in target.elements:
-                path = self.assign(element.value, self.c.domain.universe, path, frame)
+            starred = any(isinstance(e, cst.StarredElement) for e in target.elements)
+            for i, element in enumerate(target.elements):
+                item = None if starred else item_of(value, i)
+                path = self.assign(element.value, item if item is not None else self.c.domain.universe, path, frame)
         return path
 
     def write_self_attr(self, target: cst.Attribute, value: Val, path: PathState, frame: Frame) -> PathState:
@@ -686,10 +697,15 @@ class Explorer:
             return _merge_pairs(out)
         if isinstance(node, cst.Subscript):
             out = []
+            index = node.slice[0].slice if len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index) else None
+            position = int(index.value.value) if index is not None and isinstance(index.value, cst.Integer) \
+                and index.value.value.isdigit() else None
             for p, container in self.eval(node.value, path, frame):
                 value = d.universe
                 if POLLS in container and self.c.state is not None:
                     value = frozenset({self.state_value()})
+                elif position is not None and (item := item_of(container, position)) is not None:
+                    value = item  # `f()[0]` of a tuple kvtrace built
                 out.append((p, value))
             return out
         if isinstance(node, (cst.Comparison, cst.BooleanOperation)) or (
@@ -700,8 +716,15 @@ class Explorer:
             return _merge_pairs(out)
         if isinstance(node, (cst.Tuple, cst.List, cst.Set)):
             out = []
+            # A tuple is the union of its elements (for `in`), plus each element by position
+            # (`return KVPoll.Failed, reason` unpacked by `status, _ = f()`).
+            ordered = isinstance(node, cst.Tuple) and len(node.elements) <= MAX_TUPLE \
+                and not any(isinstance(e, cst.StarredElement) for e in node.elements)
             for p, values in self.eval_all([e.value for e in node.elements], path, frame):
-                out.append((p, frozenset().union(*values) if values else EMPTY))
+                value = frozenset().union(*values) if values else EMPTY
+                if ordered:
+                    value |= {f"{ITEM}{i}:{t}" for i, v in enumerate(values) for t in v if not t.startswith(ITEM)}
+                out.append((p, value))
             return out
         if isinstance(node, cst.Await):
             return self.eval(node.expression, path, frame)
@@ -1238,6 +1261,17 @@ def ast_constant(value: ast.expr, domain: Domain) -> Val | None:
             and len(value.args) == 1:
         return ast_constant(value.args[0], domain)
     return None
+
+
+ITEM = "@item"  # value token "@item<i>:<token>": element i of a tuple holds <token>
+MAX_TUPLE = 4  # positions tracked for tuples up to this size
+
+
+def item_of(value: Val, position: int) -> Val | None:
+    """Element `position` of a tuple value, if the value says (None: not a tuple kvtrace built)."""
+    head = f"{ITEM}{position}:"
+    found = frozenset(t[len(head):] for t in value if t.startswith(head))
+    return found or None
 
 
 def function_body(node: cst.FunctionDef) -> list[cst.CSTNode]:

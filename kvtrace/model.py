@@ -72,6 +72,7 @@ class EventKind(TextEnum):
     TABLE_RAISE = "table-raise"  # reading an absent room raises
     TABLE_UNKNOWN = "table-unknown"  # a status update on an object not tied to the manager
     GUARD = "guard"  # a test of one of the drain's mode parameters (detail: the condition that held)
+    RETURN = "return"  # a return statement (sender runs only; detail: the states it returns)
 
     @property
     def is_site(self) -> bool:

@@ -331,16 +331,36 @@ def test_nixl_pin_names_its_chain() -> None:
         assert note in finding.message
 
 
-def test_a_state_behind_an_unfollowed_return_is_undecided_not_never() -> None:
-    """0.5.14's mori poll() returns what `_finalize_failure()` hands back (a value kvtrace does
-    not follow): the grid must say `?` for the states it might be, never `-` ("never returns")."""
+def test_a_state_returned_in_a_tuple_is_followed_and_the_rest_is_named() -> None:
+    """0.5.14's mori poll() returns the first element of what `_finalize_failure()` hands back
+    (`sent_status, _ = ...`, a tuple built from Failed): Failed is followed. What stays unknown
+    (an attribute copied from a parameter) names the return it comes from, at a line that is a
+    `return`; a state behind it is `?` in the grid, never `-`."""
     from kvtrace.report.verdicts import NOT_RETURNED, UNKNOWN, verdict_grid
 
-    report = scan_path(sglang_tree("0.5.14"))
+    root = sglang_tree("0.5.14")
+    report = scan_path(root)
     mori = next(b for b in report.backends if b.name == "mori")
-    assert mori.returns_unknown and "Failed" not in mori.returns
+    source = (root / "sglang/srt/disaggregation/mori/conn.py").read_text()
+    tree = ast.parse(source)
+    poll = next(f for c in tree.body if isinstance(c, ast.ClassDef) and c.name == "MoriKVSender"
+                for f in c.body if isinstance(f, ast.FunctionDef) and f.name == "poll")
+    unpacked = [n for n in ast.walk(poll) if isinstance(n, ast.Assign) and isinstance(n.targets[0], ast.Tuple)]
+    assert unpacked  # the premise: poll() unpacks a tuple...
+    assert not any(isinstance(n, ast.Return) and isinstance(n.value, ast.Attribute) and n.value.attr == "Failed"
+                   for n in ast.walk(poll))  # ...and never returns Failed literally
+    assert "Failed" in mori.returns
+    lines = source.splitlines()
+    assert mori.returns_unknown
+    for why in mori.returns_unknown:
+        found = re.search(r"(\w+\.\w+)\(\) returns it at (\S+):(\d+)", why)
+        assert found, why
+        assert found[2] == "sglang/srt/disaggregation/mori/conn.py"
+        assert lines[int(found[3]) - 1].strip().startswith("return "), why
     grid = verdict_grid(report)
-    assert grid.cells["mori", "Failed"][0] == UNKNOWN
+    for state in grid.states:
+        if state not in mori.returns:
+            assert grid.cells["mori", state][0] == UNKNOWN
     for b in report.backends:  # a backend whose returns are all known keeps its `-` cells
         if not b.returns_unknown:
             for state in grid.states:
@@ -387,3 +407,20 @@ def test_states_stored_by_thread_closures_are_returned(version: str, backend: st
     assert states <= set(found.returns), found.returns  # ...and kvtrace follows it
     if version == "0.4.6.post5":  # no method of this manager stores them outside a closure
         assert all(any(a <= line <= b for a, b in spans) for s in states for line in _store_lines(root, rel, s))
+
+
+def test_a_pinned_state_cites_the_return_that_yields_it(release: tuple[str, Path]) -> None:
+    """The first link of every pin's chain is a `return` statement of the release (read with
+    ast), not the `def poll` line; a table value is named only as the value returned."""
+    version, root = release
+    report = scan_path(root)
+    chains = [(b, state, v.chain) for b in report.backends for state, v in b.verdicts.items() if v.pinned]
+    assert chains or version == "0.5.23"
+    for backend, state, chain in chains:
+        first = chain[0]
+        tree = ast.parse((root / first.path).read_text())
+        returns = {n.lineno for n in ast.walk(tree) if isinstance(n, ast.Return)}
+        assert first.line in returns, (version, backend.name, state, first)
+        assert f"returns {state} at " in first.note
+        if " holds " in first.note:
+            assert first.note.endswith(f"holds {state} for the room"), first.note

@@ -132,3 +132,121 @@ def test_without_the_closure_the_state_is_never_returned(tmp_path: Path) -> None
 ''')
     assert relay.returns == ["Bootstrapping"]
     assert verdict_grid(report).cells["relay", "WaitingForInput"][0] == NOT_RETURNED
+
+
+# --- the line a state is returned at ----------------------------------------------------------
+
+
+def _pin_chain(report, backend: str, state: str):
+    finding = next(f for f in report.findings if f.rule == "pinned-state" and f.backend == backend and f.state == state)
+    backend_info = next(b for b in report.backends if b.name == backend)
+    return finding, backend_info.verdicts[state].chain
+
+
+def test_the_chain_cites_the_return_and_names_the_table_only_when_it_is_read(tmp_path: Path) -> None:
+    """poll() returns Transferring from a constant once the chunks are sent, whatever the table
+    holds (Failed included): the link cites that `return` and never says 'when the table holds
+    Failed'. The WaitingForInput it hands back from the table names the table's value."""
+    root = _tree(tmp_path, '''\
+    def on_decode_ready(self, room):
+        self.update_status(room, KVPoll.WaitingForInput)
+
+    def on_error(self, room):
+        self.update_status(room, KVPoll.Failed)
+''', '''
+    def send(self, chunk):
+        self.sent = True
+''')
+    conn = root / "disaggregation/relay/conn.py"
+    text = conn.read_text().replace('''    def poll(self):
+        return self.kv_mgr.check_status(self.room)''', '''    def poll(self):
+        if not self.sent:
+            status = self.kv_mgr.check_status(self.room)
+            return status
+        return KVPoll.Transferring''').replace("        self.room = room\n", "        self.room = room\n        self.sent = False\n")
+    conn.write_text(text)
+    lines = text.splitlines()
+    report = scan_path(root)
+    finding, chain = _pin_chain(report, "relay", "Transferring")
+    first = chain[0]
+    assert lines[first.line - 1].strip() == "return KVPoll.Transferring"
+    assert first.note == f"RelayKVSender.poll() returns Transferring at line {first.line}"
+    assert "holds" not in finding.message.split("has no way out of it:")[1]
+    _, chain = _pin_chain(report, "relay", "WaitingForInput")
+    assert lines[chain[0].line - 1].strip() == "return status"
+    assert chain[0].note.endswith("when rooms holds WaitingForInput for the room")
+    from kvtrace.report.verdicts import way_out_text
+    relay = next(b for b in report.backends if b.name == "relay")
+    assert way_out_text(relay.verdicts["Transferring"]).endswith(f"returned at {first.path}:{first.line}")
+
+
+def test_a_state_returned_through_a_helper_cites_the_helper_return(tmp_path: Path) -> None:
+    """`return self._settled()` hands back what the helper returns: the helper's `return` line."""
+    root = _tree(tmp_path, "", '''
+    def _settled(self):
+        return KVPoll.WaitingForInput
+''')
+    conn = root / "disaggregation/relay/conn.py"
+    text = conn.read_text().replace("        return self.kv_mgr.check_status(self.room)\n",
+                                    "        return self._settled()\n")
+    conn.write_text(text)
+    _, chain = _pin_chain(scan_path(root), "relay", "WaitingForInput")
+    assert text.splitlines()[chain[0].line - 1].strip() == "return KVPoll.WaitingForInput"
+    assert "_settled" in text.splitlines()[chain[0].line - 2]
+
+
+# --- values handed back in tuples ---------------------------------------------------------------
+
+
+def _poll_tree(tmp_path: Path, poll_body: str, helpers: str) -> tuple[Path, str]:
+    root = _tree(tmp_path, "", helpers)
+    conn = root / "disaggregation/relay/conn.py"
+    text = conn.read_text().replace("        return self.kv_mgr.check_status(self.room)\n", poll_body)
+    conn.write_text(text)
+    return root, text
+
+
+def test_a_state_returned_in_a_tuple_is_followed(tmp_path: Path) -> None:
+    """`status, _ = self._give_up(...)` with `return KVPoll.Failed, reason`, a literal tuple
+    unpacked, and `f()[0]`: each element is followed by position, nothing is unknown."""
+    root, _ = _poll_tree(tmp_path, '''\
+        status = self.kv_mgr.check_status(self.room)
+        if status == KVPoll.Bootstrapping and self.gave_up:
+            failed, _ = self._give_up("peer gone")
+            return failed
+        if status == KVPoll.Bootstrapping and self.stalled:
+            first, second = (KVPoll.Success, "done")
+            return first
+        if self.redirected:
+            return self._pair()[1]
+        return status
+''', '''
+    def _give_up(self, why):
+        return KVPoll.Failed, why
+
+    def _pair(self):
+        return "ignored", KVPoll.WaitingForInput
+''')
+    report = scan_path(root)
+    relay = next(b for b in report.backends if b.name == "relay")
+    assert relay.returns_unknown == []
+    assert relay.returns == ["Failed", "Bootstrapping", "WaitingForInput", "Success"]
+    grid = verdict_grid(report)
+    assert grid.cells["relay", "Failed"][0] != UNKNOWN and grid.cells["relay", "Transferring"][0] == NOT_RETURNED
+
+
+def test_an_unknown_value_names_the_function_and_line_it_comes_from(tmp_path: Path) -> None:
+    """A starred unpacking is not followed: the `unknown:` line says which return hands it back."""
+    root, text = _poll_tree(tmp_path, '''\
+        if self.concluded:
+            return self._last()
+        return KVPoll.Bootstrapping
+''', '''
+    def _last(self):
+        *_, status = self.history()
+        return status
+''')
+    relay = next(b for b in scan_path(root).backends if b.name == "relay")
+    line = next(i for i, t in enumerate(text.splitlines(), 1) if t.strip() == "return status")
+    assert relay.returns_unknown == [
+        f"a value kvtrace cannot follow: RelayKVSender._last() returns it at disaggregation/relay/conn.py:{line}"]

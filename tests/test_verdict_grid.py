@@ -44,7 +44,8 @@ def test_unreadable_drain_loop_makes_no_cell_ok(tmp_path: Path) -> None:
 def test_unknown_legend_points_at_the_backends_on_a_complete_scan() -> None:
     """Before: `?: not checked or not decided (see what was not analysed)` on complete scans
     that have no such section; the `?` there comes from the Backends table's `unknown:` lines."""
-    for version, backend in (("0.4.6.post5", "mooncake"), ("0.5.14", "mori")):
+    # (0.5.14's mori had `?` too until its tuple return was followed: see test_real_sglang.)
+    for version, backend in (("0.4.6.post5", "mooncake"),):
         report = scan_path(sglang_tree(version))
         assert not report.gaps
         grid = verdict_grid(report)

@@ -31,7 +31,10 @@ WAY_OUT_TEXT = {WayOut.ABORT: "abort() then poll() ends it", WayOut.TIMEOUT: "a 
 def way_out_text(verdict: StateVerdict) -> str:
     """One state's way out in a few words (JSON `verdicts` has the full `how` and chain); an
     undecided one says why."""
-    return WAY_OUT_TEXT.get(verdict.way_out) or verdict.how
+    text = WAY_OUT_TEXT.get(verdict.way_out) or verdict.how
+    if verdict.chain and verdict.way_out is WayOut.NONE:  # the chain opens with the return that yields it
+        text += f", returned at {verdict.chain[0].path}:{verdict.chain[0].line}"
+    return text
 
 
 def rule_label(finding: Finding, short: bool = False) -> str:

@@ -44,6 +44,7 @@ import itertools
 import logging
 import sys
 import textwrap
+import threading
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -867,11 +868,32 @@ def find_manager(tree: LoadedTree, folder: str, sender_cls: type) -> type | None
     return local[0] if len(local) == 1 else None
 
 
+class _InlineThread:
+    """threading.Thread whose start() runs the target at once, in this thread: a thread started
+    by an entry point (a closure over `self` and the room) is run whole, like every entry point."""
+
+    def __init__(self, target=None, args=(), kwargs=None, daemon=None, name=None) -> None:
+        self.target, self.args, self.kwargs = target, args, kwargs or {}
+
+    def start(self) -> None:
+        if self.target is not None:
+            self.target(*self.args, **self.kwargs)
+
+
+class _InlineThreading:
+    Thread = _InlineThread
+    Lock = threading.Lock
+
+
 class _World:
     """One backend, built fresh for every run: the real manager (harnessed) and the sender."""
 
     def __init__(self, sender_cls: type, manager_cls: type, clock: "FakeClock", folder: str) -> None:
         self.sender_cls, self.manager_cls, self.clock, self.folder = sender_cls, _harness(manager_cls), clock, folder
+        for cls in manager_cls.__mro__ + sender_cls.__mro__:
+            module = sys.modules.get(cls.__module__)
+            if module is not None and getattr(module, "threading", None) is threading:
+                module.threading = _InlineThreading
         self.table_attr = self._find_table()
 
     def manager(self, ch: Chooser):
