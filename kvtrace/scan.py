@@ -270,7 +270,7 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
         problems=problems,
         version=detect_version(files, root, fetched.target),
         # Plain lists: reports pickle into the cache and unpickle without the analysis' types.
-        graph=queue.graph.as_data(),
+        graph={**queue.graph.as_data(), "queue": name},  # the last queue's graph, named
     )
     report.gaps = find_gaps(report, enum_evidence.path)
     found = {s.backend.name for s in senders}

@@ -89,6 +89,15 @@ def test_decode_pack_has_one_grid_per_queue_each_with_its_own_findings() -> None
     text = render_plain([report], width=100, show_map=False)
     assert "Verdicts for disagg_decode_prealloc_queue" in text and "Verdicts for disagg_decode_transfer_queue" in text
     assert OK in {c for c, _ in grids["disagg_decode_transfer_queue"].cells.values()}
+    # The state diagrams say which queue's drain they draw (the one whose graph the report holds).
+    from kvtrace.report.diagram import diagrams, drawn_queue
+    from kvtrace.report.markdown import render
+
+    drawn = drawn_queue(report)
+    assert drawn is not None and drawn.name == report.graph["queue"]
+    assert f"### State diagrams of `{drawn.name}`" in render([report])
+    for diagram in diagrams(report):
+        assert set(diagram.pinned) == {s for q, b, s in pinned if q == drawn.name and b == diagram.backend.name}
 
 
 def test_markdown_lists_findings_errors_first() -> None:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
-from kvtrace.model import OUTCOME_ORDER, Backend, Report
+from kvtrace.model import OUTCOME_ORDER, Backend, QueueReport, Report
 
 ROOT = ("root",)
 COLUMN, ROW = 222, 92  # layout grid in SVG units: layers run top to bottom, nodes side by side
@@ -50,13 +50,21 @@ def queue_graph(report: Report) -> nx.DiGraph:
     return graph
 
 
+def drawn_queue(report: Report) -> QueueReport | None:
+    """The queue whose graph the report carries (it names it; a pack may name several queues)."""
+    named = (report.graph or {}).get("queue")
+    return next((q for q in report.queues if q.name == named), report.queues[0] if report.queues else None)
+
+
 def backend_diagram(report: Report, backend: Backend) -> Diagram:
     flow = queue_graph(report)
-    states = list(report.queues[0].states) if report.queues else []
+    queue = drawn_queue(report)
+    states = list(queue.states) if queue else []
+    ours = [f for f in report.findings if f.queue in (None, queue.name if queue else None)]
     returned = [s for s in states if s in backend.returns] if backend.poll else states
-    pinned = sorted({f.state for f in report.findings if f.rule == "pinned-state" and f.backend == backend.name
+    pinned = sorted({f.state for f in ours if f.rule == "pinned-state" and f.backend == backend.name
                      and f.state}, key=states.index)
-    dropped = {f.state for f in report.findings if f.rule == "dropped-state" and f.state}
+    dropped = {f.state for f in ours if f.rule == "dropped-state" and f.state}
     g = nx.DiGraph()
     poll = backend.poll
     for state in states:
@@ -92,9 +100,9 @@ def backend_diagram(report: Report, backend: Backend) -> Diagram:
 def _outcome_lines(report: Report) -> dict[str, tuple[str, int]]:
     """Where each outcome happens: `kept` at the line that assigns the keep list back to the queue,
     the others at the drain loop's `for` (the request leaves, raises or falls out of it there)."""
-    if not report.queues or report.queues[0].drain is None:
+    queue = drawn_queue(report)
+    if queue is None or queue.drain is None:
         return {}
-    queue = report.queues[0]
     loop = (queue.drain.path, queue.drain.line)
     reassign = next(((s.path, s.line) for s in queue.sites if s.kind == "reassign" and s.function == queue.drain.note
                      and s.path == queue.drain.path), loop)
@@ -321,7 +329,9 @@ def mermaid(diagram: Diagram) -> str:
 
 def mermaid_section(report: Report) -> list[str]:
     """Markdown lines: one ```mermaid state diagram per backend, pinned ones first."""
-    out = ["\n### State diagrams\n",
+    queue = drawn_queue(report)
+    of = f" of `{queue.name}`" if queue is not None and len(report.queues) > 1 else ""
+    out = [f"\n### State diagrams{of}\n",
            "Each poll state → the drain loop's branches → kept / leaves / raises / dropped → the sender's "
            "way out; red: pinned, thick arrows: a pinned state's path, dotted: a missing way out.\n"]
     for diagram in diagrams(report):

@@ -14,7 +14,7 @@ from kvtrace import __version__
 from kvtrace.baseline import counts_against, mark
 from kvtrace.model import Report
 from kvtrace.report import modes_line, state_fate_lines
-from kvtrace.report.diagram import NODE_H, NODE_W, ROW, Diagram, diagrams, node_id
+from kvtrace.report.diagram import NODE_H, NODE_W, ROW, Diagram, diagrams, drawn_queue, node_id
 from kvtrace.report.links import Permalinks, permalinks
 from kvtrace.report.verdicts import OK, Grid, by_severity, summary_line, unknown_returns, verdict_grids
 
@@ -199,7 +199,9 @@ def _report(report: Report, out: list[str]) -> None:
     out.append(f'<p class="summary {"bad" if failing else "good"}">{escape(summary_line(report))}</p>')
     for grid in verdict_grids(report):
         out.append(_grid_html(grid))
-    out.append("<h2>State diagrams</h2>")
+    queue = drawn_queue(report)
+    of = f" of <code>{escape(queue.name)}</code>" if queue is not None and len(report.queues) > 1 else ""
+    out.append(f"<h2>State diagrams{of}</h2>")
     out.append('<p class="meta">Each poll state the sender\'s poll() can return → the branches and helpers of the '
                "drain loop it passes → kept / leaves / raises / dropped → for kept states, the sender's way out "
                "(the abort state read by poll(), timeout checks) or its absence. <span class=\"bad\">Red</span>: pinned. "
