@@ -215,8 +215,10 @@ def _manager_model(index: Index, pack: Pack, members: tuple[str, ...], sender: C
         if narrowed is not None and not passed_unknown and not narrowed & passed:
             continue
         _collect(node.value, func, parents, node, holds, unknown, update, members, call_sites)
+    runs = tuple(f"{f.path}:{f.qualname}" for f in (check, update) if f is not None)
     ref = ManagerRef(manager.name, manager.path, manager.line, how, table,
-                     tuple(sorted(holds)), tuple(dict.fromkeys(unknown)), tuple(sorted(set(clears), key=lambda e: (e.path, e.line))))
+                     tuple(sorted(holds)), tuple(dict.fromkeys(unknown)), tuple(sorted(set(clears), key=lambda e: (e.path, e.line))),
+                     runs)
     return ManagerModel(manager, ref, frozenset(attrs))
 
 

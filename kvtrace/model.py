@@ -267,6 +267,9 @@ class ManagerRef:
     holds: tuple[str, ...]  # states stored into the table somewhere in the backend
     unknown: tuple[str, ...] = ()  # why some stored values are unknown
     clears: tuple[Evidence, ...] = ()  # paths that remove the room from the table
+    # "path:Class.method" of the check and update methods its MRO resolves: the code the backend
+    # runs, so a manager rule's finding in a base class (common/) belongs to its row.
+    runs: tuple[str, ...] = ()
 
 
 @dataclass

@@ -173,3 +173,20 @@ def test_narrowed_rules_never_call_a_cell_ok() -> None:
     # Leaving out a rule that judges no cell (unused-suppression) changes no cell.
     quiet = verdict_grid(scan_path(tree, settings=Settings(ignore=("unused-suppression",))))
     assert quiet.cells == full.cells
+
+
+def test_manager_finding_in_a_shared_base_fills_the_rows_of_the_backends_that_run_it() -> None:
+    """Before: 0.5.14's failed-not-sticky in CommonKVManager.update_status (common/conn.py, a
+    max() merge) named no backend and lives in no backend's folder, so every Failed cell read
+    `ok` under the warning. A backend whose manager's MRO resolves update_status to that method
+    runs it; mori overrides it (its own finding, in its own folder)."""
+    report = scan_path(sglang_tree("0.5.14"))
+    shared = [f for f in report.findings if f.rule == "failed-not-sticky" and "/common/" in f.path]
+    assert shared and shared[0].backend is None and shared[0].function == "CommonKVManager.update_status"
+    grid = verdict_grid(report)
+    runs_it = {b.name for b in report.backends
+               if b.manager is not None and f"{shared[0].path}:CommonKVManager.update_status" in b.manager.runs}
+    assert {"ascend", "mooncake", "nixl"} <= runs_it and "mori" not in runs_it
+    for name in runs_it:
+        assert grid.cells[name, "Failed"][0] != OK, name
+    assert "failed-not-sticky" not in (grid.cells["mori", "Failed"][0] or "").lower()

@@ -85,13 +85,16 @@ def partial_backends(report: Report) -> set[str]:
 def _concerns(finding: Finding, backend: Backend) -> bool:
     """Whether a finding that names no backend belongs in this backend's row. A queue rule's is
     about the drain loop, which every backend meets; a backend rule's (a manager method whose
-    backend the rule did not name) belongs to the backends whose sender or manager lives in the
-    finding's folder, never to every row."""
+    backend the rule did not name) belongs to the backends whose manager runs that method
+    (inherited from a shared base) or whose sender or manager lives in the finding's folder,
+    never to every row."""
     from kvtrace.rules import find_rule
 
     rule = find_rule(finding.rule)
     if rule is None or rule.per_queue:
         return True
+    if backend.manager is not None and f"{finding.path}:{finding.function}" in backend.manager.runs:
+        return True  # in a manager method this backend inherits (common/conn.py)
     folder = finding.path.rpartition("/")[0]
     homes = {backend.path.rpartition("/")[0]}
     if backend.manager is not None:
