@@ -1197,7 +1197,8 @@ class Explorer:
         nobody reads again would only keep equal paths from merging."""
         if self.c.all_facts:
             return True
-        text = code(node)
+        # The chain's own text: `(req.flag)` in `a and (req.flag)` is the same chain as `req.flag`.
+        text = (dotted(node) if isinstance(node, cst.Attribute) else None) or code(node)
         cache = self._fact_cache
         key = (id(frame.func.node), text)
         if key not in cache:
