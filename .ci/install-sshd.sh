@@ -1,8 +1,10 @@
 #!/bin/sh
-# Install the OpenSSH server that tests/test_ssh.py starts privately on 127.0.0.1.
-# Idempotent (does nothing when /usr/sbin/sshd exists) and quiet. Never starts the system service.
+# Install the OpenSSH server that tests/test_ssh.py starts privately on 127.0.0.1, and the
+# csh, tcsh and fish login shells its injection tests give their throwaway users.
+# Idempotent (does nothing when all four exist) and quiet. Never starts the system service.
 set -eu
-sh "$(dirname "$0")/apt-install.sh" install-sshd /usr/sbin/sshd openssh-server
+sh "$(dirname "$0")/apt-install.sh" install-sshd "/usr/sbin/sshd /usr/bin/csh /usr/bin/tcsh /usr/bin/fish" \
+    openssh-server csh tcsh fish
 
 # sshd refuses to start as root without its privilege-separation directory.
 if [ -d /run/sshd ]; then
