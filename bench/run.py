@@ -1,11 +1,13 @@
 """Benchmark: kvtrace on a real SGLang release against baselines measured in the same run.
 
-    python bench/run.py [--version 0.5.23] [--repeat 3] [--skip-semgrep] [--skip-ssh]
+    python bench/run.py [--version 0.5.23] [--repeat 5] [--skip-semgrep] [--skip-ssh]
 
 The tree is the `disaggregation/` package of a released wheel (plus the srt files that mention
 the queue), from tests/sglang_wheels.py. Every measurement runs in a fresh interpreter, so imports
-and caches never carry over; times are medians of --repeat, memory is peak RSS (the process plus its forked child, kvtrace.beside). Each target of
-issue 11 is printed as a ratio of two numbers measured here, in this run, with its verdict:
+and caches never carry over; times are medians of --repeat, memory is peak RSS (the process plus
+its forked child, kvtrace.beside). Each target of issue 11 is printed as a ratio of two numbers
+measured here, in this run, with its verdict; the two sides of the time ratios are run
+alternately and the ratio is the median of the pairs':
 
   cold         kvtrace with no cache, whole process (`kvtrace scan --no-cache`), vs Semgrep running
                the equivalent release-map + sender rules (bench/semgrep-equivalent.yml)  <= 0.30
@@ -149,6 +151,22 @@ def median(fn, repeat: int) -> tuple[float, int]:
     return statistics.median(times), max(memory, default=0)
 
 
+def paired(fn_a, fn_b, repeat: int) -> tuple[tuple[float, int], tuple[float, int], float]:
+    """Run a and b alternately `repeat` times: (median a, median b, median of the ratios a/b of
+    each pair). A shared machine's speed drifts by 20-30% over a minute; measured side by side,
+    the drift moves both halves of a ratio together instead of only one."""
+    pairs = [(fn_a(), fn_b()) for _ in range(repeat)]
+
+    def parts(r):
+        return (r[0], r[1]) if isinstance(r, tuple) else (r, 0)
+
+    a = [parts(x) for x, _ in pairs]
+    b = [parts(y) for _, y in pairs]
+    ratio = statistics.median(x[0] / y[0] for x, y in zip(a, b))
+    return ((statistics.median(t for t, _ in a), max(m for _, m in a)),
+            (statistics.median(t for t, _ in b), max(m for _, m in b)), ratio)
+
+
 def semgrep_bin() -> Path:
     venv = BENCH_HOME / "semgrep-venv"
     binary = venv / "bin" / "semgrep"
@@ -186,7 +204,7 @@ def make_copies(tree: Path, count: int, where: Path) -> Path:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", default="0.5.23")
-    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--skip-semgrep", action="store_true")
     parser.add_argument("--skip-ssh", action="store_true")
     args = parser.parse_args()
@@ -206,30 +224,33 @@ def main() -> None:
         results: list[bool] = []
         r = args.repeat
 
-        print("times", flush=True)
-        ast_t, ast_m = median(lambda: run_python("ast", str(tree)), r)
+        print("times (each ratio below is the median of its pairs, run alternately)", flush=True)
+        (cold_t, cold_m), (ast_t, ast_m), floor_ratio = paired(
+            lambda: run_python("kvtrace-cold", str(tree), env=env), lambda: run_python("ast", str(tree)), r)
         line("ast.parse floor (in-process)", ast_t, ast_m)
-        cold_t, cold_m = median(lambda: run_python("kvtrace-cold", str(tree), env=env), r)
         line("kvtrace cold (in-process)", cold_t, cold_m)
         run_python("kvtrace-fill", str(tree), env=env)  # one scan that writes the cache
         warm_t, warm_m = median(lambda: run_python("kvtrace-warm", str(tree), env=env), r)
         line("kvtrace warm (in-process, cached)", warm_t, warm_m)
         cli = [sys.executable, "-m", "kvtrace", "scan", str(tree), "-f", "json", "-o", os.devnull]
-        cli_cold, _ = median(lambda: run_process(cli + ["--no-cache"], env), r)
-        line("kvtrace cold (whole process)", cli_cold)
-        cli_warm, _ = median(lambda: run_process(cli, env), r)
-        line("kvtrace warm (whole process)", cli_warm)
-        semgrep_t = None
+        semgrep_ratio = None
         if not args.skip_semgrep:
             semgrep = [str(semgrep_bin()), "scan", "--config", str(SEMGREP_RULES), "--metrics", "off",
                        "--disable-version-check", "--quiet", "--json", str(tree)]
-            semgrep_t, _ = median(lambda: run_process(semgrep, env), r)
+            (cli_cold, _), (semgrep_t, _), semgrep_ratio = paired(
+                lambda: run_process(cli + ["--no-cache"], env), lambda: run_process(semgrep, env), r)
+        else:
+            cli_cold, _ = median(lambda: run_process(cli + ["--no-cache"], env), r)
+        line("kvtrace cold (whole process)", cli_cold)
+        cli_warm, _ = median(lambda: run_process(cli, env), r)
+        line("kvtrace warm (whole process)", cli_warm)
+        if semgrep_ratio is not None:
             line("semgrep, equivalent rules (process)", semgrep_t)
 
         print("targets (ratios of numbers measured above)", flush=True)
-        if semgrep_t is not None:
-            results.append(verdict("cold: kvtrace process / semgrep process", cli_cold / semgrep_t, 0.30))
-        results.append(verdict("cold: kvtrace / ast.parse floor (in-process)", cold_t / ast_t, 2.0))
+        if semgrep_ratio is not None:
+            results.append(verdict("cold: kvtrace process / semgrep process", semgrep_ratio, 0.30))
+        results.append(verdict("cold: kvtrace / ast.parse floor (in-process)", floor_ratio, 2.0))
         results.append(verdict("warm / cold (in-process)", warm_t / cold_t, 0.15))
         print(f"  {'warm / cold (whole process, for reference)':44} {cli_warm / cli_cold:6.2f}x")
         results.append(verdict("peak RSS of a cold scan", cold_m / 1024, 300, " MB"))

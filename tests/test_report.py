@@ -264,7 +264,7 @@ def test_version_flag_and_help_habits() -> None:
         result = kvtrace(flag)
         assert result.returncode == 0 and result.stdout.strip() == f"kvtrace {__version__}"
     help_text = kvtrace("scan", "--help").stdout
-    assert "[TARGET]..." in help_text and "FILE" in help_text and "Examples:" in help_text
+    assert "TARGET..." in help_text and "FILE" in help_text and "Examples:" in help_text
     assert "kvtrace scan python/sglang --format sarif" in help_text
     assert "--install-completion" in kvtrace("--help").stdout
 
