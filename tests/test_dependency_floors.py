@@ -25,7 +25,9 @@ def floors() -> list[str]:
     data = tomllib.loads((ROOT / "pyproject.toml").read_text())
     pins = []
     for requirement in data["project"]["dependencies"]:
-        m = re.fullmatch(r"([A-Za-z0-9_.-]+)\s*>=\s*([0-9][0-9A-Za-z.]*)", requirement.strip())
+        # A ceiling (`,<Y`) is allowed beside the floor: the suite's own venv gets the newest below it.
+        m = re.fullmatch(r"([A-Za-z0-9_.-]+)\s*>=\s*([0-9][0-9A-Za-z.]*)(?:\s*,\s*<\s*[0-9][0-9A-Za-z.]*)?",
+                         requirement.strip())
         assert m, f"every dependency needs a tested floor `name>=X`: {requirement!r}"
         pins.append(f"{m.group(1)}=={m.group(2)}")
     return pins
