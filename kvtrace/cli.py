@@ -709,6 +709,13 @@ def main(argv: list[str] | None = None) -> None:
         sys.stderr.flush()
         # Not sys.exit: it would join fleet worker threads still blocked on remote hosts.
         os._exit(130)
+    except SystemExit as exc:
+        if exc.code != 1 or type(sys.stdout).__name__ != "PacifyFlushWrapper":
+            raise
+        # click met the closed pipe itself (`kvtrace rules | head`): it wraps the streams and exits
+        # 1. A listing whose reader stopped early is not a failure; a scan keeps its verdict.
+        closed_pipe(sys.stdout)
+        code = verdict.code if verdict.code is not None else EXIT_CLEAN
     except BrokenPipeError:
         # The reader went away (`kvtrace scan ... | head`, maybe with 2>&1): not an error worth
         # a line, and the exit code stays the scan's verdict. Both streams go to /dev/null so

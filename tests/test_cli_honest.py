@@ -57,6 +57,18 @@ def test_a_reader_that_goes_away_keeps_the_exit_code(incomplete_tree: Path, fmt:
         assert b"Traceback" not in err and b"Exception ignored" not in err and b"BrokenPipe" not in err, err
 
 
+@pytest.mark.parametrize("args", [("rules",), ("explain", "KVT001"), ("--help",)])
+def test_a_listing_whose_reader_goes_away_is_not_a_failure(args: tuple[str, ...]) -> None:
+    """Before: `kvtrace rules | head -1` exited 1 (click turns EPIPE into exit 1)."""
+    proc = subprocess.Popen([sys.executable, "-m", "kvtrace", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    assert proc.stdout is not None
+    proc.stdout.close()
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert b"Traceback" not in err and b"Exception ignored" not in err and b"BrokenPipe" not in err, err
+
+
 # --- 4. merge: no gate that cannot fail; hosts told apart ------------------------------------
 
 @pytest.mark.parametrize("content", ["[]", '{"schema": "kvtrace/2", "kvtrace": "0.1.0", "reports": []}'])
