@@ -190,3 +190,9 @@ def test_manager_finding_in_a_shared_base_fills_the_rows_of_the_backends_that_ru
     for name in runs_it:
         assert grid.cells[name, "Failed"][0] != OK, name
     assert "failed-not-sticky" not in (grid.cells["mori", "Failed"][0] or "").lower()
+    # The JSON report carries the same attribution, for tools that read it (schema-valid).
+    from kvtrace.report.json import to_json_dict
+
+    backends = {b["name"]: b for b in to_json_dict(report)["backends"]}
+    assert {name for name, b in backends.items()
+            if f"{shared[0].path}:CommonKVManager.update_status" in (b["manager"] or {}).get("runs", [])} == runs_it

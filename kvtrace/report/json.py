@@ -25,7 +25,8 @@ def _manager(m: ManagerRef | None) -> dict[str, Any] | None:
     if m is None:
         return None
     return {"name": m.name, "path": m.path, "line": m.line, "found_by": m.found_by, "table": m.table,
-            "holds": list(m.holds), "unknown": list(m.unknown), "clears": _evidence(list(m.clears))}
+            "holds": list(m.holds), "unknown": list(m.unknown), "clears": _evidence(list(m.clears)),
+            "runs": list(m.runs)}
 
 
 def to_json_dict(report: Report) -> dict[str, Any]:

@@ -204,6 +204,9 @@ REPORT_SCHEMA: dict[str, Any] = {
                             "unknown": {**_STRINGS, "description": "why some stored values are unknown"},
                             "clears": {"type": "array", "items": _EVIDENCE,
                                        "description": "paths that remove the room from the table"},
+                            "runs": {**_STRINGS, "description": "`path:Class.method` of the status check and "
+                                     "update methods the manager's MRO resolves (inherited ones included): "
+                                     "a finding in one of them belongs to this backend"},
                         },
                         "additionalProperties": False,
                     },
