@@ -4,7 +4,13 @@ makes the report INCOMPLETE in every format and the exit code 3."""
 
 from __future__ import annotations
 
+import ast
+from typing import TYPE_CHECKING
+
 from kvtrace.model import Gap, Report, SourceFile
+
+if TYPE_CHECKING:
+    from kvtrace.index import ClassInfo, Index
 
 STATUS_TEXT = {
     "syntax-error": "syntax error",
@@ -30,7 +36,7 @@ def _folder_below(path: str, root: str) -> str | None:
     return parts[0] if len(parts) > 1 else None
 
 
-def find_gaps(report: Report, enum_path: str | None = None) -> list[Gap]:
+def find_gaps(report: Report, enum_path: str | None = None, index: Index | None = None) -> list[Gap]:
     gaps = [Gap("file", f.path, file_reason(f)) for f in report.files if f.status != "ok"]
     checked = {b.name for b in report.backends}
     enum_folder = _folder_below(enum_path, report.root) if enum_path else None
@@ -45,5 +51,51 @@ def find_gaps(report: Report, enum_path: str | None = None) -> list[Gap]:
             gaps.append(Gap("backend", folder, f"checked without {listed} (not analysed)"))
         else:
             gaps.append(Gap("backend", folder, f"not checked: {listed} could not be analysed"))
+    if index is not None:
+        told = {g.subject for g in gaps if g.kind == "backend"} | checked
+        gaps.extend(_hidden_by_unread_bases(index, report.root, report.files, told))
     gaps.extend(Gap("analysis", "scan", problem) for problem in report.problems)
     return gaps
+
+
+def _hidden_by_unread_bases(index: Index, root: str, files: list[SourceFile], told: set[str]) -> list[Gap]:
+    """Backends whose classes build on a class from a file that could not be analysed: a sender
+    is recognised by its ancestry, so one whose base is in an unread file (ascend's sender on
+    mooncake's) would otherwise be missing from the report without a word."""
+    unread = [f.path for f in files if f.status != "ok"]
+    if not unread:
+        return []
+    found: dict[str, str] = {}
+    for cls in sorted((c for infos in index.classes.values() for c in infos), key=lambda c: (c.path, c.line)):
+        folder = _folder_below(cls.path, root)
+        if folder is None or folder in told or folder in found:
+            continue
+        for ancestor in index.mro(cls):
+            missing = [base for base in ancestor.base_names if index.resolve_class(base, near=ancestor.path) is None]
+            hidden = next(filter(None, (_unread_source(ancestor, base, unread) for base in missing)), None)
+            if hidden is not None:
+                base, path = hidden
+                found[folder] = (f"not checked: {cls.name} ({cls.path}:{cls.line}) builds on {base} "
+                                 f"from {path}, which could not be analysed")
+                break
+    return [Gap("backend", folder, reason) for folder, reason in sorted(found.items())]
+
+
+def _unread_source(cls: ClassInfo, base: str, unread: list[str]) -> tuple[str, str] | None:
+    """(base, the unread file it is imported from) when `cls`'s module imports `base` from one."""
+    for stmt in cls.module.tree.body:
+        if not isinstance(stmt, ast.ImportFrom):
+            continue
+        for alias in stmt.names:
+            if (alias.asname or alias.name) != base:
+                continue
+            parts = (stmt.module or "").split(".") if stmt.module else []
+            if stmt.level:  # relative: from the importing file's package, up level-1 folders
+                package = cls.path.split("/")[:-1]
+                package = package[: len(package) - (stmt.level - 1)] if stmt.level > 1 else package
+                parts = package + parts
+            for module in ("/".join(parts) + ".py", "/".join(parts) + "/__init__.py"):
+                for path in unread:
+                    if path == module or module.endswith("/" + path) or path.endswith("/" + module):
+                        return base, path
+    return None

@@ -272,7 +272,7 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
         # Plain lists: reports pickle into the cache and unpickle without the analysis' types.
         graph={**queue.graph.as_data(), "queue": name},  # the last queue's graph, named
     )
-    report.gaps = find_gaps(report, enum_evidence.path)
+    report.gaps = find_gaps(report, enum_evidence.path, index)
     found = {s.backend.name for s in senders}
     report.filters = Filters(settings.source, settings.select, settings.ignore,
                              tuple(sorted(found & set(settings.ignore_backends))),

@@ -313,3 +313,14 @@ def test_progress_shows_on_a_terminal_only(tmp_path: Path) -> None:
     text = shown.decode("utf-8", "replace")
     assert f"{a}: " in text and "\x1b[" in text  # the live display, drawn with terminal codes
     assert "Fleet: 2 hosts" in text and len(json.loads(out.read_text())["reports"]) == 2
+
+
+def test_text_header_names_the_installed_version_of_a_folder_scanned(site_packages: Path) -> None:
+    """Before: scanning site-packages/sglang/srt/disaggregation put the version (read from the
+    dist-info above it) in JSON and markdown but not in the text report's first line."""
+    result = subprocess.run([sys.executable, "-m", "kvtrace", "scan", "--no-cache",
+                             str(site_packages / "sglang" / "srt" / "disaggregation")],
+                            capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"})
+    first, second = result.stdout.splitlines()[:2]
+    assert f"· sglang {VERSION} ·" in first, first
+    assert "version from the installed package's metadata" in second, second

@@ -414,3 +414,27 @@ def test_memory_stays_bounded_with_huge_generated_files(tree: Path) -> None:
     # Before: "not analysed (too large: not analysed: ...)".
     assert "too large: not analysed" not in stderr, stderr
     assert pins(data) == EXPECTED_PINS  # the real package is still analysed
+
+
+@pytest.mark.parametrize("broken", ["mooncake/conn.py", "common/conn.py"])
+def test_a_backend_built_on_an_unread_file_is_named_not_dropped(tmp_path: Path, broken: str) -> None:
+    """Before: with mooncake/conn.py unreadable, SGLang 0.5.23's ascend backend (whose sender and
+    manager build on mooncake's) vanished from every format without a word: its classes were no
+    longer recognised as a sender's and nothing said so."""
+    from tests.sglang_wheels import sglang_tree
+
+    root = tmp_path / "sglang"
+    shutil.copytree(sglang_tree("0.5.23") / "sglang", root)
+    package = root / "srt" / "disaggregation"
+    (package / broken).write_bytes(b'x = "\xff\xfe"\n')
+    code, report = scan_json(package)
+    assert code == 3
+    checked = {b["name"] for b in report["backends"]}
+    gaps = {g["subject"]: g["reason"] for g in report["gaps"] if g["kind"] == "backend"}
+    for backend in ("ascend", "mooncake", "mori", "nixl", "fake"):
+        # Every backend folder is either checked or named as not checked: none is simply absent.
+        assert (backend in checked) != (backend in gaps and gaps[backend].startswith("not checked")), backend
+    assert "ascend" not in checked
+    assert f"from {broken}, which could not be analysed" in gaps["ascend"], gaps
+    # Where the unread file is no base of theirs, backends are still checked (nixl builds on common only).
+    assert ("nixl" in checked) == (broken == "mooncake/conn.py")

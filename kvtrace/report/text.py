@@ -65,8 +65,12 @@ def render(report: Report, console: Console, show_map: bool = True) -> None:
 
 def _header(report: Report, console: Console) -> None:
     title = Text.assemble(("kvtrace ", "bold"), __version__, " · ")
+    installed = (report.host_facts or {}).get("sglang_version")  # the package's metadata, above a folder scanned
     if report.version is not None:
         title.append(f"{report.version.package} {report.version.version}", "bold")
+        title.append(" · ")
+    elif installed:
+        title.append(f"sglang {installed}", "bold")
         title.append(" · ")
     title.append(report.target, "bold")
     console.print(title, soft_wrap=True)  # a long target is left for the terminal to wrap, never cut
@@ -75,6 +79,8 @@ def _header(report: Report, console: Console) -> None:
     parts = [where, f"{analysed} of {len(report.files)} files analysed", f"{len(report.backends)} backend{'' if len(report.backends) == 1 else 's'}"]
     if report.version is not None:
         parts.append(f"version from {report.version.path}:{report.version.line}")
+    elif installed:
+        parts.append("version from the installed package's metadata")
     console.print(Text(" · ".join(parts), style="dim"))
     if report.filters.active:  # a filtered scan says so, and by whose word
         console.print(Text(report.filters.describe(), style="dim"), soft_wrap=True)
