@@ -438,3 +438,14 @@ def test_a_backend_built_on_an_unread_file_is_named_not_dropped(tmp_path: Path, 
     assert f"from {broken}, which could not be analysed" in gaps["ascend"], gaps
     # Where the unread file is no base of theirs, backends are still checked (nixl builds on common only).
     assert ("nixl" in checked) == (broken == "mooncake/conn.py")
+
+
+def test_enum_in_a_latin1_file_is_still_found(tree: Path) -> None:
+    """locate_packages looks for the enum's name in the raw bytes before decoding: an ASCII name
+    has the same bytes in a file that declares latin-1, so such a file still defines it."""
+    defining = next(p for p in (tree / "disaggregation").rglob("*.py") if b"class KVPoll" in p.read_bytes())
+    defining.write_bytes(b"# -*- coding: latin-1 -*-\n# caf\xe9\n" + defining.read_bytes())
+    code, data = scan_json(tree)
+    assert code == 1 and all(f["status"] == "ok" for f in data["files"])
+    assert data["enum"]["path"] == defining.relative_to(tree).as_posix()
+    assert pins(data) == EXPECTED_PINS
