@@ -103,6 +103,8 @@ def _no_package_message(files: list[SourceFile], pack: Pack, target: str, named:
         first = unread[0]
         return (f"{head} but could not read `class {pack.enum}`: {len(unread)} of {len(scope)} files "
                 f"not read ({tally}; e.g. {first.path}: {first.error or first.status})")
+    if not scope:
+        return f"{head}; it holds no .py files"
     listed = ", ".join(f.path for f in scope[:4]) + (f" and {len(scope) - 4} more" if len(scope) > 4 else "")
     return f"{head}; none of its {len(scope)} .py files ({listed}) defines `class {pack.enum}`"
 

@@ -83,7 +83,7 @@ class UnhandledState(Rule):
                            f"and reaches {'an' if raise_event.detail == 'assert' else 'a'} {raise_event.detail} at "
                            f"line {line} ({raise_event.function}): the exception leaves the drain loop (a scheduler crash)")
                 evidence = drain_evidence(ctx) + path_evidence(events, state) + [
-                    Evidence(path, line, f"raise: {state} is not expected here")]
+                    Evidence(path, line, f"raise: {state} not expected here")]
                 findings.append(self.finding(message, path, line, None, state, evidence))
             for events in kept[:1]:
                 keep = next((e for e in events if e.kind == EventKind.KEEP), None)

@@ -449,3 +449,10 @@ def test_enum_in_a_latin1_file_is_still_found(tree: Path) -> None:
     assert code == 1 and all(f["status"] == "ok" for f in data["files"])
     assert data["enum"]["path"] == defining.relative_to(tree).as_posix()
     assert pins(data) == EXPECTED_PINS
+
+
+def test_an_empty_folder_is_one_plain_error(tmp_path: Path) -> None:
+    """Before: "none of its 0 .py files () defines `class KVPoll`"."""
+    result = kvtrace("scan", str(tmp_path))
+    assert result.returncode == 2
+    assert result.stderr.strip() == f"kvtrace: error: {tmp_path}: no disaggregation/ package found; it holds no .py files"
