@@ -760,10 +760,9 @@ def run() -> None:
     os._exit(code)
 
 
-# click (and typer's copy of it) words option errors its own way, typer 0.29 (pydantic) another;
-# say the same in ours whichever is installed.
+# click (and typer's copy of it) words option errors its own way; say the same in ours.
 _USAGE_WORDING = [
-    (re.compile(r"(?:Value error, )?'(?P<value>.*)' is not one of (?P<choices>.*?)\.?$"), None),
+    (re.compile(r"'(?P<value>.*)' is not one of (?P<choices>.*?)\.?$"), None),
     (re.compile(r"'.*' is not a valid (?:integer|int range)\.?"), "not a whole number"),
     (re.compile(r"'.*' is not a valid (?:float|float range)\.?"), "not a number"),
     (re.compile(r".* is not in the range x>=(?P<n>\S+?)\.?"), "must be at least {n}"),
@@ -771,12 +770,6 @@ _USAGE_WORDING = [
     (re.compile(r".* is not in the range x>(?P<n>\S+?)\.?"), "must be more than {n}"),
     (re.compile(r".* is not in the range x<(?P<n>\S+?)\.?"), "must be less than {n}"),
     (re.compile(r".* is not in the range (?P<low>\S+?)<=x<=(?P<high>\S+?)\.?"), "must be from {low} to {high}"),
-    (re.compile(r"Input should be a valid integer.*"), "not a whole number"),
-    (re.compile(r"Input should be a valid number.*"), "not a number"),
-    (re.compile(r"Input should be greater than or equal to (?P<n>\S+)"), "must be at least {n}"),
-    (re.compile(r"Input should be less than or equal to (?P<n>\S+)"), "must be at most {n}"),
-    (re.compile(r"Input should be greater than (?P<n>\S+)"), "must be more than {n}"),
-    (re.compile(r"Input should be less than (?P<n>\S+)"), "must be less than {n}"),
 ]
 
 
