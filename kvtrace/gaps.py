@@ -89,11 +89,10 @@ def _unread_source(cls: ClassInfo, base: str, unread: list[str]) -> tuple[str, s
         for alias in stmt.names:
             if (alias.asname or alias.name) != base:
                 continue
-            parts = (stmt.module or "").split(".") if stmt.module else []
+            parts = stmt.module.split(".") if stmt.module else []
             if stmt.level:  # relative: from the importing file's package, up level-1 folders
                 package = cls.path.split("/")[:-1]
-                package = package[: len(package) - (stmt.level - 1)] if stmt.level > 1 else package
-                parts = package + parts
+                parts = package[: len(package) - stmt.level + 1] + parts
             for module in ("/".join(parts) + ".py", "/".join(parts) + "/__init__.py"):
                 for path in unread:
                     if path == module or module.endswith("/" + path) or path.endswith("/" + module):
