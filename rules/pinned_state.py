@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 from kvtrace.rules.base import Rule, Sample, ScanContext
+from kvtrace.rules.premise import verdict_premise
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain, sender
 from kvtrace.model import EventKind, Evidence, Finding, Outcome
 
@@ -124,5 +125,11 @@ class PinnedState(Rule):
                     evidence += [Evidence(c.path, c.line, f"mode {m.label}: {c.note}") for m, _ in pinned for c in m.callers[:1]]
                 evidence += [Evidence(p, l, f"keep: back into the queue for {state}") for p, l in keep_sites]
                 evidence += list(verdict.chain)
-                findings.append(self.finding(message, b.poll.path, b.poll.line, b.name, state, evidence))
+                premise = verdict_premise(ctx, b, state, verdict)
+                if premise is not None:
+                    message += f"; true only if {premise.text}: " + "; ".join(e.note.removeprefix("premise: ")
+                                                                               for e in premise.why[-1:])
+                    evidence += [e for e in premise.why if e not in evidence]
+                findings.append(self.finding(message, b.poll.path, b.poll.line, b.name, state, evidence,
+                                             premise.text if premise else None))
         return findings

@@ -120,18 +120,28 @@ def _decide(test: ast.expr, status: str | None, value: str, enum: str) -> bool |
 
 
 def _reaches_store(stmts: list[ast.stmt], m: ManagerMethod, status: str | None, value: str, enum: str) -> bool:
+    return _flow(stmts, m, status, value, enum)[0]
+
+
+def _flow(stmts: list[ast.stmt], m: ManagerMethod, status: str | None, value: str, enum: str) -> tuple[bool, bool]:
+    """(some path stores into the table, some path falls off the end of `stmts`), with
+    `status` == value. An `if` whose every taken branch returns ends the block: the statements
+    after it are not reached (`if status == Failed: return` before the store)."""
     for stmt in stmts:
         if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Subscript) and self_attr(t.value) == m.table
                                                 for t in stmt.targets):
-            return True
+            return True, False
         if isinstance(stmt, (ast.Return, ast.Raise)):
-            return False
+            return False, False
         if isinstance(stmt, ast.If):
             truth = _decide(stmt.test, status, value, enum)
-            if (truth is not False and _reaches_store(stmt.body, m, status, value, enum)) or \
-                    (truth is not True and _reaches_store(stmt.orelse, m, status, value, enum)):
-                return True
-    return False
+            branches = ([stmt.body] if truth is not False else []) + ([stmt.orelse] if truth is not True else [])
+            results = [_flow(b, m, status, value, enum) for b in branches]
+            if any(stored for stored, _ in results):
+                return True, False
+            if not any(falls for _, falls in results):
+                return False, False
+    return False, True
 
 
 def _guarded_callers(ctx: ScanContext, m: ManagerMethod, failed: str) -> list[tuple[str, int]]:

@@ -245,6 +245,9 @@ REPORT_SCHEMA: dict[str, Any] = {
                     "backend": {"type": ["string", "null"]},
                     "state": {"type": ["string", "null"]},
                     "evidence": {"type": "array", "items": _EVIDENCE},
+                    "premise": {"type": ["string", "null"],
+                                "description": "what the finding rests on (e.g. two requests share a bootstrap_room); "
+                                               "such a finding is at most a warning"},
                     "function": {"type": ["string", "null"],
                                  "description": "qualified name of the function path:line is in"},
                     "fingerprint": {"type": "string",
