@@ -259,6 +259,7 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
             unread = [f.path for f in in_scope if f.status != "ok"]
             cause = f" (files not analysed: {', '.join(unread[:3])}{' ...' if len(unread) > 3 else ''})" if unread else ""
             problems.append(f"self.{name} is neither filled nor drained in the analysed files{cause}")
+        problems.extend(queue.unseen_callers)
         if queue.truncated:
             problems.append("path limit reached (results may be incomplete) at " + ", ".join(queue.truncated))
         queue_reports.append(_queue_report(queue_pack, model))
