@@ -464,6 +464,7 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
         notes.append("poll() can raise")
     if runner.truncated:
         notes.append("path limit reached in " + ", ".join(sorted(set(runner.truncated))))
+    left_by = _left_by_methods(runner, index, pack, cls, poll, verdicts, domain, [h for _, h in configs])
     if runner.unparsed and problems is not None:
         problems.extend(f"{u} could not be parsed with libcst (the {name} backend's analysis is incomplete)"
                         for u in sorted(runner.unparsed))
@@ -503,8 +504,47 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
         verdicts={s: verdicts[s] for s in sorted(verdicts, key=order.get)},
         constructor_only=constructor_only,
         unborn=runner.unborn,
+        left_by=left_by,
     )
     return SenderAnalysis(backend, cls, poll, sorted(raise_sites))
+
+
+def _left_by_methods(runner: "_Runner", index: Index, pack: Pack, cls: ClassInfo, poll: FuncRef,
+                     verdicts: dict[str, StateVerdict], domain: Domain,
+                     tables: list[Val | None]) -> dict[str, dict[str, Evidence]]:
+    """For each pinned state: the sender's methods (other than poll, abort and the constructor)
+    after which poll() no longer returns it, whatever path the method took (`send()` setting
+    `has_sent`). The scheduler may call one right after the request enters the queue."""
+    pinned = [s for s, v in verdicts.items() if v.pinned]
+    if not pinned:
+        return {}
+    found: dict[str, dict[str, Evidence]] = {}
+    names = dict.fromkeys(n for c in index.mro(cls) for n in c.methods)
+    for name in names:
+        if name in (pack.poll_method, pack.abort_method) or name.startswith("__"):
+            continue
+        func = index.find_method(cls, name)
+        if func is None or is_abstract(func) or runner.parse(func) is None:
+            continue
+        returned: set[str] = set()
+        ran = False
+        for held in tables:  # the method and then poll() with the table holding each state it can
+            start = ((TABLE, held),) if held is not None else ()
+            ends = [e for e in runner.run(func, start) if e.term != "raise"]
+            ran = ran or bool(ends) and any(e.attrs != start for e in ends)
+            for end in ends:
+                for after in runner.run(poll, end.attrs):
+                    if after.term != "raise":
+                        returned |= set(domain.states(after.ret if after.ret is not None else frozenset({NONE})))
+                        if OTHER in (after.ret or frozenset()):
+                            returned |= set(pinned)
+        if not ran:
+            continue
+        for state in pinned:
+            if state not in returned:
+                found.setdefault(state, {})[name] = Evidence(
+                    func.path, func.line, f"once {func.qualname}() has run, {cls.name}.{poll.name}() no longer returns {state}")
+    return found
 
 
 def _room_may_be_missing(runner: "_Runner", init: FuncRef | None) -> Evidence | None:

@@ -295,6 +295,10 @@ class Backend:
     # Once the room has moved past it, it comes back only with a second sender for the room.
     constructor_only: dict[str, Evidence] = field(default_factory=dict)
     unborn: Evidence | None = None  # why the room can be missing before anything clears it
+    # pinned state -> sender method -> where: once that method has run (on every path through
+    # it), poll() no longer returns the state. Whether the scheduler calls it on the request
+    # after it enters the queue (and whether a path skips it) is the drain side's question.
+    left_by: dict[str, dict[str, Evidence]] = field(default_factory=dict)
 
     def way_out(self, state: str) -> StateVerdict | None:
         return self.verdicts.get(state)
