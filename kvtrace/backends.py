@@ -27,6 +27,8 @@ class SenderAnalysis:
     cls: ClassInfo
     poll: FuncRef | None
     raise_sites: list[tuple[str, int, str]] = field(default_factory=list)  # (path, line, function) poll() raises at
+    # (path, line, function) where poll() reads the table for an absent room and raises (KeyError)
+    absent_raise_sites: list[tuple[str, int, str]] = field(default_factory=list)
 
 
 def backend_name(path: str, root: str) -> str:
@@ -417,6 +419,7 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
     raises = False
     raise_sites: set[tuple[str, int, str]] = set()
     untabled: set[str] = set()  # states some path returns without reading them from the table
+    absent_raises: set[tuple[str, int, str]] = set()  # reads of an absent room that raise (KeyError)
     for label, held in configs:
         attrs = ((TABLE, held),) if held is not None else ()
         for end in runner.run(poll, attrs):
@@ -425,6 +428,7 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
             if end.term == "raise":
                 raises = True
                 raise_sites.update((e.path, e.line, e.function) for e in end.events if e.kind == EventKind.RAISE)
+                absent_raises.update((e.path, e.line, e.function) for e in end.events if e.kind == EventKind.TABLE_RAISE)
                 continue
             value = end.ret if end.ret is not None else frozenset({NONE})
             states = domain.states(value)
@@ -506,7 +510,7 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
         unborn=runner.unborn,
         left_by=left_by,
     )
-    return SenderAnalysis(backend, cls, poll, sorted(raise_sites))
+    return SenderAnalysis(backend, cls, poll, sorted(raise_sites), sorted(absent_raises))
 
 
 def _left_by_methods(runner: "_Runner", index: Index, pack: Pack, cls: ClassInfo, poll: FuncRef,

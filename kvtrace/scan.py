@@ -295,8 +295,8 @@ def _senders_out(index: Index, pack: Pack, domain: Domain, root: str, files: lis
 
     problems: list[str] = []
     senders = analyse_backends(index, pack, domain, root, problems, take)
-    found = [((s.cls.path, s.cls.line), s.backend, (s.poll.path, s.poll.line) if s.poll else None, s.raise_sites)
-             for s in senders]
+    found = [((s.cls.path, s.cls.line), s.backend, (s.poll.path, s.poll.line) if s.poll else None, s.raise_sites,
+              s.absent_raise_sites) for s in senders]
     changed = {f.path: (f.status, f.error) for f in files if (f.status, f.error) != before[f.path]}
     return pickle.dumps((found, problems, changed), protocol=pickle.HIGHEST_PROTOCOL)
 
@@ -315,8 +315,8 @@ def _senders_in(data: bytes, index: Index, files: list[SourceFile], before: dict
     problems.extend(child_problems)
     classes = {(c.path, c.line): c for infos in index.classes.values() for c in infos}
     methods = {(f.path, f.line): f for c in classes.values() for f in c.methods.values()}
-    return [SenderAnalysis(backend, classes[cls], methods[poll] if poll else None, raise_sites)
-            for cls, backend, poll, raise_sites in found]
+    return [SenderAnalysis(backend, classes[cls], methods[poll] if poll else None, raise_sites, absent)
+            for cls, backend, poll, raise_sites, absent in found]
 
 
 def _enum_unreadable_message(target: str, pack: Pack, files: list[SourceFile]) -> str:

@@ -17,6 +17,13 @@ _OPENING_ONLY = '''\
                 self.request_status[room] = status
             return
         self.request_status[room] = status'''
+_FAILED_RETURNS = '''\
+        if room not in self.request_status:
+            if status == KVPoll.Failed:
+                return
+            self.request_status[room] = status
+            return
+        self.request_status[room] = status'''
 _ANY_STATUS = '''\
         if room not in self.request_status:
             self.request_status[room] = status
@@ -57,7 +64,10 @@ class SilentStatusDrop(Rule):
     VALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES), "disaggregation/net/conn.py": MANAGED_SENDER,
                      "disaggregation/net/mgr.py": manager(update_body=_ANY_STATUS)})]
     INVALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES), "disaggregation/net/conn.py": MANAGED_SENDER,
-                       "disaggregation/net/mgr.py": manager(update_body=_OPENING_ONLY)}, expect=((None, "Failed"),))]
+                       "disaggregation/net/mgr.py": manager(update_body=_OPENING_ONLY)}, expect=((None, "Failed"),)),
+               # An `if` whose taken branch returns ends the path: the store after it is not reached.
+               Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES), "disaggregation/net/conn.py": MANAGED_SENDER,
+                       "disaggregation/net/mgr.py": manager(update_body=_FAILED_RETURNS)}, expect=((None, "Failed"),))]
 
     def check(self, ctx: ScanContext) -> list[Finding]:
         findings = []
