@@ -673,7 +673,10 @@ def analyse_queue(index: Index, pack: Pack, domain: Domain) -> QueueAnalysis:
             for drain in drains:
                 drain.list_attr = attr
     if not drains:
-        return QueueAnalysis(None, graph, {}, static, unparsed=sorted(set(unparsed)))
+        unseen = [] if index.root or _assigned_in_tree(index, pack.queue) else [
+            f"self.{pack.queue} is bound outside the scanned folder (nothing here assigns it), so the object that "
+            f"drains it is not seen; scan the folder that holds the scheduler"]
+        return QueueAnalysis(None, graph, {}, static, unparsed=sorted(set(unparsed)), unseen_callers=unseen)
     drain = drains[0]
     unseen: list[str] = []
     modes, truncated = find_modes(index, drain.func, domain, unseen)
@@ -690,6 +693,17 @@ def analyse_queue(index: Index, pack: Pack, domain: Domain) -> QueueAnalysis:
         _add_paths(graph, state, state_paths)
     return QueueAnalysis(drain, graph, paths, static, sorted(set(truncated)), modes, mode_paths,
                          sorted(set(unparsed)), unseen)
+
+
+def _assigned_in_tree(index: Index, attr: str) -> bool:
+    """Whether some analysed file assigns `<x>.<attr> = ...` (where the queue object is bound)."""
+    for module in index.modules.values():
+        for node in walk_ast(module.tree):
+            if isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if any(isinstance(t, ast.Attribute) and t.attr == attr for t in targets):
+                    return True
+    return False
 
 
 def _explore_mode(index: Index, list_pack: Pack, domain: Domain, drain: Drain, bindings: dict[str, Val],

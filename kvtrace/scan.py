@@ -255,7 +255,7 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
             # Never a silent skip, nor a confident "undrained": the scan is incomplete (exit 3).
             problems.append(f"could not be parsed with libcst, so the analysis of {name} is incomplete: "
                             + ", ".join(queue.unparsed))
-        elif queue.drain is None and not entries:
+        elif queue.drain is None and not entries and not queue.unseen_callers:
             unread = [f.path for f in in_scope if f.status != "ok"]
             cause = f" (files not analysed: {', '.join(unread[:3])}{' ...' if len(unread) > 3 else ''})" if unread else ""
             problems.append(f"self.{name} is neither filled nor drained in the analysed files{cause}")

@@ -273,3 +273,19 @@ def test_silent_status_drop_sees_the_returning_if_in_common_update_status() -> N
     assert found == {(f"{D}/common/conn.py", 215), (f"{D}/mori/conn.py", 420)}
     lines = (root / D / "common/conn.py").read_text().splitlines()
     assert lines[221 - 1].strip() == "return" and "self.request_status[bootstrap_room] = status" in lines[222 - 1]
+
+
+def test_decode_queues_bound_in_managers_are_a_gap_from_the_folder_alone() -> None:
+    """0.5.2 decode: scheduler.py (managers/) binds self.disagg_decode_prealloc_queue and
+    self.disagg_decode_transfer_queue to their queue objects; decode.py appends to the transfer
+    queue (890). Before, disaggregation/ alone gave two undrained-queue errors there."""
+    from kvtrace.packs import load_pack
+
+    root = sglang_tree("0.5.2")
+    folder = scan_path(root / D, load_pack("sglang-decode"))
+    assert not [f for f in folder.findings if f.rule == "undrained-queue"]
+    for queue in ("disagg_decode_prealloc_queue", "disagg_decode_transfer_queue"):
+        assert any(p.startswith(f"self.{queue} is bound outside the scanned folder") for p in folder.problems), queue
+    whole = scan_path(root / "sglang" / "srt", load_pack("sglang-decode"))
+    assert not [f for f in whole.findings if f.rule == "undrained-queue"]
+    assert not any("bound outside the scanned folder" in p for p in whole.problems)
