@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import pytest
+
 from kvtrace.report.json import to_json_dict
 from kvtrace.report.sarif import to_sarif
 from kvtrace.rules.premise import SEND_SKIPPED, SHARED_ROOM
@@ -289,3 +291,68 @@ def test_decode_queues_bound_in_managers_are_a_gap_from_the_folder_alone() -> No
     whole = scan_path(root / "sglang" / "srt", load_pack("sglang-decode"))
     assert not [f for f in whole.findings if f.rule == "undrained-queue"]
     assert not any("bound outside the scanned folder" in p for p in whole.problems)
+
+
+# A timeout whose condition also tests the status covers only that status (issue 23 §3).
+TIMED_MANAGER = '''\
+from ..base.conn import KVPoll
+
+
+class BaseKVManager:
+    pass
+
+
+class NetKVManager(BaseKVManager):
+    def __init__(self):
+        self.request_status = {}
+
+    def check_status(self, room):
+        return self.request_status[room]
+
+    def update_status(self, room, status):
+        self.request_status[room] = status
+
+    def handshake(self, room):
+        self.update_status(room, KVPoll.WaitingForInput)
+
+    def transfer(self, room):
+        self.update_status(room, KVPoll.Transferring)
+'''
+TIMED_SENDER = '''\
+import time
+
+from ..base.conn import BaseKVSender, KVPoll
+
+
+class NetKVSender(BaseKVSender):
+    def __init__(self, mgr, room):
+        self.kv_mgr = mgr
+        self.room = room
+        self.start = time.time()
+        self.kv_mgr.update_status(room, KVPoll.WaitingForInput)
+
+    def poll(self) -> KVPoll:
+        status = self.kv_mgr.check_status(self.room)
+%s
+        return status
+
+    def abort(self):
+        pass
+'''
+GUARDED_FLAT = '''        if time.time() - self.start >= 30 and status == KVPoll.WaitingForInput:
+            return KVPoll.Failed'''
+GUARDED_NESTED = '''        if time.time() - self.start >= 30:
+            if status == KVPoll.WaitingForInput:
+                return KVPoll.Failed'''
+
+
+@pytest.mark.parametrize("guard", ["flat", "nested"])
+def test_a_status_guarded_timeout_covers_only_that_status(tmp_path: Path, guard: str) -> None:
+    body = GUARDED_FLAT if guard == "flat" else GUARDED_NESTED
+    report = scan_path(write(tmp_path, {"disaggregation/prefill.py": drain(STANDARD_BRANCHES),
+                                        "disaggregation/net/conn.py": TIMED_SENDER % body,
+                                        "disaggregation/net/mgr.py": TIMED_MANAGER}))
+    [backend] = report.backends
+    assert [(t.line, t.covers) for t in backend.timeouts] == [(15, ("WaitingForInput",))]
+    assert {s: v.way_out.value for s, v in backend.verdicts.items()} == {"WaitingForInput": "timeout", "Transferring": "none"}
+    assert [(f.state, f.severity) for f in report.findings if f.rule == "pinned-state"] == [("Transferring", "error")]

@@ -46,7 +46,7 @@ FAKE_SKIP = Verdict(SEND_SKIPPED, "FakeKVSender.poll() waits for has_sent; send_
 CRASH_ROOM = Verdict(SHARED_ROOM, "a request enters the inflight queue only past Bootstrapping; the table only moves "
                                   "up and only the sender's constructor stores Bootstrapping: it comes back only with "
                                   "a second sender for the same room", "sglang#25063, sglang#27643", "")
-# 0.4.7.post1 ... 0.4.8.post1: the same reading, but mooncake's decode thread stores a value kvtrace
+# 0.4.7.post1, 0.4.8: the same reading, but mooncake's decode thread stores a value kvtrace
 # cannot read (int(status.decode('ascii'))), so kvtrace cannot show that nothing puts it back.
 CRASH_ROOM_UNPROVEN = Verdict(None, CRASH_ROOM.because + "; not shown: mooncake stores a network value kvtrace "
                                                          "cannot read, so the premise is not established", CRASH_ROOM.upstream, "")
@@ -89,10 +89,9 @@ _add("0.4.6.post5 0.4.7 0.4.7.post1 0.4.8 0.4.8.post1", "pinned-state", "mooncak
      "mooncake/conn.py", "498 718 723 719 932", MOONCAKE_WAIT)
 _add(" ".join(ALL[:ALL.index("0.5.12.post1") + 1]), "pinned-state", "fake", "WaitingForInput", "fake/conn.py",
      "23 23 29 29 29 29 29 29 29 29 29 29 29 29 29 43 46 46 48 50 50", FAKE_SKIP)
-_add("0.4.7.post1 0.4.8 0.4.8.post1", "state-crash", None, "Bootstrapping", "prefill.py", "501 505 506",
-     CRASH_ROOM_UNPROVEN)
-_add("0.4.9.post6 0.4.10.post2 0.5.1.post3 0.5.2 0.5.3.post3 0.5.4.post3 0.5.5.post3 0.5.6.post2 0.5.7 0.5.8.post1 "
-     "0.5.9", "state-crash", None, "Bootstrapping", "prefill.py", "518 515 530 532 564 561 558 558 580 576 602", CRASH_ROOM)
+_add("0.4.7.post1 0.4.8", "state-crash", None, "Bootstrapping", "prefill.py", "501 505", CRASH_ROOM_UNPROVEN)
+_add("0.4.8.post1 0.4.9.post6 0.4.10.post2 0.5.1.post3 0.5.2 0.5.3.post3 0.5.4.post3 0.5.5.post3 0.5.6.post2 0.5.7 0.5.8.post1 "
+     "0.5.9", "state-crash", None, "Bootstrapping", "prefill.py", "506 518 515 530 532 564 561 558 558 580 576 602", CRASH_ROOM)
 _PP = "0.5.1.post3 0.5.2 0.5.3.post3 0.5.4.post3 0.5.5.post3 0.5.6.post2 0.5.7 0.5.8.post1 0.5.9"
 _PP_LINES = "504 506 538 535 532 532 554 550 576"
 _add(_PP, "state-crash", None, "WaitingForInput", "prefill.py", _PP_LINES, PP_CRASH)
@@ -102,6 +101,42 @@ _add("0.5.10 0.5.10.post1 0.5.11", "pinned-state", "nixl", "Bootstrapping", "nix
 _add("0.5.12 0.5.12.post1 0.5.13 0.5.13.post1 0.5.14 0.5.15.post1 0.5.16 0.5.17 0.5.18 0.5.19 0.5.20 0.5.21 0.5.22",
      "pinned-state", "nixl", "WaitingForInput", "nixl/conn.py",
      "1878 1881 1936 1936 1936 2435 2512 2761 2790 2841 3089 3159 3338", NIXL_ABSENT)
+
+
+KEYERROR_ROOM = Verdict(SHARED_ROOM, "check_status reads `self.request_status[room]`: KeyError for an absent room, and "
+                                     "poll() calls it outside any try; the room leaves the table only through the "
+                                     "request's own clear(), which the drain calls as it concludes, so while queued "
+                                     "only another request with the same room empties it", "sglang#40125",
+                        "self.request_status[")
+# (backend, path under disaggregation/, line of the table read) per release: poll-raises KeyError.
+KEYERROR_SITES = {
+    '0.4.6.post5': [],
+    '0.4.7': [('mooncake', 'mooncake/conn.py', 589)],
+    '0.4.7.post1': [('mooncake', 'mooncake/conn.py', 589)],
+    '0.4.8': [('mooncake', 'mooncake/conn.py', 585)],
+    '0.4.8.post1': [('mooncake', 'mooncake/conn.py', 796)],
+    '0.4.9.post6': [('ascend', 'mooncake/conn.py', 809), ('mooncake', 'mooncake/conn.py', 809)],
+    '0.4.10.post2': [('ascend', 'mooncake/conn.py', 827), ('mooncake', 'mooncake/conn.py', 827)],
+    '0.5.1.post3': [('ascend', 'mooncake/conn.py', 999), ('mooncake', 'mooncake/conn.py', 999)],
+    '0.5.2': [('ascend', 'mooncake/conn.py', 1002), ('mooncake', 'mooncake/conn.py', 1002)],
+    '0.5.3.post3': [('ascend', 'mooncake/conn.py', 1028), ('mooncake', 'mooncake/conn.py', 1028)],
+    '0.5.4.post3': [('ascend', 'mooncake/conn.py', 1027), ('mooncake', 'mooncake/conn.py', 1027)],
+    '0.5.5.post3': [('ascend', 'mooncake/conn.py', 1021), ('mooncake', 'mooncake/conn.py', 1021)],
+    '0.5.6.post2': [('ascend', 'mooncake/conn.py', 1019), ('mooncake', 'mooncake/conn.py', 1019)],
+    '0.5.7': [('ascend', 'mooncake/conn.py', 1024), ('mooncake', 'mooncake/conn.py', 1024)],
+    '0.5.8.post1': [('ascend', 'mooncake/conn.py', 1024), ('mooncake', 'mooncake/conn.py', 1024)],
+    '0.5.9': [('ascend', 'mooncake/conn.py', 1099), ('mooncake', 'mooncake/conn.py', 1099), ('mori', 'mori/conn.py', 297)],
+    '0.5.10': [('ascend', 'common/conn.py', 179), ('mooncake', 'common/conn.py', 179), ('mori', 'common/conn.py', 179)],
+    '0.5.10.post1': [('ascend', 'common/conn.py', 179), ('mooncake', 'common/conn.py', 179), ('mori', 'common/conn.py', 179)],
+    '0.5.11': [('ascend', 'common/conn.py', 180), ('mooncake', 'common/conn.py', 180), ('mori', 'common/conn.py', 180)],
+    '0.5.12': [('ascend', 'common/conn.py', 191), ('mooncake', 'common/conn.py', 191)],
+    '0.5.12.post1': [('ascend', 'common/conn.py', 191), ('mooncake', 'common/conn.py', 191)],
+    '0.5.13': [('ascend', 'common/conn.py', 210), ('mooncake', 'common/conn.py', 210)],
+    '0.5.13.post1': [('ascend', 'common/conn.py', 210), ('mooncake', 'common/conn.py', 210)],
+}
+for _v, _sites in KEYERROR_SITES.items():
+    for _backend, _path, _line in _sites:
+        RELEASES[_v].append(("poll-raises", _backend, None, _path, _line, KEYERROR_ROOM))
 
 
 def verdict_rows(report: Report) -> set[tuple[str, str | None, str | None, str, int, str | None, str]]:
