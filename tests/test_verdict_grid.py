@@ -101,10 +101,11 @@ def test_decode_pack_has_one_grid_per_queue_each_with_its_own_findings() -> None
 
 
 def test_markdown_lists_findings_errors_first() -> None:
-    """Before: sorted by path, 0.5.14's one error was finding 13 of 16."""
+    """Before: sorted by path, 0.5.14's one error was finding 13 of 16. (0.5.14's NIXL pin now
+    rests on a shared room, a warning: 0.5.11 has errors among its warnings.)"""
     from kvtrace.report.markdown import render
 
-    report = scan_path(sglang_tree("0.5.14"))
+    report = scan_path(sglang_tree("0.5.11"))
     assert any(f.severity == "error" for f in report.findings)
     listed = re.findall(r"^- \*\*([\w-]+)\*\* \((error|warning|note)\)", render([report]), re.M)
     assert len(listed) == len(report.findings)
@@ -155,7 +156,8 @@ def test_narrowed_rules_never_call_a_cell_ok() -> None:
     narrowed = verdict_grid(narrowed_report)
     assert narrowed_report.filters.select == ("pinned-state",)
     for backend in ("ascend", "mooncake", "nixl"):
-        assert full.cells[backend, "Bootstrapping"][0] == "STATE-CRASH"
+        # A warning (lower case): Bootstrapping crashes only if two requests share a room.
+        assert full.cells[backend, "Bootstrapping"][0] == "state-crash"
         assert narrowed.cells[backend, "Bootstrapping"][0] == UNKNOWN
     assert OK not in {text for text, _ in narrowed.cells.values()}
     for key, (text, _) in full.cells.items():
