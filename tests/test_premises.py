@@ -356,3 +356,23 @@ def test_a_status_guarded_timeout_covers_only_that_status(tmp_path: Path, guard:
     assert [(t.line, t.covers) for t in backend.timeouts] == [(15, ("WaitingForInput",))]
     assert {s: v.way_out.value for s, v in backend.verdicts.items()} == {"WaitingForInput": "timeout", "Transferring": "none"}
     assert [(f.state, f.severity) for f in report.findings if f.rule == "pinned-state"] == [("Transferring", "error")]
+
+
+def test_the_gate_on_errors_counts_only_unconditional_findings(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    premised = write(tmp_path / "premised", {"disaggregation/prefill.py": drain(RAISING),
+                                             "disaggregation/net/conn.py": SENDER,
+                                             "disaggregation/net/mgr.py": MANAGER.replace("{extra}", "")})
+    retry = "\n    def handle_retry(self, room):\n        self.request_status[room] = KVPoll.Bootstrapping\n"
+    plain = write(tmp_path / "plain", {"disaggregation/prefill.py": drain(RAISING),
+                                       "disaggregation/net/conn.py": SENDER,
+                                       "disaggregation/net/mgr.py": MANAGER.replace("{extra}", retry)})
+
+    def gate(tree: Path, level: str) -> int:
+        return subprocess.run([sys.executable, "-m", "kvtrace", "scan", str(tree), "--no-cache", "-q",
+                               "--fail-on", level], capture_output=True, text=True, timeout=300).returncode
+
+    assert gate(premised, "error") == 0 and gate(premised, "warning") == 1
+    assert gate(plain, "error") == 1
