@@ -133,6 +133,16 @@ KEYERROR_SITES = {
     '0.5.12.post1': [('ascend', 'common/conn.py', 191), ('mooncake', 'common/conn.py', 191)],
     '0.5.13': [('ascend', 'common/conn.py', 210), ('mooncake', 'common/conn.py', 210)],
     '0.5.13.post1': [('ascend', 'common/conn.py', 210), ('mooncake', 'common/conn.py', 210)],
+    '0.5.14': [('ascend', 'common/conn.py', 212), ('mooncake', 'common/conn.py', 212)],
+    '0.5.15.post1': [('ascend', 'common/conn.py', 213), ('mooncake', 'common/conn.py', 213)],
+    '0.5.16': [('ascend', 'common/conn.py', 248), ('mooncake', 'common/conn.py', 248)],
+    '0.5.17': [('ascend', 'common/conn.py', 310), ('mooncake', 'common/conn.py', 310)],
+    '0.5.18': [('ascend', 'common/conn.py', 315), ('mooncake', 'common/conn.py', 315)],
+    '0.5.19': [('ascend', 'common/conn.py', 363), ('mooncake', 'common/conn.py', 363)],
+    '0.5.20': [('ascend', 'common/conn.py', 393), ('mooncake', 'common/conn.py', 393)],
+    '0.5.21': [('ascend', 'common/conn.py', 413), ('mooncake', 'common/conn.py', 413)],
+    '0.5.22': [('ascend', 'common/conn.py', 553), ('mooncake', 'common/conn.py', 553)],
+    '0.5.23': [],
 }
 for _v, _sites in KEYERROR_SITES.items():
     for _backend, _path, _line in _sites:
