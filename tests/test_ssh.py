@@ -725,7 +725,11 @@ def test_the_remote_command_is_a_constant() -> None:
     from kvtrace.fetch.ssh.script import COMMAND, stdin_payload
 
     assert "\n" not in COMMAND and "!" not in COMMAND and "\\'" not in COMMAND
-    assert stdin_payload("/a b/$(x)", 10) == b"/a b/$(x)\n10\n11\n"
+    # Everything user-given is data on stdin: the path, the limit, the names searched for.
+    assert stdin_payload("/a b/$(x)", 10) == b"/a b/$(x)\n10\n11\n\n\n"
+    assert stdin_payload("/p", 10, "KVPoll", ("q1", "q2")) == b"/p\n10\n11\nKVPoll\nq1 q2\n"
+    with pytest.raises(AssertionError):
+        stdin_payload("/p", 10, "a b")
 
 
 # --- known_hosts as OpenSSH reads it ---------------------------------------------------------
