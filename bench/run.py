@@ -68,13 +68,13 @@ assert hit and report.queues[0].drain is not None, 'the cache was not warm'
 """,
     "kvtrace-unbounded": """
 import functools, pathlib, sys
-import kvtrace.parse, kvtrace.scan
+import kvtrace.parse
 from kvtrace.cache import scan_cached
 from kvtrace.fetch.local import fetch_local
 from kvtrace.model import FetchLimits
 from kvtrace.packs import load_pack
 # Lift the parse budget (which bounds memory by leaving files out) so every copy is analysed.
-kvtrace.scan.parse_modules = functools.partial(kvtrace.parse.parse_modules, max_nodes=10**9)
+kvtrace.parse.parse_modules = functools.partial(kvtrace.parse.parse_modules, max_nodes=10**9)
 report, hit = scan_cached(fetch_local(pathlib.Path(sys.argv[1]), FetchLimits()), load_pack(), None)
 assert not hit and report.queues[0].drain is not None
 assert all(f.status == 'ok' for f in report.files), [f.error for f in report.files if f.status != 'ok'][:3]

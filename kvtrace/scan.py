@@ -13,12 +13,9 @@ from typing import TYPE_CHECKING
 
 from kvtrace.beside import Beside, Claims
 from kvtrace.config import Settings
-from kvtrace.rules import ALL_RULES, ScanContext
 from kvtrace.errors import AmbiguousTarget, InputError
-from kvtrace.gaps import find_gaps
 from kvtrace.fetch.local import fetch_local
 from kvtrace.fetch.select import Wanted, defining_files, inside as _inside, named_folders, outermost
-from kvtrace.index import Index
 from kvtrace.model import (
     OUTCOME_ORDER,
     DetectedVersion,
@@ -32,9 +29,6 @@ from kvtrace.model import (
     SourceFile,
 )
 from kvtrace.packs import Pack, load_pack
-from kvtrace.parse import parse_modules
-from kvtrace.rules.unused_suppression import UnusedSuppression
-from kvtrace.suppress import silence
 
 if TYPE_CHECKING:
     from kvtrace.backends import SenderAnalysis
@@ -166,10 +160,16 @@ def _in_scope(files: list[SourceFile], pack: Pack, root: str, scope: str) -> lis
 def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Settings = Settings(),
                  root: str | None = None) -> Report:
     """Analyse one package of the fetched tree: `root` (from locate_packages), or the only one."""
-    # The analysis stages (and libcst under them) are imported here, not with the module: a rescan
-    # served from the cache only locates the package (locate_packages) and never needs them.
+    # The analysis stages (the rules, the index, libcst under them) are imported here, not with the
+    # module: a rescan served from the cache only locates the package (locate_packages).
     from kvtrace.backends import analyse_backends, sender_classes
+    from kvtrace.gaps import find_gaps
     from kvtrace.graph import QueueAnalysis, ScanModel, StateGraph, analyse_queue, find_enum, static_sites
+    from kvtrace.index import Index
+    from kvtrace.parse import parse_modules
+    from kvtrace.rules import ALL_RULES, ScanContext
+    from kvtrace.rules.unused_suppression import UnusedSuppression
+    from kvtrace.suppress import silence
 
     pack = pack or load_pack()
     files = fetched.files
