@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
+from kvtrace.fetch import fetch_target
 from kvtrace.fetch.local import fetch_local
 from kvtrace.fetch.select import Wanted, defines, narrow
+from kvtrace.model import FetchLimits
 from kvtrace.packs import load_pack
 from kvtrace.report.json import to_json_dict
 from kvtrace.scan import scan_fetched
@@ -46,6 +48,9 @@ def test_narrowed_tree_gives_the_same_report(example: str, tmp_path: Path) -> No
     pack = load_pack()
     full = fetch_local(tmp_path / "site")
     narrowed = narrow(fetch_local(tmp_path / "site"), Wanted.from_pack(pack))
+    # The CLI's fetch drops what it cannot need as it reads, and ends with the same files.
+    by_cli = fetch_target(str(tmp_path / "site"), FetchLimits(), pack=pack)
+    assert [(f.path, f.sha256, f.status) for f in by_cli.files] == [(f.path, f.sha256, f.status) for f in narrowed.files]
     left_out = {f.path for f in full.files} - {f.path for f in narrowed.files}
     assert {f"sglang/srt/unrelated{i}.py" for i in range(20)} <= left_out
     assert "sglang/srt/lang/disaggregation/x.py" in left_out
@@ -58,3 +63,15 @@ def test_narrowed_tree_gives_the_same_report(example: str, tmp_path: Path) -> No
         assert str(info.value) == str(exc)
         return
     assert to_json_dict(scan_fetched(narrowed, pack)) == expected
+
+
+def test_renamed_package_folder_is_read_whole(tmp_path: Path) -> None:
+    """No folder named like the package: the scan reads the whole target, so nothing is dropped."""
+    import shutil
+
+    shutil.copytree(EXAMPLES / "nixl-pin" / "disaggregation", tmp_path / "kv_transfer")
+    (tmp_path / "other.py").write_text("def g():\n    return 1\n")
+    by_cli = fetch_target(str(tmp_path), FetchLimits(), pack=load_pack())
+    full = fetch_local(tmp_path)
+    assert [(f.path, f.sha256) for f in by_cli.files] == [(f.path, f.sha256) for f in full.files]
+    assert "other.py" in {f.path for f in by_cli.files}

@@ -15,7 +15,7 @@ def fetch_target(text: str, limits: FetchLimits, ssh: dict[str, Any] | None = No
     """`after_fetch(client, result)` runs on the open SSH connection of a remote target. With
     the rules `pack`, only the files its scan reads are kept (fetch/select.py), whatever the
     route, and a remote one moves only those."""
-    from kvtrace.fetch.select import Wanted, narrow
+    from kvtrace.fetch.select import Wanted, narrow, package_roots
 
     wanted = Wanted.from_pack(pack) if pack is not None else None
     from kvtrace.target import SshTarget, parse_target
@@ -34,5 +34,14 @@ def fetch_target(text: str, limits: FetchLimits, ssh: dict[str, Any] | None = No
             return result
     from kvtrace.fetch.local import fetch_local
 
-    fetched = fetch_local(Path(text), limits)
-    return narrow(fetched, wanted) if wanted is not None else fetched
+    if wanted is None:
+        return fetch_local(Path(text), limits)
+    if not wanted.searchable:
+        return narrow(fetch_local(Path(text), limits), wanted)
+    # Files the scan cannot read are dropped as they are read (memory: a whole installed package
+    # is 67 MB of .py); when no named package folder turns up, the scan reads the whole target.
+    fetched = fetch_local(Path(text), limits, keep=wanted.may_read)
+    roots = package_roots(fetched.files, wanted, fetched.target)
+    if not roots or "" in roots:
+        fetched = fetch_local(Path(text), limits)
+    return narrow(fetched, wanted)

@@ -51,6 +51,15 @@ class Wanted:
     def queue_bytes(self) -> tuple[bytes, ...]:
         return tuple(q.encode() for q in self.queues)
 
+    def may_read(self, path: str, data: bytes) -> bool:
+        """Whether the scan may read this file, known from the file alone: it names the enum or a
+        queue, or lies in a folder named like the package, or is a version file. A superset of
+        what `narrow` keeps whenever a named package folder is found (see kvtrace.fetch.fetch_target)."""
+        name = path.rsplit("/", 1)[-1]
+        if name in VERSION_FILES or f"/{self.package_dir}/" in f"/{path}":
+            return True
+        return self.enum_bytes in data or any(q in data for q in self.queue_bytes)
+
     def enum_definition(self) -> re.Pattern[str]:
         return re.compile(rf"^\s*class\s+{re.escape(self.enum)}\b", re.MULTILINE)
 

@@ -148,6 +148,13 @@ class ExecFetch(Route):
             kind = stream.token(limit=8)
             if kind == b"E":
                 return listing
+            if kind == b"Y":  # not a file or folder record: bounded on its own, as links are
+                stream.token()
+                listing.py_links += 1
+                if listing.py_links > 4 * (self.limits.max_files + 1):
+                    raise RemoteError(f"{self.where}: the remote listed more than {4 * self.limits.max_files} "
+                                      ".py symlinks; stopped")
+                continue
             seen += 1
             if seen > 4 * (self.limits.max_files + 1):  # D records too: bounded all the same
                 raise RemoteError(f"{self.where}: the remote listed more than {4 * self.limits.max_files} entries; stopped")
@@ -176,9 +183,6 @@ class ExecFetch(Route):
                 real = stream.token().decode("utf-8", "surrogateescape")
                 if name is not None:
                     collected.link(collected.folder_links, name, real)
-            elif kind == b"Y":
-                stream.token()
-                listing.py_links = True
             elif kind == b"T":
                 try:
                     listing.total_bytes += int(stream.token(limit=32))
@@ -186,10 +190,10 @@ class ExecFetch(Route):
                     raise RemoteError(f"{self.where}: the remote fetch stream is malformed (a byte count)") from None
             elif kind in (b"K", b"Q"):
                 hits = listing.enum_hits if kind == b"K" else listing.queue_hits
-                while raw := stream.token():  # names, then an empty one
-                    seen += 1
-                    if seen > 4 * (self.limits.max_files + 1):
-                        raise RemoteError(f"{self.where}: the remote listed more than {4 * self.limits.max_files} entries; stopped")
+                while raw := stream.token():  # names, then an empty one; each file at most once a kind
+                    if len(hits) > self.limits.max_files:
+                        raise RemoteError(f"{self.where}: the remote named more than {self.limits.max_files} "
+                                          "files holding a name; stopped")
                     name = relative(raw.decode("utf-8", "surrogateescape"))
                     if name is not None:
                         hits.add(name)
@@ -248,7 +252,7 @@ class Listing:
     total_bytes: int = 0
     enum_hits: set[str] = field(default_factory=set)
     queue_hits: set[str] = field(default_factory=set)
-    py_links: bool = False
+    py_links: int = 0
 
 
 def _ls_size(line: bytes) -> int | None:
