@@ -150,3 +150,15 @@ def test_renamed_package_folder_is_fetched_whole(sshd: SshdServer, tmp_path: Pat
         assert as_json(report) == local_json(tree), decoy
         assert report.root == ""
         assert any("fetching the whole tree" in line for line in log) == decoy, log
+
+
+def test_target_named_like_the_package_is_fetched_whole(sshd: SshdServer, tmp_path: Path) -> None:
+    """The disaggregation folder itself: the scan reads all of it, so every file is fetched (in
+    one round: nothing is searched for) and the report is a local scan's."""
+    package = shaped_tree(tmp_path) / "srt" / "disaggregation"
+    log: list[str] = []
+    report, _ = remote_scan(sshd, package, log)
+    assert as_json(report) == local_json(package)
+    fetch = [line for line in log if "exec fetch:" in line]
+    listed = int(fetch[0].split("exec fetch: ")[1].split()[0])
+    assert fetch and f"{listed} fetched" in fetch[0] and listed == len(list(package.rglob("*.py"))), log

@@ -14,7 +14,7 @@ from kvtrace.fetch.local import make_source_file, oversized_file
 from kvtrace.fetch.ssh.collect import Collected, Route, relative, too_large, utf8_name
 from kvtrace.fetch.ssh.connect import ms, shown as _shown
 from kvtrace.fetch.ssh.script import COMMAND, MARKER, request_all, request_some, stdin_payload
-from kvtrace.fetch.select import Wanted, choose, narrow, package_roots
+from kvtrace.fetch.select import Wanted, choose, named_folders, narrow, package_roots
 from kvtrace.fetch.ssh.stream import ChannelStream
 from kvtrace.fetch.ssh.tarstream import TarReader, member_over_limit
 from kvtrace.model import FetchLimits, FetchResult, SourceFile
@@ -35,7 +35,8 @@ class ExecFetch(Route):
     def run(self, wanted: Wanted | None = None) -> FetchResult | None:
         """None when the server cannot run the command (the caller then uses SFTP). With
         `wanted`, only the files the scan reads are moved and kept (select.narrow)."""
-        if wanted is None or not wanted.searchable:
+        if wanted is None or not wanted.searchable or "" in named_folders([], wanted.package_dir, self.label):
+            # Nothing to search for, or the target is named like the package: the scan reads all of it.
             result = self._run(None)
             return narrow(result, wanted) if result is not None and wanted is not None else result
         try:
