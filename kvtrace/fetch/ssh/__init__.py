@@ -1,9 +1,10 @@
 """Fetch stage for `[user@]host:path`: read the `.py` files below a remote path over SSH.
 
 Read-only by construction: one exec channel runs a CONSTANT command (script.py) that reads the
-path and the size limit from its stdin, `find`s the files, reports each one it must leave out
-in the stream itself, and streams the rest back as ONE tar archive, unpacked in memory by a
-bounded reader. When the server runs no commands (e.g. `ForceCommand internal-sftp`) or lacks
+path, the size limit and the names to search for from its stdin, `find`s the files, reports each
+one it must leave out in the stream itself and which files hold those names, then streams the
+files kvtrace asks for (fetch/select.py: those the scan reads) back as ONE tar archive, unpacked
+in memory by a bounded reader. When the server runs no commands (e.g. `ForceCommand internal-sftp`) or lacks
 find/tar, the same walk is done over SFTP. Either way the result equals `fetch_local` of the
 same tree: same relative paths, bytes and order, dot-dirs and __pycache__ pruned, symlinks never
 followed out of the root.
