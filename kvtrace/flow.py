@@ -20,6 +20,7 @@ from typing import Callable, Iterable
 
 import libcst as cst
 
+from kvtrace.gaps import Cut
 from kvtrace.index import ClassInfo, FuncRef, Index
 from kvtrace.parse import CstFunction
 from kvtrace.model import SITE_KINDS, EventKind
@@ -362,90 +363,117 @@ class Explorer:
     # --- statements ------------------------------------------------------------------------
 
     def stmt(self, node: cst.CSTNode, paths: list[PathState], frame: Frame) -> list[PathState]:
-        if isinstance(node, cst.SimpleStatementLine):
-            for small in node.body:
-                live = [p for p in paths if p.term is None]
-                done = [p for p in paths if p.term is not None]
-                paths = done + self.small(small, live, frame)
-            return paths
-        if isinstance(node, cst.If):
-            return self.if_stmt(node, paths, frame)
-        if isinstance(node, (cst.For, cst.While)):
-            return self.loop(node, paths, frame)
-        if isinstance(node, cst.Try):
-            return self.try_stmt(node, paths, frame)
-        if isinstance(node, cst.With):
-            out = []
-            for path in paths:
-                for p, _ in self.eval_all([i.item for i in node.items], path, frame):
-                    out.append(p)
-            return self.run_block(node.body.body, merge(out), frame)
-        if isinstance(node, cst.Match):
-            return self.match_stmt(node, paths, frame)
-        return paths  # nested def/class: not executed here
+        handler = _STATEMENT_HANDLERS.get(type(node))
+        if handler is None:
+            return self.unmodelled(node, paths, frame)
+        return handler(self, node, paths, frame)
 
-    def small(self, node: cst.CSTNode, paths: list[PathState], frame: Frame) -> list[PathState]:
+    def unmodelled(self, node: cst.CSTNode, paths: list[PathState], frame: Frame) -> list[PathState]:
+        """A statement kind the tables below do not know: the paths go on as if it did nothing,
+        and the run says where it could not follow the code (the scan is incomplete)."""
+        self.c.truncated.append(Cut.unmodelled(f"{frame.func.path}:{frame.body.line(node)}", type(node).__name__))
+        return paths
+
+    def simple_line(self, node: cst.SimpleStatementLine, paths: list[PathState], frame: Frame) -> list[PathState]:
+        for small in node.body:
+            live = [p for p in paths if p.term is None]
+            done = [p for p in paths if p.term is not None]
+            paths = done + self.small(small, live, frame)
+        return paths
+
+    def with_stmt(self, node: cst.With, paths: list[PathState], frame: Frame) -> list[PathState]:
+        out = []
+        for path in paths:
+            for p, _ in self.eval_all([i.item for i in node.items], path, frame):
+                out.append(p)
+        return self.run_block(node.body.body, merge(out), frame)
+
+    def not_run(self, node: cst.CSTNode, paths: list[PathState], frame: Frame) -> list[PathState]:
+        """A nested def or class: defined here, its body not executed."""
+        return paths
+
+    def small(self, node: cst.BaseSmallStatement, paths: list[PathState], frame: Frame) -> list[PathState]:
+        handler = _SMALL_HANDLERS.get(type(node))
+        if handler is None:
+            if not paths:
+                return paths
+            self.c.truncated.append(Cut.unmodelled(f"{frame.func.path}:{frame.body.line(node)}", type(node).__name__))
+            return merge(paths)
         out: list[PathState] = []
         for path in paths:
-            out.extend(self.small_one(node, path, frame))
+            out.extend(handler(self, node, path, frame))
         return merge(out)
 
-    def small_one(self, node: cst.CSTNode, path: PathState, frame: Frame) -> list[PathState]:
-        fn = frame.func.qualname
-        if isinstance(node, cst.Expr):
-            self._discarded = node.value
-            try:
-                return [p for p, _ in self.eval(node.value, path, frame)]
-            finally:
-                self._discarded = None
-        if isinstance(node, (cst.Assign, cst.AnnAssign)):
-            if node.value is None:
-                return [path]
-            targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
-            out = []
-            for p, value in self.eval(node.value, path, frame):
-                for target in targets:
-                    p = self.assign(target, value, p, frame)
-                out.append(p)
-            return out
-        if isinstance(node, cst.AugAssign):
+    # One path in, the paths out: a small statement (one of a line's `;`-separated parts).
+
+    def expr_stmt(self, node: cst.Expr, path: PathState, frame: Frame) -> list[PathState]:
+        self._discarded = node.value
+        try:
             return [p for p, _ in self.eval(node.value, path, frame)]
-        if isinstance(node, cst.Return):
-            if node.value is None:
-                return [self._returned(path, frame, node, frozenset({NONE})).returning(frozenset({NONE}))]
-            # A value that raised while evaluated (`return table[room]`, room absent) keeps its raise.
-            return [p if p.term is not None else self._returned(p, frame, node, v).returning(v)
-                    for p, v in self.eval(node.value, path, frame)]
-        if isinstance(node, cst.Raise):
-            return [path.emit(Event(EventKind.RAISE, frame.func.path, frame.body.line(node), fn, "raise")).ending("raise")]
-        if isinstance(node, cst.Assert):
-            out = []
-            for p, truth, about_poll in self.decide(node.test, path, frame):
-                if about_poll:
-                    p = p.emit(Event(EventKind.CHECK, frame.func.path, frame.body.line(node), fn, "T" if truth else "F"))
-                if truth:
-                    out.append(p)
-                else:
-                    out.append(p.emit(Event(EventKind.RAISE, frame.func.path, frame.body.line(node), fn, "assert")).ending("raise"))
-            return out
-        if isinstance(node, cst.Del):
-            targets = [e.value for e in node.target.elements] if isinstance(node.target, (cst.Tuple, cst.List)) else [node.target]
-            for target in targets:
-                if isinstance(target, cst.Subscript) and self.is_table(target.value, frame):
-                    present, absent = self.table_split(path)
-                    line = frame.body.line(node)
-                    out = []
-                    if present is not None:
-                        out.append(present.set_attr(TABLE, frozenset({ABSENT})).emit(
-                            Event(EventKind.TABLE_CLEAR, frame.func.path, line, fn, code(node))))
-                    if absent is not None:
-                        out.append(absent.emit(Event(EventKind.TABLE_RAISE, frame.func.path, line, fn, code(node))).ending("raise"))
-                    return out
+        finally:
+            self._discarded = None
+
+    def assign_stmt(self, node: cst.Assign | cst.AnnAssign, path: PathState, frame: Frame) -> list[PathState]:
+        if node.value is None:
             return [path]
-        if isinstance(node, cst.Continue):
-            return [path.ending("continue")]
-        if isinstance(node, cst.Break):
-            return [path.ending("break")]
+        targets = [t.target for t in node.targets] if isinstance(node, cst.Assign) else [node.target]
+        out = []
+        for p, value in self.eval(node.value, path, frame):
+            for target in targets:
+                p = self.assign(target, value, p, frame)
+            out.append(p)
+        return out
+
+    def aug_assign_stmt(self, node: cst.AugAssign, path: PathState, frame: Frame) -> list[PathState]:
+        return [p for p, _ in self.eval(node.value, path, frame)]
+
+    def return_stmt(self, node: cst.Return, path: PathState, frame: Frame) -> list[PathState]:
+        if node.value is None:
+            return [self._returned(path, frame, node, frozenset({NONE})).returning(frozenset({NONE}))]
+        # A value that raised while evaluated (`return table[room]`, room absent) keeps its raise.
+        return [p if p.term is not None else self._returned(p, frame, node, v).returning(v)
+                for p, v in self.eval(node.value, path, frame)]
+
+    def raise_stmt(self, node: cst.Raise, path: PathState, frame: Frame) -> list[PathState]:
+        event = Event(EventKind.RAISE, frame.func.path, frame.body.line(node), frame.func.qualname, "raise")
+        return [path.emit(event).ending("raise")]
+
+    def assert_stmt(self, node: cst.Assert, path: PathState, frame: Frame) -> list[PathState]:
+        fn = frame.func.qualname
+        out = []
+        for p, truth, about_poll in self.decide(node.test, path, frame):
+            if about_poll:
+                p = p.emit(Event(EventKind.CHECK, frame.func.path, frame.body.line(node), fn, "T" if truth else "F"))
+            if truth:
+                out.append(p)
+            else:
+                out.append(p.emit(Event(EventKind.RAISE, frame.func.path, frame.body.line(node), fn, "assert")).ending("raise"))
+        return out
+
+    def del_stmt(self, node: cst.Del, path: PathState, frame: Frame) -> list[PathState]:
+        fn = frame.func.qualname
+        targets = [e.value for e in node.target.elements] if isinstance(node.target, (cst.Tuple, cst.List)) else [node.target]
+        for target in targets:
+            if isinstance(target, cst.Subscript) and self.is_table(target.value, frame):
+                present, absent = self.table_split(path)
+                line = frame.body.line(node)
+                out = []
+                if present is not None:
+                    out.append(present.set_attr(TABLE, frozenset({ABSENT})).emit(
+                        Event(EventKind.TABLE_CLEAR, frame.func.path, line, fn, code(node))))
+                if absent is not None:
+                    out.append(absent.emit(Event(EventKind.TABLE_RAISE, frame.func.path, line, fn, code(node))).ending("raise"))
+                return out
+        return [path]
+
+    def continue_stmt(self, node: cst.Continue, path: PathState, frame: Frame) -> list[PathState]:
+        return [path.ending("continue")]
+
+    def break_stmt(self, node: cst.Break, path: PathState, frame: Frame) -> list[PathState]:
+        return [path.ending("break")]
+
+    def no_effect(self, node: cst.BaseSmallStatement, path: PathState, frame: Frame) -> list[PathState]:
+        """`pass`, imports, `global`/`nonlocal`, `type X = ...`: nothing a path records."""
         return [path]
 
     def _returned(self, path: PathState, frame: Frame, node: cst.Return, value: Val) -> PathState:
@@ -637,7 +665,9 @@ class Explorer:
             normal = self.run_block(node.orelse.body.body, normal, frame)
         return normal
 
-    def try_stmt(self, node: cst.Try, paths: list[PathState], frame: Frame) -> list[PathState]:
+    def try_stmt(self, node: cst.Try | cst.TryStar, paths: list[PathState], frame: Frame) -> list[PathState]:
+        """`try` and `try/except*` (one handler or several can run: either way, each handler runs
+        after what can raise)."""
         body_out = self.run_block(node.body.body, paths, frame)
         out: list[PathState] = []
         if node.handlers:
@@ -1418,3 +1448,45 @@ def _is_static(func: FuncRef) -> bool:
 
 def _merge_pairs(pairs: list[tuple[PathState, Val]]) -> list[tuple[PathState, Val]]:
     return list(dict.fromkeys(pairs))
+
+
+# (Explorer, node of the kind, paths or one path, frame) -> paths; each method takes its own node type.
+StatementHandler = Callable[..., list[PathState]]
+SmallHandler = Callable[..., list[PathState]]
+
+# The statement kinds the explorer runs, found by the node's class (as pyflakes' getNodeHandler):
+# a new kind is one entry here and one method. A kind missing from these tables is a gap at run
+# time (Explorer.unmodelled) and a failing test (tests/test_engine.py checks libcst's kinds).
+_STATEMENT_HANDLERS: dict[type, StatementHandler] = {
+    cst.SimpleStatementLine: Explorer.simple_line,
+    cst.If: Explorer.if_stmt,
+    cst.For: Explorer.loop,
+    cst.While: Explorer.loop,
+    cst.Try: Explorer.try_stmt,
+    cst.TryStar: Explorer.try_stmt,
+    cst.With: Explorer.with_stmt,
+    cst.Match: Explorer.match_stmt,
+    cst.FunctionDef: Explorer.not_run,
+    cst.ClassDef: Explorer.not_run,
+}
+_SMALL_HANDLERS: dict[type, SmallHandler] = {
+    cst.Expr: Explorer.expr_stmt,
+    cst.Assign: Explorer.assign_stmt,
+    cst.AnnAssign: Explorer.assign_stmt,
+    cst.AugAssign: Explorer.aug_assign_stmt,
+    cst.Return: Explorer.return_stmt,
+    cst.Raise: Explorer.raise_stmt,
+    cst.Assert: Explorer.assert_stmt,
+    cst.Del: Explorer.del_stmt,
+    cst.Continue: Explorer.continue_stmt,
+    cst.Break: Explorer.break_stmt,
+    cst.Pass: Explorer.no_effect,
+    cst.Import: Explorer.no_effect,
+    cst.ImportFrom: Explorer.no_effect,
+    cst.Global: Explorer.no_effect,
+    cst.Nonlocal: Explorer.no_effect,
+}
+# Kinds newer libcst releases have: `type X = ...`, `lazy import x` (bind nothing a path tracks).
+for _kind_name in ("TypeAlias", "LazyImport", "LazyImportFrom"):
+    if hasattr(cst, _kind_name):
+        _SMALL_HANDLERS[getattr(cst, _kind_name)] = Explorer.no_effect

@@ -1,0 +1,210 @@
+"""The flow engine one construct at a time: an in-memory harness that explores one function from
+a source string (as pyflakes' tests check one node type each), and what a run does with a
+construct it has no handler for."""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+from pathlib import Path
+
+import libcst as cst
+import pytest
+
+from kvtrace import flow
+from kvtrace.flow import Config, CstBody, Explorer, Frame, PathState, function_body
+from kvtrace.gaps import Cut
+from kvtrace.index import Index
+from kvtrace.model import EventKind, SourceFile
+from kvtrace.packs import load_pack
+from kvtrace.parse import parse_module
+from kvtrace.rules.samples import drain
+from kvtrace.scan import scan_path
+from kvtrace.states import OTHER, Domain, Val
+from tests.test_rules import write_tree
+
+DOMAIN = Domain("KVPoll", ("Failed", "Bootstrapping", "WaitingForInput", "Transferring", "Success"),
+                (0, 1, 2, 3, 4), ("Failed", "Success"))
+PACK = load_pack("sglang-prefill")
+HEADER = "from enum import IntEnum\n\n\nclass KVPoll(IntEnum):\n    Failed = 0\n    Bootstrapping = 1\n" \
+         "    WaitingForInput = 2\n    Transferring = 3\n    Success = 4\n\n\n"
+
+
+def explore(body: str, params: dict[str, Val] | None = None, state: str | None = "Success",
+            **config: object) -> tuple[list[PathState], Config]:
+    """Every path through `def f(<params>):` + `body` (indented 4 spaces), run in drain mode for
+    `state` (None: sender mode), from the given parameter values."""
+    params = params or {}
+    text = HEADER + f"def f({', '.join(params)}):\n" + "".join(f"    {line}\n" for line in body.splitlines())
+    data = text.encode()
+    module = parse_module(SourceFile("m.py", data, hashlib.sha256(data).hexdigest()))
+    assert module is not None
+    index = Index([module])
+    func = index.functions["f"][0]
+    parsed = index.cst(func)
+    assert parsed is not None
+    settings = Config(index, PACK, DOMAIN, state=state, queue_attr=PACK.queue, **config)  # type: ignore[arg-type]
+    explorer = Explorer(settings)
+    explorer.stack.append(id(func.node))
+    ends = explorer.run_block(function_body(parsed.node), [PathState(env=tuple(sorted(params.items())))],
+                              Frame(func, CstBody(parsed.node, parsed.line), None))
+    return ends, settings
+
+
+def returns(ends: list[PathState]) -> set[frozenset[str]]:
+    return {end.ret for end in ends if end.term == "return" and end.ret is not None}
+
+
+POLL = frozenset({"WaitingForInput", "Success"})
+
+
+# --- statements, one kind each ------------------------------------------------------------
+
+def test_if_splits_on_the_poll_value() -> None:
+    ends, _ = explore("if p == KVPoll.Success:\n    return 'one'\nreturn 'two'", {"p": POLL})
+    assert returns(ends) == {frozenset({OTHER})}
+    assert len(ends) == 2
+
+
+def test_if_elif_else_narrows_each_branch() -> None:
+    ends, _ = explore("if p == KVPoll.Success:\n    return p\nelif p is None:\n    return None\nelse:\n    return p",
+                      {"p": POLL})
+    assert returns(ends) == {frozenset({"Success"}), frozenset({"WaitingForInput"})}
+
+
+def test_assignment_copies_the_value_and_tuple_unpacking_takes_positions() -> None:
+    ends, _ = explore("q = p\na, b = KVPoll.Failed, q\nreturn b", {"p": POLL})
+    assert returns(ends) == {POLL}
+
+
+def test_return_without_a_value_is_none() -> None:
+    ends, _ = explore("return")
+    assert returns(ends) == {frozenset({"None"})}
+
+
+def test_raise_and_assert_end_paths_by_raising() -> None:
+    ends, _ = explore("assert p == KVPoll.Success\nraise RuntimeError()", {"p": POLL})
+    assert {e.term for e in ends} == {"raise"}
+    assert [[ev.detail for ev in e.events if ev.kind is EventKind.RAISE] for e in ends] in (
+        [["assert"], ["raise"]], [["raise"], ["assert"]])
+
+
+def test_for_runs_its_body_zero_or_one_time() -> None:
+    ends, _ = explore("x = KVPoll.Failed\nfor i in items:\n    x = KVPoll.Success\nreturn x", {"items": frozenset({OTHER})})
+    assert returns(ends) == {frozenset({"Failed"}), frozenset({"Success"})}
+
+
+def test_while_decides_its_test() -> None:
+    ends, _ = explore("while p == KVPoll.Success:\n    return 'one'\nreturn p", {"p": POLL})
+    assert returns(ends) == {frozenset({OTHER}), frozenset({"WaitingForInput"})}
+
+
+def test_with_runs_its_body() -> None:
+    ends, _ = explore("with lock:\n    return p", {"p": POLL, "lock": frozenset({OTHER})})
+    assert returns(ends) == {POLL}
+
+
+def test_match_value_patterns_split_the_subject() -> None:
+    ends, _ = explore("match p:\n    case KVPoll.Success:\n        return 'one'\n    case _:\n        return p", {"p": POLL})
+    assert returns(ends) == {frozenset({OTHER}), frozenset({"WaitingForInput"})}
+
+
+def test_try_handler_runs_after_a_raise_in_the_body() -> None:
+    ends, _ = explore("try:\n    raise ValueError()\nexcept ValueError:\n    return 'one'\nreturn 'two'")
+    assert returns(ends) == {frozenset({OTHER})} and {e.term for e in ends} == {"return"}
+
+
+def test_try_star_is_followed_like_try() -> None:
+    plain, _ = explore("try:\n    if p == KVPoll.Success:\n        raise ValueError()\n    return p\n"
+                       "except ValueError:\n    return 'one'\nfinally:\n    x = 0", {"p": POLL})
+    star, settings = explore("try:\n    if p == KVPoll.Success:\n        raise ValueError()\n    return p\n"
+                             "except* ValueError:\n    return 'one'\nfinally:\n    x = 0", {"p": POLL})
+    assert returns(star) == returns(plain) == {frozenset({"WaitingForInput"}), frozenset({OTHER})}
+    assert settings.truncated == []
+
+
+def test_nested_def_and_class_are_not_run() -> None:
+    ends, _ = explore("def g():\n    raise ValueError()\nclass C:\n    x = 1\nreturn p", {"p": POLL})
+    assert returns(ends) == {POLL}
+
+
+def test_no_effect_statements_leave_the_path_as_it_was() -> None:
+    ends, settings = explore("pass\nimport os\nfrom os import path\nglobal G\nreturn p", {"p": POLL})
+    assert returns(ends) == {POLL} and settings.truncated == []
+
+
+def test_continue_and_break_end_the_iteration() -> None:
+    ends, _ = explore("if p == KVPoll.Success:\n    continue\nbreak", {"p": POLL})
+    assert sorted(e.term or "" for e in ends) == ["break", "continue"]
+
+
+# --- a construct the engine has no handler for --------------------------------------------
+
+def _statement_kinds(base: type) -> set[type]:
+    found, todo = set(), [base]
+    while todo:
+        for sub in todo.pop().__subclasses__():
+            todo.append(sub)
+            # (libcst's dataclass decorator leaves the undecorated class among the subclasses.)
+            if not inspect.isabstract(sub) and getattr(cst, sub.__name__, None) is sub:
+                found.add(sub)
+    return found
+
+
+def test_every_libcst_statement_kind_has_a_handler() -> None:
+    """A libcst release that adds a statement kind fails here before any scan meets it."""
+    compound = _statement_kinds(cst.BaseCompoundStatement) | {cst.SimpleStatementLine}
+    small = _statement_kinds(cst.BaseSmallStatement)
+    assert compound - set(flow._STATEMENT_HANDLERS) == set()
+    assert small - set(flow._SMALL_HANDLERS) == set()
+
+
+def test_a_statement_kind_without_a_handler_is_a_gap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(flow._STATEMENT_HANDLERS, cst.While)
+    ends, settings = explore("while p:\n    return 'one'\nreturn p", {"p": POLL})
+    assert returns(ends) == {POLL}  # the loop is passed over...
+    [cut] = settings.truncated  # ...and the run says where, and what it could not follow
+    assert isinstance(cut, Cut) and cut.kind == "unmodelled" and cut.where == "m.py:13"
+    assert str(cut) == "m.py:13 (While statement not modelled)"
+
+
+def test_a_small_statement_kind_without_a_handler_is_a_gap(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(flow._SMALL_HANDLERS, cst.Raise)
+    _, settings = explore("raise ValueError()")
+    assert [str(t) for t in settings.truncated] == ["m.py:13 (Raise statement not modelled)"]
+
+
+def test_an_unmodelled_construct_in_the_drain_makes_the_scan_incomplete(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(flow._STATEMENT_HANDLERS, cst.Match)
+    source = drain('''\
+            match poll:
+                case KVPoll.Success:
+                    done_reqs.append(req)
+                case _:
+                    undone_reqs.append(req)''')
+    report = scan_path(write_tree(tmp_path, {"disaggregation/prefill.py": source}))
+    line = source.splitlines().index("            match poll:") + 1
+    assert any(f"disaggregation/prefill.py:{line} (Match statement not modelled)" in p for p in report.problems), \
+        report.problems
+
+
+def test_a_drain_body_inside_try_except_star_has_its_fates(tmp_path: Path) -> None:
+    """Issue 23: the drain's branches inside `try: ... except* E:` were passed over (every state
+    'dropped', report complete)."""
+    branches = '''\
+            try:
+                if poll in [KVPoll.WaitingForInput, KVPoll.Transferring, KVPoll.Bootstrapping]:
+                    undone_reqs.append(req)
+                else:
+                    release_kv_cache(req, self.tree_cache)
+                    done_reqs.append(req)
+            except* ValueError:
+                undone_reqs.append(req)'''
+    report = scan_path(write_tree(tmp_path, {"disaggregation/prefill.py": drain(branches)}))
+    fates = {state: fate.fate for state, fate in report.queues[0].states.items()}
+    # Failed and Success leave, or are kept when the handler runs (after a call in the body failed).
+    assert fates == {"Failed": ["kept", "leaves"], "Bootstrapping": ["kept"], "WaitingForInput": ["kept"],
+                     "Transferring": ["kept"], "Success": ["kept", "leaves"]}
+    assert not [f for f in report.findings if f.rule == "dropped-state"]
+    assert not report.problems
