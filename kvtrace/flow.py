@@ -324,7 +324,7 @@ class Explorer:
             self._discarded = None if cleared else outer
         read, self._read_state = self._read_state, read_before or self._read_state
         skip = len(path.events)
-        results = []
+        results: list[tuple[Bindings, tuple[Event, ...], str | None, Val]] = []
         for end in ends:
             if end.term == "raise":
                 results.append((end.attrs, end.events[skip:], "raise", EMPTY))
@@ -355,10 +355,10 @@ class Explorer:
             self._key = tuple(parts)
         return self._key
 
-    def state_value(self) -> str | None:
-        """The poll state of this run; a helper run that reads it is remembered per state."""
+    def poll_value(self) -> Val:
+        """The poll state of this run as a value; a helper run that reads it is remembered per state."""
         self._read_state = True
-        return self.c.state
+        return frozenset({self.c.state}) if self.c.state is not None else self.c.domain.universe
 
     # --- statements ------------------------------------------------------------------------
 
@@ -491,7 +491,7 @@ class Explorer:
             stored = frozenset(self.c.domain.states(value)) or frozenset(self.c.domain.members)
             return path.set_attr(TABLE, stored).emit(
                 Event(EventKind.TABLE_STORE, frame.func.path, frame.body.line(target), frame.func.qualname, ", ".join(sorted(stored))))
-        if frame is not None and frame.is_self_attr(target):
+        if frame is not None and isinstance(target, cst.Attribute) and frame.is_self_attr(target):
             return self.write_self_attr(target, value, path, frame)
         if isinstance(target, (cst.Tuple, cst.List)):
             starred = any(isinstance(e, cst.StarredElement) for e in target.elements)
@@ -517,7 +517,8 @@ class Explorer:
             return False
         if frame.prefix == MANAGER:
             return frame.is_self(node.value)
-        return frame.is_self_attr(node.value) and node.value.attr.value in self.c.manager_attrs
+        holder = self_attr(node.value, frame.self_name)
+        return holder is not None and holder in self.c.manager_attrs
 
     def table_split(self, path: PathState) -> tuple[PathState | None, PathState | None]:
         """The path with the room present (narrowed), and with it absent; None when impossible."""
@@ -633,8 +634,13 @@ class Explorer:
         if isinstance(pattern, cst.MatchSingleton):
             return self.constant(pattern.value, frame)
         if isinstance(pattern, cst.MatchOr):
-            parts = [self.pattern_values(e.pattern, frame) for e in pattern.patterns]
-            return None if any(p is None for p in parts) else frozenset().union(*parts)
+            parts: list[Val] = []
+            for element in pattern.patterns:
+                part = self.pattern_values(element.pattern, frame)
+                if part is None:
+                    return None
+                parts.append(part)
+            return frozenset().union(*parts)
         return None
 
     def loop(self, node: cst.For | cst.While, paths: list[PathState], frame: Frame) -> list[PathState]:
@@ -707,103 +713,129 @@ class Explorer:
         return states
 
     def eval(self, node: cst.CSTNode, path: PathState, frame: Frame) -> list[tuple[PathState, Val]]:
+        """Every (path, value) of an expression; its kind's method is found by the node's class."""
+        handler = _EXPRESSION_HANDLERS.get(type(node))
+        if handler is None:
+            # Anything else (lambdas, comprehensions, arithmetic...): evaluate calls inside for effects.
+            return self.eval_children_for_effects(node, path, frame)
+        return handler(self, node, path, frame)
+
+    def eval_name(self, node: cst.Name, path: PathState, frame: Frame) -> list[tuple[PathState, Val]]:
+        if node.value == "None":
+            return [(path, frozenset({NONE}))]
+        if node.value in ("True", "False"):
+            return [(path, frozenset({node.value}))]
+        value = path.get(node.value)
+        if value is None:
+            value = self.constant(node, frame) if node.value not in self.local_names(frame) else None
+        return [(path, value if value is not None else self.c.domain.universe)]
+
+    def eval_attribute(self, node: cst.Attribute, path: PathState, frame: Frame) -> list[tuple[PathState, Val]]:
         d = self.c.domain
-        kind = _EXPRESSION_KINDS.get(type(node)) or _kind(node, _EXPRESSION_KINDS, _EXPRESSIONS)
-        if kind == "name":
-            if node.value == "None":
-                return [(path, frozenset({NONE}))]
-            if node.value in ("True", "False"):
-                return [(path, frozenset({node.value}))]
-            value = path.get(node.value)
-            if value is None:
-                value = self.constant(node, frame) if node.value not in self.local_names(frame) else None
-            return [(path, value if value is not None else d.universe)]
-        if kind == "attribute":
-            const = self.constant(node)
-            if const is not None:
-                return [(path, const)]
-            key = fact_key(node, frame)
-            if key is not None and key.startswith(FACT) and path.attr(key) is not None:
-                return [(path, path.attr(key))]
-            method = self.method_value(node, frame)
-            if method is not None:
-                return [(path, method)]
-            if frame.is_self_attr(node):
-                key = frame.prefix + node.attr.value
-                read = self.read_self_attr(node, path, frame)
-                value = self.self_attr_value(key, path)
-                if self.c.all_facts and frame.prefix == "" and path.attr(key) is None and value != d.universe \
-                        and len(value) > 1:
-                    # A sender starts from one configuration: the first read of an attribute
-                    # fixes which of its assigned values it holds, for every later call too.
-                    return [(read.set_attr(key, frozenset({token})), frozenset({token})) for token in sorted(value)]
-                return [(read, value)]
-            out = []
-            for p, _ in self.eval(node.value, path, frame):
-                out.append((p, d.universe))
-            return out
-        if kind == "integer":
-            const = self.constant(node)
-            return [(path, const if const is not None else frozenset({OTHER}))]
-        if kind == "call":
-            return self.call(node, path, frame)
-        if kind == "subscript" and self.is_table(node.value, frame):
-            present, absent = self.table_split(path)
-            out = []
-            line = frame.body.line(node)
-            if present is not None:
-                out.append((present.emit(Event(EventKind.TABLE_READ, frame.func.path, line, frame.func.qualname, code(node))),
-                            present.attr(TABLE) or EMPTY))
-            if absent is not None:  # KeyError
-                out.append((absent.emit(Event(EventKind.TABLE_RAISE, frame.func.path, line, frame.func.qualname,
-                                                code(node))).ending("raise"), EMPTY))
-            return out
-        if kind == "binary":
-            out = []
-            for p, (left, right) in self.eval_all([node.left, node.right], path, frame):
-                out.append((p, frozenset({NOW}) if NOW in left or NOW in right else d.universe))
-            return _merge_pairs(out)
-        if kind == "subscript":
-            out = []
-            index = node.slice[0].slice if len(node.slice) == 1 and isinstance(node.slice[0].slice, cst.Index) else None
-            position = int(index.value.value) if index is not None and isinstance(index.value, cst.Integer) \
-                and index.value.value.isdigit() else None
-            for p, container in self.eval(node.value, path, frame):
-                value = d.universe
-                if POLLS in container and self.c.state is not None:
-                    value = frozenset({self.state_value()})
-                elif position is not None and (item := item_of(container, position)) is not None:
-                    value = item  # `f()[0]` of a tuple kvtrace built
-                out.append((p, value))
-            return out
-        if kind == "test" or (kind == "unary" and isinstance(node.operator, cst.Not)):
-            out = []
-            for p, truth, _ in self.branch(node, path, frame):
-                out.append((p, frozenset({TRUE if truth else FALSE})))
-            return _merge_pairs(out)
-        if kind == "sequence":
-            out = []
-            # A tuple is the union of its elements (for `in`), plus each element by position
-            # (`return KVPoll.Failed, reason` unpacked by `status, _ = f()`).
-            ordered = isinstance(node, cst.Tuple) and len(node.elements) <= MAX_TUPLE \
-                and not any(isinstance(e, cst.StarredElement) for e in node.elements)
-            for p, values in self.eval_all([e.value for e in node.elements], path, frame):
-                value = frozenset().union(*values) if values else EMPTY
-                if ordered:
-                    value |= {f"{ITEM}{i}:{t}" for i, v in enumerate(values) for t in v if not t.startswith(ITEM)}
-                out.append((p, value))
-            return out
-        if kind == "await":
-            return self.eval(node.expression, path, frame)
-        if kind == "ifexp":
-            out = []
-            for p, truth, _ in self.decide(node.test, path, frame):
-                out.extend(self.eval(node.body if truth else node.orelse, p, frame))
-            return out
-        if kind == "text":
-            return [(path, frozenset({OTHER}))]
-        # Anything else (lambdas, comprehensions, arithmetic...): evaluate calls inside for effects.
+        const = self.constant(node)
+        if const is not None:
+            return [(path, const)]
+        key = fact_key(node, frame)
+        if key is not None and key.startswith(FACT):
+            known = path.attr(key)
+            if known is not None:
+                return [(path, known)]
+        method = self.method_value(node, frame)
+        if method is not None:
+            return [(path, method)]
+        if frame.is_self_attr(node):
+            key = frame.prefix + node.attr.value
+            read = self.read_self_attr(node, path, frame)
+            value = self.self_attr_value(key, path)
+            if self.c.all_facts and frame.prefix == "" and path.attr(key) is None and value != d.universe \
+                    and len(value) > 1:
+                # A sender starts from one configuration: the first read of an attribute
+                # fixes which of its assigned values it holds, for every later call too.
+                return [(read.set_attr(key, frozenset({token})), frozenset({token})) for token in sorted(value)]
+            return [(read, value)]
+        return [(p, d.universe) for p, _ in self.eval(node.value, path, frame)]
+
+    def eval_integer(self, node: cst.Integer, path: PathState, frame: Frame) -> list[tuple[PathState, Val]]:
+        const = self.constant(node)
+        return [(path, const if const is not None else frozenset({OTHER}))]
+
+    def eval_call(self, node: cst.Call, path: PathState, frame: Frame) -> list[tuple[PathState, Val]]:
+        return self.call(node, path, frame)
+
+    def eval_subscript(self, node: cst.Subscript, path: PathState, frame: Frame) -> list[tuple[PathState, Val]]:
+        if self.is_table(node.value, frame):
+            return self.table_read(node, path, frame)
+        d = self.c.domain
+        out = []
+        element = node.slice[0].slice if len(node.slice) == 1 else None
+        index = element if isinstance(element, cst.Index) else None
+        position = int(index.value.value) if index is not None and isinstance(index.value, cst.Integer) \
+            and index.value.value.isdigit() else None
+        for p, container in self.eval(node.value, path, frame):
+            value = d.universe
+            if POLLS in container and self.c.state is not None:
+                value = self.poll_value()
+            elif position is not None and (item := item_of(container, position)) is not None:
+                value = item  # `f()[0]` of a tuple kvtrace built
+            out.append((p, value))
+        return out
+
+    def table_read(self, node: cst.Subscript, path: PathState, frame: Frame) -> list[tuple[PathState, Val]]:
+        """`table[room]`: the held states for a present room, KeyError for an absent one."""
+        present, absent = self.table_split(path)
+        out = []
+        line = frame.body.line(node)
+        if present is not None:
+            out.append((present.emit(Event(EventKind.TABLE_READ, frame.func.path, line, frame.func.qualname, code(node))),
+                        present.attr(TABLE) or EMPTY))
+        if absent is not None:  # KeyError
+            out.append((absent.emit(Event(EventKind.TABLE_RAISE, frame.func.path, line, frame.func.qualname,
+                                          code(node))).ending("raise"), EMPTY))
+        return out
+
+    def eval_binary(self, node: cst.BinaryOperation, path: PathState, frame: Frame) -> list[tuple[PathState, Val]]:
+        out = []
+        for p, (left, right) in self.eval_all([node.left, node.right], path, frame):
+            out.append((p, frozenset({NOW}) if NOW in left or NOW in right else self.c.domain.universe))
+        return _merge_pairs(out)
+
+    def eval_test(self, node: cst.BaseExpression, path: PathState, frame: Frame) -> list[tuple[PathState, Val]]:
+        """A comparison, `and`/`or`, `not`: True or False on each path the condition splits into."""
+        out = []
+        for p, truth, _ in self.branch(node, path, frame):
+            out.append((p, frozenset({TRUE if truth else FALSE})))
+        return _merge_pairs(out)
+
+    def eval_unary(self, node: cst.UnaryOperation, path: PathState, frame: Frame) -> list[tuple[PathState, Val]]:
+        if isinstance(node.operator, cst.Not):
+            return self.eval_test(node, path, frame)
         return self.eval_children_for_effects(node, path, frame)
+
+    def eval_sequence(self, node: cst.Tuple | cst.List | cst.Set, path: PathState, frame: Frame) -> list[tuple[PathState, Val]]:
+        out = []
+        # A tuple is the union of its elements (for `in`), plus each element by position
+        # (`return KVPoll.Failed, reason` unpacked by `status, _ = f()`).
+        ordered = isinstance(node, cst.Tuple) and len(node.elements) <= MAX_TUPLE \
+            and not any(isinstance(e, cst.StarredElement) for e in node.elements)
+        for p, values in self.eval_all([e.value for e in node.elements], path, frame):
+            value = frozenset().union(*values) if values else EMPTY
+            if ordered:
+                value |= {f"{ITEM}{i}:{t}" for i, v in enumerate(values) for t in v if not t.startswith(ITEM)}
+            out.append((p, value))
+        return out
+
+    def eval_await(self, node: cst.Await, path: PathState, frame: Frame) -> list[tuple[PathState, Val]]:
+        return self.eval(node.expression, path, frame)
+
+    def eval_ifexp(self, node: cst.IfExp, path: PathState, frame: Frame) -> list[tuple[PathState, Val]]:
+        out = []
+        for p, truth, _ in self.decide(node.test, path, frame):
+            out.extend(self.eval(node.body if truth else node.orelse, p, frame))
+        return out
+
+    def eval_text(self, node: cst.BaseExpression, path: PathState, frame: Frame) -> list[tuple[PathState, Val]]:
+        """A string or float literal: a value that is none of the tracked ones."""
+        return [(path, frozenset({OTHER}))]
 
     def eval_children_for_effects(self, node: cst.CSTNode, path: PathState, frame: Frame) -> list[tuple[PathState, Val]]:
         if isinstance(node, (cst.Lambda, cst.ListComp, cst.SetComp, cst.DictComp, cst.GeneratorExp)):
@@ -820,38 +852,51 @@ class Explorer:
 
     def constant(self, node: cst.CSTNode, frame: Frame | None = None) -> Val | None:
         """The exact set of values of a constant expression (members, None, literals), else None."""
+        handler = _CONSTANT_HANDLERS.get(type(node))
+        return handler(self, node, frame) if handler is not None else None
+
+    def constant_attribute(self, node: cst.Attribute, frame: Frame | None) -> Val | None:
         d = self.c.domain
-        kind = _EXPRESSION_KINDS.get(type(node)) or _kind(node, _EXPRESSION_KINDS, _EXPRESSIONS)
-        if kind == "attribute":
-            if isinstance(node.value, cst.Name) and node.value.value == d.enum and node.attr.value in d.members:
-                return frozenset({node.attr.value})
-            if dotted(node).endswith(f"{d.enum}.{node.attr.value}") and node.attr.value in d.members:
-                return frozenset({node.attr.value})
-            return None
-        if kind == "name":
-            if node.value == "None":
-                return frozenset({NONE})
-            if node.value in ("True", "False"):
-                return frozenset({node.value})
-            if frame is not None and node.value not in self.local_names(frame):
-                return self.module_constant(node.value, frame)
-            return None
-        if kind == "integer":
-            try:
-                member = d.member_for_int(int(node.evaluated_value))
-            except ValueError:
-                member = None
-            return frozenset({member}) if member else frozenset({OTHER})
-        if kind == "unary" and isinstance(node.operator, cst.Minus) and isinstance(node.expression, cst.Integer):
-            return frozenset({OTHER})
-        if kind == "sequence":
-            parts = [self.constant(e.value, frame) for e in node.elements if not isinstance(e, cst.StarredElement)]
-            if any(isinstance(e, cst.StarredElement) for e in node.elements) or any(p is None for p in parts):
-                return None
-            return frozenset().union(*parts) if parts else EMPTY
-        if kind == "text" and isinstance(node, (cst.SimpleString, cst.Float)):
+        if isinstance(node.value, cst.Name) and node.value.value == d.enum and node.attr.value in d.members:
+            return frozenset({node.attr.value})
+        if dotted(node).endswith(f"{d.enum}.{node.attr.value}") and node.attr.value in d.members:
+            return frozenset({node.attr.value})
+        return None
+
+    def constant_name(self, node: cst.Name, frame: Frame | None) -> Val | None:
+        if node.value == "None":
+            return frozenset({NONE})
+        if node.value in ("True", "False"):
+            return frozenset({node.value})
+        if frame is not None and node.value not in self.local_names(frame):
+            return self.module_constant(node.value, frame)
+        return None
+
+    def constant_integer(self, node: cst.Integer, frame: Frame | None) -> Val | None:
+        try:
+            member = self.c.domain.member_for_int(int(node.evaluated_value))
+        except ValueError:
+            member = None
+        return frozenset({member}) if member else frozenset({OTHER})
+
+    def constant_unary(self, node: cst.UnaryOperation, frame: Frame | None) -> Val | None:
+        if isinstance(node.operator, cst.Minus) and isinstance(node.expression, cst.Integer):
             return frozenset({OTHER})
         return None
+
+    def constant_sequence(self, node: cst.Tuple | cst.List | cst.Set, frame: Frame | None) -> Val | None:
+        if any(isinstance(e, cst.StarredElement) for e in node.elements):
+            return None
+        parts: list[Val] = []
+        for element in node.elements:
+            part = self.constant(element.value, frame)
+            if part is None:
+                return None
+            parts.append(part)
+        return frozenset().union(*parts) if parts else EMPTY
+
+    def constant_text(self, node: cst.SimpleString | cst.Float, frame: Frame | None) -> Val | None:
+        return frozenset({OTHER})
 
     def local_names(self, frame: Frame) -> set[str]:
         """Names the function binds itself (parameters and assignments): never module constants."""
@@ -944,10 +989,10 @@ class Explorer:
         if len(node.comparisons) > 1:
             # a < b < c  ==  a < b and b < c ; decide pairwise, unknown when not about tracked values.
             first = node.comparisons[0]
-            left = cst.Comparison(left=node.left, comparisons=[first])
+            first_pair = cst.Comparison(left=node.left, comparisons=[first])
             rest = cst.Comparison(left=first.comparator, comparisons=list(node.comparisons[1:]))
-            out = []
-            for p, t, a in self.compare(left, path, frame):
+            out: list[tuple[PathState, bool, bool]] = []
+            for p, t, a in self.compare(first_pair, path, frame):
                 if not t:
                     out.append((p, t, a))
                 else:
@@ -1075,7 +1120,9 @@ class Explorer:
         receivers = [(path, EMPTY)]
         if isinstance(node.func, cst.Attribute) and not isinstance(node.func.value, cst.Name):
             receivers = self.eval(node.func.value, path, frame)
-        on_table = isinstance(node.func, cst.Attribute) and self.is_table(node.func.value, frame)
+        table_method = node.func.attr.value if isinstance(node.func, cst.Attribute) and self.is_table(node.func.value, frame) \
+            else None
+        on_table = table_method is not None
         if on_table:
             receivers = [(path, EMPTY)]
         results: list[tuple[PathState, Val]] = []
@@ -1083,8 +1130,8 @@ class Explorer:
             for p, values in self.eval_all([a.value for a in node.args], start, frame):
                 if p.term is not None:
                     results.append((p, EMPTY))
-                elif on_table:
-                    results.extend(self.table_call(node, node.func.attr.value, values, p, frame))
+                elif table_method is not None:
+                    results.extend(self.table_call(node, table_method, values, p, frame))
                 else:
                     results.extend(self.call_with(node, callee, values, p, frame, fn, here))
         return _merge_pairs(results)
@@ -1134,7 +1181,7 @@ class Explorer:
         if callee in ("max", "min") and len(values) >= 2 and not any(a.star for a in node.args):
             return [(p, self.extreme(callee, values))]
         if callee and self.c.state is not None and self.c.pack.is_poll_call(callee):
-            return [(p.emit(Event(EventKind.POLL, here, line(), fn, callee)), frozenset({self.state_value()}))]
+            return [(p.emit(Event(EventKind.POLL, here, line(), fn, callee)), self.poll_value())]
         target = self.resolve_call(node, callee, frame, p)
         if target is None:
             if self.c.table is not None and method == self.c.pack.update_method:
@@ -1318,9 +1365,12 @@ def ast_constant(value: ast.expr, domain: Domain) -> Val | None:
             or isinstance(value.value, ast.Attribute) and value.value.attr == domain.enum):
         return frozenset({value.attr})
     if isinstance(value, (ast.Tuple, ast.List, ast.Set)):
-        parts = [ast_constant(e, domain) for e in value.elts]
-        if any(p is None for p in parts):
-            return None
+        parts: list[Val] = []
+        for element in value.elts:
+            part = ast_constant(element, domain)
+            if part is None:
+                return None
+            parts.append(part)
         return frozenset().union(*parts) if parts else EMPTY
     if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in ("frozenset", "set", "tuple", "list") \
             and len(value.args) == 1:
@@ -1337,23 +1387,6 @@ def item_of(value: Val, position: int) -> Val | None:
     head = f"{ITEM}{position}:"
     found = frozenset(t[len(head):] for t in value if t.startswith(head))
     return found or None
-
-
-# Explorer.eval's cases in order, by node class; a node type's case is found once (the first
-# whose classes it is an instance of) and kept: libcst's classes are ABCs, slow to isinstance().
-_EXPRESSIONS: tuple[tuple[str, tuple[type, ...]], ...] = (
-    ("name", (cst.Name,)), ("attribute", (cst.Attribute,)), ("integer", (cst.Integer,)), ("call", (cst.Call,)),
-    ("subscript", (cst.Subscript,)), ("binary", (cst.BinaryOperation,)), ("test", (cst.Comparison, cst.BooleanOperation)),
-    ("unary", (cst.UnaryOperation,)), ("sequence", (cst.Tuple, cst.List, cst.Set)), ("await", (cst.Await,)),
-    ("ifexp", (cst.IfExp,)), ("text", (cst.SimpleString, cst.FormattedString, cst.ConcatenatedString, cst.Float)),
-)
-_EXPRESSION_KINDS: dict[type, str] = {}
-
-
-def _kind(node: cst.CSTNode, known: dict[type, str], cases: tuple[tuple[str, tuple[type, ...]], ...]) -> str:
-    """The first case whose classes `node` is an instance of ("other" for none), kept by its type."""
-    kind = known[type(node)] = next((name for name, classes in cases if isinstance(node, classes)), "other")
-    return kind
 
 
 def function_body(node: cst.FunctionDef) -> list[cst.CSTNode]:
@@ -1490,3 +1523,41 @@ _SMALL_HANDLERS: dict[type, SmallHandler] = {
 for _kind_name in ("TypeAlias", "LazyImport", "LazyImportFrom"):
     if hasattr(cst, _kind_name):
         _SMALL_HANDLERS[getattr(cst, _kind_name)] = Explorer.no_effect
+
+ExpressionHandler = Callable[..., list[tuple[PathState, Val]]]
+ConstantHandler = Callable[..., "Val | None"]
+
+# The expression kinds the explorer evaluates, by node class; any other kind is evaluated for
+# the effects of the calls inside it (Explorer.eval_children_for_effects) and is unknown.
+_EXPRESSION_HANDLERS: dict[type, ExpressionHandler] = {
+    cst.Name: Explorer.eval_name,
+    cst.Attribute: Explorer.eval_attribute,
+    cst.Integer: Explorer.eval_integer,
+    cst.Call: Explorer.eval_call,
+    cst.Subscript: Explorer.eval_subscript,
+    cst.BinaryOperation: Explorer.eval_binary,
+    cst.Comparison: Explorer.eval_test,
+    cst.BooleanOperation: Explorer.eval_test,
+    cst.UnaryOperation: Explorer.eval_unary,
+    cst.Tuple: Explorer.eval_sequence,
+    cst.List: Explorer.eval_sequence,
+    cst.Set: Explorer.eval_sequence,
+    cst.Await: Explorer.eval_await,
+    cst.IfExp: Explorer.eval_ifexp,
+    cst.SimpleString: Explorer.eval_text,
+    cst.FormattedString: Explorer.eval_text,
+    cst.ConcatenatedString: Explorer.eval_text,
+    cst.Float: Explorer.eval_text,
+}
+# The expressions whose exact values Explorer.constant knows; any other kind is not constant.
+_CONSTANT_HANDLERS: dict[type, ConstantHandler] = {
+    cst.Attribute: Explorer.constant_attribute,
+    cst.Name: Explorer.constant_name,
+    cst.Integer: Explorer.constant_integer,
+    cst.UnaryOperation: Explorer.constant_unary,
+    cst.Tuple: Explorer.constant_sequence,
+    cst.List: Explorer.constant_sequence,
+    cst.Set: Explorer.constant_sequence,
+    cst.SimpleString: Explorer.constant_text,
+    cst.Float: Explorer.constant_text,
+}
