@@ -634,13 +634,7 @@ class Explorer:
         if isinstance(pattern, cst.MatchSingleton):
             return self.constant(pattern.value, frame)
         if isinstance(pattern, cst.MatchOr):
-            parts: list[Val] = []
-            for element in pattern.patterns:
-                part = self.pattern_values(element.pattern, frame)
-                if part is None:
-                    return None
-                parts.append(part)
-            return frozenset().union(*parts)
+            return union_of(self.pattern_values(e.pattern, frame) for e in pattern.patterns)
         return None
 
     def loop(self, node: cst.For | cst.While, paths: list[PathState], frame: Frame) -> list[PathState]:
@@ -887,13 +881,7 @@ class Explorer:
     def constant_sequence(self, node: cst.Tuple | cst.List | cst.Set, frame: Frame | None) -> Val | None:
         if any(isinstance(e, cst.StarredElement) for e in node.elements):
             return None
-        parts: list[Val] = []
-        for element in node.elements:
-            part = self.constant(element.value, frame)
-            if part is None:
-                return None
-            parts.append(part)
-        return frozenset().union(*parts) if parts else EMPTY
+        return union_of(self.constant(e.value, frame) for e in node.elements)
 
     def constant_text(self, node: cst.SimpleString | cst.Float, frame: Frame | None) -> Val | None:
         return frozenset({OTHER})
@@ -1348,6 +1336,16 @@ class Explorer:
         return bound
 
 
+def union_of(parts: Iterable[Val | None]) -> Val | None:
+    """The union of the parts' values; None (not constant) as soon as one part is."""
+    found: set[str] = set()
+    for part in parts:
+        if part is None:
+            return None
+        found |= part
+    return frozenset(found)
+
+
 def ast_constant(value: ast.expr, domain: Domain) -> Val | None:
     """Tokens of an `ast` constant: a member (`KVPoll.X`), an int, None/bools, or a tuple/list/set
     of those; None when the expression is not constant."""
@@ -1365,13 +1363,7 @@ def ast_constant(value: ast.expr, domain: Domain) -> Val | None:
             or isinstance(value.value, ast.Attribute) and value.value.attr == domain.enum):
         return frozenset({value.attr})
     if isinstance(value, (ast.Tuple, ast.List, ast.Set)):
-        parts: list[Val] = []
-        for element in value.elts:
-            part = ast_constant(element, domain)
-            if part is None:
-                return None
-            parts.append(part)
-        return frozenset().union(*parts) if parts else EMPTY
+        return union_of(ast_constant(e, domain) for e in value.elts)
     if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in ("frozenset", "set", "tuple", "list") \
             and len(value.args) == 1:
         return ast_constant(value.args[0], domain)
