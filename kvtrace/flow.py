@@ -29,6 +29,11 @@ from kvtrace.syntax import dotted, self_attr, walk
 from kvtrace.states import ABSENT, FALSE, KEEP, NONE, NOW, OTHER, POLLS, REQ, TRUE, Domain, Val, refine
 
 MAX_PATHS = 4096  # per statement; past this the analysis says it is incomplete
+# Path steps (one statement run on one live path) one exploration may take in all, helper runs
+# included: past it the run stops where it is and says so (a Cut, INCOMPLETE). Counted in steps,
+# not seconds, so that a scan's result never depends on the machine. The largest drain or sender
+# exploration of the SGLang releases tested takes under 1% of it.
+MAX_STEPS = 2_000_000
 MAX_DEPTH = 12  # helper call depth
 
 EMPTY: Val = frozenset()
@@ -210,6 +215,7 @@ class Config:
     guards: frozenset[str] = frozenset()
     max_paths: int = MAX_PATHS  # per statement; a quick question (table reachability) asks for fewer
     give_up: bool = False  # past max_paths raise PathLimit (the question has no answer) instead of truncating
+    max_steps: int | None = None  # path steps in all; None: MAX_STEPS
     record_returns: bool = False  # emit a return event at each return (a sender's poll(): the line a state comes from)
 
 
@@ -254,16 +260,28 @@ class Explorer:
         self._read_state = False  # the poll state's value was used (by the helper run in progress)
         self._unparsed_log: list[str] = []  # every Config.unparsed addition, in order
         self._key: tuple | None = None
+        self.steps = 0  # path steps taken (see MAX_STEPS)
+        self.spent = False  # the step budget ran out: no statement runs any more
+        self.max_steps = config.max_steps if config.max_steps is not None else MAX_STEPS
 
     # --- entry points ----------------------------------------------------------------------
 
     def run_block(self, stmts: Iterable[cst.CSTNode], paths: list[PathState], frame: Frame) -> list[PathState]:
+        # Only the poll state's runs forget what is read no more: a sender's facts outlive the
+        # run (poll() runs again after abort() on the same attributes).
+        forget = self.c.state is not None and not self.c.all_facts
         for stmt in stmts:
             live = [p for p in paths if p.term is None]
-            if not live:
+            if not live or self.spent:
+                break
+            self.steps += len(live)
+            if self.steps > self.max_steps:
+                self.spend(stmt, frame)
                 break
             done = [p for p in paths if p.term is not None]
             paths = done + self.stmt(stmt, live, frame)
+            if forget and len(paths) > 1:
+                paths = self.forget_dead(paths, stmt, frame)
             paths = merge(paths)
             if len(paths) > self.c.max_paths:
                 if self.c.give_up:
@@ -271,6 +289,51 @@ class Explorer:
                 self.c.truncated.append(f"{frame.func.path}:{frame.body.line(stmt)}")
                 paths = paths[:self.c.max_paths]
         return paths
+
+    def spend(self, stmt: cst.CSTNode, frame: Frame) -> None:
+        """The step budget ran out at `stmt`: the exploration stops there and says so."""
+        where = f"{frame.func.path}:{frame.body.line(stmt)}"
+        if self.c.give_up:
+            raise PathLimit(where)
+        self.spent = True
+        self.c.truncated.append(Cut.budget(where, self.max_steps))
+
+    def forget_dead(self, paths: list[PathState], stmt: cst.CSTNode, frame: Frame) -> list[PathState]:
+        """Drop what no later statement can read, so that paths differing only in it merge
+        (`if req.a: x = 1` twenty times is not 2**20 paths): the function's local names not
+        read after `stmt`, and facts about a local's attribute chain not read after it nor in
+        any other function (a callee's local of the same name would read the same fact)."""
+        after = live_after(frame.body.node, stmt, self.c.index.derived)
+        if after is None:
+            return paths
+        out = []
+        for path in paths:
+            env = tuple(b for b in path.env if b[0] in after)
+            attrs = path.attrs
+            if any(k.startswith(FACT_LOCAL) for k, _ in attrs):
+                attrs = tuple(b for b in attrs if not b[0].startswith(FACT_LOCAL) or b[0][len(FACT_LOCAL):] in after
+                              or self.read_elsewhere(b[0][len(FACT_LOCAL):], frame))
+            out.append(path if len(env) == len(path.env) and attrs is path.attrs
+                       else _path(env, attrs, path.events, path.term, path.ret))
+        return out
+
+    def read_elsewhere(self, chain: str, frame: Frame) -> bool:
+        """Whether the text of `chain` appears in any function but the frame's (conservative:
+        any mention, in any analysed file)."""
+        key = ("chain elsewhere", id(frame.func.node), chain)
+        known = self.c.index.derived.get(key)
+        if known is None:
+            func = frame.func
+            known = False
+            for path, module in self.c.index.modules.items():
+                lines = module.lines
+                if path == func.path:
+                    lines = lines[: func.node.lineno - 1] + lines[func.node.end_lineno or len(lines):]
+                if any(chain in line for line in lines):
+                    known = True
+                    break
+            self.c.index.derived[key] = known
+        return known
 
     def call_function(self, func: FuncRef, cls: ClassInfo | None, args: dict[str, Val], path: PathState,
                       prefix: str = "", self_name: str = "self") -> list[tuple[PathState, Val]]:
@@ -1553,3 +1616,45 @@ _CONSTANT_HANDLERS: dict[type, ConstantHandler] = {
     cst.SimpleString: Explorer.constant_text,
     cst.Float: Explorer.constant_text,
 }
+
+
+def live_after(function: cst.FunctionDef, stmt: cst.CSTNode, cache: dict) -> frozenset[str] | None:
+    """Every name and attribute chain (`req`, `req.a`, `self.x.y`) that appears in `function`
+    after `stmt` (nested bodies included), or None when `stmt` is not one of its statements.
+    The explorer runs each statement once, in source order (a loop body runs zero or one time),
+    so what is not written after a statement is never read after it. `cache` is the index's:
+    it lives as long as the trees whose ids its keys hold."""
+    key = ("live after", id(function))
+    table = cache.get(key)
+    if table is None:
+        table = cache[key] = _live_after_table(function)
+    return table.get(id(stmt))
+
+
+def _live_after_table(function: cst.FunctionDef) -> dict[int, frozenset[str]]:
+    tokens: list[str] = []  # names and chains, in source order
+    ends: list[tuple[int, int]] = []  # (statement id, tokens up to its end)
+    stack: list[tuple[cst.CSTNode, bool]] = [(function, False)]
+    while stack:  # depth first, in source order; a statement's end is noted after its children
+        node, finished = stack.pop()
+        if finished:
+            ends.append((id(node), len(tokens)))
+            continue
+        if isinstance(node, cst.Name):
+            tokens.append(node.value)
+        elif isinstance(node, cst.Attribute):
+            text = dotted(node)
+            if text:
+                tokens.append(text)
+        if isinstance(node, (cst.BaseStatement, cst.BaseSmallStatement)):
+            stack.append((node, True))
+        stack.extend((child, False) for child in reversed(node.children))
+    table: dict[int, frozenset[str]] = {}
+    seen: set[str] = set()
+    at = len(tokens)
+    for ident, end in sorted(ends, key=lambda e: -e[1]):
+        while at > end:
+            at -= 1
+            seen.add(tokens[at])
+        table[ident] = frozenset(seen)
+    return table
