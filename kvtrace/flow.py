@@ -310,9 +310,9 @@ class Explorer:
         for path in paths:
             env = tuple(b for b in path.env if b[0] in after)
             attrs = path.attrs
-            if any(k.startswith(FACT_LOCAL) for k, _ in attrs):
-                attrs = tuple(b for b in attrs if not b[0].startswith(FACT_LOCAL) or b[0][len(FACT_LOCAL):] in after
-                              or self.read_elsewhere(b[0][len(FACT_LOCAL):], frame))
+            if any(isinstance(k, FactKey) and k.kind == "chain" for k, _ in attrs):
+                attrs = tuple(b for b in attrs if not (isinstance(b[0], FactKey) and b[0].kind == "chain")
+                              or b[0].chain in after or self.read_elsewhere(b[0].chain, frame))
             out.append(path if len(env) == len(path.env) and attrs is path.attrs
                        else _path(env, attrs, path.events, path.term, path.ret))
         return out
@@ -548,8 +548,7 @@ class Explorer:
 
     def assign(self, target: cst.CSTNode, value: Val, path: PathState, frame: Frame | None = None) -> PathState:
         if isinstance(target, cst.Name):
-            path = _forget_comparisons(path, target.value)
-            return _forget_facts(path, FACT_LOCAL + target.value + ".").bind(target.value, value)
+            return forget(path, {("local", target.value), ("word", target.value)}).bind(target.value, value)
         if frame is not None and isinstance(target, cst.Subscript) and self.is_table(target.value, frame):
             stored = frozenset(self.c.domain.states(value)) or frozenset(self.c.domain.members)
             return path.set_attr(TABLE, stored).emit(
@@ -565,7 +564,7 @@ class Explorer:
 
     def write_self_attr(self, target: cst.Attribute, value: Val, path: PathState, frame: Frame) -> PathState:
         key = frame.prefix + target.attr.value
-        path = _forget_comparisons(_forget_facts(path, FACT + key + "."), target.attr.value)
+        path = forget(path, {("attr", key), ("word", target.attr.value)})
         if NOW in value:  # a stored clock reading is a fixed past time, not one that grows
             value = (value - {NOW}) | {OTHER}
         if self.c.record_writes:
@@ -793,7 +792,7 @@ class Explorer:
         if const is not None:
             return [(path, const)]
         key = fact_key(node, frame)
-        if key is not None and key.startswith(FACT):
+        if isinstance(key, FactKey):
             known = path.attr(key)
             if known is not None:
                 return [(path, known)]
@@ -986,7 +985,7 @@ class Explorer:
             return results
         if any(e.kind == EventKind.TIMEOUT for r in live for e in r[0].events[len(path.events):]):
             return results
-        key = f"{FACT}if:{frame.func.path}:{frame.body.line(node)}"
+        key = FactKey(f"if:{frame.func.path}:{frame.body.line(node)}", "branch")
         known = path.attr(key)
         if known is not None:
             return [r for r in results if r[0].term is not None or (TRUE in known) == r[1]]
@@ -1124,7 +1123,7 @@ class Explorer:
             # (A comparison tested once in the function: nothing would read the fact again.)
             left, right = code(node.left), code(node.comparisons[0].comparator)
             family = {"!=": "==", "is not": "is", "not in": "in"}.get(op, op)
-            key = f"{FACT_CMP}{frame.prefix}{left} {family} {right}"
+            key = comparison_fact(f"{frame.prefix}{left} {family} {right}")
         self._comparison_keys[(id(node), frame.prefix)] = (node, key)
         return key
 
@@ -1313,7 +1312,7 @@ class Explorer:
         if not self.c.all_facts or node is self._discarded or len(parts) != 3 or parts[0] != frame.self_name \
                 or frame.prefix != "" or (self.c.manager is not None and parts[1] in self.c.manager_attrs):
             return [(path, d.universe)]
-        key = FACT + "()" + ".".join(parts[1:])
+        key = FactKey("()" + ".".join(parts[1:]), "call")
         known = path.attr(key)
         if known is not None:
             return [(path, known)]
@@ -1459,42 +1458,85 @@ def _op(operator: cst.CSTNode) -> str:
     }.get(type(operator), "?")
 
 
-# Facts: what an unknown attribute chain was found to be on this path (`req.staged`,
-# `self.kv_mgr.flag`), kept in PathState.attrs so that a second test of it agrees with the first.
-FACT = "?"
-FACT_LOCAL = "?:"
+# Facts: what a test found on this path (an unknown attribute chain's truth, a comparison
+# kvtrace cannot decide, an opaque call's answer), kept in PathState.attrs under a FactKey so
+# that a second test agrees with the first until something it reads is assigned.
+FACT = "?"  # the text of every fact key starts with it (object attributes' keys never do)
+
+Dependency = tuple[str, str]  # ("local", name) | ("attr", prefix + name) | ("word", word)
+
+
+class FactKey(str):
+    """A fact's key: its text (the identity under which paths hash, sort and merge, as before
+    facts had a type) and what it reads. `kind`: "chain" (a local's attribute chain, `req.a`),
+    "self-chain" (`self.x.y`), "comparison", "branch" (a sender test frozen by line), "call"
+    (an opaque call's answer). `reads`: the assignments that make it stale (mypy's binder:
+    assigning X forgets every key that depends on X)."""
+
+    kind: str
+    reads: frozenset[Dependency]
+
+    def __new__(cls, text: str, kind: str, reads: frozenset[Dependency] = frozenset()) -> "FactKey":
+        made = super().__new__(cls, FACT + text)
+        made.kind, made.reads = kind, reads
+        return made
+
+    def __reduce__(self) -> tuple:
+        return (_fact_key_of, (str(self)[len(FACT):], self.kind, self.reads))
+
+    @property
+    def chain(self) -> str:
+        """A "chain" fact's attribute chain (`req.a`)."""
+        return self[len(FACT_LOCAL):]
+
+
+def _fact_key_of(text: str, kind: str, reads: frozenset[Dependency]) -> FactKey:
+    return FactKey(text, kind, reads)
+
+
+FACT_LOCAL = FACT + ":"  # the text of a "chain" fact: "?:<chain>"
+
+
+def chain_fact(chain: str) -> FactKey:
+    return FactKey(":" + chain, "chain", frozenset({("local", chain.partition(".")[0])}))
+
+
+def comparison_fact(text: str) -> FactKey:
+    """A remembered comparison, "?cmp:<prefix><left> <in|==|is> <right>". It reads every word
+    of its text (names and attributes, and words inside its literals: conservative)."""
+    return FactKey("cmp:" + text, "comparison", frozenset(("word", w) for w in re.findall(r"\w+", text)))
 
 
 def fact_key(node: cst.CSTNode, frame: Frame) -> str | None:
-    """The attrs key of an attribute chain without calls: `prefix+X` for `self.X`, a fact key
-    for deeper chains and chains rooted at a local name; None for anything else."""
+    """The attrs key of an attribute chain without calls: `prefix+X` for `self.X` (the object's
+    attribute itself), a fact key for deeper chains and chains rooted at a local name; None for
+    anything else."""
     if not isinstance(node, cst.Attribute):
         return None
+    return _chain_key(node, frame.self_name, frame.prefix)
+
+
+@lru_cache(maxsize=8192)
+def _chain_key(node: cst.Attribute, self_name: str, prefix: str) -> str | None:
+    # Keyed by the node's identity (kept alive by the cache, so its id is never reused).
     text = dotted(node)
     if not text or "(" in text:
         return None
     root, _, rest = text.partition(".")
-    if root == frame.self_name:
-        return frame.prefix + rest if "." not in rest else FACT + frame.prefix + rest
-    return FACT_LOCAL + text
+    if root == self_name:
+        if "." not in rest:
+            return prefix + rest
+        return FactKey(prefix + rest, "self-chain", frozenset({("attr", prefix + rest.partition(".")[0])}))
+    return chain_fact(text)
 
 
-FACT_CMP = "?cmp:"  # a remembered comparison: "?cmp:<prefix><left> <in|==|is> <right>"
-
-
-def _forget_comparisons(path: PathState, name: str) -> PathState:
-    """A name (or attribute) was assigned: comparisons that read it may answer otherwise now."""
-    if not any(k.startswith(FACT_CMP) for k, _ in path.attrs):
+def forget(path: PathState, stale: set[Dependency]) -> PathState:
+    """The path without the facts that read any of `stale` (something they read was assigned)."""
+    attrs = path.attrs
+    if not any(isinstance(k, FactKey) and k.reads & stale for k, _ in attrs):
         return path
-    word = re.compile(rf"\b{re.escape(name)}\b")
-    return _path(path.env, tuple((k, v) for k, v in path.attrs if not (k.startswith(FACT_CMP) and word.search(k[len(FACT_CMP):]))),
-                 path.events, path.term, path.ret)
-
-
-def _forget_facts(path: PathState, prefix: str) -> PathState:
-    if not any(k.startswith(prefix) for k, _ in path.attrs):
-        return path
-    return _path(path.env, tuple((k, v) for k, v in path.attrs if not k.startswith(prefix)), path.events, path.term, path.ret)
+    kept = tuple(b for b in attrs if not (isinstance(b[0], FactKey) and b[0].reads & stale))
+    return _path(path.env, kept, path.events, path.term, path.ret)
 
 
 def _product(values: list[Val]):

@@ -306,3 +306,39 @@ def test_flag_tests_read_no_more_keep_the_oracles_fates(tmp_path: Path) -> None:
     report = scan_path(root)
     assert _support.compare_fates(root, report, verdict) == []
     assert verdict.fates["Success"] == ["kept", "leaves"]  # the check can fail: not every state is kept
+
+
+# --- facts, and what forgets them --------------------------------------------------------
+
+REQ = {"req": frozenset({"@req"}), "s": frozenset({OTHER}), "other": frozenset({OTHER})}
+TWICE = "r = 'none'\nif {test}:\n    r = KVPoll.Success\n{between}if {test}:\n    return r\nreturn KVPoll.Failed"
+EXACT = {frozenset({"Success"}), frozenset({"Failed"})}
+STALE = EXACT | {frozenset({OTHER})}  # the second test goes its own way: 'none' can be returned
+
+
+@pytest.mark.parametrize(("test", "between", "expected"), [
+    ("req.a.b", "", EXACT),
+    ("req.a.b", "req = other\n", STALE),  # the chain's root is assigned
+    ("req.a.b", "x = other\n", EXACT),  # something else is
+    ("self.x.y", "", EXACT),
+    ("self.x.y", "self.x = other\n", STALE),  # the chain's first attribute is written
+    ("self.x.y", "self.z = other\n", EXACT),
+    ("req.rid in s", "", EXACT),
+    ("req.rid not in s", "s = other\n", STALE),  # a name the comparison reads is assigned
+    ("req.rid != s", "req = other\n", STALE),
+    ("req.rid == s", "t = other\n", EXACT),
+])
+def test_a_fact_holds_until_something_it_reads_is_assigned(test: str, between: str, expected: set[Val]) -> None:
+    ends, _ = explore(TWICE.format(test=test, between=between), REQ)
+    assert returns(ends) == expected
+
+
+def test_a_fact_key_reads_its_dependencies() -> None:
+    chain = flow.chain_fact("req.a.b")
+    assert chain == "?:req.a.b" and chain.kind == "chain" and chain.reads == {("local", "req")}
+    compared = flow.comparison_fact("req.rid in rids")
+    assert compared.kind == "comparison" and compared.reads == {("word", "req"), ("word", "rid"), ("word", "in"),
+                                                                ("word", "rids")}
+    import pickle
+    again = pickle.loads(pickle.dumps(chain))
+    assert again == chain and isinstance(again, flow.FactKey) and again.reads == chain.reads
