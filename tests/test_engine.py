@@ -342,3 +342,24 @@ def test_a_fact_key_reads_its_dependencies() -> None:
     import pickle
     again = pickle.loads(pickle.dumps(chain))
     assert again == chain and isinstance(again, flow.FactKey) and again.reads == chain.reads
+
+
+def test_an_unmodelled_construct_in_a_sender_makes_the_scan_incomplete(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(flow._STATEMENT_HANDLERS, cst.With)
+    sender = '''\
+from ..base.conn import BaseKVSender, KVPoll
+
+
+class OkKVSender(BaseKVSender):
+    def poll(self):
+        with self.lock:
+            return self.mgr.status()
+
+    def abort(self):
+        self.conclude_state = KVPoll.Failed
+'''
+    source = drain(STANDARD_BRANCHES)
+    report = scan_path(write_tree(tmp_path, {"disaggregation/prefill.py": source, "disaggregation/ok/conn.py": sender}))
+    assert any("disaggregation/ok/conn.py:6 (With statement not modelled)" in p and "ok backend" in p
+               for p in report.problems), report.problems
