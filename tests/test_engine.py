@@ -34,18 +34,19 @@ HEADER = "from enum import IntEnum\n\n\nclass KVPoll(IntEnum):\n    Failed = 0\n
          "    WaitingForInput = 2\n    Transferring = 3\n    Success = 4\n\n\n"
 
 
-def explore(body: str, params: dict[str, Val] | None = None, state: str | None = "Success",
+def explore(body: str, params: dict[str, Val] | None = None, state: str | None = "Success", module: str = "",
             **config: object) -> tuple[list[PathState], Config]:
     """Every path through `def f(<params>):` + `body` (indented 4 spaces), run in drain mode for
-    `state` (None: sender mode), from the given parameter values."""
-    ends, explorer = explore_with(body, params, state, **config)
+    `state` (None: sender mode), from the given parameter values; `module`: more of the module
+    (functions f calls), after f."""
+    ends, explorer = explore_with(body, params, state, module, **config)
     return ends, explorer.c
 
 
-def explore_with(body: str, params: dict[str, Val] | None = None, state: str | None = "Success",
+def explore_with(body: str, params: dict[str, Val] | None = None, state: str | None = "Success", module: str = "",
                  **config: object) -> tuple[list[PathState], Explorer]:
     params = params or {}
-    text = HEADER + f"def f({', '.join(params)}):\n" + "".join(f"    {line}\n" for line in body.splitlines())
+    text = HEADER + f"def f({', '.join(params)}):\n" + "".join(f"    {line}\n" for line in body.splitlines()) + module
     data = text.encode()
     module = parse_module(SourceFile("m.py", data, hashlib.sha256(data).hexdigest()))
     assert module is not None
@@ -146,6 +147,72 @@ def test_no_effect_statements_leave_the_path_as_it_was() -> None:
 def test_continue_and_break_end_the_iteration() -> None:
     ends, _ = explore("if p == KVPoll.Success:\n    continue\nbreak", {"p": POLL})
     assert sorted(e.term or "" for e in ends) == ["break", "continue"]
+
+
+# --- expressions, one kind each -----------------------------------------------------------
+
+UNIVERSE = DOMAIN.universe
+
+
+@pytest.mark.parametrize(("expression", "expected"), [
+    ("None", frozenset({"None"})),  # a name: None, True, False, a parameter, an unknown name
+    ("True", frozenset({"True"})),
+    ("p", POLL),
+    ("unknown_name", UNIVERSE),
+    ("KVPoll.Failed", frozenset({"Failed"})),  # an attribute: an enum member, else unknown
+    ("p.value", UNIVERSE),
+    ("2", frozenset({"WaitingForInput"})),  # an integer: the member with that value, else other
+    ("7", frozenset({OTHER})),
+    ("-1", UNIVERSE),  # arithmetic is unknown (its calls still run)
+    ("'text'", frozenset({OTHER})),  # strings, f-strings, floats: something else
+    ("f'{p}'", frozenset({OTHER})),
+    ("1.5", frozenset({OTHER})),
+    ("(KVPoll.Failed, p)[1]", POLL),  # a tuple kvtrace built, indexed by position
+    ("[KVPoll.Failed, KVPoll.Success]", frozenset({"Failed", "Success"})),
+    ("p if p == KVPoll.Success else KVPoll.Failed", frozenset({"Success", "Failed"})),
+    ("lambda: p", UNIVERSE),
+    ("max(KVPoll.Failed, p)", POLL),  # max/min of members by their values
+    ("bool(None)", frozenset({"False"})),
+])
+def test_expression_values(expression: str, expected: Val) -> None:
+    ends, _ = explore(f"return {expression}", {"p": POLL})
+    values = returns(ends)
+    assert frozenset().union(*values) - {t for t in frozenset().union(*values) if t.startswith("@item")} == expected
+
+
+@pytest.mark.parametrize(("condition", "truths"), [
+    ("p == KVPoll.Success", {"True", "False"}),
+    ("p in (KVPoll.Failed,)", {"False"}),  # decided: p is never Failed
+    ("not p is None", {"True"}),
+    ("p == KVPoll.Success or p == KVPoll.WaitingForInput", {"True"}),
+    ("p == KVPoll.Success and p == KVPoll.WaitingForInput", {"False"}),
+    ("not x.flag", {"True", "False"}),  # undecided: both ways
+])
+def test_conditions_as_values(condition: str, truths: set[str]) -> None:
+    ends, _ = explore(f"return {condition}", {"p": POLL, "x": frozenset({OTHER})})
+    assert frozenset().union(*returns(ends)) == truths
+
+
+def test_a_call_of_a_module_function_runs_it_with_its_arguments() -> None:
+    module = "\n\ndef g(v):\n    if v == KVPoll.Success:\n        return KVPoll.Failed\n    return v\n"
+    ends, _ = explore("return g(p)", {"p": POLL}, module=module)
+    assert returns(ends) == {frozenset({"Failed"}), frozenset({"WaitingForInput"})}
+
+
+def test_await_is_its_expression() -> None:
+    ends, _ = explore("return await g(p)", {"p": POLL}, module="\n\nasync def g(v):\n    return v\n")
+    assert returns(ends) == {POLL}
+
+
+def test_a_subscript_of_the_poll_list_is_the_state_of_the_run() -> None:
+    ends, _ = explore("return polls[i]", {"polls": frozenset({"@polls"}), "i": frozenset({OTHER})}, state="Transferring")
+    assert returns(ends) == {frozenset({"Transferring"})}
+
+
+def test_a_clock_reading_grows_and_a_comparison_with_it_is_a_timeout() -> None:
+    ends, _ = explore("if time.time() - start > 30:\n    return KVPoll.Failed\nreturn p", {"p": POLL, "start": frozenset({OTHER})})
+    assert returns(ends) == {frozenset({"Failed"}), POLL}
+    assert all(any(e.kind is EventKind.TIMEOUT for e in end.events) for end in ends)
 
 
 # --- a construct the engine has no handler for --------------------------------------------
