@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -243,6 +244,9 @@ def test_a_statement_kind_without_a_handler_is_a_gap(monkeypatch: pytest.MonkeyP
     [cut] = settings.truncated  # ...and the run says where, and what it could not follow
     assert isinstance(cut, Cut) and cut.kind == "unmodelled" and cut.where == "m.py:13"
     assert str(cut) == "m.py:13 (While statement not modelled)"
+    # A run's cuts cross the scan's fork as themselves.
+    again = pickle.loads(pickle.dumps(cut))
+    assert isinstance(again, Cut) and (again.kind, again.where, again) == (cut.kind, cut.where, cut)
 
 
 def test_a_small_statement_kind_without_a_handler_is_a_gap(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -406,7 +410,6 @@ def test_a_fact_key_reads_its_dependencies() -> None:
     compared = flow.comparison_fact("req.rid in rids")
     assert compared.kind == "comparison" and compared.reads == {("word", "req"), ("word", "rid"), ("word", "in"),
                                                                 ("word", "rids")}
-    import pickle
     again = pickle.loads(pickle.dumps(chain))
     assert again == chain and isinstance(again, flow.FactKey) and again.reads == chain.reads
 
