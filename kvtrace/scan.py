@@ -34,6 +34,7 @@ from kvtrace.packs import Pack, load_pack
 from kvtrace.parse import parse_modules
 from kvtrace.rules.unused_suppression import UnusedSuppression
 from kvtrace.suppress import silence
+from kvtrace.baseline import assign_roles
 
 if TYPE_CHECKING:
     from kvtrace.backends import SenderAnalysis
@@ -279,6 +280,7 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
         graph={**queue.graph.as_data(), "queue": name},  # the last queue's graph, named
     )
     report.gaps = find_gaps(report, enum_evidence.path, index)
+    assign_roles(report)  # before caching: the fingerprints' site roles come from the release map
     found = {s.backend.name for s in senders}
     report.filters = Filters(settings.source, settings.select, settings.ignore,
                              tuple(sorted(found & set(settings.ignore_backends))),

@@ -68,10 +68,12 @@ def insert_above_every_function(path: Path) -> int:
 def test_baseline_survives_moved_lines_and_catches_a_new_pinned_state(tree: Path, tmp_path: Path) -> None:
     base = tmp_path / "base.json"
     first = kvtrace("scan", str(tree), "--write-baseline", str(base), "-f", "json")
-    assert first.returncode == 1, first.stderr
+    assert first.returncode == 0, first.stderr  # writing a baseline accepts the findings
+    assert f"wrote baseline {base}: 14 finding(s) accepted" in first.stderr
     before = findings(first)
     assert {(f["backend"], f["state"]) for f in before} == {("nixl", "WaitingForInput"), ("nixl", "Transferring")}
-    assert all(f["fingerprint"] == f"pinned-state|nixl|{f['state']}|NixlKVSender.poll" for f in before)
+    # What the finding is about, not the function poll() is written in.
+    assert all(f["fingerprint"] == f"pinned-state|disagg_prefill_inflight_queue|nixl|{f['state']}|-" for f in before)
 
     moved = sum(insert_above_every_function(p) for p in tree.rglob("*.py"))
     assert moved > 20
@@ -131,8 +133,12 @@ def test_suppression_on_def_line_counted_and_unused_one_reported(tree: Path) -> 
     assert len(pinned) == 2 and all(f["suppressed"] == f"{NIXL}:{line}" for f in pinned)
     unused = [f for f in found if f["rule"] == "unused-suppression"]
     assert len(unused) == 1 and unused[0]["path"] == MOONCAKE and unused[0]["severity"] == "warning"
-    assert result.returncode == 1  # the stale comment is itself a finding...
-    assert kvtrace("scan", str(tree), "--fail-on", "error").returncode == 0  # ...but pinned-state no longer fails
+    assert result.returncode == 0  # pinned-state (the only error) no longer fails, by default...
+    # ...and the stale comment is itself a finding, a warning that a stricter gate fails on.
+    stricter = kvtrace("scan", str(tree), "--fail-on", "warning", "--select", "pinned-state,unused-suppression",
+                       "-f", "concise")
+    assert stricter.returncode == 1
+    assert stricter.stdout.splitlines()[-1].endswith("failed: 1 warning (--fail-on warning)"), stricter.stdout
 
     text_report = kvtrace("scan", str(tree), "--no-map").stdout
     assert "2 suppressed" in text_report
@@ -187,7 +193,7 @@ def test_config_in_tree_then_cwd_and_command_line_wins(tree: Path, tmp_path: Pat
 
 
 def test_config_baseline_path_is_relative_to_the_file(tree: Path, tmp_path: Path) -> None:
-    assert kvtrace("scan", str(tree), "--write-baseline", str(tree / "kvtrace-baseline.json")).returncode == 1
+    assert kvtrace("scan", str(tree), "--write-baseline", str(tree / "kvtrace-baseline.json")).returncode == 0
     pyproject(tree, 'baseline = "kvtrace-baseline.json"')
     assert kvtrace("scan", str(tree), cwd=tmp_path).returncode == 0
 
