@@ -511,6 +511,8 @@ class _SafeRecord(logging.Filter):
 class DiffFormat(str, Enum):
     text = "text"
     json = "json"
+    markdown = "markdown"  # a pull-request comment (under GitHub's 65,536 characters)
+    github = "github"  # workflow annotations on HEAD's files for the added findings
 
 
 @app.command()
@@ -526,9 +528,14 @@ def diff(
     ignore: Annotated[Optional[list[str]], typer.Option("--ignore", metavar="RULE", help="Leave out these rules.")] = None,
     ignore_backend: Annotated[Optional[list[str]], typer.Option("--ignore-backend", metavar="BACKEND",
         help="Leave out these backends.")] = None,
+    fail_on: Annotated[Optional[FailOn], typer.Option("--fail-on",
+        help="Exit 1 only when an added finding has this severity or worse. Default: error.")] = None,
+    baseline: Annotated[Optional[Path], typer.Option("--baseline", metavar="FILE",
+        help="A kvtrace JSON report or SARIF log: added findings it holds are shown as such and do not fail.")] = None,
 ) -> None:
-    """Compare two trees or two git revisions: added, fixed and unchanged findings, and the
-    release-map rows whose states moved. Exit 1 only when findings were added.
+    """Compare two trees or two git revisions: added (with their evidence), fixed, moved (same
+    finding, code now in another file or function) and unchanged findings, and the release-map
+    rows whose states moved. Exit 1 only when an added finding reaches --fail-on.
 
     Examples: `kvtrace diff origin/main HEAD --path python/sglang`, `kvtrace diff old/ new/`.
     """
@@ -538,8 +545,11 @@ def diff(
     from kvtrace.packs import load_pack
     from kvtrace.scan import scan_fetched
 
+    from kvtrace import baseline as baselines
+
     overrides = Overrides(select=_names(select), ignore=_names(ignore), ignore_backends=_names(ignore_backend),
-                          pack=rules)
+                          pack=rules, fail_on=fail_on.value if fail_on else None,
+                          baseline=str(baseline) if baseline else None)
     try:
         with diffs.Checkout(repo, path) as checkout:
             trees = {"base": checkout.tree(base), "head": checkout.tree(head)}
@@ -551,15 +561,27 @@ def diff(
                 fetched.target = {"base": base, "head": head}[side] + (f":{path}" if path and not Path(
                     {"base": base, "head": head}[side]).is_dir() else "")
                 reports[side] = scan_fetched(fetched, pack, settings)
+            prints = baselines.load(Path(settings.baseline)) if settings.baseline else None
+            head_folder = trees["head"] if Path(head).is_dir() else repo / (path or "")
     except KvtraceError as exc:
         raise _fail(str(exc))
-    result = diffs.compare(reports["base"], reports["head"])
-    render = diffs.render_text if output_format is DiffFormat.text else diffs.to_json
-    sys.stdout.write(render(result, base, head))
-    incomplete = any(r.incomplete for r in reports.values())
-    if incomplete:
+    result = diffs.compare(reports["base"], reports["head"], prints)
+    level, source = _fail_on_source(settings, overrides)
+    outcome = diffs.verdict(result, level, source)
+    if output_format is DiffFormat.text:
+        text = diffs.render_text(result, base, head, outcome)
+    elif output_format is DiffFormat.json:
+        text = diffs.to_json(result, base, head, level, outcome)
+    elif output_format is DiffFormat.markdown:
+        text = diffs.render_markdown(result, base, head, outcome)
+    else:
+        text = diffs.render_github(result, outcome, level,
+                                   lambda p: Path(os.path.relpath(head_folder / p)).as_posix())
+    sys.stdout.write(text)
+    if result.incomplete:
         typer.echo("kvtrace: the scan of BASE or HEAD is incomplete (see the report)", err=True)
-    raise typer.Exit(EXIT_FINDINGS if result.added else EXIT_INCOMPLETE if incomplete else EXIT_CLEAN)
+    raise typer.Exit(EXIT_FINDINGS if diffs.failed_findings(result, level) else
+                     EXIT_INCOMPLETE if result.incomplete else EXIT_CLEAN)
 
 
 # ---------------------------------------------------------------------------------------------

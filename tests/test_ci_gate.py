@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -233,3 +234,72 @@ def test_github_annotations_relative_to_cwd(tree: Path, tmp_path: Path) -> None:
         assert "def poll" in (tmp_path / fields["file"]).read_text().splitlines()[int(fields["line"]) - 1]
         assert "%0A" not in message and "can pin" in message
     assert lines[-1].startswith("kvtrace tree: 2 finding(s)")
+
+
+# --- the default gate on real releases -----------------------------------------------------------
+
+RELEASES = (ROOT / "tests" / "data" / "sglang-releases.txt").read_text().split()
+# The first and last release and three in between (a cold scan of one release is seconds; all 33
+# take minutes): every release with KVTRACE_SLOW=1.
+SAMPLED = ["0.4.6.post5", "0.5.2", "0.5.9", "0.5.14", "0.5.23"]
+EVERY_RELEASE = os.environ.get("KVTRACE_SLOW", "") not in ("", "0")
+
+
+@pytest.mark.parametrize("version", RELEASES if EVERY_RELEASE else SAMPLED)
+def test_default_scan_fails_only_on_errors(version: str) -> None:
+    from tests.sglang_wheels import sglang_tree
+
+    result = kvtrace("scan", str(sglang_tree(version)), "-f", "json")
+    report = json.loads(result.stdout)["reports"][0]
+    assert report["complete"], report["gaps"]
+    errors = [f for f in report["findings"] if f["severity"] == "error"]
+    assert result.returncode == (1 if errors else 0), (version, result.stderr)
+
+
+def test_sampled_releases_span_the_list() -> None:
+    assert SAMPLED[0] == RELEASES[0] and SAMPLED[-1] == RELEASES[-1] and set(SAMPLED) <= set(RELEASES)
+
+
+def test_fail_on_from_config_and_stricter_levels(tmp_path: Path) -> None:
+    """0.5.23 reports warnings and notes but no error: the default passes, and says so; a
+    [tool.kvtrace] fail-on = "warning" fails, naming the file; --fail-on note on the command line wins."""
+    from tests.sglang_wheels import sglang_tree
+
+    tree = str(sglang_tree("0.5.23"))
+    default = kvtrace("scan", tree, "-f", "concise", cwd=tmp_path)
+    assert default.returncode == 0, default.stdout
+    assert default.stdout.splitlines()[-1].endswith(
+        "passed: no error to fail on (--fail-on error, the default); 5 warnings, 11 notes reported")
+    config = pyproject(tmp_path, 'fail-on = "warning"\n')
+    strict = kvtrace("scan", tree, "-f", "concise", cwd=tmp_path)
+    assert strict.returncode == 1
+    assert strict.stdout.splitlines()[-1].endswith(f'failed: 5 warnings (fail-on = "warning" in {config})')
+    notes = kvtrace("scan", tree, "-f", "concise", "--fail-on", "note", cwd=tmp_path)
+    assert notes.returncode == 1 and notes.stdout.splitlines()[-1].endswith(
+        "failed: 5 warnings, 11 notes (--fail-on note)")
+    text = kvtrace("scan", tree, "--fail-on", "note", "--no-map", cwd=tmp_path)
+    assert text.returncode == 1 and f"kvtrace: {tree}: failed: 5 warnings, 11 notes (--fail-on note)" in text.stderr
+
+
+def test_write_baseline_exits_0_or_3_when_incomplete(tree: Path, tmp_path: Path) -> None:
+    base = tmp_path / "base.json"
+    ok = kvtrace("scan", str(tree), "--write-baseline", str(base), "-f", "concise")
+    assert ok.returncode == 0 and base.is_file()
+    assert ok.stdout.splitlines()[-1].endswith(f"passed (--write-baseline {base} accepts them): "
+                                               "2 errors, 5 warnings, 7 notes reported")
+    conn = tree / NIXL
+    conn.write_text(conn.read_text() + "\ndef broken(:\n")
+    partial = kvtrace("scan", str(tree), "--write-baseline", str(base), "-f", "concise")
+    assert partial.returncode == 3, partial.stderr
+    assert "INCOMPLETE" in partial.stdout.splitlines()[-1]
+    assert f"wrote baseline {base}" in partial.stderr and "INCOMPLETE scan (exit 3)" in partial.stderr
+
+
+def test_concise_is_one_line_per_finding(tree: Path) -> None:
+    result = kvtrace("scan", str(tree), "-f", "concise", "--fail-on", "never", cwd=tree)
+    data = json.loads(kvtrace("scan", str(tree), "-f", "json").stdout)["reports"][0]["findings"]
+    lines = result.stdout.splitlines()
+    assert result.returncode == 0 and len(lines) == len(data) + 1
+    for line, finding in zip(lines, data):
+        assert line.startswith(f"{finding['path']}:{finding['line']}:1: {finding['id']} [{finding['severity']}] ")
+    assert lines[-1].startswith(f"kvtrace {tree}: {len(data)} findings (") and "passed (--fail-on never)" in lines[-1]

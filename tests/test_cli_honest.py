@@ -223,7 +223,7 @@ def test_a_bad_cache_bound_is_an_error() -> None:
 
 
 @pytest.mark.parametrize(("args", "expected"), [
-    (("--format", "pdf"), "kvtrace: error: --format pdf: not one of text, json, sarif, markdown, github, html "
+    (("--format", "pdf"), "kvtrace: error: --format pdf: not one of text, json, sarif, markdown, github, html, concise "
                           "(see 'kvtrace scan --help')"),
     (("--fail-on", "bad"), "kvtrace: error: --fail-on bad: not one of error, warning, note, never "
                            "(see 'kvtrace scan --help')"),
