@@ -98,6 +98,24 @@ def test_baseline_survives_moved_lines_and_catches_a_new_pinned_state(tree: Path
     assert ("mooncake", "WaitingForInput") in new
 
 
+def test_fingerprints_do_not_name_where_the_code_lives(tree: Path) -> None:
+    """Renaming the nixl manager's class (its methods and what they do unchanged) changes no
+    fingerprint: a manager finding is about update_status/check_status, not the class holding it."""
+    def prints() -> list[str]:
+        return sorted(f["fingerprint"] for f in json.loads(kvtrace("scan", str(tree), "-f", "json").stdout)
+                      ["reports"][0]["findings"])
+
+    before = prints()
+    renamed = 0
+    for path in tree.rglob("*.py"):
+        text = path.read_text()
+        if "NixlKVManager" in text:
+            path.write_text(text.replace("NixlKVManager", "NixlTransferTable"))
+            renamed += 1
+    assert renamed and before == prints()
+    assert not any("NixlKVManager" in p or "KVSender" in p for p in before)
+
+
 def test_sarif_is_a_baseline_too(tree: Path, tmp_path: Path) -> None:
     sarif = tmp_path / "base.sarif"
     assert kvtrace("scan", str(tree), "-f", "sarif", "-o", str(sarif)).returncode == 1
@@ -106,6 +124,31 @@ def test_sarif_is_a_baseline_too(tree: Path, tmp_path: Path) -> None:
     log = json.loads(result.stdout)
     jsonschema.validate(log, SARIF_SCHEMA)
     assert {r["baselineState"] for r in log["runs"][0]["results"]} == {"unchanged"}
+
+
+def test_baselines_of_the_first_fingerprint_format_still_match(tree: Path, tmp_path: Path) -> None:
+    """A SARIF log written before the fingerprint left out the function (key kvtrace/v2,
+    rule|backend|state|function): matched on rule, backend and state. A fingerprint of neither
+    format is refused in one line naming both."""
+    sarif = tmp_path / "v2.sarif"
+    assert kvtrace("scan", str(tree), "-f", "sarif", "-o", str(sarif)).returncode == 1
+    log = json.loads(sarif.read_text())
+    for result in log["runs"][0]["results"]:
+        props = result["properties"]
+        result["partialFingerprints"] = {"kvtrace/v2": "|".join(
+            p or "-" for p in (props["rule"], props["backend"], props["state"], "SomewhereElse.poll"))}
+    sarif.write_text(json.dumps(log))
+    used = kvtrace("scan", str(tree), "--baseline", str(sarif), "-f", "json", "--fail-on", "note")
+    assert used.returncode == 0, used.stderr
+    assert {f["baseline"] for f in json.loads(used.stdout)["reports"][0]["findings"]} == {"unchanged"}
+
+    report = json.loads(kvtrace("scan", str(tree), "-f", "json").stdout)
+    report["reports"][0]["findings"][0]["fingerprint"] = "pinned-state|nixl"
+    odd = tmp_path / "odd.json"
+    odd.write_text(json.dumps(report))
+    refused = kvtrace("scan", str(tree), "--baseline", str(odd))
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "rule|queue|backend|state|role (kvtrace/v3)" in refused.stderr and "(kvtrace/v2)" in refused.stderr
 
 
 def test_bad_baseline_is_one_line(tree: Path, tmp_path: Path) -> None:
