@@ -57,9 +57,6 @@ class FailOn(str, Enum):
     never = "never"
 
 
-SEVERITY_RANK = {"note": 0, "warning": 1, "error": 2, "never": 3}
-
-
 class OutputFormat(str, Enum):
     text = "text"
     json = "json"
@@ -183,8 +180,9 @@ def scan(
         metavar="TARGET...",
         help="Local paths (an SGLang checkout, an installed sglang package, or its disaggregation "
              "folder) or remote ones: [user@]host[:port]:path or ssh://[user@]host[:port]/path.")] = None,
-    given_format: Annotated[Optional[OutputFormat], typer.Option("--format", "-f",
-        help="Report format. Default: from the --output file's extension (.sarif, .json, .md, .html), else text.")] = None,
+    given_format: Annotated[Optional[OutputFormat], typer.Option("--format", "-f", "--output-format",
+        help="Report format (concise: one line per finding, for hooks). Default: from the --output file's "
+             "extension (.sarif, .json, .md, .html), else text.")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", metavar="FILE",
         help="Write the report to FILE (checked before scanning).")] = None,
     rules: Annotated[Optional[str], typer.Option("--rules", metavar="PACK|FILE",

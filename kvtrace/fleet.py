@@ -25,10 +25,9 @@ from typing import Any
 
 from kvtrace.errors import (EXIT_CLEAN, EXIT_FINDINGS, EXIT_INCOMPLETE, EXIT_INPUT, EXIT_INTERNAL, AmbiguousTarget,
                             InputError, KvtraceError)
-from kvtrace.gate import DEFAULT_FAIL_ON
+from kvtrace.gate import DEFAULT_FAIL_ON, SEVERITY_RANK
 from kvtrace.model import FetchLimits, FetchResult, Report
 
-SEVERITY_RANK = {"note": 0, "warning": 1, "error": 2, "never": 3}
 # Worst first: nothing analysed, then analysed but incomplete, then findings, then clean.
 EXIT_BADNESS = {EXIT_INTERNAL: 4, EXIT_INPUT: 3, EXIT_INCOMPLETE: 2, EXIT_FINDINGS: 1, EXIT_CLEAN: 0}
 

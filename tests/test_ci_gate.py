@@ -339,7 +339,7 @@ def test_write_baseline_exits_0_or_3_when_incomplete(tree: Path, tmp_path: Path)
 
 
 def test_concise_is_one_line_per_finding(tree: Path) -> None:
-    result = kvtrace("scan", str(tree), "-f", "concise", "--fail-on", "never", cwd=tree)
+    result = kvtrace("scan", str(tree), "--output-format", "concise", "--fail-on", "never", cwd=tree)  # ruff's name
     data = json.loads(kvtrace("scan", str(tree), "-f", "json").stdout)["reports"][0]["findings"]
     lines = result.stdout.splitlines()
     assert result.returncode == 0 and len(lines) == len(data) + 1
