@@ -537,18 +537,18 @@ def diff(
 
     Examples: `kvtrace diff origin/main HEAD --path python/sglang`, `kvtrace diff old/ new/`.
     """
+    from kvtrace import baseline as baselines
     from kvtrace import diff as diffs
     from kvtrace.config import Overrides
     from kvtrace.fetch.local import fetch_local
     from kvtrace.packs import load_pack
     from kvtrace.scan import scan_fetched
 
-    from kvtrace import baseline as baselines
-
     overrides = Overrides(select=_names(select), ignore=_names(ignore), ignore_backends=_names(ignore_backend),
                           pack=rules, fail_on=fail_on.value if fail_on else None,
                           baseline=str(baseline) if baseline else None)
     try:
+        prints = baselines.load(baseline) if baseline is not None else None  # before the scans it would cost
         with diffs.Checkout(repo, path) as checkout:
             trees = {"base": checkout.tree(base), "head": checkout.tree(head)}
             settings = _settings(str(trees["head"]) if Path(head).is_dir() else ".", overrides)
@@ -559,10 +559,11 @@ def diff(
                 fetched.target = {"base": base, "head": head}[side] + (f":{path}" if path and not Path(
                     {"base": base, "head": head}[side]).is_dir() else "")
                 reports[side] = scan_fetched(fetched, pack, settings)
-            prints = baselines.load(Path(settings.baseline)) if settings.baseline else None
-            head_folder = trees["head"] if Path(head).is_dir() else repo / (path or "")
+        if prints is None and settings.baseline:  # [tool.kvtrace] baseline, found with HEAD's config
+            prints = baselines.load(Path(settings.baseline))
     except KvtraceError as exc:
         raise _fail(str(exc))
+    head_folder = trees["head"] if Path(head).is_dir() else repo / (path or "")
     result = diffs.compare(reports["base"], reports["head"], prints)
     level, source = _fail_on_source(settings, overrides)
     outcome = diffs.verdict(result, level, source)
@@ -573,8 +574,7 @@ def diff(
     elif output_format is DiffFormat.markdown:
         text = diffs.render_markdown(result, base, head, outcome)
     else:
-        text = diffs.render_github(result, outcome, level,
-                                   lambda p: Path(os.path.relpath(head_folder / p)).as_posix())
+        text = diffs.render_github(result, outcome, lambda p: Path(os.path.relpath(head_folder / p)).as_posix())
     sys.stdout.write(text)
     if result.incomplete:
         typer.echo("kvtrace: the scan of BASE or HEAD is incomplete (see the report)", err=True)

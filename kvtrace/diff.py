@@ -82,14 +82,14 @@ def compare(base: Report, head: Report, baseline: Counter | None = None) -> Diff
         if not candidates:
             diff.added.append(finding)
             continue
-        same = next((c for c in candidates if _place(c) == _place(finding)), None)
-        before = same or candidates[0]
-        candidates.remove(before)
-        if same is not None:
+        index = next((i for i, c in enumerate(candidates) if _place(c) == _place(finding)), None)
+        before = candidates.pop(0 if index is None else index)
+        if index is not None:
             diff.unchanged.append(finding)
         else:
             diff.moved.append(Moved(before, finding))
-    diff.fixed = [f for f in base.findings if not f.suppressed and any(f is c for cs in waiting.values() for c in cs)]
+    unmatched = {id(f) for left in waiting.values() for f in left}
+    diff.fixed = [f for f in base.findings if id(f) in unmatched]
     if baseline is not None:
         from kvtrace.baseline import apply
 
@@ -369,7 +369,7 @@ def render_markdown(diff: Diff, base_label: str, head_label: str, outcome: str,
     return "\n".join(out).rstrip("\n") + "\n"
 
 
-def render_github(diff: Diff, outcome: str, fail_on: str, place: Callable[[str], str]) -> str:
+def render_github(diff: Diff, outcome: str, place: Callable[[str], str]) -> str:
     """Workflow commands: an annotation on HEAD's file for each added finding (error/warning/notice
     by severity; notice when the baseline holds it), then the tally and verdict. `place` turns a
     HEAD report path into one relative to the working directory."""

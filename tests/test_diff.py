@@ -283,3 +283,10 @@ def test_diff_markdown_is_a_pr_comment_under_the_limit() -> None:
     small = diffs.render_markdown(compared, "a", "b", "passed", limit=3000)
     assert len(small) < 3000 and "item(s) left out to fit a comment" in small
     assert small.count("<details>") == small.count("</details>")
+
+
+def test_diff_bad_baseline_is_one_line_before_any_scan(repo: Path, tmp_path: Path) -> None:
+    result = kvtrace("diff", "HEAD~1", "HEAD", "--path", "python/sglang", "--baseline", str(tmp_path / "none.json"),
+                     cwd=repo)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"kvtrace: error: baseline {tmp_path / 'none.json'}: ")
