@@ -324,6 +324,7 @@ class Finding:
     # bootstrap_room", "the send is skipped"): such a finding is a warning, so a gate on
     # errors counts only what needs no premise.
     premise: str | None = None
+    role: str | None = None  # what the finding is about beyond rule/backend/state (kvtrace.baseline.assign_roles)
 
 
 @dataclass(frozen=True)
