@@ -12,6 +12,7 @@ import os
 from pathlib import Path
 
 from kvtrace.model import Finding, Report
+from kvtrace.safe_text import plain
 
 LEVEL = {"error": "error", "warning": "warning", "note": "notice"}
 
@@ -26,7 +27,8 @@ def cwd_path(report: Report, path: str) -> str:
 
 
 def _data(text: str) -> str:
-    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    # GitHub's own escapes for line ends; any other control character is shown, never sent.
+    return plain(text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A"))
 
 
 def _property(text: str) -> str:
@@ -56,6 +58,6 @@ def render(reports: list[Report]) -> str:
                              f"::{_data(f'{f.status}: {f.error}')}")
         silenced = len(report.findings) - len(shown)
         baselined = sum(f.baseline == "unchanged" for f in shown)
-        lines.append(f"kvtrace {report.target}: {len(shown)} finding(s)"
+        lines.append(f"kvtrace {plain(report.target)}: {len(shown)} finding(s)"
                      f" ({baselined} in baseline), {silenced} suppressed in the code")
     return "\n".join(lines) + "\n"

@@ -14,7 +14,7 @@ import paramiko
 
 from kvtrace.errors import KvtraceError, RemoteError
 from kvtrace.fetch.ssh.config import ResolvedHost, SshConfig
-from kvtrace.fetch.ssh.known_hosts import KnownHosts, drop_revoked, load_known_hosts, record_host_key
+from kvtrace.fetch.ssh.known_hosts import KnownHosts, load_known_hosts, record_host_key
 from kvtrace.fetch.ssh.options import Deadline, Log, SshOptions
 from kvtrace.target import SshTarget, parse_authority
 
@@ -162,8 +162,9 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
         file = self.host.known_hosts[0]
         if not self.host.accept_new:
             port = "" if self.host.port == 22 else f"-p {self.host.port} "
+            unusable = "".join(f"; known_hosts {u}, not used" for u in self.known.unusable)
             raise RemoteError(
-                f"{self.host.where}: unknown host key {kind} {fp} (not in {file}); "
+                f"{self.host.where}: unknown host key {kind} {fp} (not in {file}{unusable}); "
                 f"if that fingerprint is right, trust it with `ssh-keyscan {port}"
                 f"{self.host.hostname} >> {file}` or rerun with --accept-new-host-key"
             )
@@ -184,11 +185,11 @@ def _connect(conn: SshConnection, host: ResolvedHost, sock: socket.socket | para
     client = paramiko.SSHClient()
     conn.clients.append(client)
     known = load_known_hosts(host.known_hosts, conn.log)
-    drop_revoked(known)
+    # Only the keys whose lines match this host (OpenSSH's pattern rules, revoked keys left out):
+    # paramiko then prefers their types and checks the server's key against them.
     target_keys = client.get_host_keys()
-    for name in known.keys.keys():
-        for kind, key in known.keys[name].items():
-            target_keys.add(name, kind, key)
+    for key in known.keys_for(host.known_hosts_name, conn.log):
+        target_keys.add(host.known_hosts_name, key.get_name(), key)
     client.set_missing_host_key_policy(_HostKeyPolicy(host, known, conn.log))
     t1 = time.monotonic()
     wait = deadline.cap(options.connect_timeout)
