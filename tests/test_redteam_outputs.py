@@ -486,6 +486,24 @@ def test_wildcard_entry_with_another_key_is_a_changed_key(sshd: SshdServer, tmp_
     assert known.read_text() == f"[127.0.0.*]:* {other}\n"
 
 
+def test_several_keys_of_one_type_for_a_host_any_matches(sshd: SshdServer, tmp_path: Path) -> None:
+    """OpenSSH accepts the server's key when any line for the host names it; before, paramiko
+    kept the last key of the type only and called the real one a changed key."""
+    other = " ".join(generate_key(tmp_path / "other", "other").split()[:2])
+    known = tmp_path / "known_hosts"
+    known.write_text(sshd.known_hosts_entry() + sshd.known_hosts_entry(other))
+    assert _openssh_accepts(sshd, known) in (True, None)
+    tree = tmp_path / "tree"
+    shutil.copytree(NIXL_PIN, tree)
+    result = kvtrace("scan", remote(sshd, tree), *ssh_flags(sshd, known))
+    assert result.returncode == 1, result.stderr
+    # Neither of two listed keys: changed, whatever accept-new says.
+    known.write_text(sshd.known_hosts_entry(other) + sshd.known_hosts_entry(
+        " ".join(generate_key(tmp_path / "third", "third").split()[:2])))
+    refused = kvtrace("scan", remote(sshd, tree), *ssh_flags(sshd, known), "--accept-new-host-key")
+    assert refused.returncode == 2 and "HOST KEY CHANGED" in refused.stderr, refused.stderr
+
+
 def test_accept_new_writes_through_a_symlinked_known_hosts(sshd: SshdServer, tmp_path: Path) -> None:
     """Before: the link was replaced by a regular file; the dotfiles copy it pointed to never
     learned the key."""
