@@ -27,6 +27,7 @@ from kvtrace.errors import (EXIT_CLEAN, EXIT_FINDINGS, EXIT_INCOMPLETE, EXIT_INP
                             InputError, KvtraceError)
 from kvtrace.gate import DEFAULT_FAIL_ON, SEVERITY_RANK
 from kvtrace.model import FetchLimits, FetchResult, Report
+from kvtrace.safe_text import plain
 
 # Worst first: nothing analysed, then analysed but incomplete, then findings, then clean.
 EXIT_BADNESS = {EXIT_INTERNAL: 4, EXIT_INPUT: 3, EXIT_INCOMPLETE: 2, EXIT_FINDINGS: 1, EXIT_CLEAN: 0}
@@ -136,22 +137,47 @@ def local_sglang_version(target_path: str, root: str) -> str | None:
     return None
 
 
-def remote_sglang_version(client: Any, target_path: str, root: str) -> str | None:
-    """The same look-up over SFTP reads (listdir + one small file): read-only, no command."""
+MAX_LISTED = 20_000  # entries read from one remote folder looking for the dist-info (site-packages: hundreds)
+MAX_METADATA = 1 << 20
+
+
+def remote_sglang_version(client: Any, target_path: str, root: str, read_timeout: float = 60.0) -> str | None:
+    """The same look-up over SFTP reads (READDIR + one small file): read-only, no command. The
+    whole look-up ends within `read_timeout` (it is extra information, never worth a wait) and
+    reads at most MAX_LISTED entries of a folder."""
+    import paramiko
+
+    end = time.monotonic() + read_timeout
+
+    def left() -> float:
+        remaining = end - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("version look-up")
+        return remaining
+
     try:
-        sftp = client.open_sftp()
-    except Exception:  # noqa: BLE001 -- no SFTP subsystem: the version is simply unknown
+        transport = client.get_transport()
+        channel = transport.open_session(timeout=left())
+        channel.settimeout(left())  # before the SFTP version exchange, which paramiko waits on unbounded
+        channel.invoke_subsystem("sftp")
+        sftp = paramiko.SFTPClient(channel)
+    except Exception:  # noqa: BLE001 -- no SFTP subsystem, or too slow: the version is simply unknown
         return None
     try:
         for folder in metadata_dirs(target_path, root):
             try:
-                names = sorted(n for n in sftp.listdir(folder) if _DIST_INFO.match(n))
+                names = _dist_info_names(sftp, folder, left)
+            except TimeoutError:
+                return None
             except Exception:  # noqa: BLE001
                 continue
             for name in names:
                 try:
+                    channel.settimeout(left())
                     with sftp.open(f"{folder.rstrip('/')}/{name}/METADATA", "rb") as handle:
-                        found = version_from_metadata(handle.read(1 << 20).decode("utf-8", "replace"))
+                        found = version_from_metadata(handle.read(MAX_METADATA).decode("utf-8", "replace"))
+                except TimeoutError:
+                    return None
                 except Exception:  # noqa: BLE001
                     continue
                 if found:
@@ -159,6 +185,48 @@ def remote_sglang_version(client: Any, target_path: str, root: str) -> str | Non
     finally:
         sftp.close()
     return None
+
+
+def _dist_info_names(sftp: Any, folder: str, left: Callable[[], float]) -> list[str]:
+    """`sglang-*.dist-info` names in `folder`, from at most MAX_LISTED entries (paramiko's
+    listdir keeps every entry of a folder, however many the server sends). paramiko's READDIR
+    loop, as sftp_fetch runs it, with a bound and a clock."""
+    import paramiko
+    from paramiko.sftp import CMD_CLOSE, CMD_HANDLE, CMD_NAME, CMD_OPENDIR, CMD_READDIR
+
+    channel = sftp.get_channel()
+    channel.settimeout(left())
+    kind, msg = sftp._request(CMD_OPENDIR, folder)
+    if kind != CMD_HANDLE:
+        return []
+    handle = msg.get_binary()
+    names: list[str] = []
+    seen = 0
+    try:
+        while seen < MAX_LISTED:
+            channel.settimeout(left())
+            try:
+                kind, msg = sftp._request(CMD_READDIR, handle)
+            except EOFError:  # end of the folder
+                break
+            if kind != CMD_NAME:
+                break
+            for _ in range(msg.get_int()):
+                name = msg.get_string().decode("utf-8", "surrogateescape")
+                msg.get_string()  # the ls -l style "longname"
+                paramiko.SFTPAttributes._from_msg(msg)
+                seen += 1
+                if _DIST_INFO.match(name):
+                    names.append(name)
+                if seen >= MAX_LISTED:
+                    break
+    finally:
+        try:
+            channel.settimeout(min(1.0, max(0.1, left())))
+            sftp._request(CMD_CLOSE, handle)
+        except Exception:  # noqa: BLE001 -- the connection is gone or the clock ran out: nothing more to do
+            pass
+    return sorted(names)
 
 
 # --- running ---------------------------------------------------------------------------------
@@ -178,8 +246,10 @@ class Progress:
             from rich.console import Console
             from rich.progress import Progress as RichProgress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-            self._progress = RichProgress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                                          console=Console(stderr=True), transient=True)
+            # A target's text is the user's or a hosts file's: shown as written, never as markup.
+            self._progress = RichProgress(SpinnerColumn(), TextColumn("{task.description}", markup=False),
+                                          TimeElapsedColumn(), console=Console(stderr=True, markup=False, emoji=False),
+                                          transient=True)
             self._progress.__enter__()
         return self
 
@@ -190,11 +260,12 @@ class Progress:
     def update(self, target: str, stage: str) -> None:
         if self._progress is None:
             return
+        description = plain(f"{target}: {stage}")
         with self._lock:
             if target not in self._tasks:
-                self._tasks[target] = self._progress.add_task(f"{target}: {stage}", total=None)
+                self._tasks[target] = self._progress.add_task(description, total=None)
             else:
-                self._progress.update(self._tasks[target], description=f"{target}: {stage}")
+                self._progress.update(self._tasks[target], description=description)
 
 
 @dataclass
@@ -244,7 +315,8 @@ def run_fleet(targets: list[str], options: FleetOptions, log: Log | None = None,
             from kvtrace.fetch import fetch_target
 
             fetched = fetch_target(target, options.limits, options.ssh, lambda m: say(f"{target}: {m}"),
-                                   after_fetch=_remember(found, after_fetch), pack=options.packs[target])
+                                   after_fetch=_remember(found, after_fetch, float(options.ssh.get("read_timeout", 60.0))),
+                                   pack=options.packs[target])
             result.timings["fetch"] = time.perf_counter() - started
             show.update(target, "analysing")
             analysed = time.perf_counter()
@@ -313,7 +385,8 @@ def _host_label(target: str) -> str:
     return parsed.label if isinstance(parsed, SshTarget) else socket.gethostname()
 
 
-def _remember(found: dict[str, Any], then: Callable[[Any, FetchResult], None]) -> Callable[[Any, FetchResult], None]:
+def _remember(found: dict[str, Any], then: Callable[[Any, FetchResult], None],
+              read_timeout: float = 60.0) -> Callable[[Any, FetchResult], None]:
     """Also read the installed SGLang version while the connection is open."""
 
     def hook(client: Any, fetched: FetchResult) -> None:
@@ -322,7 +395,7 @@ def _remember(found: dict[str, Any], then: Callable[[Any, FetchResult], None]) -
 
         target = parse_target(fetched.target)
         root = _root_guess(fetched)
-        found["version"] = remote_sglang_version(client, getattr(target, "path", ""), root)
+        found["version"] = remote_sglang_version(client, getattr(target, "path", ""), root, read_timeout)
 
     return hook
 
@@ -393,7 +466,9 @@ def render_summary(hosts: list[HostSummary]) -> str:
         for tree, members in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
             count = f"{len(members)} host" + ("s" if len(members) > 1 else "")
             lines.append(f"  tree {tree[:12]} ({count}): {', '.join(members)}")
-    return "\n".join(lines) + "\n"
+    # Host names, paths, versions and gauge labels come from targets, trees, pages and JSON files
+    # made elsewhere: each line is one line, with no control character reaching the terminal.
+    return "".join(plain(line) + "\n" for line in lines)
 
 
 def summary_json(hosts: list[HostSummary]) -> dict[str, Any]:

@@ -23,7 +23,8 @@ def render_text_stream(reports: list[Report], stream: TextIO, terminal: bool, sh
     from kvtrace.report.text import render
 
     if terminal:
-        console = Console(file=stream, highlight=False)
+        # No markup, no emoji codes: a name like `[/x]` or `:warning:` from the tree is text.
+        console = Console(file=stream, highlight=False, markup=False, emoji=False)
         for i, report in enumerate(reports):
             if i:
                 console.print()
@@ -38,7 +39,7 @@ def render_plain(reports: list[Report], width: int = 1000, show_map: bool = True
 
     buffer = io.StringIO()
     console = Console(file=buffer, width=width, no_color=True, force_terminal=False, highlight=False,
-                      color_system=None, emoji=False)
+                      color_system=None, emoji=False, markup=False)
     for i, report in enumerate(reports):
         if i:
             console.print()

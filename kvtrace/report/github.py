@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from kvtrace.model import Finding, Report
+from kvtrace.safe_text import plain
 
 LEVEL = {"error": "error", "warning": "warning", "note": "notice"}
 
@@ -27,7 +28,8 @@ def cwd_path(report: Report, path: str) -> str:
 
 
 def _data(text: str) -> str:
-    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    # GitHub's own escapes for line ends; any other control character is shown, never sent.
+    return plain(text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A"))
 
 
 def _property(text: str) -> str:
@@ -61,7 +63,7 @@ def render(reports: list[Report], fail_on: Mapping[str, tuple[str, str]] | None 
                              f"::{_data(f'{f.status}: {f.error}')}")
         silenced = len(report.findings) - len(shown)
         baselined = sum(f.baseline == "unchanged" for f in shown)
-        lines.append(f"kvtrace {report.target}: {len(shown)} finding(s)"
+        lines.append(f"kvtrace {plain(report.target)}: {len(shown)} finding(s)"
                      f" ({baselined} in baseline), {silenced} suppressed in the code; "
                      f"{verdict_line(report.findings, level, source, incomplete=report.incomplete)}")
     return "\n".join(lines) + "\n"
