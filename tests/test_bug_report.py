@@ -4,6 +4,7 @@ when the scanned tree is a GitHub checkout (none for files with uncommitted chan
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -26,11 +27,12 @@ def kvtrace(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def checkout(tmp_path: Path) -> tuple[Path, str]:
-    """A clone-like checkout: the nixl-pin tree under python/sglang/srt, a GitHub remote, one commit."""
+    """A clone-like checkout: the nixl-pin tree under python/sglang/srt, a GitHub remote, one pushed commit."""
     root = tmp_path / "sglang-fork"
     shutil.copytree(EXAMPLES / "nixl-pin", root / "python" / "sglang" / "srt")
     for args in (["init", "-q"], ["remote", "add", "origin", "git@github.com:example-org/sglang-fork.git"],
-                 ["add", "-A"], ["commit", "-qm", "fork"]):
+                 ["add", "-A"], ["commit", "-qm", "fork"],
+                 ["update-ref", "refs/remotes/origin/main", "HEAD"]):  # as a push or fetch leaves it
         subprocess.run([*GIT, *args], cwd=root, check=True, capture_output=True)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, check=True, capture_output=True,
                             text=True).stdout.strip()
@@ -85,3 +87,100 @@ def test_markdown_bug_report(checkout: tuple[Path, str]) -> None:
     assert block and f"> {poll} |     def poll(self) -> KVPoll:" in block.group(1)
     assert len(block.group(1).splitlines()) == 7  # three lines either side
     assert md.count("```mermaid") == 2
+
+
+def _node_links(root: Path) -> list[str]:
+    page = kvtrace("scan", "python/sglang", "-f", "html", cwd=root).stdout
+    return re.findall(r'<a href="([^"]+)"><g class="node', page)
+
+
+def test_an_unpushed_commit_gets_no_link(checkout: tuple[Path, str]) -> None:
+    """A commit no remote-tracking ref holds would be a 404 on GitHub: no link to it. The pushed
+    commit still holds the unchanged files, so those keep their links (to the pushed commit)."""
+    root, pushed = checkout
+    conn = root / "python" / "sglang" / "srt" / NIXL
+    conn.write_text("# edited\n" + conn.read_text())
+    subprocess.run([*GIT, "commit", "-qam", "local"], cwd=root, check=True, capture_output=True)
+    links = _node_links(root)
+    remote = [link for link in links if link.startswith("https://")]
+    assert remote and all(f"/blob/{pushed}/" in link for link in remote)
+    assert not any("nixl/conn.py" in link for link in remote)
+    subprocess.run([*GIT, "update-ref", "refs/remotes/origin/main", "HEAD"], cwd=root, check=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+    assert any(f"/blob/{head}/python/sglang/srt/{NIXL}#L" in link for link in _node_links(root))
+
+
+def test_links_read_packed_objects_and_refs(checkout: tuple[Path, str]) -> None:
+    """After `git gc` the objects are in a pack (with deltas) and the refs in packed-refs."""
+    root, commit = checkout
+    conn = root / "python" / "sglang" / "srt" / NIXL
+    conn.write_text(conn.read_text() + "\n# a second version, stored as a delta\n")
+    subprocess.run([*GIT, "commit", "-qam", "second"], cwd=root, check=True, capture_output=True)
+    subprocess.run([*GIT, "update-ref", "refs/remotes/origin/main", "HEAD"], cwd=root, check=True)
+    subprocess.run([*GIT, "gc", "-q", "--aggressive", "--prune=now"], cwd=root, check=True, capture_output=True)
+    assert not list((root / ".git" / "objects").glob("??/*")) and (root / ".git" / "packed-refs").exists()
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+    links = [link for link in _node_links(root) if link.startswith("https://")]
+    assert any(f"/blob/{head}/python/sglang/srt/{NIXL}#L" in link for link in links), links[:3]
+
+
+def test_links_in_a_linked_worktree(checkout: tuple[Path, str], tmp_path: Path) -> None:
+    root, commit = checkout
+    linked = tmp_path / "linked"
+    subprocess.run([*GIT, "worktree", "add", "-q", "--detach", str(linked), "HEAD"], cwd=root, check=True,
+                   capture_output=True)
+    links = _node_links(linked)
+    assert links and all(link.startswith(f"https://github.com/example-org/sglang-fork/blob/{commit}/") for link in links)
+    # A .git file pointing at a git folder that does not name this checkout back is not followed.
+    (linked / ".git").write_text(f"gitdir: {root / '.git'}\n")
+    assert not any(link.startswith("https://") for link in _node_links(linked))
+
+
+@pytest.mark.parametrize("hostile", ["fsmonitor", "filter"])
+def test_links_run_nothing_from_the_scanned_tree(checkout: tuple[Path, str], hostile: str) -> None:
+    """`git status` would run core.fsmonitor and the clean filter of a changed file: kvtrace reads
+    .git as files, so the marker those commands would write never appears."""
+    root, _ = checkout
+    marker = root.parent / f"ran-{hostile}"
+    command = f"touch {marker}"
+    if hostile == "fsmonitor":
+        subprocess.run([*GIT, "config", "core.fsmonitor", command], cwd=root, check=True)
+    else:
+        subprocess.run([*GIT, "config", "filter.evil.clean", command], cwd=root, check=True)
+        (root / ".gitattributes").write_text("*.py filter=evil\n")
+        # Same size, new mtime: git must hash the file again, through the clean filter.
+        conn = root / "python" / "sglang" / "srt" / NIXL
+        os.utime(conn, (conn.stat().st_atime + 100, conn.stat().st_mtime + 100))
+    for fmt in ("html", "markdown"):
+        result = kvtrace("scan", "python/sglang", "-f", fmt, cwd=root)
+        assert result.returncode == 1, result.stderr
+        assert "https://github.com/example-org/sglang-fork/blob/" in result.stdout
+    assert not marker.exists()
+    # The same config does run under git itself: the test would notice if kvtrace ran git.
+    subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True)
+    assert marker.exists()
+
+
+def _installed(tmp_path: Path, version: str) -> Path:
+    """An installed release: site-packages with the package and its dist-info METADATA."""
+    from tests.sglang_wheels import sglang_tree
+
+    site = tmp_path / "site-packages"
+    shutil.copytree(sglang_tree(version) / "sglang", site / "sglang")
+    dist = site / f"sglang-{version}.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n")
+    return site
+
+
+def test_installed_release_links_to_its_tag(tmp_path: Path) -> None:
+    site = _installed(tmp_path, "0.4.6.post5")
+    for target in ("site-packages/sglang", "site-packages/sglang/srt/disaggregation", "site-packages"):
+        md = kvtrace("scan", target, "-f", "markdown", cwd=tmp_path).stdout
+        links = re.findall(r"\]\((https://[^)]+)\)", md)
+        assert links, target
+        base = "https://github.com/sgl-project/sglang/blob/v0.4.6.post5/python/sglang/srt/disaggregation/"
+        assert all(link.startswith(base) for link in links), (target, links[:2])
+        for link in set(links):  # each names a line that exists in the installed file
+            path, line = link[len("https://github.com/sgl-project/sglang/blob/v0.4.6.post5/python/"):].split("#L")
+            assert 0 < int(line) <= len((site / path).read_text().splitlines())

@@ -1,6 +1,6 @@
 """What makes `--format markdown` a bug report someone else can act on: the versions, the exact
 command, the target as seen from the working directory, and each finding's code in a folded
-`<details>` block, with GitHub permalinks when the tree is a GitHub checkout."""
+`<details>` block, with GitHub links to the release tag or a pushed commit (kvtrace.report.links)."""
 
 from __future__ import annotations
 

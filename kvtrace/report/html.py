@@ -3,7 +3,8 @@
 its path:line with the code excerpt on hover), then the findings and the release map.
 
 Nothing is fetched when the page is viewed: styles are inline, there is no script. Node links
-go to GitHub permalinks when the tree is a GitHub checkout, else to the excerpt on this page.
+go to GitHub (the release tag of an installed SGLang, or a pushed commit holding the same file in a
+checkout; kvtrace.report.links), else to the excerpt on this page.
 """
 
 from __future__ import annotations
