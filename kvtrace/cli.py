@@ -60,6 +60,11 @@ class FailOn(str, Enum):
 SEVERITY_RANK = {"note": 0, "warning": 1, "error": 2, "never": 3}
 
 
+class Detail(str, Enum):
+    summary = "summary"
+    full = "full"
+
+
 class OutputFormat(str, Enum):
     text = "text"
     json = "json"
@@ -192,6 +197,9 @@ def scan(
         help="When a TARGET holds several packages (versions side by side), scan each as its own report.")] = False,
     no_map: Annotated[bool, typer.Option("--no-map",
         help="Text format: leave out the release map, the poll states' fates and the backends' details.")] = False,
+    detail: Annotated[Detail, typer.Option("--detail",
+        help="Markdown: summary (the answer, what fails with its code and diagram, the rest folded, under "
+             "60,000 characters) or full (every diagram and table, no size bound).")] = Detail.summary,
     sarif_root: Annotated[Optional[Path], typer.Option("--sarif-root", metavar="DIR",
         help="SARIF: make file locations relative to DIR (default: the current directory).")] = None,
     identity: Annotated[Optional[list[str]], typer.Option("--identity", "-i", metavar="KEY",
@@ -319,7 +327,7 @@ def scan(
     if reports:
         try:
             try:
-                _write(reports, output_format, output, no_map, sarif_root)
+                _write(reports, output_format, output, no_map, sarif_root, detail.value)
             except BrokenPipeError:  # `| head`: the files below are still written, the code kept
                 closed_pipe(sys.stdout)
             if graph is not None:
@@ -401,7 +409,7 @@ def gap_line(gap) -> str:
 
 
 def _write(reports: list[Report], fmt: OutputFormat, output: Path | None, no_map: bool,
-           sarif_root: Path | None) -> None:
+           sarif_root: Path | None, detail: str = "summary") -> None:
     from kvtrace.report import render_text_stream
 
     if fmt is OutputFormat.text:
@@ -430,7 +438,7 @@ def _write(reports: list[Report], fmt: OutputFormat, output: Path | None, no_map
     else:
         from kvtrace.report.markdown import render
 
-        text = render(reports)
+        text = render(reports, detail=detail)
     if output is not None:
         output.write_text(text, encoding="utf-8")
     else:

@@ -86,7 +86,7 @@ def test_markdown_bug_report(checkout: tuple[Path, str]) -> None:
                       md, re.S)
     assert block and f"> {poll} |     def poll(self) -> KVPoll:" in block.group(1)
     assert len(block.group(1).splitlines()) == 7  # three lines either side
-    assert md.count("```mermaid") == 2
+    assert md.count("```mermaid") == 2  # nixl's, which pins, and mooncake's, folded (it fits)
 
 
 def _node_links(root: Path) -> list[str]:
@@ -179,8 +179,115 @@ def test_installed_release_links_to_its_tag(tmp_path: Path) -> None:
         md = kvtrace("scan", target, "-f", "markdown", cwd=tmp_path).stdout
         links = re.findall(r"\]\((https://[^)]+)\)", md)
         assert links, target
-        base = "https://github.com/sgl-project/sglang/blob/v0.4.6.post5/python/sglang/srt/disaggregation/"
+        base = "https://github.com/sgl-project/sglang/blob/v0.4.6.post5/python/sglang/srt/"
         assert all(link.startswith(base) for link in links), (target, links[:2])
         for link in set(links):  # each names a line that exists in the installed file
             path, line = link[len("https://github.com/sgl-project/sglang/blob/v0.4.6.post5/python/"):].split("#L")
             assert 0 < int(line) <= len((site / path).read_text().splitlines())
+
+
+HOSTILE = ["<img src=x onerror=alert(1)>", "a``b|c", "`x|y`", "*em* _u_ [l](javascript:alert(1))", "&lt;", "x\\|y",
+           "```", "<details>", "~~~"]
+
+
+class _Elements(__import__("html.parser").parser.HTMLParser):
+    """The elements and text of rendered HTML, as a browser would build them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict]] = []
+        self.text: list[str] = []
+        self.rows: list[list[str]] = []
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        self.tags.append((tag, dict(attrs)))
+        if tag == "tr":
+            self.rows.append([])
+        elif tag in ("td", "th"):
+            self.rows[-1].append(tag)
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+
+
+def _commonmark(markdown: str) -> _Elements:
+    """Rendered as a CommonMark renderer does (raw HTML allowed, GitHub's tables)."""
+    from markdown_it import MarkdownIt
+
+    parsed = _Elements()
+    parsed.feed(MarkdownIt("commonmark", {"html": True}).enable("table").render(markdown))
+    return parsed
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_markdown_text_helpers_keep_hostile_text_as_text(name: str) -> None:
+    from kvtrace.report.mdtext import cell, code, html, link, prose
+
+    for rendered in (code(name), prose(name)):
+        parsed = _commonmark(f"- {rendered} and more\n")
+        assert {tag for tag, _ in parsed.tags} <= {"ul", "li", "code"}, (name, rendered, parsed.tags)
+        assert "".join(parsed.text).strip() == f"{name} and more"
+    table = f"| a | b |\n|---|---|\n| {cell(code(name))} | {cell(prose(name))} |\n"
+    parsed = _commonmark(table)
+    assert parsed.rows == [["th", "th"], ["td", "td"]] and "img" not in {t for t, _ in parsed.tags}
+    assert "".join(parsed.text).count(name) == 2
+    parsed = _commonmark(f"<details><summary>{html(name)}</summary>\n\nbody\n\n</details>\n")
+    assert [t for t, _ in parsed.tags] == ["details", "summary", "p"] and name in "".join(parsed.text)
+    parsed = _commonmark(link(code(name), "https://example.invalid/a b(c)") + "\n")
+    assert [(t, a.get("href")) for t, a in parsed.tags if t == "a"] == [("a", "https://example.invalid/a%20b%28c%29")]
+
+
+def test_markdown_report_of_a_hostile_backend_folder(tmp_path: Path) -> None:
+    """A backend folder named `x``|<img src=x onerror=alert(1)>`: before, its name went raw into
+    `<summary>` (the img ran its onerror) and broke the code spans and table rows."""
+    name = "x``|<img src=x onerror=alert(1)>"
+    shutil.copytree(EXAMPLES / "nixl-pin", tmp_path / "tree")
+    (tmp_path / "tree" / "disaggregation" / "nixl").rename(tmp_path / "tree" / "disaggregation" / name)
+    for detail in ("summary", "full"):
+        result = kvtrace("scan", "tree", "-f", "markdown", "--detail", detail, cwd=tmp_path)
+        assert result.returncode == 1, result.stderr
+        parsed = _commonmark(result.stdout)
+        assert "img" not in {tag for tag, _ in parsed.tags}
+        header = next(row for row in parsed.rows)
+        assert all(len(row) == len(header) for row in parsed.rows[:3])  # the grid's rows are whole
+        text = "".join(parsed.text)
+        assert f"{name} pins WaitingForInput, Transferring" in text
+        assert f"disaggregation/{name}/conn.py:" in text
+        assert not re.search(r"^\s*(```|~~~)(?!python|mermaid)\S", result.stdout, re.M)  # no stray fence
+
+
+@pytest.mark.parametrize("version", ["0.4.8", "0.5.14", "0.5.23"])
+def test_markdown_bug_report_fits_an_issue(tmp_path: Path, version: str) -> None:
+    """Before: 39 KB on 0.4.8, 53 KB on 0.5.14 (five diagrams, one backend pins) and 105 KB on
+    0.5.23, over GitHub's 65,536-character limit for an issue body; no title, no links."""
+    from kvtrace.report.diagram import diagrams
+    from kvtrace.scan import scan_path
+
+    site = _installed(tmp_path, version)
+    md = kvtrace("scan", "site-packages/sglang", "-f", "markdown", cwd=tmp_path).stdout
+    assert len(md) < 60_000
+    report = scan_path(site / "sglang")
+    pinning = [d.backend.name for d in diagrams(report) if d.pinned]
+    lines = md.splitlines()
+    assert lines[0].startswith("# kvtrace: ") and f"(sglang {version}, disagg_prefill_inflight_queue)" in lines[0]
+    errors = [f for f in report.findings if f.severity == "error"]
+    if pinning:
+        assert all(f"{name} pins" in lines[0] for name in pinning)
+    else:
+        assert lines[0].startswith("# kvtrace: no errors · ") and not errors
+    # The answer next: the summary line, then the grid, before any finding.
+    assert lines[2].startswith("**") and "Verdicts for `disagg_prefill_inflight_queue`:" in "\n".join(lines[3:8])
+    # One diagram per backend that pins, unfolded; each error with its chain of links and its code.
+    answer, folded = md.split("## Environment")
+    assert answer.count("```mermaid") == len(pinning)
+    for name in pinning:
+        assert f"### {name} pins " in answer
+    for f in errors:
+        assert f"- **{f.rule}** (error) [`{f.path}:{f.line}`](https://github.com/sgl-project/sglang/blob/v{version}/python/sglang/{f.path}#L{f.line})" in answer
+    # Every path:line links to the release's tag.
+    spans = re.findall(r"(\[?)`[^`\n]+:\d+`(\]?)", md)
+    assert spans and all(opened and closed for opened, closed in spans)
+    # The full report holds every backend's diagram and is not bounded.
+    full = kvtrace("scan", "site-packages/sglang", "-f", "markdown", "--detail", "full", cwd=tmp_path).stdout
+    assert full.count("```mermaid") == len(report.backends) and "<details><summary>Release map" not in full
+    assert "## Release map: disagg_prefill_inflight_queue" in full and "Left out to keep" not in full

@@ -185,7 +185,7 @@ mermaid.parse(text)
 
 
 def test_markdown_mermaid_blocks_parse_and_render(browser, tmp_path: Path) -> None:
-    result = kvtrace("scan", "examples/nixl-pin", "-f", "markdown")
+    result = kvtrace("scan", "examples/nixl-pin", "-f", "markdown", "--detail", "full")
     blocks = re.findall(r"```mermaid\n(.*?)```", result.stdout, re.S)
     assert len(blocks) == 2  # one per backend
     host = tmp_path / "mermaid.html"

@@ -95,7 +95,8 @@ def test_decode_pack_has_one_grid_per_queue_each_with_its_own_findings() -> None
 
     drawn = drawn_queue(report)
     assert drawn is not None and drawn.name == report.graph["queue"]
-    assert f"### State diagrams of `{drawn.name}`" in render([report])
+    assert f"State diagram of {drawn.name}: " in render([report], detail="full")
+    assert f" in `{drawn.name}`" in render([report]).split("```mermaid")[0]  # the pinning backend's diagram
     for diagram in diagrams(report):
         assert set(diagram.pinned) == {s for q, b, s in pinned if q == drawn.name and b == diagram.backend.name}
 
@@ -106,7 +107,8 @@ def test_markdown_lists_findings_errors_first() -> None:
 
     report = scan_path(sglang_tree("0.5.14"))
     assert any(f.severity == "error" for f in report.findings)
-    listed = re.findall(r"^- \*\*([\w-]+)\*\* \((error|warning|note)\)", render([report]), re.M)
+    answer = render([report]).split("## Environment")[0]  # the evidence folded below lists them again
+    listed = re.findall(r"^- \*\*([\w-]+)\*\* \((error|warning|note)\)", answer, re.M)
     assert len(listed) == len(report.findings)
     rank = {"error": 0, "warning": 1, "note": 2}
     assert [rank[s] for _, s in listed] == sorted(rank[s] for _, s in listed)

@@ -278,7 +278,9 @@ def _mermaid_id(node: tuple) -> str:
 
 
 def _mermaid_text(text: str) -> str:
-    return text.replace('"', "#quot;").replace("<", "#lt;").replace(">", "#gt;")
+    # Entities for what would end the label or read as markup (a backtick opens a markdown string).
+    return (text.replace("#", "#35;").replace('"', "#quot;").replace("<", "#lt;").replace(">", "#gt;")
+            .replace("`", "#96;"))
 
 
 def mermaid(diagram: Diagram) -> str:
@@ -327,15 +329,6 @@ def mermaid(diagram: Diagram) -> str:
     return "\n".join(out) + "\n"
 
 
-def mermaid_section(report: Report) -> list[str]:
-    """Markdown lines: one ```mermaid state diagram per backend, pinned ones first."""
-    queue = drawn_queue(report)
-    of = f" of `{queue.name}`" if queue is not None and len(report.queues) > 1 else ""
-    out = [f"\n### State diagrams{of}\n",
-           "Each poll state → the drain loop's branches → kept / leaves / raises / dropped → the sender's "
-           "way out; red: pinned, thick arrows: a pinned state's path, dotted: a missing way out.\n"]
-    for diagram in diagrams(report):
-        verdict = f"pins {', '.join(diagram.pinned)}" if diagram.pinned else "no pinned state"
-        out += [f"#### {diagram.backend.name} (`{diagram.backend.sender}`): {verdict}\n",
-                "```mermaid", mermaid(diagram).rstrip("\n"), "```\n"]
-    return out
+def mermaid_legend() -> str:
+    return ("Each poll state → the drain loop's branches → kept / leaves / raises / dropped → the sender's "
+            "way out; red: pinned, thick arrows: a pinned state's path, dotted: a missing way out.")
