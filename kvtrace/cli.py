@@ -126,15 +126,35 @@ def check_output_path(path: Path) -> None:
     if path.exists():
         if not os.access(path, os.W_OK):
             raise InputError(f"--output {path}: permission denied")
+        if not path.is_file():
+            # A device or pipe: open it as the report will and write nothing (/dev/full refuses even that).
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
+                try:
+                    os.write(fd, b"")
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                raise InputError(f"--output {path}: cannot be written: {exc.strerror}") from None
     elif not os.access(parent, os.W_OK | os.X_OK):
         raise InputError(f"--output {path}: cannot create a file in {parent}: permission denied")
+    else:
+        # Some folders refuse new files whatever their mode says (/proc, /sys, a read-only mount):
+        # create it and take it away again, so that the scan does not run for nothing.
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            os.unlink(path)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise InputError(f"--output {path}: cannot create it: {exc.strerror}") from None
 
 
 # An extension that says what a file holds -> the formats that may be written to it.
 _EXTENSION_FORMATS: dict[str, tuple[OutputFormat, ...]] = {
     ".sarif.json": (OutputFormat.sarif,),
     ".sarif": (OutputFormat.sarif,),
-    ".json": (OutputFormat.json, OutputFormat.sarif),  # SARIF is JSON too
+    ".json": (OutputFormat.json,),  # a SARIF log is named .sarif or .sarif.json
     ".md": (OutputFormat.markdown,),
     ".markdown": (OutputFormat.markdown,),
     ".html": (OutputFormat.html,),
@@ -343,6 +363,10 @@ def scan(
     try:
         warn_unknown_backends(reports, settings, overrides)
         report_gaps(reports, quiet)
+        if quiet and metrics is not None:  # -q hides the fleet summary, not the gauge that was asked for
+            for r in results:
+                if r.metrics is not None and (r.metrics.error or not r.metrics.gauges):
+                    typer.echo(plain(f"kvtrace: metrics: {r.target}: {r.metrics.summary()[0]}"), err=True)
         if not quiet and (fleet or metrics is not None):
             summary = render_summary([summarise(r) for r in results])
             if output_format is OutputFormat.text and output is None:

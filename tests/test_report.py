@@ -296,3 +296,27 @@ def test_source_text_in_brackets_survives_the_terminal_report() -> None:
     # rich reads `[...]` in a plain str cell as markup and drops it; the report must not.
     text = terminal_report(EXAMPLES / "nixl-pin")
     assert "stores self.request_status[bootstrap_room]" in " ".join(text.split())
+
+
+@pytest.mark.parametrize("output", ["/proc/kvtrace-report.txt", "/dev/full"])
+def test_an_output_that_cannot_be_written_fails_before_the_scan(output: str) -> None:
+    """Before: both failed only after the whole scan, with an OSError line."""
+    result = kvtrace("scan", "examples/nixl-pin", "-o", output, "-v")
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("kvtrace: error")]
+    assert len(lines) == 1 and f"--output {output}: cannot" in lines[0]
+    assert "fetched" not in result.stderr and "analys" not in result.stderr  # -v logs the scan's steps: none ran
+
+
+def test_a_gauge_that_cannot_be_read_shows_under_quiet() -> None:
+    """Before: with -q the fleet summary, the only place the failure was said, was hidden."""
+    import socket
+
+    with socket.socket() as holder:  # a port nothing listens on: bound, never listening
+        holder.bind(("127.0.0.1", 0))
+        port = holder.getsockname()[1]
+        result = kvtrace("scan", "examples/nixl-pin", "-q", "--metrics", f"http://127.0.0.1:{port}/metrics",
+                         "--metrics-seconds", "0", "-f", "json")
+    assert result.returncode == 1
+    [line] = [line for line in result.stderr.splitlines() if "metrics" in line]
+    assert line.startswith("kvtrace: metrics: examples/nixl-pin: metrics http://127.0.0.1:") and "cannot read" in line
