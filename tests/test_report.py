@@ -320,3 +320,32 @@ def test_a_gauge_that_cannot_be_read_shows_under_quiet() -> None:
     assert result.returncode == 1
     [line] = [line for line in result.stderr.splitlines() if "metrics" in line]
     assert line.startswith("kvtrace: metrics: examples/nixl-pin: metrics http://127.0.0.1:") and "cannot read" in line
+
+
+def test_fleet_summary_names_the_backend_once_per_finding() -> None:
+    """Before: `note[no-timeout] no-timeout WaitingForInput` four times, backend dropped, rule doubled."""
+    from kvtrace.fleet import verdicts_of
+
+    findings = [{"rule": "no-timeout", "severity": "note", "backend": b, "state": "WaitingForInput",
+                 "path": f"srt/disaggregation/{b}/conn.py", "line": 10} for b in ("ascend", "mooncake")]
+    findings += [{"rule": "unhandled-state", "severity": "warning", "backend": None, "state": "Success",
+                  "path": "srt/disaggregation/prefill.py", "line": 5}] * 2
+    assert verdicts_of(findings) == [
+        "note[no-timeout] ascend WaitingForInput (srt/disaggregation/ascend/conn.py:10)",
+        "note[no-timeout] mooncake WaitingForInput (srt/disaggregation/mooncake/conn.py:10)",
+        "warning[unhandled-state] queue Success (srt/disaggregation/prefill.py:5)"]
+
+
+def test_wording_of_unhandled_state_and_abort_ignored_on_0_5_23() -> None:
+    """Before: "Success matches no test of the poll value in the drain loop" though prefill.py tests
+    Success (only the pending_bootstrap path raises); "aborting a ascend transfer"."""
+    from kvtrace.scan import scan_path
+    from tests.sglang_wheels import sglang_tree
+
+    report = scan_path(sglang_tree("0.5.23"))
+    success = [f for f in report.findings if f.rule == "unhandled-state" and f.state == "Success"]
+    assert success and all("is tested in the drain loop" in f.message and "handle_pending_bootstrap()" in f.message
+                           for f in success)
+    aborts = [f.message for f in report.findings if f.rule == "abort-ignored"]
+    assert not any(" a ascend " in m for m in aborts)
+    assert all(re.search(r"aborting (an [aeiou]|a [^aeiou])", m) for m in aborts if "aborting" in m)
