@@ -349,3 +349,51 @@ def test_wording_of_unhandled_state_and_abort_ignored_on_0_5_23() -> None:
     aborts = [f.message for f in report.findings if f.rule == "abort-ignored"]
     assert not any(" a ascend " in m for m in aborts)
     assert all(re.search(r"aborting (an [aeiou]|a [^aeiou])", m) for m in aborts if "aborting" in m)
+
+
+def test_at_80_by_50_the_answer_is_on_screen_when_the_scan_ends() -> None:
+    """Before: 0.5.14 printed 345 lines at 80 columns and the summary sat at line 206, so the
+    screen showed the backends' detail when the command ended."""
+    from tests.sglang_wheels import sglang_tree
+
+    out = kvtrace("scan", str(sglang_tree("0.5.14")), env={"COLUMNS": "80"}).stdout.splitlines()
+    assert len(out) > 50  # the full report does not fit one screen
+    last_screen = "\n".join(out[-49:])  # 50 rows, one for the next prompt
+    assert out[-1] == "1 error: nixl pins WaitingForInput · 4 warnings · 10 notes"
+    assert "Verdicts for disagg_prefill_inflight_queue" in last_screen
+    assert re.search(r"^nixl +\S+ +\S+ +KVT001 ", last_screen, re.M)
+    assert max(len(line) for line in out) <= 80
+
+
+def test_piped_text_is_folded_to_the_terminal_stderr_is_on(tmp_path: Path) -> None:
+    """`kvtrace scan ... | less` from an 80-column terminal: folded to 80, as on screen. A pipe
+    with no terminal anywhere (CI, a file) keeps one greppable line per row."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    from tests.sglang_wheels import sglang_tree
+
+    master, follower = pty.openpty()
+    try:
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 80, 0, 0))
+        env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+        piped = subprocess.run([sys.executable, "-m", "kvtrace", "scan", str(sglang_tree("0.5.14"))], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=follower, env=env, text=True, timeout=300)
+    finally:
+        os.close(master)
+        os.close(follower)
+    assert piped.returncode == 1 and max(len(line) for line in piped.stdout.splitlines()) <= 80
+    unfolded = subprocess.run([sys.executable, "-m", "kvtrace", "scan", str(sglang_tree("0.5.14"))], cwd=ROOT,
+                              capture_output=True, env=env, text=True, timeout=300).stdout
+    assert max(len(line) for line in unfolded.splitlines()) > 80
+
+
+def test_excerpts_leave_out_the_examples_test_annotations() -> None:
+    examples = ROOT / "examples"
+    annotated = [p for p in examples.rglob("*.py") if "# expect:" in p.read_text() or "; expect:" in p.read_text()]
+    assert annotated
+    for fmt in ("text", "markdown", "html"):
+        out = kvtrace("scan", "examples/nixl-pin", "-f", fmt).stdout
+        assert "def poll(self)" in out and "expect:" not in out, fmt

@@ -15,6 +15,7 @@ from kvtrace import __version__
 from kvtrace.baseline import counts_against, mark
 from kvtrace.model import Report
 from kvtrace.report import modes_line, state_fate_lines
+from kvtrace.report.excerpt import excerpt
 from kvtrace.report.diagram import LINE_H, NODE_W, Diagram, diagrams, drawn_queue, node_id
 from kvtrace.report.links import Permalinks, permalinks
 from kvtrace.report.verdicts import OK, Grid, by_severity, summary_line, unknown_returns, verdict_grids
@@ -43,11 +44,7 @@ td.ok{color:#1a7f37}td.never{color:#8c959f}.summary{font-size:16px}
 
 
 def _excerpt(report: Report, path: str, line: int, context: int = 2) -> list[tuple[int, str]]:
-    source = next((f for f in report.files if f.path == path), None)
-    lines = source.lines if source is not None else []
-    if not 0 < line <= len(lines):
-        return []
-    return [(n, lines[n - 1]) for n in range(max(1, line - context), min(len(lines), line + context) + 1)]
+    return excerpt(report, path, line, context)
 
 
 def _anchor(path: str, line: int) -> str:

@@ -21,6 +21,7 @@ from kvtrace import __version__
 from kvtrace.baseline import counts_against
 from kvtrace.model import Backend, Evidence, Gap, Report, SourceFile
 from kvtrace.report import modes_line, state_fate_lines
+from kvtrace.report.excerpt import without_annotation
 from kvtrace.safe_text import plain
 from kvtrace.report.verdicts import (
     NOT_CHECKED,
@@ -61,6 +62,12 @@ def render(report: Report, console: Console, show_map: bool = True) -> None:
             console.print()
             console.print(Text("Not analysed", style="bold"))
             _gaps(report.gaps, console, more=0, heading=False)
+        # The details run to hundreds of lines: the answer is repeated last, so that it is what
+        # the screen shows when the command ends (no pager needed to find it).
+        console.print()
+        console.print(Text("In short (as at the top)", style="bold"))
+        _grid(report, console)
+        console.print(Text(summary, style="bold yellow" if report.incomplete and not report.findings else style))
 
 
 def _header(report: Report, console: Console) -> None:
@@ -211,7 +218,7 @@ def _excerpt(source: SourceFile | None, line: int, width: int, context: int = 2)
     start, end = max(1, line - context), min(len(lines), line + context)
     # Long code lines are cut at a space with a marker, never mid-name by the terminal edge.
     room = max(20, width - len(str(end)) - 4)
-    shown = [_cut(lines[n - 1], room) for n in range(start, end + 1)]
+    shown = [_cut(without_annotation(lines[n - 1]), room) for n in range(start, end + 1)]
     return Syntax("\n".join(shown), "python", line_numbers=True, start_line=start, highlight_lines={line},
                   word_wrap=False, background_color="default", theme="ansi_dark")
 
