@@ -252,6 +252,8 @@ def scan(
         help="Leave out these rules (repeatable or comma-separated). Wins over [tool.kvtrace].")] = None,
     ignore_backend: Annotated[Optional[list[str]], typer.Option("--ignore-backend", metavar="BACKEND",
         help="Leave out these backends, e.g. fake (repeatable or comma-separated).")] = None,
+    only_backend: Annotated[Optional[list[str]], typer.Option("--backend", metavar="BACKEND",
+        help="Keep only these backends' rows, e.g. the one the host runs (repeatable or comma-separated).")] = None,
     baseline: Annotated[Optional[Path], typer.Option("--baseline", metavar="FILE",
         help="An earlier kvtrace JSON report or SARIF log: its findings are shown as such and do not fail.")] = None,
     write_baseline: Annotated[Optional[Path], typer.Option("--write-baseline", metavar="FILE",
@@ -342,6 +344,20 @@ def scan(
         else:
             log.debug("%s: fetched %d files in %.2fs; %s in %.2fs", r.target, len(r.report.files), r.timings["fetch"],
                       "cached result" if r.cached else "analysed", r.timings["analyse"])
+    if only_backend:
+        from kvtrace.fleet import exit_code_for
+        from kvtrace.narrow import keep_backends
+
+        for r in results:
+            try:
+                for report in r.reports:
+                    keep_backends(report, _names(only_backend))
+                fail = getattr(settings.get(r.target), "fail_on", None) or "note"
+                if r.reports and r.error is None:
+                    r.exit_code = worst_exit(exit_code_for(report, fail) for report in r.reports)
+            except KvtraceError as exc:
+                typer.echo(f"kvtrace: error: {plain(str(exc))}", err=True)
+                r.exit_code, r.report, r.extra_reports = EXIT_INPUT, None, []
     verdict.code = worst_exit(r.exit_code for r in results)  # what the run exits with, whatever stdout does
     reports = [report for r in results for report in r.reports]
     if reports:
