@@ -291,3 +291,50 @@ def test_markdown_bug_report_fits_an_issue(tmp_path: Path, version: str) -> None
     full = kvtrace("scan", "site-packages/sglang", "-f", "markdown", "--detail", "full", cwd=tmp_path).stdout
     assert full.count("```mermaid") == len(report.backends) and "<details><summary>Release map" not in full
     assert "## Release map: disagg_prefill_inflight_queue" in full and "Left out to keep" not in full
+
+
+def _with_environ(site: Path, version: str) -> None:
+    """An installed release has srt/environ.py (the env registry); the test trees keep only the
+    files kvtrace scans, so it is taken from the same wheel."""
+    import zipfile
+
+    from tests.sglang_wheels import wheel
+
+    with zipfile.ZipFile(wheel(version)) as archive:
+        (site / "sglang" / "srt" / "environ.py").write_bytes(archive.read("sglang/srt/environ.py"))
+
+
+@pytest.mark.parametrize(("version", "style"), [("0.5.2", "call"), ("0.5.14", "registry")])
+def test_what_frees_each_state_names_the_timeout_variable_and_default(tmp_path: Path, version: str,
+                                                                      style: str) -> None:
+    """0.5.2 reads `get_int_env_var("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", 300)` in
+    mooncake/conn.py; 0.5.14 reads `envs.SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT.get()`, declared
+    `EnvInt(300)` in srt/environ.py. Both are found from the timeout check's compared name."""
+    from kvtrace.freeing import what_frees
+    from kvtrace.scan import scan_path
+
+    site = _installed(tmp_path, version)
+    if style == "registry":
+        _with_environ(site, version)
+    report = scan_path(site / "sglang")
+    mooncake = next(b for b in report.backends if b.name == "mooncake")
+    frees = {f.state: f for f in what_frees(report, mooncake)}
+    boot = frees["Bootstrapping"]
+    assert "a timeout frees it: SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, default 300" in boot.text
+    read = next(e for e in boot.evidence if e.note.startswith("reads "))
+    text = (site / "sglang" / read.path).read_text().splitlines()[read.line - 1]
+    assert "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT" in text or "bootstrap_timeout" in text
+    if style == "registry":
+        declared = next(e for e in boot.evidence if e.note.startswith("declares"))
+        assert declared.path == "srt/environ.py"
+        assert "EnvInt(300)" in (site / "sglang" / "srt" / "environ.py").read_text().splitlines()[declared.line - 1]
+    nixl = next(b for b in report.backends if b.name == "nixl")
+    pinned = {f.state for f in report.findings if f.rule == "pinned-state" and f.backend == "nixl"}
+    for freeing in what_frees(report, nixl):
+        if freeing.state in pinned:
+            assert freeing.how == "nothing" and "restarts" in freeing.text
+    # The bug report and the text report say it where the pin is.
+    md = kvtrace("scan", "site-packages/sglang", "-f", "markdown", cwd=tmp_path).stdout.split("## Findings")[0]
+    assert "until the server restarts" in md
+    text_report = " ".join(kvtrace("scan", "site-packages/sglang", "--backend", "mooncake", cwd=tmp_path).stdout.split())
+    assert re.search(r"what frees Bootstrapping: .*?SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, default 300", text_report)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import re
 
+from kvtrace.freeing import what_frees
 from kvtrace.model import Report
 from kvtrace.report import modes_line, state_fate_lines
 from kvtrace.report.bugreport import code_link, environment_lines, excerpt_details, target_from_cwd
@@ -129,8 +130,9 @@ def _what_pins(report: Report, pinning: list, links: Permalinks | None) -> list[
         of = f" in {code(queue.name)}" if queue is not None and len(report.queues) > 1 else ""
         out += [f"### {prose(b.name)} pins {prose(', '.join(diagram.pinned))}{of}", "",
                 f"{code(b.sender + '.poll()')}{poll}. What frees each state it can return and keep:", ""]
-        for state, verdict in b.verdicts.items():
-            out.append(f"- {prose(state)}: {prose(way_out_text(verdict))}")
+        for freeing in what_frees(report, b):
+            where = ", ".join(code_link(e.path, e.line, links) for e in freeing.evidence[:3])
+            out.append(f"- {prose(freeing.state)}: {prose(freeing.text)}" + (f" ({where})" if where else ""))
         out.append("")
         for f in errors:
             if f.backend == b.name:

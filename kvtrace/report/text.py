@@ -206,6 +206,21 @@ def _backend_findings(report: Report, backend: str | None, groups, files: dict[s
             console.print(Padding(excerpt, (0, 0, 0, 2)))
         if group.evidence:
             console.print(Padding(_evidence_table(group.evidence, console.width - 4), (0, 0, 0, 4)))
+    if info is not None:
+        _what_frees(report, info, console)
+
+
+def _what_frees(report: Report, backend: Backend, console: Console) -> None:
+    """For each non-terminal state the backend's poll() returns: abort, a timeout (its variable
+    and default) or a restart, so that the engineer on call knows what to do now."""
+    from kvtrace.freeing import what_frees
+
+    for freeing in what_frees(report, backend):
+        where = "; ".join(f"{e.path}:{e.line}" for e in freeing.evidence[:3])
+        line = Text.assemble(("what frees ", "bold"), (freeing.state, "bold"), ": ", freeing.text)
+        if where:
+            line.append(f" ({where})", "dim")
+        console.print(Padding(line, (0, 0, 0, 2)))
 
 
 def _excerpt(source: SourceFile | None, line: int, width: int, context: int = 2) -> Syntax | None:
