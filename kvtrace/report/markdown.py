@@ -41,8 +41,6 @@ def _report(report: Report, detail: str, budget: int | None) -> str:
     out += _what_pins(report, pinning, links)
     out += _other_findings(report, links)
     out += ["## Environment", "", *environment_lines(report), ""]
-    if report.filters.active:  # a narrowed scan says so, as the text report's header does
-        out += [f"Filters: {prose(report.filters.describe())}.", ""]
     folded = _folded_sections(report, [d for d in drawn if not d.pinned] if pinning else drawn, links, detail)
     head = "\n".join(out) + "\n"
     body: list[str] = []
@@ -79,6 +77,8 @@ def title_line(report: Report) -> str:
 
 def _answer(report: Report) -> list[str]:
     out = [f"**{prose(summary_line(report))}**", ""]
+    if report.filters.active:  # a narrowed scan says so before its verdicts, as the text header does
+        out += [f"Filters: {prose(report.filters.describe())}.", ""]
     if report.gaps:
         out.append(f"> **INCOMPLETE**: {prose(gap_text(report.gaps))}")
         out.append("")
