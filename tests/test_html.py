@@ -98,9 +98,12 @@ def test_html_report_in_chromium(browser, tmp_path: Path) -> None:
             anchor = browser.execute_script(
                 "const e = document.getElementById(arguments[0].slice(1)); return e && e.textContent;", n["href"])
             assert anchor and f"{n['path']}:{n['line']}" in anchor, n
-            # The hover text carries the excerpt: the very line of the file, marked.
-            line = (EXAMPLES / "nixl-pin" / n["path"]).read_text().splitlines()[n["line"] - 1]
-            assert f">{n['line']:5d} | {line}" in n["title"], n
+            # The hover text carries the excerpt: the very line of the file, marked (without the
+            # example's own `# expect:` test annotation).
+            from kvtrace.report.excerpt import without_annotation
+
+            line = without_annotation((EXAMPLES / "nixl-pin" / n["path"]).read_text().splitlines()[n["line"] - 1])
+            assert f">{n['line']:5d} | {line}" in n["title"] and "expect:" not in n["title"], n
     wayout = {n["label"]: n["classes"] for n in sections["nixl"] if n["kind"] == "wayout"}
     assert wayout == {"abort: conclude_state never read": ["node", "wayout", "missing"],
                       "no timeout: WaitingForInput, Transferring": ["node", "wayout", "missing"]}
