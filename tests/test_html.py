@@ -357,3 +357,23 @@ def report_site_function(report, path: str, line: int) -> str | None:
 
     return next((d.get("function") for n, d in queue_graph(report).nodes(data=True)
                  if d.get("path") == path and d.get("line") == line), None)
+
+
+@pytest.mark.parametrize("version", ["0.4.8", "0.5.14", "0.5.23"])
+def test_bug_report_mermaid_renders_on_real_releases(browser, tmp_path: Path, version: str) -> None:
+    """Every ```mermaid block of the bug report, the pinning backends' and the folded ones,
+    parsed and drawn by mermaid itself; the waits are drawn as waits, helpers folded."""
+    md = kvtrace("scan", str(sglang_tree(version)), "-f", "markdown").stdout
+    blocks = re.findall(r"```mermaid\n(.*?)```", md, re.S)
+    assert blocks and len(md) < 60_000
+    host = tmp_path / "mermaid.html"
+    host.write_text(f'<!DOCTYPE html><html><head><meta charset="utf-8"><script src="{mermaid_js().as_uri()}">'
+                    "</script></head><body></body></html>")
+    browser.get(host.as_uri())
+    for block in blocks:
+        rendered = browser.execute_async_script(RENDER_JS, block)
+        assert rendered["ok"], rendered
+        texts = [n["text"] for n in rendered["nodes"]]
+        assert not any("…" in t for t in texts)
+        if version != "0.4.8":
+            assert any("waits: req.rid not in rids_to_check" in t for t in texts), texts
