@@ -16,7 +16,7 @@ import re
 from kvtrace.freeing import what_frees
 from kvtrace.model import Report
 from kvtrace.report import modes_line, state_fate_lines
-from kvtrace.report.bugreport import code_link, environment_lines, excerpt_details, target_from_cwd
+from kvtrace.report.bugreport import code_link, environment_lines, excerpt_details
 from kvtrace.report.diagram import diagrams, drawn_queue, mermaid, mermaid_legend
 from kvtrace.report.links import Permalinks, permalinks
 from kvtrace.report.mdtext import cell, code, html, prose
