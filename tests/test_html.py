@@ -310,7 +310,7 @@ def test_state_diagrams_read_and_fit(browser, tmp_path: Path, version: str) -> N
 
     page = tmp_path / f"sglang-{version}.html"
     result = kvtrace("scan", str(sglang_tree(version)), "-f", "html", "-o", str(page))
-    assert result.returncode == 1, result.stderr
+    assert result.returncode in (0, 1) and page.stat().st_size > 10_000, result.stderr  # the gate decides 0 or 1
     open_page(browser, page)
     shots = Path(os.environ.get("KVTRACE_SCREENSHOTS", tmp_path))
     browser.save_screenshot(str(shots / f"diagram-{version}.png"))
