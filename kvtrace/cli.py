@@ -57,6 +57,11 @@ class FailOn(str, Enum):
     never = "never"
 
 
+class Detail(str, Enum):
+    summary = "summary"
+    full = "full"
+
+
 class OutputFormat(str, Enum):
     text = "text"
     json = "json"
@@ -119,15 +124,35 @@ def check_output_path(path: Path) -> None:
     if path.exists():
         if not os.access(path, os.W_OK):
             raise InputError(f"--output {path}: permission denied")
+        if not path.is_file():
+            # A device or pipe: open it as the report will and write nothing (/dev/full refuses even that).
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
+                try:
+                    os.write(fd, b"")
+                finally:
+                    os.close(fd)
+            except OSError as exc:
+                raise InputError(f"--output {path}: cannot be written: {exc.strerror}") from None
     elif not os.access(parent, os.W_OK | os.X_OK):
         raise InputError(f"--output {path}: cannot create a file in {parent}: permission denied")
+    else:
+        # Some folders refuse new files whatever their mode says (/proc, /sys, a read-only mount):
+        # create it and take it away again, so that the scan does not run for nothing.
+        try:
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+            os.unlink(path)
+        except FileExistsError:
+            pass
+        except OSError as exc:
+            raise InputError(f"--output {path}: cannot create it: {exc.strerror}") from None
 
 
 # An extension that says what a file holds -> the formats that may be written to it.
 _EXTENSION_FORMATS: dict[str, tuple[OutputFormat, ...]] = {
     ".sarif.json": (OutputFormat.sarif,),
     ".sarif": (OutputFormat.sarif,),
-    ".json": (OutputFormat.json, OutputFormat.sarif),  # SARIF is JSON too
+    ".json": (OutputFormat.json,),  # a SARIF log is named .sarif or .sarif.json
     ".md": (OutputFormat.markdown,),
     ".markdown": (OutputFormat.markdown,),
     ".html": (OutputFormat.html,),
@@ -191,6 +216,9 @@ def scan(
         help="When a TARGET holds several packages (versions side by side), scan each as its own report.")] = False,
     no_map: Annotated[bool, typer.Option("--no-map",
         help="Text format: leave out the release map, the poll states' fates and the backends' details.")] = False,
+    detail: Annotated[Detail, typer.Option("--detail",
+        help="Markdown: summary (the answer, what fails with its code and diagram, the rest folded, under "
+             "60,000 characters) or full (every diagram and table, no size bound).")] = Detail.summary,
     sarif_root: Annotated[Optional[Path], typer.Option("--sarif-root", metavar="DIR",
         help="SARIF: make file locations relative to DIR (default: the current directory).")] = None,
     identity: Annotated[Optional[list[str]], typer.Option("--identity", "-i", metavar="KEY",
@@ -223,6 +251,8 @@ def scan(
         help="Leave out these rules (repeatable or comma-separated). Wins over [tool.kvtrace].")] = None,
     ignore_backend: Annotated[Optional[list[str]], typer.Option("--ignore-backend", metavar="BACKEND",
         help="Leave out these backends, e.g. fake (repeatable or comma-separated).")] = None,
+    only_backend: Annotated[Optional[list[str]], typer.Option("--backend", metavar="BACKEND",
+        help="Keep only these backends' rows, e.g. the one the host runs (repeatable or comma-separated).")] = None,
     baseline: Annotated[Optional[Path], typer.Option("--baseline", metavar="FILE",
         help="An earlier kvtrace JSON report or SARIF log: its findings are shown as such and do not fail.")] = None,
     write_baseline: Annotated[Optional[Path], typer.Option("--write-baseline", metavar="FILE",
@@ -313,6 +343,20 @@ def scan(
         else:
             log.debug("%s: fetched %d files in %.2fs; %s in %.2fs", r.target, len(r.report.files), r.timings["fetch"],
                       "cached result" if r.cached else "analysed", r.timings["analyse"])
+    if only_backend:
+        from kvtrace.fleet import exit_code_for
+        from kvtrace.narrow import keep_backends
+
+        for r in results:
+            try:
+                for report in r.reports:
+                    keep_backends(report, _names(only_backend))
+                fail = getattr(settings.get(r.target), "fail_on", None) or "note"
+                if r.reports and r.error is None:
+                    r.exit_code = worst_exit(exit_code_for(report, fail) for report in r.reports)
+            except KvtraceError as exc:
+                typer.echo(f"kvtrace: error: {plain(str(exc))}", err=True)
+                r.exit_code, r.report, r.extra_reports = EXIT_INPUT, None, []
     verdict.code = worst_exit(r.exit_code for r in results)  # what the run exits with, whatever stdout does
     if write_baseline is not None and verdict.code == EXIT_FINDINGS:
         verdict.code = EXIT_CLEAN  # writing a baseline accepts today's findings; an incomplete scan still exits 3
@@ -324,7 +368,7 @@ def scan(
     if reports:
         try:
             try:
-                _write(reports, output_format, output, no_map, sarif_root, gate_levels)
+                _write(reports, output_format, output, no_map, sarif_root, gate_levels, detail.value)
             except BrokenPipeError:  # `| head`: the files below are still written, the code kept
                 closed_pipe(sys.stdout)
             if graph is not None:
@@ -345,6 +389,10 @@ def scan(
     try:
         warn_unknown_backends(reports, settings, overrides)
         report_gaps(reports, quiet)
+        if quiet and metrics is not None:  # -q hides the fleet summary, not the gauge that was asked for
+            for r in results:
+                if r.metrics is not None and (r.metrics.error or not r.metrics.gauges):
+                    typer.echo(plain(f"kvtrace: metrics: {r.target}: {r.metrics.summary()[0]}"), err=True)
         if output_format is OutputFormat.text and not quiet:
             report_failures(results, gate_levels)
         if not quiet and (fleet or metrics is not None):
@@ -449,7 +497,8 @@ def gap_line(gap) -> str:
 
 
 def _write(reports: list[Report], fmt: OutputFormat, output: Path | None, no_map: bool,
-           sarif_root: Path | None, gate_levels: dict[str, tuple[str, str]] | None = None) -> None:
+           sarif_root: Path | None, gate_levels: dict[str, tuple[str, str]] | None = None,
+           detail: str = "summary") -> None:
     from kvtrace.report import render_text_stream
 
     if fmt is OutputFormat.text:
@@ -482,7 +531,7 @@ def _write(reports: list[Report], fmt: OutputFormat, output: Path | None, no_map
     else:
         from kvtrace.report.markdown import render
 
-        text = render(reports)
+        text = render(reports, detail=detail)
     if output is not None:
         output.write_text(text, encoding="utf-8")
     else:

@@ -428,9 +428,13 @@ class HostSummary:
 def verdicts_of(findings: Iterable[dict[str, Any]]) -> list[str]:
     lines = []
     for f in findings:
-        what = f"{f.get('backend')} can pin {f.get('state')}" if f.get("rule") == "pinned-state" and f.get("backend") \
-            else f"{f.get('rule')}" + (f" {f.get('state')}" if f.get("state") else "")
-        lines.append(f"{f.get('severity')}[{f.get('rule')}] {what} ({f.get('path')}:{f.get('line')})")
+        # The rule is in the brackets; what follows names the backend (or the queue) and the state.
+        subject = f.get("backend") or "queue"
+        what = f"{subject} can pin {f.get('state')}" if f.get("rule") == "pinned-state" and f.get("backend") \
+            else subject + (f" {f.get('state')}" if f.get("state") else "")
+        line = f"{f.get('severity')}[{f.get('rule')}] {what} ({f.get('path')}:{f.get('line')})"
+        if line not in lines:
+            lines.append(line)
     return lines
 
 

@@ -109,7 +109,7 @@ def test_merge_tells_apart_two_reports_from_one_machine(tmp_path: Path, incomple
     ("k.sarif", '{\n  "$schema": "https://docs.oasis-open.org/sarif'),
     ("k.sarif.json", '{\n  "$schema": "https://docs.oasis-open.org/sarif'),
     ("k.json", '{\n  "schema": "kvtrace/2"'),
-    ("k.md", "## kvtrace"),
+    ("k.md", "# kvtrace: "),
     ("k.html", "<!DOCTYPE html>"),
     ("k.txt", "kvtrace "),
 ])
@@ -128,9 +128,10 @@ def test_a_format_the_extension_contradicts_is_refused(tmp_path: Path, fmt: str,
     line = one_line_error(kvtrace("scan", str(NIXL_PIN), "--format", fmt, "-o", str(out)))
     assert f"--format {fmt} contradicts --output {out}" in line
     assert not out.exists()  # refused before anything was scanned or written
-    # SARIF is JSON: --format sarif into a .json file is what it says.
-    assert kvtrace("scan", str(NIXL_PIN), "--format", "sarif", "-o", str(tmp_path / "s.json")).returncode == 1
-    assert '"$schema"' in (tmp_path / "s.json").read_text()
+    # A .json file is a kvtrace JSON report (issue 19: SARIF went silently into x.json); .sarif.json is SARIF.
+    assert "contradicts" in one_line_error(kvtrace("scan", str(NIXL_PIN), "--format", "sarif", "-o", str(tmp_path / "s.json")))
+    assert kvtrace("scan", str(NIXL_PIN), "--format", "sarif", "-o", str(tmp_path / "s.sarif.json")).returncode == 1
+    assert '"$schema"' in (tmp_path / "s.sarif.json").read_text()
 
 
 # --- 6. SARIF locations are valid URIs --------------------------------------------------------

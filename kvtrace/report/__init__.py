@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import os
+import sys
 from typing import TextIO
 
 from rich.console import Console
@@ -12,11 +13,29 @@ from rich.console import Console
 from kvtrace.model import ModeFate, QueueReport, Report, StateFate
 
 
-def plain_width() -> int:
-    """Width for text that is not going to a terminal: COLUMNS when the user set it, else
-    wide enough that no row is folded (each row stays one greppable line)."""
+def plain_width(piped: bool = False) -> int:
+    """Width for text that is not going to a terminal: COLUMNS when the user set it; piped (to
+    `less`, `head`) with stderr on a terminal, that terminal's width, so it reads as it would
+    on screen; else (a file, a CI log) wide enough that no row
+    is folded (each row stays one greppable line)."""
     columns = os.environ.get("COLUMNS", "")
-    return int(columns) if columns.isdigit() and int(columns) >= 40 else 1000
+    if columns.isdigit() and int(columns) >= 40:
+        return int(columns)
+    if piped:
+        width = _terminal_width()
+        if width is not None and width >= 40:
+            return width
+    return 1000
+
+
+def _terminal_width() -> int | None:
+    """The terminal stderr writes to (the one the user is looking at when stdout is piped). Not
+    stdin nor /dev/tty: a test harness or a CI runner that captures stderr must get the
+    unfolded, greppable text, whatever terminal launched it."""
+    try:
+        return os.get_terminal_size(2).columns
+    except OSError:
+        return None
 
 
 def render_text_stream(reports: list[Report], stream: TextIO, terminal: bool, show_map: bool = True) -> None:
@@ -30,7 +49,7 @@ def render_text_stream(reports: list[Report], stream: TextIO, terminal: bool, sh
                 console.print()
             render(report, console, show_map=show_map)
         return
-    stream.write(render_plain(reports, width=plain_width(), show_map=show_map))
+    stream.write(render_plain(reports, width=plain_width(piped=stream is sys.stdout), show_map=show_map))
 
 
 def render_plain(reports: list[Report], width: int = 1000, show_map: bool = True) -> str:

@@ -21,6 +21,7 @@ from kvtrace import __version__
 from kvtrace.baseline import counts_against
 from kvtrace.model import Backend, Evidence, Gap, Report, SourceFile
 from kvtrace.report import modes_line, state_fate_lines
+from kvtrace.report.excerpt import without_annotation
 from kvtrace.safe_text import inert, plain
 from kvtrace.report.verdicts import (
     NOT_CHECKED,
@@ -62,6 +63,12 @@ def render(report: Report, console: Console, show_map: bool = True) -> None:
             console.print()
             console.print(Text("Not analysed", style="bold"))
             _gaps(report.gaps, console, more=0, heading=False)
+        # The details run to hundreds of lines: the answer is repeated last, so that it is what
+        # the screen shows when the command ends (no pager needed to find it).
+        console.print()
+        console.print(Text("In short (as at the top)", style="bold"))
+        _grid(report, console)
+        console.print(Text(summary, style="bold yellow" if report.incomplete and not report.findings else style))
 
 
 def _header(report: Report, console: Console) -> None:
@@ -200,6 +207,21 @@ def _backend_findings(report: Report, backend: str | None, groups, files: dict[s
             console.print(Padding(excerpt, (0, 0, 0, 2)))
         if group.evidence:
             console.print(Padding(_evidence_table(group.evidence, console.width - 4), (0, 0, 0, 4)))
+    if info is not None:
+        _what_frees(report, info, console)
+
+
+def _what_frees(report: Report, backend: Backend, console: Console) -> None:
+    """For each non-terminal state the backend's poll() returns: abort, a timeout (its variable
+    and default) or a restart, so that the engineer on call knows what to do now."""
+    from kvtrace.freeing import what_frees
+
+    for freeing in what_frees(report, backend):
+        where = "; ".join(f"{e.path}:{e.line}" for e in freeing.evidence[:3])
+        line = Text.assemble(("what frees ", "bold"), (freeing.state, "bold"), ": ", freeing.text)
+        if where:
+            line.append(f" ({where})", "dim")
+        console.print(Padding(line, (0, 0, 0, 2)))
 
 
 def _excerpt(source: SourceFile | None, line: int, width: int, context: int = 2) -> Syntax | None:
@@ -212,7 +234,7 @@ def _excerpt(source: SourceFile | None, line: int, width: int, context: int = 2)
     start, end = max(1, line - context), min(len(lines), line + context)
     # Long code lines are cut at a space with a marker, never mid-name by the terminal edge.
     room = max(20, width - len(str(end)) - 4)
-    shown = [_cut(plain(lines[n - 1]), room) for n in range(start, end + 1)]
+    shown = [_cut(plain(without_annotation(lines[n - 1])), room) for n in range(start, end + 1)]
     return Syntax("\n".join(shown), "python", line_numbers=True, start_line=start, highlight_lines={line},
                   word_wrap=False, background_color="default", theme="ansi_dark")
 
