@@ -9,7 +9,6 @@ Matching counts: two identical fingerprints in the scan need two in the baseline
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import Any, Iterable
 
 from kvtrace.errors import InputError
 from kvtrace.model import Finding
+from kvtrace.userfiles import checked, load_json
 
 SARIF_KEY = "kvtrace/v2"  # partialFingerprints key; v1 (rule:backend:state) had no function
 
@@ -54,18 +54,65 @@ class BaselineResult:
     gone: list[Fingerprint]  # in the baseline, not found any more (fixed, or renamed)
 
 
+_OPTIONAL_TEXT = {"type": ["string", "null"]}
+_BASELINE_FINDING = {
+    "type": "object",
+    "required": ["rule"],
+    "properties": {"rule": {"type": "string", "minLength": 1}, "fingerprint": {"type": "string"},
+                   "backend": _OPTIONAL_TEXT, "state": _OPTIONAL_TEXT, "function": _OPTIONAL_TEXT,
+                   "suppressed": _OPTIONAL_TEXT},
+}
+_BASELINE_REPORT = {"type": "object", "required": ["findings"],
+                    "properties": {"findings": {"type": "array", "items": _BASELINE_FINDING}}}
+# What a baseline must hold, by the form it takes (the keys _from_json and _from_sarif read; other
+# keys of a report are left to the report's own schema). Tests check these with jsonschema.
+BASELINE_SCHEMAS: dict[str, dict[str, Any]] = {
+    "kvtrace/2": {"type": "object", "required": ["reports"],
+                  "properties": {"reports": {"type": "array", "items": _BASELINE_REPORT}}},
+    "kvtrace/1 list": {"type": "array", "items": _BASELINE_REPORT},
+    "kvtrace/1": _BASELINE_REPORT,
+    "sarif": {"type": "object", "required": ["runs"], "properties": {"runs": {"type": "array", "items": {
+        "type": "object",
+        "properties": {"results": {"type": "array", "items": {
+            "type": "object",
+            "required": ["ruleId"],
+            "properties": {
+                "ruleId": {"type": "string", "minLength": 1},
+                "suppressions": {"type": "array"},
+                "partialFingerprints": {"type": "object", "additionalProperties": {"type": "string"}},
+                "properties": {"type": "object", "properties": {"backend": _OPTIONAL_TEXT, "state": _OPTIONAL_TEXT}},
+            },
+        }}},
+    }}}},
+}
+
+
+def baseline_form(data: Any) -> str | None:
+    """Which of BASELINE_SCHEMAS a parsed baseline claims to be (None: none of them)."""
+    if isinstance(data, dict) and "runs" in data:
+        return "sarif"
+    if isinstance(data, dict) and "reports" in data:
+        return "kvtrace/2"
+    if isinstance(data, list):
+        return "kvtrace/1 list"
+    if isinstance(data, dict) and "findings" in data:
+        return "kvtrace/1"
+    return None
+
+
 def load(path: Path) -> Counter[Fingerprint]:
-    """The fingerprints of the unsuppressed findings in a kvtrace JSON report or a SARIF log."""
+    """The fingerprints of the unsuppressed findings in a kvtrace JSON report or a SARIF log
+    (read bounded, checked against BASELINE_SCHEMAS before any of it is used)."""
+    label = f"baseline {path}"
+    data = load_json(path, "baseline")
+    form = baseline_form(data)
+    if form is None:
+        raise InputError(f"{label}: not a kvtrace JSON report or SARIF log (no reports, findings or runs)")
+    checked(data, BASELINE_SCHEMAS[form], f"{label}: not a kvtrace JSON report or SARIF log")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InputError(f"baseline {path}: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"baseline {path}: not JSON ({exc})") from None
-    try:
-        found = list(_from_sarif(data) if isinstance(data, dict) and "runs" in data else _from_json(data))
+        found = list(_from_sarif(data) if form == "sarif" else _from_json(data))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise InputError(f"baseline {path}: not a kvtrace JSON report or SARIF log ({type(exc).__name__}: {exc})") from None
+        raise InputError(f"{label}: not a kvtrace JSON report or SARIF log ({type(exc).__name__}: {exc})") from None
     return Counter(found)
 
 
