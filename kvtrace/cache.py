@@ -382,17 +382,18 @@ def _thaw(payload: bytes, fetched: FetchResult, key: str) -> Report | None:
         if extra.get("key") != key:
             return None  # an entry copied under another key's name
         by_path = {f.path: f for f in fetched.files}
-        attached: list[SourceFile] = []
+        marks: list[tuple[SourceFile, str, str | None]] = []
         for item in extra["files"]:
             path, sha, status, error = item
             source = by_path[path]
             if source.sha256 != sha or status not in _STATUSES or not isinstance(error, (str, type(None))):
                 return None
-            source.status, source.error = status, error
-            attached.append(source)
+            marks.append((source, status, error))
     except Exception:  # any damage at all is a miss, never a crash
         return None
-    report.files = attached
+    for source, status, error in marks:  # only once all of it checked: a bad entry changes no file
+        source.status, source.error = status, error
+    report.files = [source for source, _, _ in marks]
     report.target = fetched.target
     return report
 
@@ -429,7 +430,11 @@ def scan_cached(fetched: FetchResult, pack: object, cache: Cache | None,
             report = scan_fetched(fetched, pack, settings, root=root) if settings is not None else \
                 scan_fetched(fetched, pack, root=root)  # type: ignore[arg-type]
     if memo is not None or cache is not None:
-        frozen = _freeze(report, key)
+        try:
+            frozen = _freeze(report, key)
+        except (TypeError, ValueError) as exc:  # a value the codec does not know: the scan stands, uncached
+            log.debug("result not cached: %s", exc)
+            return report, False
         if memo is not None:
             memo[key] = frozen
         if cache is not None:

@@ -122,16 +122,19 @@ def metadata_dirs(target_path: str, root: str) -> list[str]:
 
 
 def local_sglang_version(target_path: str, root: str) -> str | None:
+    from kvtrace.userfiles import read_bytes
+
     for folder in metadata_dirs(str(Path(target_path).resolve()), root):
         try:
             candidates = sorted(p for p in Path(folder).iterdir() if _DIST_INFO.match(p.name))
         except OSError:
             continue
         for dist in candidates:
-            try:
-                found = version_from_metadata((dist / "METADATA").read_text(encoding="utf-8", errors="replace"))
-            except OSError:
+            try:  # the scanned tree's file: bounded, and a FIFO or a link to /dev/zero is skipped
+                data = read_bytes(dist / "METADATA", "METADATA", 4 * 1024 * 1024)
+            except KvtraceError:
                 continue
+            found = version_from_metadata(data.decode("utf-8", errors="replace"))
             if found:
                 return found
     return None

@@ -232,7 +232,7 @@ def test_a_cached_report_comes_back_whole_and_without_the_analysis(tree: Path, t
     """The data-only format loses nothing a report shows (every format is byte-identical from the
     cache), and a hit still imports none of the analysis."""
     env = {"KVTRACE_CACHE_DIR": str(tmp_path / "cache")}
-    for fmt in ("json", "sarif", "text"):
+    for fmt in ("json", "sarif", "text", "html"):
         cold = run("scan", str(tree), "--format", fmt, "--no-cache")
         warm_first = run("scan", str(tree), "--format", fmt, env=env)
         warm = run("scan", str(tree), "--format", fmt, "-v", env=env)
@@ -243,6 +243,36 @@ def test_a_cached_report_comes_back_whole_and_without_the_analysis(tree: Path, t
     imported = {line.rsplit("|", 1)[1].strip() for line in proc.stderr.splitlines() if line.startswith("import time:")}
     assert proc.returncode == 1 and "kvtrace.cache" in imported
     assert not {m for m in imported if m.split(".")[0] in ("libcst", "networkx") or m == "kvtrace.flow"}
+
+
+def test_the_cache_codec_round_trips_a_real_sglang_report_and_refuses_any_change() -> None:
+    """Every field of a report of SGLang's own tree (the queue graph's tuples and sets included)
+    comes back equal; an entry with one value of the wrong type, an unknown enum value or an
+    extra key is refused."""
+    from tests.sglang_wheels import sglang_tree
+
+    from kvtrace.cachecodec import decode_report, encode_report
+    from kvtrace.fetch.local import fetch_local
+    from kvtrace.packs import load_pack
+    from kvtrace.scan import scan_fetched
+
+    report = scan_fetched(fetch_local(sglang_tree("0.5.2") / "sglang" / "srt" / "disaggregation"), load_pack())
+    assert report.findings and report.graph and report.queues[0].sites
+    payload = encode_report({"key": "k"}, report)
+    extra, back = decode_report(payload)
+    assert extra == {"key": "k"}
+    assert replace(back, files=report.files) == report and back.graph == report.graph
+    assert [vars(f) for f in back.findings] == [vars(f) for f in report.findings]
+    data = json.loads(payload)
+    for damage in (lambda d: d["report"]["findings"][0].__setitem__("line", "12"),
+                   lambda d: d["report"]["queues"][0]["sites"][0].__setitem__("kind", "no-such-kind"),
+                   lambda d: d["report"]["backends"][0]["verdicts"].__setitem__("S", {"state": "S"}),
+                   lambda d: d["report"].__setitem__("extra", 1),
+                   lambda d: d["report"]["graph"].__setitem__("dict", [[{"list": []}, 1]])):
+        broken = json.loads(json.dumps(data))
+        damage(broken)
+        with pytest.raises((ValueError, TypeError)):
+            decode_report(json.dumps(broken).encode())
 
 
 # --- 3. diff reads git objects; nothing from the repository runs, no option from user text ---
@@ -371,6 +401,23 @@ def test_a_scanned_trees_config_cannot_make_kvtrace_read_elsewhere(tree: Path, t
     path = _config(tree, body)
     line = bounded(run("scan", str(tree), cwd=tmp_path)).one_error_line()
     assert str(path) in line or "fifo.json" in line, line
+
+
+@pytest.mark.parametrize("hazard", ["fifo", "link to /dev/zero"])
+def test_a_scanned_trees_package_metadata_is_read_bounded(tmp_path: Path, hazard: str) -> None:
+    """The installed package's METADATA (for the SGLang version in the header) is the scanned
+    tree's file too: before, a FIFO there blocked the scan, /dev/zero filled memory."""
+    site = tmp_path / "site-packages"
+    shutil.copytree(ROOT / "examples" / "installed-layout", site)
+    dist = site / "sglang-9.9.9.dist-info"
+    dist.mkdir()
+    if hazard == "fifo":
+        os.mkfifo(dist / "METADATA")
+    else:
+        (dist / "METADATA").symlink_to("/dev/zero")
+    result = bounded(run("scan", str(site / "sglang"), "--format", "json", "--no-cache"))
+    assert result.returncode in (0, 1, 3) and "error" not in result.stderr, result.stderr
+    assert json.loads(result.stdout)["reports"][0].get("sglang_version") is None
 
 
 def test_a_config_may_still_name_its_own_files(tree: Path, tmp_path: Path) -> None:
