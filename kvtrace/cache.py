@@ -176,6 +176,8 @@ class Cache:
             if create:
                 raise
             return None
+        except OSError as exc:  # not a folder, no permission
+            raise InputError(f"cache directory {self.dir}: {exc.strerror or exc}") from None
         info = os.fstat(fd)
         problem = None
         if info.st_uid != os.geteuid():
@@ -199,8 +201,8 @@ class Cache:
                 _WARNED.add(str(self.dir))
                 log.warning("warning: %s; results are neither cached nor reused", exc)
             return None
-        except OSError:
-            return None  # a read-only or full cache dir
+        except (InputError, OSError):
+            return None  # not a folder, read-only or full
 
     # --- entries ---------------------------------------------------------------------------
 

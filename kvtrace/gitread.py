@@ -41,8 +41,9 @@ def git_command(repo: Path, *args: str) -> list[str]:
 
 def git_env() -> dict[str, str]:
     env = dict(os.environ)
-    env.update(GIT_TERMINAL_PROMPT="0", GIT_PAGER="cat", PAGER="cat", GIT_NO_LAZY_FETCH="1",
-               GIT_NO_REPLACE_OBJECTS="1", GIT_LITERAL_PATHSPECS="1", GIT_ASKPASS="", SSH_ASKPASS="")
+    # GIT_NO_LAZY_FETCH: git >= 2.44 reads it; older ones are held by protocol.allow=never.
+    env.update(GIT_TERMINAL_PROMPT="0", GIT_PAGER="cat", PAGER="cat", GIT_NO_LAZY_FETCH="1", GIT_ASKPASS="",
+               SSH_ASKPASS="")
     env.pop("GIT_EXTERNAL_DIFF", None)
     return env
 
