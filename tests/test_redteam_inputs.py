@@ -275,6 +275,25 @@ def test_the_cache_codec_round_trips_a_real_sglang_report_and_refuses_any_change
             decode_report(json.dumps(broken).encode())
 
 
+def test_an_entry_that_fails_its_checks_changes_nothing_in_the_scan(tree: Path, tmp_path: Path) -> None:
+    """An entry whose file list marks every file unreadable but ends in a bad item is a miss, and
+    the scan that follows sees every file as it was fetched (no status leaks from the entry)."""
+    from kvtrace.cache import MAGIC, Cache, scan_cached, scan_key
+    from kvtrace.fetch.local import fetch_local
+    from kvtrace.packs import load_pack
+
+    cache, pack = Cache(tmp_path / "c"), load_pack()
+    first, _ = scan_cached(fetch_local(tree), pack, cache)
+    key = scan_key(fetch_local(tree), pack)
+    entry = tmp_path / "c" / f"{key}.kvtrace-cache"
+    payload = json.loads(entry.read_bytes().split(b"\n", 2)[2])
+    payload["extra"]["files"] = [[p, s, "not-utf8", "forged"] for p, s, _, _ in payload["extra"]["files"]] + [[1]]
+    entry.write_bytes(_framed(MAGIC, json.dumps(payload).encode()))
+    again, hit = scan_cached(fetch_local(tree), pack, cache)
+    assert not hit and [f.status for f in again.files] == [f.status for f in first.files] == ["ok"] * len(first.files)
+    assert len(again.findings) == len(first.findings) > 0
+
+
 # --- 3. diff reads git objects; nothing from the repository runs, no option from user text ---
 
 GIT = ["git", "-c", "user.name=kvtrace tests", "-c", "user.email=tests@kvtrace.invalid", "-c", "init.defaultBranch=main"]
@@ -348,6 +367,18 @@ def test_diff_links_and_submodules_are_gaps_not_crashes(hostile_repo: tuple[Path
     result = bounded(run("diff", "HEAD~1", "HEAD", "--repo", str(repo), "--format", "json"))
     assert result.returncode == 3, result.stderr
     assert "internal error" not in result.stderr and "incomplete" in result.stderr
+
+
+def test_diff_reads_the_commits_own_objects_not_replacements(hostile_repo: tuple[Path, Path]) -> None:
+    """`refs/replace/` can make git show other bytes for a blob; the revision is what was committed."""
+    repo, _ = hostile_repo
+    original = git(repo, "rev-parse", "HEAD:disaggregation/nixl/conn.py").strip()
+    broken = subprocess.run(["git", "hash-object", "-w", "--stdin"], cwd=repo, input="def f(:\n", check=True,
+                            capture_output=True, text=True).stdout.strip()
+    git(repo, "replace", original, broken)
+    assert git(repo, "cat-file", "-p", "HEAD:disaggregation/nixl/conn.py") == "def f(:\n"  # git itself shows it
+    result = bounded(run("diff", "HEAD", "HEAD", "--repo", str(repo), "--format", "json"))
+    assert result.returncode == 0 and "incomplete" not in result.stderr, result.stderr
 
 
 def test_a_revision_too_long_for_a_file_name_is_one_line(hostile_repo: tuple[Path, Path]) -> None:
