@@ -6,9 +6,9 @@ no textconv, no working tree, no index (so no fsmonitor), no hook, no pager. Use
 only as a validated commit id (`rev-parse --verify --end-of-options REV^{commit}`) and, after
 `--`, as a literal pathspec, never as an option. Configuration a repository could use to run a
 command or reach the network is overridden on every call (core.fsmonitor, core.hooksPath,
-protocol.allow=never so that a partial clone cannot fetch missing objects through ssh or a
-credential helper), replace refs are ignored (the commit's own objects are read), and git never
-prompts.
+credential helpers, and every transport, so that a partial clone cannot fetch a missing object
+through ssh or an `ext::` command; see git_env), replace refs are ignored (the commit's own
+objects are read), and git never prompts.
 
 The blobs are written into a private temporary folder that the local fetch then reads, so a
 revision is scanned exactly as a checkout of it would be. Symbolic links (mode 120000) are
@@ -28,7 +28,7 @@ from kvtrace.errors import InputError, LimitExceeded
 from kvtrace.model import FetchLimits, SourceFile
 
 # Overrides for settings a repository's own config may hold that would run a command or reach
-# the network while objects are read.
+# the network while objects are read (transports: see git_env).
 _SAFE_CONFIG = ("core.fsmonitor=false", "core.hooksPath=/dev/null", "protocol.allow=never",
                 "core.untrackedCache=false", "core.pager=cat", "credential.helper=")
 MAX_REVISION_CHARS = 1024  # far above any real ref name or revision expression
@@ -41,9 +41,12 @@ def git_command(repo: Path, *args: str) -> list[str]:
 
 def git_env() -> dict[str, str]:
     env = dict(os.environ)
-    # GIT_NO_LAZY_FETCH: git >= 2.44 reads it; older ones are held by protocol.allow=never.
-    env.update(GIT_TERMINAL_PROMPT="0", GIT_PAGER="cat", PAGER="cat", GIT_NO_LAZY_FETCH="1", GIT_ASKPASS="",
-               SSH_ASKPASS="")
+    # A partial clone fetches a missing blob from its promisor remote, which the repository's own
+    # config can make a command (`ext::`, allowed by protocol.ext.allow, which protocol.allow does
+    # not override). GIT_NO_LAZY_FETCH stops the fetch; an empty GIT_ALLOW_PROTOCOL allows no
+    # transport whatever the config says.
+    env.update(GIT_TERMINAL_PROMPT="0", GIT_PAGER="cat", PAGER="cat", GIT_NO_LAZY_FETCH="1", GIT_ALLOW_PROTOCOL="",
+               GIT_ASKPASS="", SSH_ASKPASS="")
     env.pop("GIT_EXTERNAL_DIFF", None)
     return env
 
@@ -59,8 +62,9 @@ def _git(repo: Path, *args: str) -> subprocess.CompletedProcess[bytes]:
 
 
 def _first_line(data: bytes) -> str:
-    text = data.decode("utf-8", "replace").strip()
-    return text.splitlines()[0] if text else "failed"
+    """git's own reason: its fatal or error line, else the last line (warnings come first)."""
+    lines = data.decode("utf-8", "replace").strip().splitlines()
+    return next((line for line in lines if line.startswith(("fatal:", "error:"))), lines[-1] if lines else "failed")
 
 
 def resolve_commit(repo: Path, rev: str) -> str:

@@ -381,6 +381,24 @@ def test_diff_reads_the_commits_own_objects_not_replacements(hostile_repo: tuple
     assert result.returncode == 0 and "incomplete" not in result.stderr, result.stderr
 
 
+def test_diff_of_a_partial_clone_never_fetches(tmp_path: Path) -> None:
+    """A partial clone lazily fetches a missing blob from its promisor remote; a repository's own
+    config can make that remote a command (`ext::`, allowed by protocol.ext.allow). Reading a
+    revision must not reach it: a missing blob is one line, exit 2."""
+    server, client, marker = tmp_path / "server", tmp_path / "client", tmp_path / "fetched"
+    shutil.copytree(NIXL_PIN, server)
+    git(server, "init", "-q")
+    git(server, "add", "-A")
+    git(server, "commit", "-qm", "base")
+    git(server, "config", "uploadpack.allowFilter", "true")
+    git(tmp_path, "clone", "-q", "--filter=blob:none", "--no-checkout", f"file://{server}", str(client))
+    git(client, "config", "protocol.ext.allow", "always")
+    git(client, "config", "remote.origin.url", f"ext::sh -c touch% {marker}")
+    line = bounded(run("diff", "HEAD", "HEAD", "--repo", str(client))).one_error_line()
+    assert not marker.exists(), "reading a revision ran the promisor remote's command"
+    assert "git ls-tree" in line and "promisor remote" in line, line
+
+
 def test_a_revision_too_long_for_a_file_name_is_one_line(hostile_repo: tuple[Path, Path]) -> None:
     repo, _ = hostile_repo
     assert "not a revision" in bounded(run("diff", LONG, "HEAD", "--repo", str(repo))).one_error_line()
