@@ -163,8 +163,8 @@ def check_targets(targets: list[str]) -> None:
     """Every TARGET parses (malformed remote forms, `-`, a local symlink loop) before the first
     one is fetched."""
     from kvtrace.fetch.local import refuse_symlink_loop
-    from kvtrace.userfiles import check_name_length
     from kvtrace.target import LocalTarget, parse_target
+    from kvtrace.userfiles import check_name_length
 
     for text in targets:
         if isinstance(parse_target(text), LocalTarget):

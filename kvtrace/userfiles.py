@@ -78,8 +78,8 @@ def read_bytes(path: Path | str, what: str, cap: int, follow_links: bool = True)
 
 def _reason(exc: OSError) -> str:
     if exc.errno == errno.ENAMETOOLONG:
-        return "file name too long"
-    return (exc.strerror or str(exc)).lower() if exc.strerror else str(exc)
+        return "file name too long"  # without the name itself, already shown (and 255+ bytes)
+    return exc.strerror or str(exc)
 
 
 def _kind(mode: int) -> str:
