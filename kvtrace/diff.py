@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kvtrace.baseline import fingerprint
-from kvtrace.model import FetchLimits, FetchResult, Finding, Report, Site
+from kvtrace.model import FetchLimits, FetchResult, Finding, Report, Site, SourceFile
 
 
 @dataclass
@@ -125,7 +125,7 @@ class Checkout:
         self.repo = repo
         self.subdir = subdir
         self.stack = ExitStack()
-        self.skipped: dict[Path, list] = {}  # per exported tree: what it holds that no fetch can see
+        self.skipped: dict[Path, list[SourceFile]] = {}  # per exported tree: what it holds that no fetch can see
 
     def __enter__(self) -> "Checkout":
         return self
