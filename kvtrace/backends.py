@@ -9,6 +9,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 from kvtrace.flow import MANAGER, TABLE, Config, CstBody, Event, Explorer, Frame, PathLimit, PathState, function_body
+from kvtrace.gaps import Cut
 from kvtrace.index import ClassInfo, FuncRef, Index
 from kvtrace.model import Backend, EventKind, Evidence, ManagerRef, PollRef, StateVerdict, TimeoutCheck, WayOut
 from kvtrace.packs import Pack, matches
@@ -431,6 +432,9 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
         notes.append("poll() can raise")
     if runner.truncated:
         notes.append("path limit reached in " + ", ".join(sorted(set(runner.truncated))))
+    if problems is not None:  # code the engine did not follow (a construct, its budget): incomplete
+        problems.extend(f"analysis cut short at {t} (the {name} backend's analysis is incomplete)"
+                        for t in sorted(set(runner.truncated)) if isinstance(t, Cut))
     if runner.unparsed and problems is not None:
         problems.extend(f"{u} could not be parsed with libcst (the {name} backend's analysis is incomplete)"
                         for u in sorted(runner.unparsed))

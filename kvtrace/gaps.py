@@ -12,6 +12,33 @@ from kvtrace.model import Gap, Report, SourceFile
 if TYPE_CHECKING:
     from kvtrace.index import ClassInfo, Index
 
+class Cut(str):
+    """Where a path exploration stopped following the code, and why: an entry of a run's
+    truncations beside the plain `path:line` of a path limit (a `str`, so it travels with them
+    through the analysis and its text reads as it is). `kind` is "unmodelled" (a statement kind
+    the engine has no handler for) or "budget" (the run's overall work budget was spent)."""
+
+    kind: str
+    where: str
+    what: str
+
+    def __new__(cls, kind: str, where: str, what: str) -> "Cut":
+        made = super().__new__(cls, f"{where} ({what})")
+        made.kind, made.where, made.what = kind, where, what
+        return made
+
+    def __reduce__(self) -> tuple:  # crosses the scan's fork as itself
+        return (Cut, (self.kind, self.where, self.what))
+
+    @classmethod
+    def unmodelled(cls, where: str, construct: str) -> "Cut":
+        return cls("unmodelled", where, f"{construct} statement not modelled")
+
+    @classmethod
+    def budget(cls, where: str, steps: int) -> "Cut":
+        return cls("budget", where, f"work budget of {steps} path steps spent")
+
+
 STATUS_TEXT = {
     "syntax-error": "syntax error",
     "not-utf8": "not UTF-8",

@@ -15,7 +15,7 @@ from kvtrace.beside import Beside, Claims
 from kvtrace.config import Settings
 from kvtrace.rules import ALL_RULES, ScanContext
 from kvtrace.errors import AmbiguousTarget, InputError
-from kvtrace.gaps import find_gaps
+from kvtrace.gaps import Cut, find_gaps
 from kvtrace.fetch.local import fetch_local
 from kvtrace.index import Index
 from kvtrace.model import (
@@ -259,8 +259,10 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
             unread = [f.path for f in in_scope if f.status != "ok"]
             cause = f" (files not analysed: {', '.join(unread[:3])}{' ...' if len(unread) > 3 else ''})" if unread else ""
             problems.append(f"self.{name} is neither filled nor drained in the analysed files{cause}")
-        if queue.truncated:
-            problems.append("path limit reached (results may be incomplete) at " + ", ".join(queue.truncated))
+        limits = [t for t in queue.truncated if not isinstance(t, Cut)]
+        if limits:
+            problems.append("path limit reached (results may be incomplete) at " + ", ".join(limits))
+        problems.extend(f"analysis cut short (results may be incomplete) at {t}" for t in queue.truncated if isinstance(t, Cut))
         queue_reports.append(_queue_report(queue_pack, model))
     findings = silence(findings, index.modules, report_unused=UnusedSuppression in rules)
     findings.sort(key=lambda f: (f.path, f.line, f.rule, f.backend or "", f.state or ""))
