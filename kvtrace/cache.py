@@ -43,10 +43,11 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast, get_args
 
 from kvtrace import __version__
 from kvtrace.errors import InputError
-from kvtrace.model import FetchResult, Report, SourceFile
+from kvtrace.model import FetchResult, FileStatus, Report, SourceFile
 
 MAGIC = b"kvtrace-cache 2 json\n"
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
@@ -384,13 +385,13 @@ def _thaw(payload: bytes, fetched: FetchResult, key: str) -> Report | None:
         if extra.get("key") != key:
             return None  # an entry copied under another key's name
         by_path = {f.path: f for f in fetched.files}
-        marks: list[tuple[SourceFile, str, str | None]] = []
+        marks: list[tuple[SourceFile, FileStatus, str | None]] = []
         for item in extra["files"]:
             path, sha, status, error = item
             source = by_path[path]
             if source.sha256 != sha or status not in _STATUSES or not isinstance(error, (str, type(None))):
                 return None
-            marks.append((source, status, error))
+            marks.append((source, cast(FileStatus, status), error))  # one of _STATUSES: checked above
     except Exception:  # any damage at all is a miss, never a crash
         return None
     for source, status, error in marks:  # only once all of it checked: a bad entry changes no file
@@ -400,7 +401,7 @@ def _thaw(payload: bytes, fetched: FetchResult, key: str) -> Report | None:
     return report
 
 
-_STATUSES = ("ok", "syntax-error", "not-utf8", "too-large", "skipped", "unreadable")
+_STATUSES: tuple[str, ...] = get_args(FileStatus)
 
 
 ScanFn = Callable[[FetchResult, object], Report]

@@ -225,7 +225,7 @@ def _dataclass(cls: type) -> Decoder:
     names = frozenset(f.name for f in fields)
     hints = _hints(cls)
     decoders = [(f.name, _unplain if f.name in plain else _decoder(hints[f.name])) for f in fields]
-    left_out = {name: [] for name in skipped}
+    left_out: dict[str, list[Any]] = {name: [] for name in skipped}
 
     def decode(value: Any) -> Any:
         if type(value) is not dict:
