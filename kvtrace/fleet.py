@@ -248,7 +248,7 @@ def run_fleet(targets: list[str], options: FleetOptions, log: Log | None = None,
             from kvtrace.fetch import fetch_target
 
             fetched = fetch_target(target, options.limits, options.ssh, lambda m: say(f"{target}: {m}"),
-                                   after_fetch=_remember(found, after_fetch))
+                                   after_fetch=_remember(found, after_fetch), pack=options.packs[target])
             result.timings["fetch"] = time.perf_counter() - started
             show.update(target, "analysing")
             analysed = time.perf_counter()

@@ -64,6 +64,11 @@ class SshConnection:
             except OSError:
                 pass
 
+    def bytes_received(self) -> int | None:
+        """Bytes the server (or the first hop) has sent over TCP so far, SSH framing included."""
+        counted = [s.received for s in self.socks if isinstance(s, CountingSocket)]
+        return sum(counted) if counted else None
+
     def close(self) -> None:
         self._watchdog.cancel()
         self._close_all()
@@ -233,7 +238,27 @@ def _tcp_connect(host: ResolvedHost, timeout: float) -> socket.socket:
         raise RemoteError(f"{host.where}: cannot connect ({why(exc)})") from None
     # paramiko leaves Nagle on; with it off connect+auth and SFTP reads are ~3x faster.
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
+    counted = CountingSocket(sock.family, sock.type, sock.proto, fileno=sock.detach())
+    counted.settimeout(timeout)
+    return counted
+
+
+class CountingSocket(socket.socket):
+    """A TCP socket that counts the bytes it carries: what a remote scan costs on the wire
+    (shown with -v, and measured by bench/run.py)."""
+
+    received = 0
+    sent = 0
+
+    def recv(self, size: int, flags: int = 0) -> bytes:
+        data = super().recv(size, flags)
+        self.received += len(data)
+        return data
+
+    def send(self, data: bytes, flags: int = 0) -> int:  # type: ignore[override]
+        sent = super().send(data, flags)
+        self.sent += sent
+        return sent
 
 
 def _connect_error(exc: BaseException, host: ResolvedHost, options: SshOptions, known: KnownHosts) -> RemoteError:
