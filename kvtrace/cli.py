@@ -57,9 +57,6 @@ class FailOn(str, Enum):
     never = "never"
 
 
-SEVERITY_RANK = {"note": 0, "warning": 1, "error": 2, "never": 3}
-
-
 class OutputFormat(str, Enum):
     text = "text"
     json = "json"
@@ -67,6 +64,7 @@ class OutputFormat(str, Enum):
     markdown = "markdown"
     github = "github"
     html = "html"
+    concise = "concise"  # one line per finding and a summary (hooks, CI logs)
 
 
 def _version(value: bool) -> None:
@@ -190,8 +188,9 @@ def scan(
         metavar="TARGET...",
         help="Local paths (an SGLang checkout, an installed sglang package, or its disaggregation "
              "folder) or remote ones: [user@]host[:port]:path or ssh://[user@]host[:port]/path.")] = None,
-    given_format: Annotated[Optional[OutputFormat], typer.Option("--format", "-f",
-        help="Report format. Default: from the --output file's extension (.sarif, .json, .md, .html), else text.")] = None,
+    given_format: Annotated[Optional[OutputFormat], typer.Option("--format", "-f", "--output-format",
+        help="Report format (concise: one line per finding, for hooks). Default: from the --output file's "
+             "extension (.sarif, .json, .md, .html), else text.")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", metavar="FILE",
         help="Write the report to FILE (checked before scanning).")] = None,
     rules: Annotated[Optional[str], typer.Option("--rules", metavar="PACK|FILE",
@@ -225,7 +224,7 @@ def scan(
     verbose: Annotated[bool, typer.Option("--verbose", "-v",
         help="Show fetch steps and timings on stderr (and a traceback on an internal error).")] = False,
     fail_on: Annotated[Optional[FailOn], typer.Option("--fail-on",
-        help="Exit 1 only for findings of this severity or worse (never: report, exit 0). Default: note.")] = None,
+        help="Exit 1 only for findings of this severity or worse (never: report, exit 0). Default: error.")] = None,
     select: Annotated[Optional[list[str]], typer.Option("--select", metavar="RULE",
         help="Only these rules (ids or codes; repeatable or comma-separated). Wins over [tool.kvtrace].")] = None,
     ignore: Annotated[Optional[list[str]], typer.Option("--ignore", metavar="RULE",
@@ -235,7 +234,7 @@ def scan(
     baseline: Annotated[Optional[Path], typer.Option("--baseline", metavar="FILE",
         help="An earlier kvtrace JSON report or SARIF log: its findings are shown as such and do not fail.")] = None,
     write_baseline: Annotated[Optional[Path], typer.Option("--write-baseline", metavar="FILE",
-        help="Also write this scan's findings as a JSON baseline.")] = None,
+        help="Also write this scan's findings as a JSON baseline, accepting them: exit 0 (3 if the scan is incomplete).")] = None,
     graph: Annotated[Optional[Path], typer.Option("--graph", metavar="FILE",
         help="Also export the analysis graph: FILE.graphml, FILE.dot or FILE.json.")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache",
@@ -324,11 +323,17 @@ def scan(
             log.debug("%s: fetched %d files in %.2fs; %s in %.2fs", r.target, len(r.report.files), r.timings["fetch"],
                       "cached result" if r.cached else "analysed", r.timings["analyse"])
     verdict.code = worst_exit(r.exit_code for r in results)  # what the run exits with, whatever stdout does
+    if write_baseline is not None and verdict.code == EXIT_FINDINGS:
+        verdict.code = EXIT_CLEAN  # writing a baseline accepts today's findings; an incomplete scan still exits 3
+    # Per report (a target scanned with --all gives several): the --fail-on level and where it was set.
+    gate_levels = {report.target: _fail_on_source(settings.get(r.target), overrides) if write_baseline is None
+                   else ("never", f"--write-baseline {write_baseline} accepts them")
+                   for r in results for report in r.reports}
     reports = [report for r in results for report in r.reports]
     if reports:
         try:
             try:
-                _write(reports, output_format, output, no_map, sarif_root)
+                _write(reports, output_format, output, no_map, sarif_root, gate_levels)
             except BrokenPipeError:  # `| head`: the files below are still written, the code kept
                 closed_pipe(sys.stdout)
             if graph is not None:
@@ -339,11 +344,18 @@ def scan(
                 from kvtrace.report.json import render as render_json
 
                 write_baseline.write_text(render_json(reports), encoding="utf-8")
+                accepted = sum(1 for r in reports for f in r.findings if not f.suppressed)
+                incomplete = " from an INCOMPLETE scan (exit 3): what was not analysed is not in it" \
+                    if any(r.incomplete for r in reports) else ""
+                typer.echo(plain(f"kvtrace: wrote baseline {write_baseline}: {accepted} finding(s) accepted{incomplete}"),
+                           err=True)
         except OSError as exc:
             raise _fail(f"cannot write the report: {exc.strerror or exc}: {exc.filename or output}")
     try:
         warn_unknown_backends(reports, settings, overrides)
         report_gaps(reports, quiet)
+        if output_format is OutputFormat.text and not quiet:
+            report_failures(results, gate_levels)
         if not quiet and (fleet or metrics is not None):
             summary = render_summary([summarise(r) for r in results])
             if output_format is OutputFormat.text and output is None:
@@ -354,6 +366,27 @@ def scan(
         closed_pipe(sys.stdout)
         closed_pipe(sys.stderr)
     raise typer.Exit(verdict.code)
+
+
+def _fail_on_source(settings, overrides) -> tuple[str, str]:
+    """(the --fail-on level for a target, where it was set) for the summary line."""
+    from kvtrace.gate import fail_on_source
+
+    return fail_on_source(getattr(settings, "fail_on", None), overrides.fail_on is not None,
+                          getattr(settings, "source", None))
+
+
+def report_failures(results, gate_levels: dict[str, tuple[str, str]]) -> None:
+    """The text report's tally counts everything; this line says what failed the run."""
+    from kvtrace.gate import verdict_line
+
+    for r in results:
+        if r.exit_code != EXIT_FINDINGS:
+            continue
+        for report in r.reports:
+            line = verdict_line(report.findings, *gate_levels[report.target])
+            if line.startswith("failed"):
+                typer.echo(plain(f"kvtrace: {report.target}: {line}"), err=True)
 
 
 def _names(values: list[str] | None) -> tuple[str, ...]:
@@ -425,7 +458,7 @@ def gap_line(gap) -> str:
 
 
 def _write(reports: list[Report], fmt: OutputFormat, output: Path | None, no_map: bool,
-           sarif_root: Path | None) -> None:
+           sarif_root: Path | None, gate_levels: dict[str, tuple[str, str]] | None = None) -> None:
     from kvtrace.report import render_text_stream
 
     if fmt is OutputFormat.text:
@@ -446,7 +479,11 @@ def _write(reports: list[Report], fmt: OutputFormat, output: Path | None, no_map
     elif fmt is OutputFormat.github:
         from kvtrace.report.github import render
 
-        text = render(reports)
+        text = render(reports, gate_levels)
+    elif fmt is OutputFormat.concise:
+        from kvtrace.report.concise import render
+
+        text = render(reports, gate_levels)
     elif fmt is OutputFormat.html:
         from kvtrace.report.html import render
 
@@ -496,6 +533,8 @@ class _SafeRecord(logging.Filter):
 class DiffFormat(str, Enum):
     text = "text"
     json = "json"
+    markdown = "markdown"  # a pull-request comment (under GitHub's 65,536 characters)
+    github = "github"  # workflow annotations on HEAD's files for the added findings
 
 
 @app.command()
@@ -511,20 +550,28 @@ def diff(
     ignore: Annotated[Optional[list[str]], typer.Option("--ignore", metavar="RULE", help="Leave out these rules.")] = None,
     ignore_backend: Annotated[Optional[list[str]], typer.Option("--ignore-backend", metavar="BACKEND",
         help="Leave out these backends.")] = None,
+    fail_on: Annotated[Optional[FailOn], typer.Option("--fail-on",
+        help="Exit 1 only when an added finding has this severity or worse. Default: error.")] = None,
+    baseline: Annotated[Optional[Path], typer.Option("--baseline", metavar="FILE",
+        help="A kvtrace JSON report or SARIF log: added findings it holds are shown as such and do not fail.")] = None,
 ) -> None:
-    """Compare two trees or two git revisions: added, fixed and unchanged findings, and the
-    release-map rows whose states moved. Exit 1 only when findings were added.
+    """Compare two trees or two git revisions: added (with their evidence), fixed, moved (same
+    finding, code now in another file or function) and unchanged findings, and the release-map
+    rows whose states moved. Exit 1 only when an added finding reaches --fail-on.
 
     Examples: `kvtrace diff origin/main HEAD --path python/sglang`, `kvtrace diff old/ new/`.
     """
+    from kvtrace import baseline as baselines
     from kvtrace import diff as diffs
     from kvtrace.config import Overrides
     from kvtrace.packs import load_pack
     from kvtrace.scan import scan_fetched
 
     overrides = Overrides(select=_names(select), ignore=_names(ignore), ignore_backends=_names(ignore_backend),
-                          pack=rules)
+                          pack=rules, fail_on=fail_on.value if fail_on else None,
+                          baseline=str(baseline) if baseline else None)
     try:
+        prints = baselines.load(baseline) if baseline is not None else None  # before the scans it would cost
         with diffs.Checkout(repo, path) as checkout:
             trees = {"base": checkout.tree(base), "head": checkout.tree(head)}
             settings = _settings(str(trees["head"]) if Path(head).is_dir() else ".", overrides)
@@ -535,15 +582,27 @@ def diff(
                 fetched.target = {"base": base, "head": head}[side] + (f":{path}" if path and not Path(
                     {"base": base, "head": head}[side]).is_dir() else "")
                 reports[side] = scan_fetched(fetched, pack, settings)
+        if prints is None and settings.baseline:  # [tool.kvtrace] baseline, found with HEAD's config
+            prints = baselines.load(Path(settings.baseline))
     except KvtraceError as exc:
         raise _fail(str(exc))
-    result = diffs.compare(reports["base"], reports["head"])
-    render = diffs.render_text if output_format is DiffFormat.text else diffs.to_json
-    sys.stdout.write(render(result, base, head))
-    incomplete = any(r.incomplete for r in reports.values())
-    if incomplete:
+    head_folder = trees["head"] if Path(head).is_dir() else repo / (path or "")
+    result = diffs.compare(reports["base"], reports["head"], prints)
+    level, source = _fail_on_source(settings, overrides)
+    outcome = diffs.verdict(result, level, source)
+    if output_format is DiffFormat.text:
+        text = diffs.render_text(result, base, head, outcome)
+    elif output_format is DiffFormat.json:
+        text = diffs.to_json(result, base, head, level, outcome)
+    elif output_format is DiffFormat.markdown:
+        text = diffs.render_markdown(result, base, head, outcome)
+    else:
+        text = diffs.render_github(result, outcome, lambda p: Path(os.path.relpath(head_folder / p)).as_posix())
+    sys.stdout.write(text)
+    if result.incomplete:
         typer.echo("kvtrace: the scan of BASE or HEAD is incomplete (see the report)", err=True)
-    raise typer.Exit(EXIT_FINDINGS if result.added else EXIT_INCOMPLETE if incomplete else EXIT_CLEAN)
+    raise typer.Exit(EXIT_FINDINGS if diffs.failed_findings(result, level) else
+                     EXIT_INCOMPLETE if result.incomplete else EXIT_CLEAN)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -553,7 +612,7 @@ def diff(
 def merge(
     reports: Annotated[list[Path], typer.Argument(help="JSON reports (`kvtrace scan --format json`), one or more per host.")],
     output_format: Annotated[str, typer.Option("--format", "-f", help="text or json.")] = "text",
-    fail_on: Annotated[FailOn, typer.Option("--fail-on", help="As for scan: the severity that makes a host exit 1.")] = FailOn.note,
+    fail_on: Annotated[FailOn, typer.Option("--fail-on", help="As for scan: the severity that makes a host exit 1.")] = FailOn.error,
 ) -> None:
     """Combine JSON reports made on each host (by Ansible, a job scheduler...) into the fleet
     summary; exits with the worst host's code."""

@@ -25,9 +25,9 @@ from typing import Any
 
 from kvtrace.errors import (EXIT_CLEAN, EXIT_FINDINGS, EXIT_INCOMPLETE, EXIT_INPUT, EXIT_INTERNAL, AmbiguousTarget,
                             InputError, KvtraceError)
+from kvtrace.gate import DEFAULT_FAIL_ON, SEVERITY_RANK
 from kvtrace.model import FetchLimits, FetchResult, Report
 
-SEVERITY_RANK = {"note": 0, "warning": 1, "error": 2, "never": 3}
 # Worst first: nothing analysed, then analysed but incomplete, then findings, then clean.
 EXIT_BADNESS = {EXIT_INTERNAL: 4, EXIT_INPUT: 3, EXIT_INCOMPLETE: 2, EXIT_FINDINGS: 1, EXIT_CLEAN: 0}
 
@@ -67,11 +67,9 @@ def tree_digest_of(report: Report) -> str:
 def exit_code_for(report: Report, fail_on: str) -> int:
     if report.incomplete:
         return EXIT_INCOMPLETE
-    from kvtrace.baseline import counts_against
+    from kvtrace.gate import failing
 
-    threshold = SEVERITY_RANK[fail_on]
-    failing = any(counts_against(f) and SEVERITY_RANK.get(f.severity, 0) >= threshold for f in report.findings)
-    return EXIT_FINDINGS if failing else EXIT_CLEAN
+    return EXIT_FINDINGS if failing(report.findings, fail_on) else EXIT_CLEAN
 
 
 def worst_exit(codes: Iterable[int]) -> int:
@@ -270,7 +268,7 @@ def run_fleet(targets: list[str], options: FleetOptions, log: Log | None = None,
             for report in result.reports:
                 if options.after_scan is not None:
                     options.after_scan(target, report)
-            fail_on = getattr(settings, "fail_on", None) or "note"
+            fail_on = getattr(settings, "fail_on", None) or DEFAULT_FAIL_ON
             result.exit_code = worst_exit(exit_code_for(report, fail_on) for report in result.reports)
             result.sglang_version = found.get("version")
             if "client" not in found:  # a local target
@@ -410,7 +408,7 @@ def summary_json(hosts: list[HostSummary]) -> dict[str, Any]:
 # --- merge -------------------------------------------------------------------------------------
 
 
-def summaries_from_json(data: Any, source: str, fail_on: str = "note") -> list[HostSummary]:
+def summaries_from_json(data: Any, source: str, fail_on: str = DEFAULT_FAIL_ON) -> list[HostSummary]:
     """Host summaries from one JSON file: a kvtrace/1 report, a list of them, or kvtrace/2's
     {"schema": "kvtrace/2", "reports": [...]}. Every report is checked against the schema of its
     version first (kvtrace.report.schema for kvtrace/2): `"complete": 0` or `"false"` is an
@@ -479,7 +477,7 @@ def _merge_reports(data: Any, source: str) -> list[dict[str, Any]]:
     return reports
 
 
-def merge_files(paths: list[Path], fail_on: str = "note") -> list[HostSummary]:
+def merge_files(paths: list[Path], fail_on: str = DEFAULT_FAIL_ON) -> list[HostSummary]:
     """Host summaries from JSON report files. A file holding no report is an error (a merge of
     nothing would be a gate that cannot fail); hosts that carry the same name (two reports made
     on one machine) are told apart by the file each came from."""

@@ -308,6 +308,7 @@ class Finding:
     baseline: str | None = None  # "new" or "unchanged" when compared with a baseline
     code: str = ""  # the rule's short code (KVT001); `rule` is its name
     queue: str | None = None  # the queue whose drain it is about (None: the backends alone)
+    role: str | None = None  # what the finding is about beyond rule/backend/state (kvtrace.baseline.assign_roles)
 
 
 @dataclass(frozen=True)

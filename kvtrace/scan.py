@@ -170,6 +170,7 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
     from kvtrace.rules import ALL_RULES, ScanContext
     from kvtrace.rules.unused_suppression import UnusedSuppression
     from kvtrace.suppress import silence
+    from kvtrace.baseline import assign_roles
 
     pack = pack or load_pack()
     files = fetched.files
@@ -265,6 +266,7 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
         graph={**queue.graph.as_data(), "queue": name},  # the last queue's graph, named
     )
     report.gaps = find_gaps(report, enum_evidence.path, index)
+    assign_roles(report)  # before caching: the fingerprints' site roles come from the release map
     found = {s.backend.name for s in senders}
     report.filters = Filters(settings.source, settings.select, settings.ignore,
                              tuple(sorted(found & set(settings.ignore_backends))),

@@ -192,7 +192,7 @@ def test_a_config_in_the_scanned_tree_is_named_in_the_report(tmp_path: Path) -> 
     config = tree / "pyproject.toml"
     config.write_text('[tool.kvtrace]\nignore-backends = ["nixl"]\nignore = ["no-timeout"]\n')
     result = kvtrace("scan", str(tree), "--no-map", cwd=tmp_path)
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == 0, result.stderr  # without nixl no error is left: warnings do not fail by default
     assert result.stdout.splitlines()[2] == f"config {config} · left out: backend nixl · rules left out: no-timeout"
     data = json.loads(kvtrace("scan", str(tree), "--format", "json", cwd=tmp_path).stdout)
     report = data["reports"][0]
@@ -223,7 +223,7 @@ def test_a_bad_cache_bound_is_an_error() -> None:
 
 
 @pytest.mark.parametrize(("args", "expected"), [
-    (("--format", "pdf"), "kvtrace: error: --format pdf: not one of text, json, sarif, markdown, github, html "
+    (("--format", "pdf"), "kvtrace: error: --format pdf: not one of text, json, sarif, markdown, github, html, concise "
                           "(see 'kvtrace scan --help')"),
     (("--fail-on", "bad"), "kvtrace: error: --fail-on bad: not one of error, warning, note, never "
                            "(see 'kvtrace scan --help')"),

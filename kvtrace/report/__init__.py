@@ -1,4 +1,5 @@
-"""Report writers: text (rich), json (the kvtrace/2 contract), sarif, markdown."""
+"""Report writers: text (rich), json (the kvtrace/2 contract), sarif, markdown, github, html, and
+concise (kvtrace.report.concise: one line per finding, for hooks); `kvtrace scan --format` picks one."""
 
 from __future__ import annotations
 

@@ -9,6 +9,7 @@ baseline become `notice` annotations, so they are visible but not alarming.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from kvtrace.model import Finding, Report
@@ -43,9 +44,13 @@ def annotation(report: Report, finding: Finding) -> str:
     return f"::{level} {props}::{_data(finding.message)}"
 
 
-def render(reports: list[Report]) -> str:
+def render(reports: list[Report], fail_on: Mapping[str, tuple[str, str]] | None = None) -> str:
+    """`fail_on`: target -> (level, where it was set), for the summary line's verdict."""
+    from kvtrace.gate import DEFAULT_FAIL_ON, verdict_line
+
     lines: list[str] = []
     for report in reports:
+        level, source = (fail_on or {}).get(report.target, (DEFAULT_FAIL_ON, f"--fail-on {DEFAULT_FAIL_ON}"))
         shown = [f for f in report.findings if not f.suppressed]
         lines += [annotation(report, f) for f in shown]
         for problem in report.problems:
@@ -57,5 +62,6 @@ def render(reports: list[Report]) -> str:
         silenced = len(report.findings) - len(shown)
         baselined = sum(f.baseline == "unchanged" for f in shown)
         lines.append(f"kvtrace {report.target}: {len(shown)} finding(s)"
-                     f" ({baselined} in baseline), {silenced} suppressed in the code")
+                     f" ({baselined} in baseline), {silenced} suppressed in the code; "
+                     f"{verdict_line(report.findings, level, source, incomplete=report.incomplete)}")
     return "\n".join(lines) + "\n"
