@@ -18,7 +18,6 @@ key kvtrace/v2) still work: they are matched on rule, backend and state.
 
 from __future__ import annotations
 
-import json
 import re
 from collections import Counter
 from dataclasses import dataclass
@@ -27,6 +26,7 @@ from typing import Any, Iterable
 
 from kvtrace.errors import InputError
 from kvtrace.model import Finding, Report, Site
+from kvtrace.userfiles import checked, load_json
 
 SARIF_KEY = "kvtrace/v3"  # partialFingerprints key of rule|queue|backend|state|role
 LEGACY_SARIF_KEYS = ("kvtrace/v2",)  # rule|backend|state|function: matched on rule, backend, state
@@ -110,18 +110,66 @@ class BaselineResult:
     gone: list[Fingerprint]  # in the baseline, not found any more (fixed, or renamed)
 
 
+_OPTIONAL_TEXT = {"type": ["string", "null"]}
+_BASELINE_FINDING = {
+    "type": "object",
+    "required": ["rule"],
+    "properties": {"rule": {"type": "string", "minLength": 1}, "fingerprint": {"type": "string"},
+                   "backend": _OPTIONAL_TEXT, "state": _OPTIONAL_TEXT, "function": _OPTIONAL_TEXT,
+                   "suppressed": _OPTIONAL_TEXT},
+}
+_BASELINE_REPORT = {"type": "object", "required": ["findings"],
+                    "properties": {"findings": {"type": "array", "items": _BASELINE_FINDING}}}
+# What a baseline must hold, by the form it takes (the keys _from_json and _from_sarif read; other
+# keys of a report are left to the report's own schema). Tests check these with jsonschema.
+BASELINE_SCHEMAS: dict[str, dict[str, Any]] = {
+    "kvtrace/2": {"type": "object", "required": ["reports"],
+                  "properties": {"reports": {"type": "array", "items": _BASELINE_REPORT}}},
+    "kvtrace/1 list": {"type": "array", "items": _BASELINE_REPORT},
+    "kvtrace/1": _BASELINE_REPORT,
+    "sarif": {"type": "object", "required": ["runs"], "properties": {"runs": {"type": "array", "items": {
+        "type": "object",
+        "properties": {"results": {"type": "array", "items": {
+            "type": "object",
+            "required": ["ruleId"],
+            "properties": {
+                "ruleId": {"type": "string", "minLength": 1},
+                "suppressions": {"type": "array"},
+                "partialFingerprints": {"type": "object", "additionalProperties": {"type": "string"}},
+                "properties": {"type": "object", "properties": {"rule": _OPTIONAL_TEXT, "backend": _OPTIONAL_TEXT,
+                                                              "state": _OPTIONAL_TEXT}},
+            },
+        }}},
+    }}}},
+}
+
+
+def baseline_form(data: Any) -> str | None:
+    """Which of BASELINE_SCHEMAS a parsed baseline claims to be (None: none of them)."""
+    if isinstance(data, dict) and "runs" in data:
+        return "sarif"
+    if isinstance(data, dict) and "reports" in data:
+        return "kvtrace/2"
+    if isinstance(data, list):
+        return "kvtrace/1 list"
+    if isinstance(data, dict) and "findings" in data:
+        return "kvtrace/1"
+    return None
+
+
 def load(path: Path) -> Counter[Fingerprint]:
-    """The fingerprints of the unsuppressed findings in a kvtrace JSON report or a SARIF log."""
+    """The fingerprints of the unsuppressed findings in a kvtrace JSON report or a SARIF log
+    (read bounded, checked against BASELINE_SCHEMAS before any of it is used)."""
+    label = f"baseline {path}"
+    data = load_json(path, "baseline")
+    form = baseline_form(data)
+    if form is None:
+        raise InputError(f"{label}: not a kvtrace JSON report or SARIF log (no reports, findings or runs)")
+    checked(data, BASELINE_SCHEMAS[form], f"{label}: not a kvtrace JSON report or SARIF log")
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except OSError as exc:
-        raise InputError(f"baseline {path}: {exc.strerror or exc}") from None
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise InputError(f"baseline {path}: not JSON ({exc})") from None
-    try:
-        found = list(_from_sarif(data) if isinstance(data, dict) and "runs" in data else _from_json(data))
+        found = list(_from_sarif(data) if form == "sarif" else _from_json(data))
     except (KeyError, TypeError, ValueError, AttributeError) as exc:
-        raise InputError(f"baseline {path}: not a kvtrace JSON report or SARIF log ({type(exc).__name__}: {exc})") from None
+        raise InputError(f"{label}: not a kvtrace JSON report or SARIF log ({type(exc).__name__}: {exc})") from None
     return Counter(found)
 
 

@@ -112,40 +112,46 @@ def _fail(message: str, code: int = EXIT_INPUT) -> typer.Exit:
 # ---------------------------------------------------------------------------------------------
 # Validation done before anything is fetched: a bad option must not cost a full scan.
 
-def check_output_path(path: Path) -> None:
+def check_output_path(path: Path, option: str = "--output") -> None:
     """The report file can be written (without creating or truncating it yet)."""
+    from kvtrace.userfiles import check_name_length
+
     if str(path) == "-":
-        raise InputError("--output -: write to stdout by leaving out --output")
-    if path.is_dir():
-        raise InputError(f"--output {path}: is a directory")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise InputError(f"--output {path}: folder {parent} does not exist")
-    if path.exists():
-        if not os.access(path, os.W_OK):
-            raise InputError(f"--output {path}: permission denied")
-        if not path.is_file():
-            # A device or pipe: open it as the report will and write nothing (/dev/full refuses even that).
-            try:
-                fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
+        raise InputError(f"{option} -: write to stdout by leaving out {option}")
+    check_name_length(path, option)
+    try:
+        if path.is_dir():
+            raise InputError(f"{option} {path}: is a directory")
+        parent = path.parent if str(path.parent) else Path(".")
+        if not parent.is_dir():
+            raise InputError(f"{option} {path}: folder {parent} does not exist")
+        if path.exists():
+            if not os.access(path, os.W_OK):
+                raise InputError(f"{option} {path}: permission denied")
+            if not path.is_file():
+                # A device or pipe: open it as the report will and write nothing (/dev/full refuses even that).
                 try:
-                    os.write(fd, b"")
-                finally:
-                    os.close(fd)
+                    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
+                    try:
+                        os.write(fd, b"")
+                    finally:
+                        os.close(fd)
+                except OSError as exc:
+                    raise InputError(f"{option} {path}: cannot be written: {exc.strerror}") from None
+        elif not os.access(parent, os.W_OK | os.X_OK):
+            raise InputError(f"{option} {path}: cannot create a file in {parent}: permission denied")
+        else:
+            # Some folders refuse new files whatever their mode says (/proc, /sys, a read-only mount):
+            # create it and take it away again, so that the scan does not run for nothing.
+            try:
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+                os.unlink(path)
+            except FileExistsError:
+                pass
             except OSError as exc:
-                raise InputError(f"--output {path}: cannot be written: {exc.strerror}") from None
-    elif not os.access(parent, os.W_OK | os.X_OK):
-        raise InputError(f"--output {path}: cannot create a file in {parent}: permission denied")
-    else:
-        # Some folders refuse new files whatever their mode says (/proc, /sys, a read-only mount):
-        # create it and take it away again, so that the scan does not run for nothing.
-        try:
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
-            os.unlink(path)
-        except FileExistsError:
-            pass
-        except OSError as exc:
-            raise InputError(f"--output {path}: cannot create it: {exc.strerror}") from None
+                raise InputError(f"{option} {path}: cannot create it: {exc.strerror}") from None
+    except OSError as exc:  # a name the system refuses outright
+        raise InputError(f"{option} {path}: {exc.strerror or exc}") from None
 
 
 # An extension that says what a file holds -> the formats that may be written to it.
@@ -181,9 +187,11 @@ def check_targets(targets: list[str]) -> None:
     one is fetched."""
     from kvtrace.fetch.local import refuse_symlink_loop
     from kvtrace.target import LocalTarget, parse_target
+    from kvtrace.userfiles import check_name_length
 
     for text in targets:
         if isinstance(parse_target(text), LocalTarget):
+            check_name_length(Path(text), "TARGET")
             refuse_symlink_loop(Path(text))
 
 
@@ -291,14 +299,15 @@ def scan(
             from kvtrace.report.graph_export import check_path
 
             check_path(graph)  # before the scan, not after it
+            check_output_path(graph, "--graph")
         wanted = list(targets or []) + (read_hosts_file(hosts) if hosts is not None else [])
         if not wanted:
             raise InputError("no TARGET: give paths or hosts, or --hosts FILE")
         check_targets(wanted)
         output_format = report_format(given_format, output)
-        for path in (output, write_baseline):
+        for option, path in (("--output", output), ("--write-baseline", write_baseline)):
             if path is not None:
-                check_output_path(path)
+                check_output_path(path, option)
         settings = {target: _settings(target, overrides) for target in wanted}
         packs = {target: load_pack(s.pack) for target, s in settings.items()}
         baseline_prints = {t: baselines.load(Path(s.baseline)) for t, s in settings.items() if s.baseline}
@@ -604,7 +613,6 @@ def diff(
     from kvtrace import baseline as baselines
     from kvtrace import diff as diffs
     from kvtrace.config import Overrides
-    from kvtrace.fetch.local import fetch_local
     from kvtrace.packs import load_pack
     from kvtrace.scan import scan_fetched
 
@@ -619,7 +627,7 @@ def diff(
             pack = load_pack(settings.pack)
             reports = {}
             for side, tree in trees.items():
-                fetched = fetch_local(tree)
+                fetched = checkout.fetch(tree)
                 fetched.target = {"base": base, "head": head}[side] + (f":{path}" if path and not Path(
                     {"base": base, "head": head}[side]).is_dir() else "")
                 reports[side] = scan_fetched(fetched, pack, settings)
@@ -698,9 +706,10 @@ def cache_clear() -> None:
 
     try:
         cache = Cache()
+        removed = cache.clear()  # refuses a folder others can write: nothing in it is known to be ours
     except KvtraceError as exc:
         raise _fail(str(exc))
-    typer.echo(f"removed {cache.clear()} entries from {cache.dir}")
+    typer.echo(f"removed {removed} entries from {cache.dir}")
 
 
 # ---------------------------------------------------------------------------------------------

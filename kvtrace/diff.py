@@ -1,7 +1,8 @@
 """`kvtrace diff BASE HEAD`: what a change did to the queue.
 
 BASE and HEAD are two trees, or two git revisions of the checkout in the working directory (each
-exported with `git archive` into a temporary folder, so the checkout itself is never touched).
+read as stored objects into a temporary folder by kvtrace.gitread, so the checkout itself is never
+touched and nothing from the repository runs).
 Findings are matched by fingerprint (kvtrace.baseline: rule, backend, state, function), so code
 that only moved is `unchanged`; release-map rows are matched by kind, file, function and note
 (and their order among equals), never by line, and reported when the states reaching them moved.
@@ -9,10 +10,7 @@ that only moved is `unchanged`; release-map rows are matched by kind, file, func
 
 from __future__ import annotations
 
-import io
 import json
-import subprocess
-import tarfile
 import tempfile
 from collections import Counter
 from contextlib import ExitStack
@@ -22,8 +20,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kvtrace.baseline import fingerprint
-from kvtrace.errors import InputError
-from kvtrace.model import Finding, Report, Site
+from kvtrace.model import FetchLimits, FetchResult, Finding, Report, Site, SourceFile
 
 
 @dataclass
@@ -151,13 +148,14 @@ def _site_changes(base: Report, head: Report) -> list[SiteChange]:
 
 
 class Checkout:
-    """Two trees for BASE and HEAD: existing folders as they are, else git revisions exported
-    from the repository at `repo` with `git archive` (optionally only `subdir` of it)."""
+    """Two trees for BASE and HEAD: existing folders as they are, else git revisions read from
+    the repository at `repo` by kvtrace.gitread (optionally only `subdir` of it)."""
 
     def __init__(self, repo: Path, subdir: str | None = None):
         self.repo = repo
         self.subdir = subdir
         self.stack = ExitStack()
+        self.skipped: dict[Path, list[SourceFile]] = {}  # per exported tree: what it holds that no fetch can see
 
     def __enter__(self) -> "Checkout":
         return self
@@ -167,30 +165,31 @@ class Checkout:
 
     def tree(self, spec: str) -> Path:
         path = Path(spec)
-        if path.is_dir():
+        try:
+            is_folder = path.is_dir()
+        except OSError:  # a name too long to be a folder: maybe a revision
+            is_folder = False
+        if is_folder:
             return path / self.subdir if self.subdir else path
         return self._export(spec)
 
+    def fetch(self, tree: Path, limits: FetchLimits = FetchLimits()) -> FetchResult:
+        """The local fetch of `tree`, with the submodules and unreadable entries of an exported
+        revision added as gaps."""
+        from kvtrace.fetch.local import fetch_local
+
+        fetched = fetch_local(tree, limits)
+        fetched.files += self.skipped.get(tree, [])
+        return fetched
+
     def _export(self, rev: str) -> Path:
-        if rev.startswith("-"):
-            raise InputError(f"{rev}: not a folder or a git revision")
-        git = ["git", "-C", str(self.repo)]
-        found = subprocess.run([*git, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
-                               capture_output=True, text=True)
-        if found.returncode != 0:
-            inside = subprocess.run([*git, "rev-parse", "--git-dir"], capture_output=True, text=True)
-            where = f"a revision of the git repository at {self.repo}" if inside.returncode == 0 else \
-                f"a folder (and {self.repo} is not a git checkout)"
-            raise InputError(f"{rev}: not {where}")
-        commit = found.stdout.strip()
-        archive = subprocess.run([*git, "archive", "--format=tar", commit, *([self.subdir] if self.subdir else [])],
-                                 capture_output=True)
-        if archive.returncode != 0:
-            raise InputError(f"git archive {rev}: {archive.stderr.decode(errors='replace').strip()}")
+        from kvtrace.gitread import export_revision, resolve_commit
+
+        commit = resolve_commit(self.repo, rev)
         folder = Path(self.stack.enter_context(tempfile.TemporaryDirectory(prefix=f"kvtrace-{commit[:12]}-")))
-        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-            tar.extractall(folder, filter="data")
-        return folder / self.subdir if self.subdir else folder
+        exported = export_revision(self.repo, commit, self.subdir, folder, FetchLimits())
+        self.skipped[exported.folder] = exported.skipped
+        return exported.folder
 
 
 # --- output ------------------------------------------------------------------------------------

@@ -79,10 +79,9 @@ def worst_exit(codes: Iterable[int]) -> int:
 
 def read_hosts_file(path: Path) -> list[str]:
     """One target per line; blank lines and `#` comments (whole-line or after a space) ignored."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"--hosts {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    from kvtrace.userfiles import TEXT_CAP, read_text
+
+    text = read_text(path, "--hosts", TEXT_CAP)  # bounded: a FIFO or /dev/zero is one line, not a hang
     targets = []
     for line in text.splitlines():
         line = re.sub(r"(^|\s)#.*$", "", line).strip()
@@ -122,16 +121,19 @@ def metadata_dirs(target_path: str, root: str) -> list[str]:
 
 
 def local_sglang_version(target_path: str, root: str) -> str | None:
+    from kvtrace.userfiles import read_bytes
+
     for folder in metadata_dirs(str(Path(target_path).resolve()), root):
         try:
             candidates = sorted(p for p in Path(folder).iterdir() if _DIST_INFO.match(p.name))
         except OSError:
             continue
         for dist in candidates:
-            try:
-                found = version_from_metadata((dist / "METADATA").read_text(encoding="utf-8", errors="replace"))
-            except OSError:
+            try:  # the scanned tree's file: bounded, and a FIFO or a link to /dev/zero is skipped
+                data = read_bytes(dist / "METADATA", "METADATA", 4 * 1024 * 1024)
+            except KvtraceError:
                 continue
+            found = version_from_metadata(data.decode("utf-8", errors="replace"))
             if found:
                 return found
     return None
@@ -487,21 +489,12 @@ def summary_json(hosts: list[HostSummary]) -> dict[str, Any]:
 
 def summaries_from_json(data: Any, source: str, fail_on: str = DEFAULT_FAIL_ON) -> list[HostSummary]:
     """Host summaries from one JSON file: a kvtrace/1 report, a list of them, or kvtrace/2's
-    {"schema": "kvtrace/2", "reports": [...]}."""
-    if isinstance(data, dict) and isinstance(data.get("reports"), list):
-        reports = data["reports"]
-    elif isinstance(data, list):  # kvtrace/1 reports, or kvtrace/2 documents (one per host)
-        reports = [report for item in data for report in (
-            item["reports"] if isinstance(item, dict) and isinstance(item.get("reports"), list) else [item])]
-    elif isinstance(data, dict):
-        reports = [data]
-    else:
-        raise InputError(f"{source}: not a kvtrace JSON report")
+    {"schema": "kvtrace/2", "reports": [...]}. Every report is checked against the schema of its
+    version first (kvtrace.report.schema for kvtrace/2): `"complete": 0` or `"false"` is an
+    error, never a host that passed."""
+    reports = _merge_reports(data, source)
     hosts = []
     for report in reports:
-        if not isinstance(report, dict) or not str(report.get("schema", "")).startswith("kvtrace/") \
-                or "target" not in report or not isinstance(report.get("files"), list):
-            raise InputError(f"{source}: not a kvtrace JSON report (run `kvtrace scan --format json`)")
         files = report["files"]
         digest = hashlib.sha256()
         for f in sorted(files, key=lambda f: f["path"]):
@@ -525,21 +518,54 @@ def summaries_from_json(data: Any, source: str, fail_on: str = DEFAULT_FAIL_ON) 
     return hosts
 
 
+# A kvtrace/1 report (before kvtrace/2): the keys a merge reads.
+_MERGE_V1_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["schema", "target", "files", "findings"],
+    "properties": {
+        "schema": {"const": "kvtrace/1"},
+        "target": {"type": "string"},
+        "host": {"type": "string"},
+        "files": {"type": "array", "items": {"type": "object", "required": ["path", "sha256", "status"], "properties": {
+            "path": {"type": "string"}, "sha256": {"type": "string"}, "status": {"type": "string"}}}},
+        "findings": {"type": "array", "items": {"type": "object", "properties": {
+            "severity": {"enum": ["error", "warning", "note"]}}}},
+        "problems": {"type": "array", "items": {"type": "string"}},
+        "complete": {"type": "boolean"},
+    },
+}
+
+
+def _merge_reports(data: Any, source: str) -> list[dict[str, Any]]:
+    """The reports in one merge input, each checked against the schema of its version: the JSON
+    Schema kvtrace ships (kvtrace.report.schema) for kvtrace/2, the keys a merge reads for kvtrace/1."""
+    from kvtrace.report.schema import JSON_SCHEMA, REPORT_SCHEMA
+    from kvtrace.userfiles import checked
+
+    reports = []
+    for n, document in enumerate(data if isinstance(data, list) else [data]):
+        where = f"{source}: item {n + 1}" if isinstance(data, list) else source
+        if isinstance(document, dict) and "reports" in document:
+            reports += checked(document, JSON_SCHEMA, f"{where}: not a kvtrace/2 document")["reports"]
+            continue
+        version = document.get("schema") if isinstance(document, dict) else None
+        schema = {"kvtrace/1": _MERGE_V1_SCHEMA, "kvtrace/2": REPORT_SCHEMA}.get(version)  # type: ignore[arg-type]
+        if schema is None:
+            raise InputError(f"{where}: not a kvtrace JSON report (run `kvtrace scan --format json`)")
+        reports.append(checked(document, schema, f"{where}: not a kvtrace JSON report"))
+    return reports
+
+
 def merge_files(paths: list[Path], fail_on: str = DEFAULT_FAIL_ON) -> list[HostSummary]:
     """Host summaries from JSON report files. A file holding no report is an error (a merge of
     nothing would be a gate that cannot fail); hosts that carry the same name (two reports made
     on one machine) are told apart by the file each came from."""
-    import json
+    from kvtrace.userfiles import load_json
 
     hosts: list[HostSummary] = []
     sources: list[tuple[str, int]] = []  # per host: the file it came from, its place in that file
     for path in paths:
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise InputError(f"{path}: {exc.strerror or exc}") from None
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InputError(f"{path}: not JSON ({exc})") from None
+        data = load_json(path, "")
         found = summaries_from_json(data, str(path), fail_on)
         if not found:
             raise InputError(f"{path}: holds no report (run `kvtrace scan --format json` on each host); "

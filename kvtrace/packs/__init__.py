@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import fnmatch
 import re
-import tomllib
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
@@ -166,16 +165,19 @@ def available_packs() -> list[str]:
 
 def _read(name_or_path: str, suffix: str = ".toml") -> tuple[str, str, Path | None] | None:
     """(text, source label, path) of a pack file given by path or bundled name; None if absent."""
+    from kvtrace.userfiles import TOML_CAP, read_text
+
     path = Path(name_or_path)
-    if path.suffix == ".toml" or path.exists():
+    try:
+        named_file = path.suffix == ".toml" or path.exists()
+    except OSError:  # a name too long to be a file: one line from the reader below
+        named_file = True
+    if named_file:
         if suffix != ".toml":
             path = path.with_name(path.name[: -len(".toml")] + suffix)
             if not path.is_file():
                 return None
-        try:
-            return path.read_text(encoding="utf-8"), str(path), path
-        except OSError as exc:
-            raise InputError(f"rules pack {path}: {exc.strerror or exc}") from None
+        return read_text(path, "rules pack", TOML_CAP), str(path), path  # bounded: a FIFO or /dev/zero is refused
     resource = _bundled() / f"{name_or_path}{suffix}"
     if not resource.is_file():
         return None
@@ -194,10 +196,9 @@ def load_pack(name_or_path: str | None = None) -> Pack:
 
 
 def _parse(text: str, source: str) -> dict[str, Any]:
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"rules pack {source}: {exc}") from None
+    from kvtrace.userfiles import parse_toml
+
+    return parse_toml(text, f"rules pack {source}")
 
 
 def key_line(text: str, section: str, key: str | None = None) -> int:
