@@ -3,9 +3,10 @@
 BASE and HEAD are two trees, or two git revisions of the checkout in the working directory (each
 read as stored objects into a temporary folder by kvtrace.gitread, so the checkout itself is never
 touched and nothing from the repository runs).
-Findings are matched by fingerprint (kvtrace.baseline: rule, backend, state, function), so code
-that only moved is `unchanged`; release-map rows are matched by kind, file, function and note
-(and their order among equals), never by line, and reported when the states reaching them moved.
+Findings are matched by fingerprint (kvtrace.baseline: rule, queue, backend, state and the
+site's role, never the function), so code that only moved is `moved` or `unchanged`; release-map
+rows are matched by kind, file, function and note (and their order among equals), never by line,
+and reported when the states reaching them moved.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable
 
 from kvtrace.baseline import fingerprint
+from kvtrace.safe_text import plain
 from kvtrace.model import FetchLimits, FetchResult, Finding, Report, Site, SourceFile
 
 
@@ -265,7 +267,9 @@ def render_text(diff: Diff, base_label: str, head_label: str, outcome: str | Non
         out.append("\nfates")
         out += [f"  ~ {state}: {', '.join(b) or '-'} -> {', '.join(h) or '-'}" for state, (b, h) in diff.fates.items()]
     out.append(f"\n{_tally(diff)}" + (f"; {outcome}" if outcome else ""))
-    return "\n".join(out) + "\n"
+    # Names, notes and messages come from the two trees: no control character or newline of
+    # theirs reaches the terminal or forges a line (each row's own leading blank line is ours).
+    return "\n".join(("\n" + plain(row[1:])) if row.startswith("\n") else plain(row) for row in out) + "\n"
 
 
 def _site_label(c: SiteChange) -> str:

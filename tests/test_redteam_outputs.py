@@ -647,3 +647,14 @@ def test_version_lookup_ends_within_the_read_timeout(tmp_path: Path) -> None:
     finally:
         server.close()
     assert found is None and took < 20, took
+
+
+def test_diff_text_shows_hostile_names_escaped(hostile_tree: Path) -> None:
+    """`kvtrace diff` prints the names and notes of two trees: no control character of theirs
+    reaches the terminal and no newline in a file name forges a line."""
+    result = kvtrace("diff", str(ROOT / "examples" / "healthy"), str(hostile_tree), "--fail-on", "never",
+                     env={"FORCE_COLOR": "1"})
+    assert result.returncode in (0, 3), result.stderr
+    assert "ni\\x1b[31mxl\\x1b]0;title\\x07" in result.stdout  # an added finding's path, escaped
+    assert no_control(result.stdout) and no_control(result.stderr), repr(result.stdout[:2000])
+    assert not any(line.strip() == FORGED for line in (result.stdout + result.stderr).splitlines())
