@@ -360,7 +360,7 @@ def scan(
             try:
                 for report in r.reports:
                     keep_backends(report, _names(only_backend))
-                fail = getattr(settings.get(r.target), "fail_on", None) or "note"
+                fail = _fail_on_source(settings.get(r.target), overrides)[0]
                 if r.reports and r.error is None:
                     r.exit_code = worst_exit(exit_code_for(report, fail) for report in r.reports)
             except KvtraceError as exc:
@@ -402,9 +402,13 @@ def scan(
             for r in results:
                 if r.metrics is not None and (r.metrics.error or not r.metrics.gauges):
                     typer.echo(plain(f"kvtrace: metrics: {r.target}: {r.metrics.summary()[0]}"), err=True)
-        if output_format is OutputFormat.text and not quiet:
+        # What failed the run, on stderr unless something already says it (concise and github
+        # end with the verdict line, a fleet summary names each host's): a CI log shows why it is red.
+        fleet_summary = not quiet and (fleet or metrics is not None)
+        says_it = output is None and output_format in (OutputFormat.concise, OutputFormat.github)
+        if not quiet and (output_format is OutputFormat.text or not (says_it or fleet_summary)):
             report_failures(results, gate_levels)
-        if not quiet and (fleet or metrics is not None):
+        if fleet_summary:
             summary = render_summary([summarise(r) for r in results])
             if output_format is OutputFormat.text and output is None:
                 typer.echo("\n" + summary, nl=False)

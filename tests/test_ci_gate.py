@@ -346,3 +346,21 @@ def test_concise_is_one_line_per_finding(tree: Path) -> None:
     for line, finding in zip(lines, data):
         assert line.startswith(f"{finding['path']}:{finding['line']}:1: {finding['id']} [{finding['severity']}] ")
     assert lines[-1].startswith(f"kvtrace {tree}: {len(data)} findings (") and "passed (--fail-on never)" in lines[-1]
+
+
+def test_backend_filter_keeps_the_default_gate() -> None:
+    """Before: `--backend` fell back to failing on notes, so a backend with no error exited 1
+    while the summary said `--fail-on error, the default`."""
+    kept = kvtrace("scan", str(EXAMPLES / "nixl-pin"), "--backend", "mooncake", "--format", "concise")
+    assert kept.returncode == 0, kept.stdout + kept.stderr
+    assert "passed" in kept.stdout.splitlines()[-1]
+    pinned = kvtrace("scan", str(EXAMPLES / "nixl-pin"), "--backend", "nixl", "--format", "concise")
+    assert pinned.returncode == 1 and "failed: 2 errors" in pinned.stdout.splitlines()[-1]
+
+
+@pytest.mark.parametrize("args", [("-o", "report.sarif"), ("--format", "json")])
+def test_what_failed_the_run_is_on_stderr_in_every_format(tmp_path: Path, args: tuple[str, str]) -> None:
+    """A CI job writing SARIF or JSON goes red with its log saying why (before: only text did)."""
+    result = kvtrace("scan", str(EXAMPLES / "nixl-pin"), *args, cwd=tmp_path)
+    assert result.returncode == 1
+    assert "failed: 2 errors (--fail-on error, the default)" in result.stderr

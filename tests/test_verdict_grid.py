@@ -12,7 +12,7 @@ from pathlib import Path
 from kvtrace.packs import load_pack
 from kvtrace.report import render_plain
 from kvtrace.report.text import legend_lines
-from kvtrace.report.verdicts import OK, UNKNOWN, verdict_grid, verdict_grids
+from kvtrace.report.verdicts import CONDITIONAL, OK, UNKNOWN, verdict_grid, verdict_grids
 from kvtrace.scan import scan_path
 from tests.sglang_wheels import sglang_tree
 
@@ -159,7 +159,7 @@ def test_narrowed_rules_never_call_a_cell_ok() -> None:
     assert narrowed_report.filters.select == ("pinned-state",)
     for backend in ("ascend", "mooncake", "nixl"):
         # A warning (lower case): Bootstrapping crashes only if two requests share a room.
-        assert full.cells[backend, "Bootstrapping"][0] == "state-crash"
+        assert full.cells[backend, "Bootstrapping"][0] == "state-crash" + CONDITIONAL
         assert narrowed.cells[backend, "Bootstrapping"][0] == UNKNOWN
     assert OK not in {text for text, _ in narrowed.cells.values()}
     for key, (text, _) in full.cells.items():
@@ -213,14 +213,15 @@ def test_backend_option_keeps_only_those_rows() -> None:
                               capture_output=True, text=True, timeout=300)
 
     only = run("--backend", "nixl", "-f", "json")
-    assert only.returncode == 1, only.stderr
+    assert only.returncode == 0, only.stderr  # nixl's pin rests on a shared room: a warning
     [report] = jsonlib.loads(only.stdout)["reports"]
     assert [b["name"] for b in report["backends"]] == ["nixl"]
     assert {f["backend"] for f in report["findings"]} <= {"nixl", None}
     assert report["filters"]["ignored_backends"] == ["ascend", "fake", "mooncake", "mori"]
-    # The one error is nixl's: keeping mooncake alone passes a gate on errors.
+    # The conditional pin is nixl's: keeping mooncake alone passes a gate on errors; nixl's
+    # warning fails a stricter gate.
     assert run("--backend", "mooncake", "--fail-on", "error").returncode == 0
-    assert run("--backend", "mooncake,nixl", "--fail-on", "error").returncode == 1
+    assert run("--backend", "nixl", "--fail-on", "warning").returncode == 1
     typo = run("--backend", "nixxl")
     assert typo.returncode == 2 and "no such backend in this tree (its backends: ascend, fake, mooncake, mori, nixl)" \
         in typo.stderr and len(typo.stderr.splitlines()) == 1

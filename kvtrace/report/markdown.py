@@ -65,7 +65,9 @@ def title_line(report: Report) -> str:
     errors named, else the counts; then what was scanned."""
     parts = summary_line(report).split(" · INCOMPLETE")[0].split(" · ")
     if re.match(r"^\d+ errors?: ", parts[0]):
-        answer = parts[0].split(": ", 1)[1]
+        # The errors named, and the pins that hold only under a premise (named with it).
+        conditional = [p.split(": ", 1)[1] for p in parts[1:] if re.match(r"^\d+ warnings?: ", p)]
+        answer = "; ".join([parts[0].split(": ", 1)[1], *conditional])
     else:
         answer = " · ".join(["no errors", *parts]) if report.findings else parts[0]
     version = report.version.version if report.version else (report.host_facts or {}).get("sglang_version")

@@ -124,6 +124,9 @@ def rules_left_out(report: Report) -> list[str]:
     return left_out
 
 
+# After a cell's rule: the finding holds only under a premise (two requests share a room, ...).
+CONDITIONAL = "~"
+
 # Why a cell reads `?`, each pointing at the part of the report that explains it.
 WHY_UNKNOWN = {
     "unchecked": "backend not checked (see INCOMPLETE)",
@@ -174,7 +177,11 @@ def verdict_grid(report: Report, short: bool = False, queue: QueueReport | None 
             elif hits:
                 # Among equals, the rule that says what happens to the request (pins, drops).
                 worst = min(hits, key=lambda f: (SEVERITY_ORDER.get(f.severity, 3), f.rule not in RULE_VERBS))
-                cells[row, state] = (rule_label(worst, short), worst.severity)
+                label = rule_label(worst, short)
+                if worst.premise:  # a pin that holds only under a premise: the legend says which
+                    label += CONDITIONAL
+                    why.add(f"premise:{worst.premise}")
+                cells[row, state] = (label, worst.severity)
             elif narrowed:
                 cells[row, state] = (UNKNOWN, "warning")  # a rule left out may fire here: never "ok"
                 why.add("rules")
@@ -202,7 +209,8 @@ def _legend(report: Report, used: set[str], partial: bool, short: bool, why: set
     parts = []
     if short:
         labels = {rule_label(f, True): f.rule for f in report.findings if f.state}
-        parts += [f"{label}: {rule}" for label, rule in sorted(labels.items()) if label in used]
+        parts += [f"{label}: {rule}" for label, rule in sorted(labels.items())
+                  if label in used or label + CONDITIONAL in used]
     if OK in used:
         parts.append("ok: poll() returns it, it has a way out")
     if NOT_RETURNED in used:
@@ -210,6 +218,9 @@ def _legend(report: Report, used: set[str], partial: bool, short: bool, why: set
     if UNKNOWN in used:
         reasons = [text for key, text in WHY_UNKNOWN.items() if key in why] or ["not checked"]
         parts.append("?: " + "; or ".join(reasons))
+    premises = sorted(key.split(":", 1)[1] for key in why if key.startswith("premise:"))
+    if premises:
+        parts.append(f"{CONDITIONAL}: a warning, it holds only if {' or '.join(premises)}")
     if partial:
         parts.append("*: checked without some of its files")
     return parts
