@@ -1,22 +1,27 @@
 """Benchmark: kvtrace on a real SGLang release against baselines measured in the same run.
 
-    python bench/run.py [--version 0.5.23] [--repeat 5] [--skip-semgrep] [--skip-ssh]
+    python bench/run.py [--version 0.5.23] [--repeat 5] [--skip-semgrep] [--skip-ssh] [--copies]
 
 The tree is the `disaggregation/` package of a released wheel (plus the srt files that mention
-the queue), from tests/sglang_wheels.py. Every measurement runs in a fresh interpreter, so imports
-and caches never carry over; times are medians of --repeat, memory is peak RSS (the process plus
-its forked child, kvtrace.beside). Each target of issue 11 is printed as a ratio of two numbers
-measured here, in this run, with its verdict; the two sides of the time ratios are run
+the queue), from tests/sglang_wheels.py; the whole-package rows use the wheel's whole sglang/
+package as pip installs it. Every measurement is a whole process as a user runs it (an
+in-process figure is printed beside some for reference), with bytecode caches written as an
+installed package has them; times are medians of --repeat, memory is peak RSS (the process plus
+its forked child, kvtrace.beside). Each row of issue 21's table is printed as a ratio of two
+numbers measured here, in this run, with its verdict; the two sides of a time ratio are run
 alternately and the ratio is the median of the pairs':
 
-  cold         kvtrace with no cache, whole process (`kvtrace scan --no-cache`), vs Semgrep running
-               the equivalent release-map + sender rules (bench/semgrep-equivalent.yml)  <= 0.30
-  cold/floor   the same scan in-process vs `ast.parse` of every file in-process          <= 2
-  warm         a rescan of the unchanged tree from the result cache vs cold              <= 0.15
-  remote       scan over loopback SSH vs (SSH tar fetch alone + local scan)              <= 1.2
-  memory       peak RSS of a cold scan                                                   <= 300 MB
-  copies       1x, 4x, 16x copies of the tree side by side: time and memory per copy do not grow
-  fleet        16 loopback SSH targets vs one                                            <= 3
+  cold     `kvtrace scan --no-cache` vs Semgrep running the equivalent release-map + sender
+           rules (bench/semgrep-equivalent.yml)                                         <= 0.25
+  floor    the same vs a process that only `ast.parse`s every file                        <= 1.5
+  warm     a rescan served from the result cache vs `python -c "import typer, rich.console"`
+           (the floor of any typer CLI)                                                  <= 1.5
+  fleet    16 loopback SSH targets scanned cold (fetch + analysis, one process) vs 16 OpenSSH
+           clients only fetching the same trees (`ssh host tar -C ... -cf - .`, in parallel)  <= 0.8
+  bytes    bytes the server sends for a remote scan of the whole installed package (counted by
+           a relay in front of sshd) vs the bytes analysed                                 <= 3
+  memory   peak RSS of a cold scan of the whole installed package                    <= 300 MB
+  copies   (--copies) 1x, 4x, 16x copies of the tree side by side: time and memory per copy
 
 Semgrep is installed from PyPI into the bench's own environment (~/.cache/kvtrace-bench), never
 into the project's. sshd comes from .ci/install-sshd.sh, as for the tests.
@@ -26,6 +31,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import platform
 import shutil
 import statistics
 import subprocess
@@ -57,60 +63,26 @@ from kvtrace.packs import load_pack
 report, hit = scan_cached(fetch_local(pathlib.Path(sys.argv[1]), FetchLimits()), load_pack(), None)
 assert not hit and report.queues[0].drain is not None
 """,
-    "kvtrace-warm": """
-import pathlib, sys
-from kvtrace.cache import Cache, scan_cached
-from kvtrace.fetch.local import fetch_local
-from kvtrace.model import FetchLimits
-from kvtrace.packs import load_pack
-report, hit = scan_cached(fetch_local(pathlib.Path(sys.argv[1]), FetchLimits()), load_pack(), Cache())
-assert hit and report.queues[0].drain is not None, 'the cache was not warm'
-""",
     "kvtrace-unbounded": """
 import functools, pathlib, sys
-import kvtrace.parse, kvtrace.scan
+import kvtrace.parse
 from kvtrace.cache import scan_cached
 from kvtrace.fetch.local import fetch_local
 from kvtrace.model import FetchLimits
 from kvtrace.packs import load_pack
 # Lift the parse budget (which bounds memory by leaving files out) so every copy is analysed.
-kvtrace.scan.parse_modules = functools.partial(kvtrace.parse.parse_modules, max_nodes=10**9)
+kvtrace.parse.parse_modules = functools.partial(kvtrace.parse.parse_modules, max_nodes=10**9)
 report, hit = scan_cached(fetch_local(pathlib.Path(sys.argv[1]), FetchLimits()), load_pack(), None)
 assert not hit and report.queues[0].drain is not None
 assert all(f.status == 'ok' for f in report.files), [f.error for f in report.files if f.status != 'ok'][:3]
 """,
-    "kvtrace-fill": """
-import pathlib, sys
-from kvtrace.cache import Cache, scan_cached
-from kvtrace.fetch.local import fetch_local
-from kvtrace.model import FetchLimits
-from kvtrace.packs import load_pack
-scan_cached(fetch_local(pathlib.Path(sys.argv[1]), FetchLimits()), load_pack(), Cache())
-""",
-    "ssh-fetch": """
+    "kvtrace-cli": """
 import sys
-from kvtrace.fetch import fetch_target
-from kvtrace.model import FetchLimits
-fetched = fetch_target(sys.argv[1], FetchLimits(), eval(sys.argv[2]))
-assert fetched.files
-""",
-    "kvtrace-remote": """
-import sys
-from kvtrace.cache import scan_cached
-from kvtrace.fetch import fetch_target
-from kvtrace.model import FetchLimits
-from kvtrace.packs import load_pack
-report, hit = scan_cached(fetch_target(sys.argv[1], FetchLimits(), eval(sys.argv[2])), load_pack(), None)
-assert not hit and report.queues[0].drain is not None
-""",
-    "fleet": """
-import sys
-from kvtrace.fleet import FleetOptions, run_fleet
-from kvtrace.packs import load_pack
-targets = sys.argv[1].split(',')
-pack = load_pack()
-results = run_fleet(targets, FleetOptions({t: pack for t in targets}, {}, ssh=eval(sys.argv[2]), jobs=8))
-assert all(r.report is not None for r in results), [r.error for r in results]
+from kvtrace.cli import main
+try:
+    main(sys.argv[1:])
+except SystemExit as done:
+    assert done.code in (0, 1, 3), done.code
 """,
 }
 
@@ -207,13 +179,16 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=5)
     parser.add_argument("--skip-semgrep", action="store_true")
     parser.add_argument("--skip-ssh", action="store_true")
+    parser.add_argument("--copies", action="store_true", help="also the copies-side-by-side table")
     args = parser.parse_args()
 
     from sglang_wheels import sglang_tree
 
     release = sglang_tree(args.version)
     work = Path(tempfile.mkdtemp(prefix="kvtrace-bench-"))
-    env = {**os.environ, "KVTRACE_CACHE_DIR": str(work / "cache")}  # never the user's real cache
+    # Never the user's real cache; bytecode caches written, as an installed package has them.
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    env["KVTRACE_CACHE_DIR"] = str(work / "cache")
     try:
         tree = release / "sglang" / "srt" / "disaggregation"
         files = list(tree.rglob("*.py"))
@@ -221,97 +196,155 @@ def main() -> None:
         lines = sum(f.read_bytes().count(b"\n") for f in files)
         print(f"SGLang {args.version} disaggregation/: {len(files)} files, {size:.2f} MB, {lines} lines "
               f"({tree}); median of {args.repeat}; {_load()}")
+        print(f"machine: {platform.node()}, {os.cpu_count()} CPUs, {platform.processor() or platform.machine()}, "
+              f"Python {platform.python_version()}; {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
         results: list[bool] = []
         r = args.repeat
+        cli = [sys.executable, "-m", "kvtrace", "scan", str(tree), "-f", "json", "-o", os.devnull]
+        floor = [sys.executable, "-c", PROGRAMS["ast"], str(tree)]
+        typer_floor = [sys.executable, "-c", "import typer, rich.console"]
+        for argv in (cli, floor, typer_floor):  # bytecode caches written, the result cache filled
+            run_process(argv, env)
 
         print("times (each ratio below is the median of its pairs, run alternately)", flush=True)
-        (cold_t, cold_m), (ast_t, ast_m), floor_ratio = paired(
-            lambda: run_python("kvtrace-cold", str(tree), env=env), lambda: run_python("ast", str(tree)), r)
-        line("ast.parse floor (in-process)", ast_t, ast_m)
-        line("kvtrace cold (in-process)", cold_t, cold_m)
-        run_python("kvtrace-fill", str(tree), env=env)  # one scan that writes the cache
-        warm_t, warm_m = median(lambda: run_python("kvtrace-warm", str(tree), env=env), r)
-        line("kvtrace warm (in-process, cached)", warm_t, warm_m)
-        cli = [sys.executable, "-m", "kvtrace", "scan", str(tree), "-f", "json", "-o", os.devnull]
+        (cli_cold, _), (floor_t, _), floor_ratio = paired(
+            lambda: run_process(cli + ["--no-cache"], env), lambda: run_process(floor, env), r)
+        line("ast.parse of every file (process)", floor_t)
+        line("kvtrace cold (process)", cli_cold)
+        (cli_warm, _), (typer_t, _), warm_ratio = paired(
+            lambda: run_process(cli, env), lambda: run_process(typer_floor, env), r)
+        line("import typer, rich.console (process)", typer_t)
+        line("kvtrace warm, cached (process)", cli_warm)
+        (cold_t, cold_m), (ast_t, _), inprocess_ratio = paired(
+            lambda: run_python("kvtrace-cold", str(tree), env=env), lambda: run_python("ast", str(tree), env=env), r)
+        line("kvtrace cold (in-process, reference)", cold_t, cold_m)
+        line("ast.parse (in-process, reference)", ast_t)
         semgrep_ratio = None
         if not args.skip_semgrep:
             semgrep = [str(semgrep_bin()), "scan", "--config", str(SEMGREP_RULES), "--metrics", "off",
                        "--disable-version-check", "--quiet", "--json", str(tree)]
-            (cli_cold, _), (semgrep_t, _), semgrep_ratio = paired(
+            run_process(semgrep, env)
+            (_, _), (semgrep_t, _), semgrep_ratio = paired(
                 lambda: run_process(cli + ["--no-cache"], env), lambda: run_process(semgrep, env), r)
-        else:
-            cli_cold, _ = median(lambda: run_process(cli + ["--no-cache"], env), r)
-        line("kvtrace cold (whole process)", cli_cold)
-        cli_warm, _ = median(lambda: run_process(cli, env), r)
-        line("kvtrace warm (whole process)", cli_warm)
-        if semgrep_ratio is not None:
             line("semgrep, equivalent rules (process)", semgrep_t)
 
-        print("targets (ratios of numbers measured above)", flush=True)
-        if semgrep_ratio is not None:
-            results.append(verdict("cold: kvtrace process / semgrep process", semgrep_ratio, 0.30))
-        results.append(verdict("cold: kvtrace / ast.parse floor (in-process)", floor_ratio, 2.0))
-        results.append(verdict("warm / cold (in-process)", warm_t / cold_t, 0.15))
-        print(f"  {'warm / cold (whole process, for reference)':44} {cli_warm / cli_cold:6.2f}x")
-        results.append(verdict("peak RSS of a cold scan", cold_m / 1024, 300, " MB"))
+        package = installed_package(args.version, work)
+        whole_t, whole_m = median(lambda: run_python(
+            "kvtrace-cli", "scan", str(package), "--no-cache", "-f", "json", "-o", os.devnull, env=env), max(1, r // 2))
+        line("kvtrace cold, whole installed package", whole_t, whole_m)
 
-        print("copies side by side (cold, in-process, parse budget lifted so every copy is analysed)", flush=True)
-        base_t = base_m = 0.0
-        for count in (1, 4, 16):
-            folder = make_copies(tree, count, work)
-            t, m = median(lambda: run_python("kvtrace-unbounded", str(folder), env=env), max(1, r // 2 or 1))
-            if count == 1:
-                base_t, base_m = t, m
-            print(f"  {count:2d}x  {t:7.3f} s  ({t / base_t:5.2f}x time of 1x, {t / count:6.3f} s per copy)"
-                  f"   peak RSS {m / 1024:6.1f} MB  ({m / base_m:5.2f}x)", flush=True)
-            if count == 16:
-                results.append(verdict("16 copies: time / (16 x one copy)", t / (16 * base_t), 1.0))
-                results.append(verdict("16 copies: RSS / (16 x one copy)", m / (16 * base_m), 1.0))
-
+        ssh_rows: dict[str, float] = {}
         if not args.skip_ssh:
-            results.extend(bench_ssh(tree, work, env, r))
+            ssh_rows = bench_ssh(tree, package, work, env, r)
+
+        print("targets (issue 21; ratios of numbers measured above, in this run)", flush=True)
+        if semgrep_ratio is not None:
+            results.append(verdict("cold: kvtrace / semgrep (processes)", semgrep_ratio, 0.25))
+        results.append(verdict("cold: kvtrace / ast.parse only (processes)", floor_ratio, 1.5))
+        print(f"  {'  (in-process, reference)':44} {inprocess_ratio:6.2f}x")
+        results.append(verdict("warm: kvtrace / import typer, rich.console", warm_ratio, 1.5))
+        if "fleet" in ssh_rows:
+            results.append(verdict("fleet of 16, cold: kvtrace / 16 ssh tar", ssh_rows["fleet"], 0.8))
+        if "bytes" in ssh_rows:
+            results.append(verdict("remote whole package: bytes sent / analysed", ssh_rows["bytes"], 3.0))
+        results.append(verdict("peak RSS, whole installed package", whole_m / 1024, 300, " MB"))
+
+        if args.copies:
+            bench_copies(tree, work, env, r)
         print(f"all targets met: {'yes' if all(results) else 'NO'} ({sum(results)}/{len(results)}); {_load()}")
     finally:
         shutil.rmtree(work, ignore_errors=True)
 
 
-def bench_ssh(tree: Path, work: Path, env: dict[str, str], r: int) -> list[bool]:
+def installed_package(version: str, work: Path) -> Path:
+    """The wheel's whole sglang/ package (every .py file) and its dist-info, as pip installs it."""
+    import zipfile
+
+    from sglang_wheels import wheel
+
+    site = work / "site-packages"
+    with zipfile.ZipFile(wheel(version)) as archive:
+        members = [n for n in archive.namelist() if n.startswith("sglang/") and n.endswith(".py")
+                   or n.endswith(".dist-info/METADATA")]
+        archive.extractall(site, members)
+    package = site / "sglang"
+    files = list(package.rglob("*.py"))
+    print(f"SGLang {version} installed package: {len(files)} .py files, "
+          f"{sum(f.stat().st_size for f in files) / 1e6:.1f} MB ({package})", flush=True)
+    return package
+
+
+def bench_copies(tree: Path, work: Path, env: dict[str, str], r: int) -> None:
+    print("copies side by side (cold, in-process, parse budget lifted so every copy is analysed)", flush=True)
+    base_t = base_m = 0.0
+    for count in (1, 4, 16):
+        folder = make_copies(tree, count, work)
+        t, m = median(lambda: run_python("kvtrace-unbounded", str(folder), env=env), max(1, r // 2 or 1))
+        if count == 1:
+            base_t, base_m = t, m
+        print(f"  {count:2d}x  {t:7.3f} s  ({t / base_t:5.2f}x time of 1x, {t / count:6.3f} s per copy)"
+              f"   peak RSS {m / 1024:6.1f} MB  ({m / base_m:5.2f}x)", flush=True)
+
+
+def bench_ssh(tree: Path, package: Path, work: Path, env: dict[str, str], r: int) -> dict[str, float]:
+    """The fleet and remote-bytes rows, against a private loopback sshd."""
+    from byte_relay import ByteRelay
     from sshd_server import SshdServer, sshd_missing_reason
 
     if sshd_missing_reason():
         print(f"ssh: skipped ({sshd_missing_reason()})")
-        return [False]
-    results = []
-    with SshdServer.start() as server:
-        ssh = repr(dict(identity_files=[str(server.client_key)], known_hosts=str(server.known_hosts),
-                        ssh_config=str(server.ssh_config)))
-        target = f"{server.user}@127.0.0.1:{server.port}:{tree}"
-        print("remote over loopback sshd", flush=True)
-        fetch_t, _ = median(lambda: run_python("ssh-fetch", target, ssh, env=env), r)
-        line("SSH tar fetch alone (fresh process)", fetch_t)
-        local_t, _ = median(lambda: run_python("kvtrace-cold", str(tree), env=env), r)
-        line("local cold scan", local_t)
-        remote_t, _ = median(lambda: run_python("kvtrace-remote", target, ssh, env=env), r)
-        line("remote cold scan", remote_t)
-        verbose = subprocess.run([sys.executable, "-m", "kvtrace", "scan", target, "--no-cache", "-v", "-f", "json",
-                                  "-o", os.devnull, "-i", str(server.client_key), "--known-hosts",
-                                  str(server.known_hosts), "--ssh-config", str(server.ssh_config)],
-                                 cwd=ROOT, env=env, capture_output=True, text=True)
+        return {}
+    rows: dict[str, float] = {}
+    # 16 OpenSSH clients connect at once: more than sshd's default MaxStartups lets through.
+    with SshdServer.start(extra_config=["MaxStartups 100"]) as server:
+        flags = ["-i", str(server.client_key), "--known-hosts", str(server.known_hosts),
+                 "--ssh-config", str(server.ssh_config)]
+        print("remote whole installed package over loopback sshd (bytes counted by a relay in front of it)",
+              flush=True)
+        with ByteRelay(server.port) as relay:
+            known = work / "known_hosts.relay"
+            known.write_text(f"[{server.host}]:{relay.port} {server.host_key_line}\n")
+            target = f"{server.user}@127.0.0.1:{relay.port}:{package}"
+            report = work / "remote.json"
+            verbose = subprocess.run([sys.executable, "-m", "kvtrace", "scan", target, "--no-cache", "-v", "-f", "json",
+                                      "-o", str(report), "-i", str(server.client_key), "--known-hosts", str(known),
+                                      "--ssh-config", str(server.ssh_config)],
+                                     cwd=ROOT, env=env, capture_output=True, text=True)
+            relay.wait_idle()
+            sent = relay.server_to_client
+        import json
+
+        analysed = sum(len((package / f["path"]).read_bytes())
+                       for f in json.loads(report.read_text())["reports"][0]["files"] if f["status"] == "ok")
         for shown in verbose.stderr.splitlines():
-            if "tcp connect" in shown or "authenticated" in shown:
+            if "exec fetch" in shown or "bytes received" in shown:
                 print("  -v: " + shown.split(": ssh: ", 1)[-1])
-        results.append(verdict("remote / (fetch alone + local scan)", remote_t / (fetch_t + local_t), 1.2))
+        print(f"  server sent {sent / 1e6:.2f} MB (relay) for {analysed / 1e6:.2f} MB analysed", flush=True)
+        rows["bytes"] = sent / analysed
 
         copies = make_copies(tree, 16, work / "fleet")
-        one = f"{server.user}@127.0.0.1:{server.port}:{copies / 'copy00'}"
-        sixteen = ",".join(f"{server.user}@127.0.0.1:{server.port}:{copies / f'copy{i:02d}'}" for i in range(16))
-        print("fleet over loopback sshd (--no-cache; identical trees analysed once)", flush=True)
-        one_t, _ = median(lambda: run_python("fleet", one, ssh, env=env), r)
-        line("1 target", one_t)
-        many_t, many_m = median(lambda: run_python("fleet", sixteen, ssh, env=env), r)
-        line("16 targets (--jobs 8)", many_t, many_m)
-        results.append(verdict("16 targets / 1 target", many_t / one_t, 3.0))
-    return results
+        targets = [f"{server.user}@127.0.0.1:{server.port}:{copies / f'copy{i:02d}'}" for i in range(16)]
+        fleet = [sys.executable, "-m", "kvtrace", "scan", *targets, "--no-cache", "-q", "-f", "json",
+                 "-o", os.devnull, *flags]
+        ssh = ["ssh", "-F", str(server.ssh_config), "-i", str(server.client_key), "-o", "BatchMode=yes",
+               "-o", f"UserKnownHostsFile={server.known_hosts}", "-p", str(server.port), f"{server.user}@127.0.0.1"]
+
+        def openssh_16() -> float:
+            start = time.perf_counter()
+            procs = [subprocess.Popen(ssh + ["tar", "-C", str(copies / f"copy{i:02d}"), "-cf", "-", "."],
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL) for i in range(16)]
+            codes = [p.wait() for p in procs]
+            if any(codes):
+                raise SystemExit(f"ssh tar failed: {codes}")
+            return time.perf_counter() - start
+
+        print("fleet of 16 over loopback sshd (cold: --no-cache; identical trees analysed once)", flush=True)
+        run_process(fleet, env)
+        (fleet_t, _), (openssh_t, _), fleet_ratio = paired(lambda: run_process(fleet, env), openssh_16, r)
+        line("kvtrace, 16 targets (process)", fleet_t)
+        line("16 x ssh host tar -cf - (parallel)", openssh_t)
+        rows["fleet"] = fleet_ratio
+    return rows
 
 
 if __name__ == "__main__":

@@ -28,6 +28,8 @@ class SenderAnalysis:
     cls: ClassInfo
     poll: FuncRef | None
     raise_sites: list[tuple[str, int, str]] = field(default_factory=list)  # (path, line, function) poll() raises at
+    # (path, line, function) where poll() reads the table for an absent room and raises (KeyError)
+    absent_raise_sites: list[tuple[str, int, str]] = field(default_factory=list)
 
 
 def backend_name(path: str, root: str) -> str:
@@ -89,6 +91,9 @@ class ManagerModel:
     cls: ClassInfo
     ref: ManagerRef
     attrs: frozenset[str]  # sender attributes that hold the manager (`kv_mgr`)
+    # The states stored anywhere but in the sender's own constructor (read from the syntax):
+    # what the table can be given again once the room has moved on.
+    later: frozenset[str] = frozenset()
 
 
 def _class_mappings(index: Index) -> list[tuple[set[str], str, int]]:
@@ -168,6 +173,7 @@ def _manager_model(index: Index, pack: Pack, members: tuple[str, ...], sender: C
     holds: set[str] = set()
     unknown: list[str] = []
     clears: list[Evidence] = []
+    clear_methods: list[str] = []
     attrs: set[str] = set()
     call_sites: CallSites = {}
     for func in functions:
@@ -175,6 +181,12 @@ def _manager_model(index: Index, pack: Pack, members: tuple[str, ...], sender: C
             callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
             if callee:
                 call_sites.setdefault(callee, []).append((func, node))
+    later: set[str] = set()  # what is stored by a function other than the sender's __init__
+    sender_mro = index.mro(sender)
+
+    def constructor(func: FuncRef) -> bool:
+        return func.name == "__init__" and func.owner in sender_mro
+
     passed: set[str] = set()  # what the update method's callers pass as the status
     passed_unknown = False
     in_update: list[tuple[ast.Assign, FuncRef, dict[int, ast.AST]]] = []
@@ -191,23 +203,37 @@ def _manager_model(index: Index, pack: Pack, members: tuple[str, ...], sender: C
                         (k.value for k in node.keywords if k.arg == "status"), None)
                     if status is not None:
                         before = len(unknown)
-                        _collect(status, func, _parents(func.node), node, passed, unknown, update, members, call_sites)
+                        given: set[str] = set()
+                        _collect(status, func, _parents(func.node), node, given, unknown, update, members, call_sites)
+                        passed |= given
+                        if not constructor(func):
+                            later.update(given)
                         passed_unknown = passed_unknown or len(unknown) > before
                 if table and node.func.attr == "setdefault" and _ends_with(recv, table) and len(node.args) > 1:
-                    _collect(node.args[1], func, _parents(func.node), node, holds, unknown, update, members, call_sites)
+                    given = set()
+                    _collect(node.args[1], func, _parents(func.node), node, given, unknown, update, members, call_sites)
+                    holds |= given
+                    if not constructor(func):
+                        later.update(given)
                 if table and node.func.attr == "pop" and _ends_with(recv, table):
                     clears.append(Evidence(func.path, node.lineno, f"{func.qualname}() pops the room from {table}"))
+                    clear_methods.append(func.qualname)
             elif isinstance(node, ast.Delete) and table:
                 for t in node.targets:
                     if isinstance(t, ast.Subscript) and _ends_with(t.value, table):
                         clears.append(Evidence(func.path, node.lineno, f"{func.qualname}() deletes the room from {table}"))
+                        clear_methods.append(func.qualname)
             elif isinstance(node, ast.Assign) and table:
                 for t in node.targets:
                     if isinstance(t, ast.Subscript) and _ends_with(t.value, table):
                         if update is not None and func.name == update.name:
                             in_update.append((node, func, _parents(func.node)))
                         else:
-                            _collect(node.value, func, _parents(func.node), node, holds, unknown, update, members, call_sites)
+                            given = set()
+                            _collect(node.value, func, _parents(func.node), node, given, unknown, update, members, call_sites)
+                            holds |= given
+                            if not constructor(func):
+                                later.update(given)
     holds |= passed
     # A store of the update method under `if status == X` happens only if some caller passes X.
     for node, func, parents in in_update:
@@ -215,12 +241,15 @@ def _manager_model(index: Index, pack: Pack, members: tuple[str, ...], sender: C
         narrowed = _narrowed_by_guard(params[1], node, parents, members) if len(params) > 1 else None
         if narrowed is not None and not passed_unknown and not narrowed & passed:
             continue
-        _collect(node.value, func, parents, node, holds, unknown, update, members, call_sites)
+        given = set()
+        _collect(node.value, func, parents, node, given, unknown, update, members, call_sites)
+        holds |= given
+        later.update(given)
     runs = tuple(f"{f.path}:{f.qualname}" for f in (check, update) if f is not None)
     ref = ManagerRef(manager.name, manager.path, manager.line, how, table,
                      tuple(sorted(holds)), tuple(dict.fromkeys(unknown)), tuple(sorted(set(clears), key=lambda e: (e.path, e.line))),
-                     runs)
-    return ManagerModel(manager, ref, frozenset(attrs))
+                     runs, tuple(dict.fromkeys(clear_methods)))
+    return ManagerModel(manager, ref, frozenset(attrs), frozenset(later))
 
 
 _STORES_AND_CALLS = (ast.Call, ast.Delete, ast.Assign)  # what the manager model reads in a function
@@ -368,6 +397,7 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
     runner.abort_attrs = frozenset(abort_writes)
     table = manager.ref.table if manager else None
     configs: list[tuple[str, Val | None]] = []
+    reach: set[str] | None = None
     if table is not None:
         # Only states known to be stored: a store kvtrace cannot read is reported, never a pin;
         # and only those a run of the code can reach from the room's registration.
@@ -389,6 +419,8 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
     reads_abort = False
     raises = False
     raise_sites: set[tuple[str, int, str]] = set()
+    untabled: set[str] = set()  # states some path returns without reading them from the table
+    absent_raises: set[tuple[str, int, str]] = set()  # reads of an absent room that raise (KeyError)
     for label, held in configs:
         attrs = ((TABLE, held),) if held is not None else ()
         for end in runner.run(poll, attrs):
@@ -397,6 +429,7 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
             if end.term == "raise":
                 raises = True
                 raise_sites.update((e.path, e.line, e.function) for e in end.events if e.kind == EventKind.RAISE)
+                absent_raises.update((e.path, e.line, e.function) for e in end.events if e.kind == EventKind.TABLE_RAISE)
                 continue
             value = end.ret if end.ret is not None else frozenset({NONE})
             states = domain.states(value)
@@ -408,7 +441,10 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
                     unknown_sites.setdefault(where, []).append(label)
                     continue
             returns |= states
+            from_table = held is not None and any(e.kind == EventKind.TABLE_READ for e in end.events)
             for state in states:
+                if not (from_table and state in held):
+                    untabled.add(state)
                 if state in domain.terminal:
                     continue
                 found = runner.way_out(end, abort if has_abort else None, poll, state)
@@ -419,7 +455,8 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
                     if previous is None or not previous.pinned:
                         chain = _chain(runner, cls, poll, abort if has_abort else None, abort_writes, manager,
                                        label, held, end, state, found)
-                        verdicts[state] = StateVerdict(state, WayOut.NONE, found.verdict.how, chain)
+                        verdicts[state] = StateVerdict(state, WayOut.NONE, found.verdict.how, chain,
+                                                       absent_room=held is not None and ABSENT in held)
                 elif previous is None:
                     verdicts[state] = found.verdict
     for where, labels in unknown_sites.items():  # one line per return site, with the table contents it is seen for
@@ -432,6 +469,7 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
         notes.append("poll() can raise")
     if runner.truncated:
         notes.append("path limit reached in " + ", ".join(sorted(set(runner.truncated))))
+    left_by = _left_by_methods(runner, index, pack, cls, poll, verdicts, domain, [h for _, h in configs])
     if problems is not None:  # code the engine did not follow (a construct, its budget): incomplete
         problems.extend(f"analysis cut short at {t} (the {name} backend's analysis is incomplete)"
                         for t in sorted(set(runner.truncated)) if isinstance(t, Cut))
@@ -445,6 +483,17 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
         verdicts = {s: v if v.way_out is WayOut.TIMEOUT else StateVerdict(s, WayOut.UNKNOWN, undecided, v.chain)
                     for s, v in verdicts.items()}
     order = {m: i for i, m in enumerate(domain.members)}
+    constructor_only: dict[str, Evidence] = {}
+    init = index.find_method(cls, "__init__")
+    if table is not None and init is not None and manager is not None:
+        # Settled by running the entry points when that could be done, else read from the syntax.
+        again = runner.stored_by_entries if reach is not None and runner.stored_by_entries is not None \
+            else set(manager.later) | set(manager.ref.unknown and domain.members)
+        for state in sorted(returns - untabled - again - set(domain.terminal), key=order.get):
+            if reach is None or state in reach:
+                constructor_only[state] = Evidence(
+                    init.path, init.line, f"only {init.qualname}() stores {state} in {table}: no other run of the "
+                                          f"{name} backend's code puts it back")
     timeouts = [TimeoutCheck(p, l, tuple(sorted(c, key=order.get))) for (p, l), c in sorted(covers.items())]
     backend = Backend(
         name=name,
@@ -461,8 +510,49 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
                                                       for u in (manager.ref.unknown if manager else ())])),
         manager=manager.ref if manager else None,
         verdicts={s: verdicts[s] for s in sorted(verdicts, key=order.get)},
+        constructor_only=constructor_only,
+        unborn=runner.unborn,
+        left_by=left_by,
     )
-    return SenderAnalysis(backend, cls, poll, sorted(raise_sites))
+    return SenderAnalysis(backend, cls, poll, sorted(raise_sites), sorted(absent_raises))
+
+
+def _left_by_methods(runner: "_Runner", index: Index, pack: Pack, cls: ClassInfo, poll: FuncRef,
+                     verdicts: dict[str, StateVerdict], domain: Domain,
+                     tables: list[Val | None]) -> dict[str, dict[str, Evidence]]:
+    """For each pinned state: the sender's methods (other than poll, abort and the constructor)
+    after which poll() no longer returns it, whatever path the method took (`send()` setting
+    `has_sent`). The scheduler may call one right after the request enters the queue."""
+    pinned = [s for s, v in verdicts.items() if v.pinned]
+    if not pinned:
+        return {}
+    found: dict[str, dict[str, Evidence]] = {}
+    names = dict.fromkeys(n for c in index.mro(cls) for n in c.methods)
+    for name in names:
+        if name in (pack.poll_method, pack.abort_method) or name.startswith("__"):
+            continue
+        func = index.find_method(cls, name)
+        if func is None or is_abstract(func) or runner.parse(func) is None:
+            continue
+        returned: set[str] = set()
+        ran = False
+        for held in tables:  # the method and then poll() with the table holding each state it can
+            start = ((TABLE, held),) if held is not None else ()
+            ends = [e for e in runner.run(func, start) if e.term != "raise"]
+            ran = ran or bool(ends) and any(e.attrs != start for e in ends)
+            for end in ends:
+                for after in runner.run(poll, end.attrs):
+                    if after.term != "raise":
+                        returned |= set(domain.states(after.ret if after.ret is not None else frozenset({NONE})))
+                        if OTHER in (after.ret or frozenset()):
+                            returned |= set(pinned)
+        if not ran:
+            continue
+        for state in pinned:
+            if state not in returned:
+                found.setdefault(state, {})[name] = Evidence(
+                    func.path, func.line, f"once {func.qualname}() has run, {cls.name}.{poll.name}() no longer returns {state}")
+    return found
 
 
 def _room_may_be_missing(runner: "_Runner", init: FuncRef | None) -> Evidence | None:
@@ -547,6 +637,8 @@ def _reachable_table(runner: "_Runner", index: Index, sender: ClassInfo, manager
     config = runner.config()
     reached: set[str] = set()
     frontier: list[str] = []
+    by_entries: set[str] = set()  # what a run other than the sender's constructor stores
+    in_entry = [False]
 
     def note(ends: list[PathState]) -> None:
         for end in ends:
@@ -557,6 +649,11 @@ def _reachable_table(runner: "_Runner", index: Index, sender: ClassInfo, manager
             for e in end.events:
                 if e.kind == EventKind.TABLE_STORE:
                     values.update(v for v in e.detail.split(", ") if v)
+                    if in_entry[0]:
+                        by_entries.update(v for v in e.detail.split(", ") if v)
+            if in_entry[0] and ABSENT in values and ABSENT not in (end.attr(TABLE) or ()) or (
+                    in_entry[0] and any(e.kind == EventKind.TABLE_CLEAR for e in end.events)):
+                by_entries.add(ABSENT)
             for v in values - reached:
                 reached.add(v)
                 frontier.append(v)
@@ -592,6 +689,7 @@ def _reachable_table(runner: "_Runner", index: Index, sender: ClassInfo, manager
         return None
     try:
         run_all(init, sender, "", ABSENT)
+        in_entry[0] = True
         entries = [e for e in _entry_points(index, sender, manager, runner.pack.update_method)
                    if _touches_table(index, e[0], e[2], manager, runner.relevant)]
         done: set[tuple[int, str]] = set()
@@ -603,6 +701,7 @@ def _reachable_table(runner: "_Runner", index: Index, sender: ClassInfo, manager
                     run_all(func, cls, prefix, start)
     except (_Unknown, PathLimit):
         return None
+    runner.stored_by_entries = by_entries
     return reached
 
 
@@ -739,6 +838,8 @@ class _Runner:
         self._memo: dict[tuple, list[PathState]] = {}
         self._seeded: dict[tuple, list[PathState]] = {}  # see seed()
         self.unborn: Evidence | None = None  # why the room can be missing before any clear
+        # What the table can be given by a run other than the sender's __init__ (None: not settled).
+        self.stored_by_entries: set[str] | None = None
         self.poll: FuncRef | None = None
         self.relevant = _table_methods(index, manager) if manager is not None and manager.ref.table else None
 

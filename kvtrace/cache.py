@@ -6,14 +6,26 @@ analysed twice, on this host or — in a fleet run — across hosts that serve i
 
 Entries live in the user cache directory (platformdirs; `KVTRACE_CACHE_DIR` overrides it, which
 the test suite uses so it never touches the real one). Each entry is one file written to a temp
-name beside it and `os.replace`d into place, so concurrent runs only ever see whole entries. An
-entry starts with a magic line and the sha256 of its payload: anything that does not verify or
-does not load is ignored (and rewritten by the scan that follows), never a crash. The directory
-is bounded (`KVTRACE_CACHE_MAX_BYTES`, default 64 MiB): after a write the least recently used
-entries are removed until it fits.
+name beside it and `os.replace`d into place, so concurrent runs only ever see whole entries. The
+directory is bounded (`KVTRACE_CACHE_MAX_BYTES`, default 64 MiB): after a write the least
+recently used entries are removed until it fits.
 
-Only kvtrace.model types are unpickled here, so a warm run imports none of the analysis
-(libcst, the flow engine): that is most of what makes it cheap.
+An entry is data, never code: a magic line, the sha256 of the payload (catches a torn or damaged
+write; it is not a signature) and the payload, JSON decoded by kvtrace.cachecodec into the
+kvtrace.model types their annotations name, every value checked. Anything that does not verify or
+decode is a miss (and, being one of ours, removed), never a crash and never trusted. The directory
+is refused (a warning, then the scan runs uncached; `kvtrace cache` commands exit 2) unless it is
+owned by the user and writable by no one else; kvtrace creates it 0700. Every entry is opened
+relative to that checked directory, without following a link or blocking (a FIFO), and must be a
+regular file of the user's under the size bound before a byte is read. Only files named like an
+entry (`<sha256>.kvtrace-cache`) that start with the magic line are ever removed.
+
+Who can write the user's own 0700 directory can already run code as the user; such a person could
+still write a well-formed entry claiming a clean report. That is the user's trust boundary, as for
+any file in their home, and is documented in README.md.
+
+Only kvtrace.model types are decoded here, so a warm run imports none of the analysis (libcst,
+the flow engine): that is most of what makes it cheap.
 """
 
 from __future__ import annotations
@@ -22,20 +34,31 @@ import dataclasses
 import gc
 import hashlib
 import importlib.util
+import logging
 import os
-import pickle
-import tempfile
+import re
+import secrets
+import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast, get_args
 
 from kvtrace import __version__
-from kvtrace.model import FetchResult, Report, SourceFile
+from kvtrace.errors import InputError
+from kvtrace.model import FetchResult, FileStatus, Report, SourceFile
 
-MAGIC = b"kvtrace-cache 1\n"
+MAGIC = b"kvtrace-cache 2 json\n"
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
-SUFFIX = ".report"
+SUFFIX = ".kvtrace-cache"
+ENTRY_NAME = re.compile(r"[0-9a-f]{64}\.kvtrace-cache")
+TEMP_NAME = re.compile(r"\.kvtrace-tmp-[0-9a-f]{32}")
+# Entries of kvtrace before the data-only format (pickles): removed by `cache clear`, never read.
+LEGACY_NAME, LEGACY_MAGIC = re.compile(r"[0-9a-f]{64}\.report"), b"kvtrace-cache 1\n"
+_OPEN_ENTRY = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+
+log = logging.getLogger("kvtrace")
 
 
 def cache_dir() -> Path:
@@ -58,8 +81,6 @@ def max_bytes() -> int:
     except ValueError:
         value = -1
     if value < 0:
-        from kvtrace.errors import InputError
-
         raise InputError(f"KVTRACE_CACHE_MAX_BYTES={text!r}: not a number of bytes (e.g. 67108864; 0 keeps nothing)")
     return value
 
@@ -117,90 +138,218 @@ class CacheInfo:
     max_bytes: int
 
 
+class UnsafeCacheDir(InputError):
+    """The cache directory could be written by someone else: nothing in it can be trusted."""
+
+
+_WARNED: set[str] = set()
+
+
 class Cache:
     def __init__(self, directory: Path | None = None, limit: int | None = None):
+        self._fd: int | None = None  # first: __del__ runs even when a bad bound stops __init__
         self.dir = directory or cache_dir()
         self.limit = max_bytes() if limit is None else limit
+
+    def __del__(self) -> None:
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
 
     def _entry(self, key: str) -> Path:
         return self.dir / f"{key}{SUFFIX}"
 
-    def get(self, key: str) -> bytes | None:
-        path = self._entry(key)
+    # --- the directory ---------------------------------------------------------------------
+
+    def _open_dir(self, create: bool) -> int | None:
+        """A descriptor of the checked cache directory (every entry is opened relative to it, so
+        the folder checked is the folder used), or None when it does not exist and `create` is
+        false. UnsafeCacheDir when another user owns it or may write to it."""
+        if self._fd is not None:
+            return self._fd
+        if create:
+            os.makedirs(self.dir, mode=0o700, exist_ok=True)
         try:
-            blob = path.read_bytes()
+            fd = os.open(self.dir, os.O_RDONLY | os.O_DIRECTORY | getattr(os, "O_CLOEXEC", 0))
+        except FileNotFoundError:
+            if create:
+                raise
+            return None
+        except OSError as exc:  # not a folder, no permission
+            raise InputError(f"cache directory {self.dir}: {exc.strerror or exc}") from None
+        info = os.fstat(fd)
+        problem = None
+        if info.st_uid != os.geteuid():
+            problem = f"is owned by user id {info.st_uid}, not by you ({os.geteuid()})"
+        elif info.st_mode & 0o022:
+            problem = f"is writable by others (mode {stat.S_IMODE(info.st_mode):03o})"
+        if problem is not None:
+            os.close(fd)
+            raise UnsafeCacheDir(f"cache directory {self.dir} {problem}: an entry in it could be anyone's; "
+                                 f"use a folder of your own (chmod 700 it, or set KVTRACE_CACHE_DIR)")
+        self._fd = fd
+        return fd
+
+    def _usable_dir(self, create: bool) -> int | None:
+        """For a scan: the directory, or None (a warning once) when it cannot or must not be used:
+        a cache costs speed, never the scan."""
+        try:
+            return self._open_dir(create)
+        except UnsafeCacheDir as exc:
+            if str(self.dir) not in _WARNED:
+                _WARNED.add(str(self.dir))
+                log.warning("warning: %s; results are neither cached nor reused", exc)
+            return None
+        except (InputError, OSError):
+            return None  # not a folder, read-only or full
+
+    # --- entries ---------------------------------------------------------------------------
+
+    def _read_entry(self, fd: int, name: str, whole: bool) -> bytes | None:
+        """The bytes of one of our entries (only its magic line unless `whole`), or None when the
+        name is not a regular file of ours under the size bound. Never blocks, never follows."""
+        try:
+            entry = os.open(name, _OPEN_ENTRY, dir_fd=fd)
         except OSError:
             return None
-        if not blob.startswith(MAGIC) or len(blob) < len(MAGIC) + 65:
+        try:
+            info = os.fstat(entry)
+            if not stat.S_ISREG(info.st_mode) or info.st_uid != os.geteuid() or info.st_size > self.limit:
+                return None
+            wanted = info.st_size + 1 if whole else len(MAGIC)
+            chunks, left = [], wanted
+            while left > 0:
+                chunk = os.read(entry, min(left, 1 << 20))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                left -= len(chunk)
+            blob = b"".join(chunks)
+            if whole and len(blob) > info.st_size:
+                return None  # grew while read: not a whole entry
+            if whole:
+                try:
+                    os.utime(entry)  # least-recently-used order for eviction
+                except OSError:
+                    pass
+            return blob
+        except OSError:
+            return None
+        finally:
+            os.close(entry)
+
+    def get(self, key: str) -> bytes | None:
+        fd = self._usable_dir(create=False)
+        if fd is None or not ENTRY_NAME.fullmatch(f"{key}{SUFFIX}"):
+            return None
+        blob = self._read_entry(fd, f"{key}{SUFFIX}", whole=True)
+        if blob is None or not blob.startswith(MAGIC) or len(blob) < len(MAGIC) + 65:
             return None
         digest, payload = blob[len(MAGIC):len(MAGIC) + 64], blob[len(MAGIC) + 65:]
         if hashlib.sha256(payload).hexdigest().encode() != digest:
-            return None  # torn or tampered: treat as a miss; the scan rewrites it
-        try:
-            os.utime(path)  # least-recently-used order for eviction
-        except OSError:
-            pass
+            _unlink(fd, f"{key}{SUFFIX}")  # torn or damaged, and ours (name and magic): the scan rewrites it
+            return None
         return payload
 
+    def discard(self, key: str) -> None:
+        """Remove the entry for `key` (one of ours whose payload did not decode)."""
+        fd = self._usable_dir(create=False)
+        if fd is not None and self._read_entry(fd, f"{key}{SUFFIX}", whole=False) == MAGIC:
+            _unlink(fd, f"{key}{SUFFIX}")
+
     def put(self, key: str, payload: bytes) -> None:
+        if not ENTRY_NAME.fullmatch(f"{key}{SUFFIX}"):
+            return
+        fd = self._usable_dir(create=True)
+        if fd is None:
+            return
+        temp = f".kvtrace-tmp-{secrets.token_hex(16)}"
         try:
-            self.dir.mkdir(parents=True, exist_ok=True)
             blob = MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
-            fd, temp = tempfile.mkstemp(prefix=".tmp-", dir=self.dir)
+            handle = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
+                             0o600, dir_fd=fd)
             try:
-                with os.fdopen(fd, "wb") as handle:
-                    handle.write(blob)
-                os.replace(temp, self._entry(key))
+                with os.fdopen(handle, "wb") as out:
+                    out.write(blob)
+                os.replace(temp, f"{key}{SUFFIX}", src_dir_fd=fd, dst_dir_fd=fd)
             except BaseException:
-                _unlink(Path(temp))
+                _unlink(fd, temp)
                 raise
-            self._evict()
+            self._evict(fd)
         except OSError:
             pass  # a read-only or full cache dir costs speed, never the scan
 
-    def _entries(self) -> list[tuple[float, int, Path]]:
+    def _entries(self, fd: int, legacy: bool = False) -> list[tuple[float, int, str]]:
+        """(mtime, size, name) of each entry kvtrace wrote: named like one, a regular file of the
+        user's, starting with the magic line. Nothing else in the folder is ever touched."""
         found = []
         try:
-            children = list(self.dir.iterdir())
+            names = os.listdir(fd)
         except OSError:
             return []
-        for path in children:
-            if not path.name.endswith(SUFFIX):
+        for name in names:
+            if ENTRY_NAME.fullmatch(name):
+                magic = MAGIC
+            elif legacy and LEGACY_NAME.fullmatch(name):
+                magic = LEGACY_MAGIC
+            else:
                 continue
             try:
-                st = path.stat()
+                st = os.stat(name, dir_fd=fd, follow_symlinks=False)
             except OSError:
                 continue  # removed by a concurrent run
-            found.append((st.st_mtime, st.st_size, path))
+            if not stat.S_ISREG(st.st_mode):
+                continue
+            head = self._read_entry(fd, name, whole=False) if magic is MAGIC else _head(fd, name, len(magic))
+            if head is not None and head[:len(magic)] == magic:
+                found.append((st.st_mtime, st.st_size, name))
         return found
 
-    def _evict(self) -> None:
-        entries = sorted(self._entries(), key=lambda e: e[0])
+    def _evict(self, fd: int) -> None:
+        entries = sorted(self._entries(fd), key=lambda e: e[0])
         total = sum(size for _, size, _ in entries)
         while entries and total > self.limit:
-            _, size, path = entries.pop(0)
-            _unlink(path)
+            _, size, name = entries.pop(0)
+            _unlink(fd, name)
             total -= size
 
     def info(self) -> CacheInfo:
-        entries = self._entries()
+        fd = self._open_dir(create=False)
+        entries = self._entries(fd) if fd is not None else []
         return CacheInfo(self.dir, len(entries), sum(size for _, size, _ in entries), self.limit)
 
     def clear(self) -> int:
-        removed = 0
-        for _, _, path in self._entries():
-            removed += _unlink(path)
+        fd = self._open_dir(create=False)
+        if fd is None:
+            return 0
+        removed = sum(_unlink(fd, name) for _, _, name in self._entries(fd, legacy=True))
         try:
-            for stale in self.dir.glob(".tmp-*"):
-                _unlink(stale)
+            for name in os.listdir(fd):
+                if TEMP_NAME.fullmatch(name):
+                    _unlink(fd, name)
         except OSError:
             pass
         return removed
 
 
-def _unlink(path: Path) -> int:
+def _head(fd: int, name: str, size: int) -> bytes | None:
     try:
-        path.unlink()
+        entry = os.open(name, _OPEN_ENTRY, dir_fd=fd)
+    except OSError:
+        return None
+    try:
+        return os.read(entry, size) if stat.S_ISREG(os.fstat(entry).st_mode) else None
+    except OSError:
+        return None
+    finally:
+        os.close(entry)
+
+
+def _unlink(fd: int, name: str) -> int:
+    try:
+        os.unlink(name, dir_fd=fd)
         return 1
     except OSError:
         return 0
@@ -219,31 +368,40 @@ def gc_paused() -> Iterator[None]:
             gc.enable()
 
 
-def _freeze(report: Report) -> bytes:
-    """Pickle a report without the file bytes (the fetched files are re-attached on load)."""
-    files = [(f.path, f.sha256, f.status, f.error) for f in report.files]
-    slim = dataclasses.replace(report, files=[])
-    return pickle.dumps((files, slim), protocol=pickle.HIGHEST_PROTOCOL)
+def _freeze(report: Report, key: str) -> bytes:
+    """The report as JSON data, without the file bytes (the fetched files are re-attached on load)."""
+    from kvtrace.cachecodec import encode_report
+
+    files = [[f.path, f.sha256, f.status, f.error] for f in report.files]
+    return encode_report({"key": key, "files": files}, report)
 
 
-def _thaw(payload: bytes, fetched: FetchResult) -> Report | None:
+def _thaw(payload: bytes, fetched: FetchResult, key: str) -> Report | None:
+    """The report an entry holds, checked field by field against kvtrace.model, or None."""
+    from kvtrace.cachecodec import decode_report
+
     try:
-        files, report = pickle.loads(payload)
-        if not isinstance(report, Report):
-            return None
+        extra, report = decode_report(payload)
+        if extra.get("key") != key:
+            return None  # an entry copied under another key's name
         by_path = {f.path: f for f in fetched.files}
-        attached: list[SourceFile] = []
-        for path, sha, status, error in files:
+        marks: list[tuple[SourceFile, FileStatus, str | None]] = []
+        for item in extra["files"]:
+            path, sha, status, error = item
             source = by_path[path]
-            if source.sha256 != sha:
+            if source.sha256 != sha or status not in _STATUSES or not isinstance(error, (str, type(None))):
                 return None
-            source.status, source.error = status, error
-            attached.append(source)
+            marks.append((source, cast(FileStatus, status), error))  # one of _STATUSES: checked above
     except Exception:  # any damage at all is a miss, never a crash
         return None
-    report.files = attached
+    for source, status, error in marks:  # only once all of it checked: a bad entry changes no file
+        source.status, source.error = status, error
+    report.files = [source for source, _, _ in marks]
     report.target = fetched.target
     return report
+
+
+_STATUSES: tuple[str, ...] = get_args(FileStatus)
 
 
 ScanFn = Callable[[FetchResult, object], Report]
@@ -259,11 +417,13 @@ def scan_cached(fetched: FetchResult, pack: object, cache: Cache | None,
     if payload is None and cache is not None:
         payload = cache.get(key)
     if payload is not None:
-        report = _thaw(payload, fetched)
+        report = _thaw(payload, fetched, key)
         if report is not None:
             if memo is not None:
                 memo[key] = payload
             return report, True
+        if cache is not None:
+            cache.discard(key)
     with gc_paused():
         if scan is not None:
             report = scan(fetched, pack)
@@ -273,7 +433,11 @@ def scan_cached(fetched: FetchResult, pack: object, cache: Cache | None,
             report = scan_fetched(fetched, pack, settings, root=root) if settings is not None else \
                 scan_fetched(fetched, pack, root=root)  # type: ignore[arg-type]
     if memo is not None or cache is not None:
-        frozen = _freeze(report)
+        try:
+            frozen = _freeze(report, key)
+        except (TypeError, ValueError) as exc:  # a value the codec does not know: the scan stands, uncached
+            log.debug("result not cached: %s", exc)
+            return report, False
         if memo is not None:
             memo[key] = frozen
         if cache is not None:

@@ -4,7 +4,8 @@ Layout, so that new options and commands merge cleanly: option types and validat
 one function per command, then `main()` (which turns usage errors into one line and internal
 errors into exit 4)."""
 
-from __future__ import annotations
+# No `from __future__ import annotations` here: typer reads every command's signature on each run,
+# and string annotations cost it an eval() apiece (~0.1 s of every run, the cached rescan's too).
 
 import json
 import logging
@@ -30,7 +31,6 @@ from kvtrace.errors import (
 )
 from kvtrace.safe_text import plain
 from kvtrace.model import FetchLimits, Report
-from kvtrace.rules import ALL_RULES, find_rule
 
 log = logging.getLogger("kvtrace")
 
@@ -57,7 +57,9 @@ class FailOn(str, Enum):
     never = "never"
 
 
-SEVERITY_RANK = {"note": 0, "warning": 1, "error": 2, "never": 3}
+class Detail(str, Enum):
+    summary = "summary"
+    full = "full"
 
 
 class OutputFormat(str, Enum):
@@ -67,6 +69,7 @@ class OutputFormat(str, Enum):
     markdown = "markdown"
     github = "github"
     html = "html"
+    concise = "concise"  # one line per finding and a summary (hooks, CI logs)
 
 
 def _version(value: bool) -> None:
@@ -109,27 +112,53 @@ def _fail(message: str, code: int = EXIT_INPUT) -> typer.Exit:
 # ---------------------------------------------------------------------------------------------
 # Validation done before anything is fetched: a bad option must not cost a full scan.
 
-def check_output_path(path: Path) -> None:
+def check_output_path(path: Path, option: str = "--output") -> None:
     """The report file can be written (without creating or truncating it yet)."""
+    from kvtrace.userfiles import check_name_length
+
     if str(path) == "-":
-        raise InputError("--output -: write to stdout by leaving out --output")
-    if path.is_dir():
-        raise InputError(f"--output {path}: is a directory")
-    parent = path.parent if str(path.parent) else Path(".")
-    if not parent.is_dir():
-        raise InputError(f"--output {path}: folder {parent} does not exist")
-    if path.exists():
-        if not os.access(path, os.W_OK):
-            raise InputError(f"--output {path}: permission denied")
-    elif not os.access(parent, os.W_OK | os.X_OK):
-        raise InputError(f"--output {path}: cannot create a file in {parent}: permission denied")
+        raise InputError(f"{option} -: write to stdout by leaving out {option}")
+    check_name_length(path, option)
+    try:
+        if path.is_dir():
+            raise InputError(f"{option} {path}: is a directory")
+        parent = path.parent if str(path.parent) else Path(".")
+        if not parent.is_dir():
+            raise InputError(f"{option} {path}: folder {parent} does not exist")
+        if path.exists():
+            if not os.access(path, os.W_OK):
+                raise InputError(f"{option} {path}: permission denied")
+            if not path.is_file():
+                # A device or pipe: open it as the report will and write nothing (/dev/full refuses even that).
+                try:
+                    fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK)
+                    try:
+                        os.write(fd, b"")
+                    finally:
+                        os.close(fd)
+                except OSError as exc:
+                    raise InputError(f"{option} {path}: cannot be written: {exc.strerror}") from None
+        elif not os.access(parent, os.W_OK | os.X_OK):
+            raise InputError(f"{option} {path}: cannot create a file in {parent}: permission denied")
+        else:
+            # Some folders refuse new files whatever their mode says (/proc, /sys, a read-only mount):
+            # create it and take it away again, so that the scan does not run for nothing.
+            try:
+                os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644))
+                os.unlink(path)
+            except FileExistsError:
+                pass
+            except OSError as exc:
+                raise InputError(f"{option} {path}: cannot create it: {exc.strerror}") from None
+    except OSError as exc:  # a name the system refuses outright
+        raise InputError(f"{option} {path}: {exc.strerror or exc}") from None
 
 
 # An extension that says what a file holds -> the formats that may be written to it.
 _EXTENSION_FORMATS: dict[str, tuple[OutputFormat, ...]] = {
     ".sarif.json": (OutputFormat.sarif,),
     ".sarif": (OutputFormat.sarif,),
-    ".json": (OutputFormat.json, OutputFormat.sarif),  # SARIF is JSON too
+    ".json": (OutputFormat.json,),  # a SARIF log is named .sarif or .sarif.json
     ".md": (OutputFormat.markdown,),
     ".markdown": (OutputFormat.markdown,),
     ".html": (OutputFormat.html,),
@@ -158,9 +187,11 @@ def check_targets(targets: list[str]) -> None:
     one is fetched."""
     from kvtrace.fetch.local import refuse_symlink_loop
     from kvtrace.target import LocalTarget, parse_target
+    from kvtrace.userfiles import check_name_length
 
     for text in targets:
         if isinstance(parse_target(text), LocalTarget):
+            check_name_length(Path(text), "TARGET")
             refuse_symlink_loop(Path(text))
 
 
@@ -182,8 +213,9 @@ def scan(
         metavar="TARGET...",
         help="Local paths (an SGLang checkout, an installed sglang package, or its disaggregation "
              "folder) or remote ones: [user@]host[:port]:path or ssh://[user@]host[:port]/path.")] = None,
-    given_format: Annotated[Optional[OutputFormat], typer.Option("--format", "-f",
-        help="Report format. Default: from the --output file's extension (.sarif, .json, .md, .html), else text.")] = None,
+    given_format: Annotated[Optional[OutputFormat], typer.Option("--format", "-f", "--output-format",
+        help="Report format (concise: one line per finding, for hooks). Default: from the --output file's "
+             "extension (.sarif, .json, .md, .html), else text.")] = None,
     output: Annotated[Optional[Path], typer.Option("--output", "-o", metavar="FILE",
         help="Write the report to FILE (checked before scanning).")] = None,
     rules: Annotated[Optional[str], typer.Option("--rules", metavar="PACK|FILE",
@@ -192,6 +224,9 @@ def scan(
         help="When a TARGET holds several packages (versions side by side), scan each as its own report.")] = False,
     no_map: Annotated[bool, typer.Option("--no-map",
         help="Text format: leave out the release map, the poll states' fates and the backends' details.")] = False,
+    detail: Annotated[Detail, typer.Option("--detail",
+        help="Markdown: summary (the answer, what fails with its code and diagram, the rest folded, under "
+             "60,000 characters) or full (every diagram and table, no size bound).")] = Detail.summary,
     sarif_root: Annotated[Optional[Path], typer.Option("--sarif-root", metavar="DIR",
         help="SARIF: make file locations relative to DIR (default: the current directory).")] = None,
     identity: Annotated[Optional[list[str]], typer.Option("--identity", "-i", metavar="KEY",
@@ -217,17 +252,19 @@ def scan(
     verbose: Annotated[bool, typer.Option("--verbose", "-v",
         help="Show fetch steps and timings on stderr (and a traceback on an internal error).")] = False,
     fail_on: Annotated[Optional[FailOn], typer.Option("--fail-on",
-        help="Exit 1 only for findings of this severity or worse (never: report, exit 0). Default: note.")] = None,
+        help="Exit 1 only for findings of this severity or worse (never: report, exit 0). Default: error.")] = None,
     select: Annotated[Optional[list[str]], typer.Option("--select", metavar="RULE",
         help="Only these rules (ids or codes; repeatable or comma-separated). Wins over [tool.kvtrace].")] = None,
     ignore: Annotated[Optional[list[str]], typer.Option("--ignore", metavar="RULE",
         help="Leave out these rules (repeatable or comma-separated). Wins over [tool.kvtrace].")] = None,
     ignore_backend: Annotated[Optional[list[str]], typer.Option("--ignore-backend", metavar="BACKEND",
         help="Leave out these backends, e.g. fake (repeatable or comma-separated).")] = None,
+    only_backend: Annotated[Optional[list[str]], typer.Option("--backend", metavar="BACKEND",
+        help="Keep only these backends' rows, e.g. the one the host runs (repeatable or comma-separated).")] = None,
     baseline: Annotated[Optional[Path], typer.Option("--baseline", metavar="FILE",
         help="An earlier kvtrace JSON report or SARIF log: its findings are shown as such and do not fail.")] = None,
     write_baseline: Annotated[Optional[Path], typer.Option("--write-baseline", metavar="FILE",
-        help="Also write this scan's findings as a JSON baseline.")] = None,
+        help="Also write this scan's findings as a JSON baseline, accepting them: exit 0 (3 if the scan is incomplete).")] = None,
     graph: Annotated[Optional[Path], typer.Option("--graph", metavar="FILE",
         help="Also export the analysis graph: FILE.graphml, FILE.dot or FILE.json.")] = None,
     no_cache: Annotated[bool, typer.Option("--no-cache",
@@ -262,14 +299,15 @@ def scan(
             from kvtrace.report.graph_export import check_path
 
             check_path(graph)  # before the scan, not after it
+            check_output_path(graph, "--graph")
         wanted = list(targets or []) + (read_hosts_file(hosts) if hosts is not None else [])
         if not wanted:
             raise InputError("no TARGET: give paths or hosts, or --hosts FILE")
         check_targets(wanted)
         output_format = report_format(given_format, output)
-        for path in (output, write_baseline):
+        for option, path in (("--output", output), ("--write-baseline", write_baseline)):
             if path is not None:
-                check_output_path(path)
+                check_output_path(path, option)
         settings = {target: _settings(target, overrides) for target in wanted}
         packs = {target: load_pack(s.pack) for target, s in settings.items()}
         baseline_prints = {t: baselines.load(Path(s.baseline)) for t, s in settings.items() if s.baseline}
@@ -314,12 +352,32 @@ def scan(
         else:
             log.debug("%s: fetched %d files in %.2fs; %s in %.2fs", r.target, len(r.report.files), r.timings["fetch"],
                       "cached result" if r.cached else "analysed", r.timings["analyse"])
+    if only_backend:
+        from kvtrace.fleet import exit_code_for
+        from kvtrace.narrow import keep_backends
+
+        for r in results:
+            try:
+                for report in r.reports:
+                    keep_backends(report, _names(only_backend))
+                fail = getattr(settings.get(r.target), "fail_on", None) or "note"
+                if r.reports and r.error is None:
+                    r.exit_code = worst_exit(exit_code_for(report, fail) for report in r.reports)
+            except KvtraceError as exc:
+                typer.echo(f"kvtrace: error: {plain(str(exc))}", err=True)
+                r.exit_code, r.report, r.extra_reports = EXIT_INPUT, None, []
     verdict.code = worst_exit(r.exit_code for r in results)  # what the run exits with, whatever stdout does
+    if write_baseline is not None and verdict.code == EXIT_FINDINGS:
+        verdict.code = EXIT_CLEAN  # writing a baseline accepts today's findings; an incomplete scan still exits 3
+    # Per report (a target scanned with --all gives several): the --fail-on level and where it was set.
+    gate_levels = {report.target: _fail_on_source(settings.get(r.target), overrides) if write_baseline is None
+                   else ("never", f"--write-baseline {write_baseline} accepts them")
+                   for r in results for report in r.reports}
     reports = [report for r in results for report in r.reports]
     if reports:
         try:
             try:
-                _write(reports, output_format, output, no_map, sarif_root)
+                _write(reports, output_format, output, no_map, sarif_root, gate_levels, detail.value)
             except BrokenPipeError:  # `| head`: the files below are still written, the code kept
                 closed_pipe(sys.stdout)
             if graph is not None:
@@ -330,11 +388,22 @@ def scan(
                 from kvtrace.report.json import render as render_json
 
                 write_baseline.write_text(render_json(reports), encoding="utf-8")
+                accepted = sum(1 for r in reports for f in r.findings if not f.suppressed)
+                incomplete = " from an INCOMPLETE scan (exit 3): what was not analysed is not in it" \
+                    if any(r.incomplete for r in reports) else ""
+                typer.echo(plain(f"kvtrace: wrote baseline {write_baseline}: {accepted} finding(s) accepted{incomplete}"),
+                           err=True)
         except OSError as exc:
             raise _fail(f"cannot write the report: {exc.strerror or exc}: {exc.filename or output}")
     try:
         warn_unknown_backends(reports, settings, overrides)
         report_gaps(reports, quiet)
+        if quiet and metrics is not None:  # -q hides the fleet summary, not the gauge that was asked for
+            for r in results:
+                if r.metrics is not None and (r.metrics.error or not r.metrics.gauges):
+                    typer.echo(plain(f"kvtrace: metrics: {r.target}: {r.metrics.summary()[0]}"), err=True)
+        if output_format is OutputFormat.text and not quiet:
+            report_failures(results, gate_levels)
         if not quiet and (fleet or metrics is not None):
             summary = render_summary([summarise(r) for r in results])
             if output_format is OutputFormat.text and output is None:
@@ -345,6 +414,27 @@ def scan(
         closed_pipe(sys.stdout)
         closed_pipe(sys.stderr)
     raise typer.Exit(verdict.code)
+
+
+def _fail_on_source(settings, overrides) -> tuple[str, str]:
+    """(the --fail-on level for a target, where it was set) for the summary line."""
+    from kvtrace.gate import fail_on_source
+
+    return fail_on_source(getattr(settings, "fail_on", None), overrides.fail_on is not None,
+                          getattr(settings, "source", None))
+
+
+def report_failures(results, gate_levels: dict[str, tuple[str, str]]) -> None:
+    """The text report's tally counts everything; this line says what failed the run."""
+    from kvtrace.gate import verdict_line
+
+    for r in results:
+        if r.exit_code != EXIT_FINDINGS:
+            continue
+        for report in r.reports:
+            line = verdict_line(report.findings, *gate_levels[report.target])
+            if line.startswith("failed"):
+                typer.echo(plain(f"kvtrace: {report.target}: {line}"), err=True)
 
 
 def _names(values: list[str] | None) -> tuple[str, ...]:
@@ -359,8 +449,23 @@ def _settings(target: str, overrides):
 
     local = parse_target(target)  # already checked by check_targets
     start = Path(target) if isinstance(local, LocalTarget) else None
-    known = {r.name for r in ALL_RULES} | {r.code for r in ALL_RULES}
-    return resolve(start, Path.cwd(), overrides, known)
+    return resolve(start, Path.cwd(), overrides, _KnownRules())
+
+
+class _KnownRules:
+    """The rule names and codes, looked up only when a name is checked: the rules import the
+    analysis (~0.1 s), which a rescan served from the cache never runs."""
+
+    def _names(self) -> set[str]:
+        from kvtrace.rules import ALL_RULES
+
+        return {r.name for r in ALL_RULES} | {r.code for r in ALL_RULES}
+
+    def __contains__(self, name: object) -> bool:
+        return name in self._names()
+
+    def __iter__(self):
+        return iter(self._names())
 
 
 def warn_unknown_backends(reports: list[Report], settings: dict, overrides) -> None:
@@ -401,7 +506,8 @@ def gap_line(gap) -> str:
 
 
 def _write(reports: list[Report], fmt: OutputFormat, output: Path | None, no_map: bool,
-           sarif_root: Path | None) -> None:
+           sarif_root: Path | None, gate_levels: dict[str, tuple[str, str]] | None = None,
+           detail: str = "summary") -> None:
     from kvtrace.report import render_text_stream
 
     if fmt is OutputFormat.text:
@@ -422,7 +528,11 @@ def _write(reports: list[Report], fmt: OutputFormat, output: Path | None, no_map
     elif fmt is OutputFormat.github:
         from kvtrace.report.github import render
 
-        text = render(reports)
+        text = render(reports, gate_levels)
+    elif fmt is OutputFormat.concise:
+        from kvtrace.report.concise import render
+
+        text = render(reports, gate_levels)
     elif fmt is OutputFormat.html:
         from kvtrace.report.html import render
 
@@ -430,7 +540,7 @@ def _write(reports: list[Report], fmt: OutputFormat, output: Path | None, no_map
     else:
         from kvtrace.report.markdown import render
 
-        text = render(reports)
+        text = render(reports, detail=detail)
     if output is not None:
         output.write_text(text, encoding="utf-8")
     else:
@@ -472,6 +582,8 @@ class _SafeRecord(logging.Filter):
 class DiffFormat(str, Enum):
     text = "text"
     json = "json"
+    markdown = "markdown"  # a pull-request comment (under GitHub's 65,536 characters)
+    github = "github"  # workflow annotations on HEAD's files for the added findings
 
 
 @app.command()
@@ -487,40 +599,59 @@ def diff(
     ignore: Annotated[Optional[list[str]], typer.Option("--ignore", metavar="RULE", help="Leave out these rules.")] = None,
     ignore_backend: Annotated[Optional[list[str]], typer.Option("--ignore-backend", metavar="BACKEND",
         help="Leave out these backends.")] = None,
+    fail_on: Annotated[Optional[FailOn], typer.Option("--fail-on",
+        help="Exit 1 only when an added finding has this severity or worse. Default: error.")] = None,
+    baseline: Annotated[Optional[Path], typer.Option("--baseline", metavar="FILE",
+        help="A kvtrace JSON report or SARIF log: added findings it holds are shown as such and do not fail.")] = None,
 ) -> None:
-    """Compare two trees or two git revisions: added, fixed and unchanged findings, and the
-    release-map rows whose states moved. Exit 1 only when findings were added.
+    """Compare two trees or two git revisions: added (with their evidence), fixed, moved (same
+    finding, code now in another file or function) and unchanged findings, and the release-map
+    rows whose states moved. Exit 1 only when an added finding reaches --fail-on.
 
     Examples: `kvtrace diff origin/main HEAD --path python/sglang`, `kvtrace diff old/ new/`.
     """
+    from kvtrace import baseline as baselines
     from kvtrace import diff as diffs
     from kvtrace.config import Overrides
-    from kvtrace.fetch.local import fetch_local
     from kvtrace.packs import load_pack
     from kvtrace.scan import scan_fetched
 
     overrides = Overrides(select=_names(select), ignore=_names(ignore), ignore_backends=_names(ignore_backend),
-                          pack=rules)
+                          pack=rules, fail_on=fail_on.value if fail_on else None,
+                          baseline=str(baseline) if baseline else None)
     try:
+        prints = baselines.load(baseline) if baseline is not None else None  # before the scans it would cost
         with diffs.Checkout(repo, path) as checkout:
             trees = {"base": checkout.tree(base), "head": checkout.tree(head)}
             settings = _settings(str(trees["head"]) if Path(head).is_dir() else ".", overrides)
             pack = load_pack(settings.pack)
             reports = {}
             for side, tree in trees.items():
-                fetched = fetch_local(tree)
+                fetched = checkout.fetch(tree)
                 fetched.target = {"base": base, "head": head}[side] + (f":{path}" if path and not Path(
                     {"base": base, "head": head}[side]).is_dir() else "")
                 reports[side] = scan_fetched(fetched, pack, settings)
+        if prints is None and settings.baseline:  # [tool.kvtrace] baseline, found with HEAD's config
+            prints = baselines.load(Path(settings.baseline))
     except KvtraceError as exc:
         raise _fail(str(exc))
-    result = diffs.compare(reports["base"], reports["head"])
-    render = diffs.render_text if output_format is DiffFormat.text else diffs.to_json
-    sys.stdout.write(render(result, base, head))
-    incomplete = any(r.incomplete for r in reports.values())
-    if incomplete:
+    head_folder = trees["head"] if Path(head).is_dir() else repo / (path or "")
+    result = diffs.compare(reports["base"], reports["head"], prints)
+    level, source = _fail_on_source(settings, overrides)
+    outcome = diffs.verdict(result, level, source)
+    if output_format is DiffFormat.text:
+        text = diffs.render_text(result, base, head, outcome)
+    elif output_format is DiffFormat.json:
+        text = diffs.to_json(result, base, head, level, outcome)
+    elif output_format is DiffFormat.markdown:
+        text = diffs.render_markdown(result, base, head, outcome)
+    else:
+        text = diffs.render_github(result, outcome, lambda p: Path(os.path.relpath(head_folder / p)).as_posix())
+    sys.stdout.write(text)
+    if result.incomplete:
         typer.echo("kvtrace: the scan of BASE or HEAD is incomplete (see the report)", err=True)
-    raise typer.Exit(EXIT_FINDINGS if result.added else EXIT_INCOMPLETE if incomplete else EXIT_CLEAN)
+    raise typer.Exit(EXIT_FINDINGS if diffs.failed_findings(result, level) else
+                     EXIT_INCOMPLETE if result.incomplete else EXIT_CLEAN)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -530,7 +661,7 @@ def diff(
 def merge(
     reports: Annotated[list[Path], typer.Argument(help="JSON reports (`kvtrace scan --format json`), one or more per host.")],
     output_format: Annotated[str, typer.Option("--format", "-f", help="text or json.")] = "text",
-    fail_on: Annotated[FailOn, typer.Option("--fail-on", help="As for scan: the severity that makes a host exit 1.")] = FailOn.note,
+    fail_on: Annotated[FailOn, typer.Option("--fail-on", help="As for scan: the severity that makes a host exit 1.")] = FailOn.error,
 ) -> None:
     """Combine JSON reports made on each host (by Ansible, a job scheduler...) into the fleet
     summary; exits with the worst host's code."""
@@ -575,9 +706,10 @@ def cache_clear() -> None:
 
     try:
         cache = Cache()
+        removed = cache.clear()  # refuses a folder others can write: nothing in it is known to be ours
     except KvtraceError as exc:
         raise _fail(str(exc))
-    typer.echo(f"removed {cache.clear()} entries from {cache.dir}")
+    typer.echo(f"removed {removed} entries from {cache.dir}")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -587,6 +719,7 @@ def cache_clear() -> None:
 def list_rules() -> None:
     """List the rules (code, name, default severity, summary) and the bundled rules packs."""
     from kvtrace.packs import available_packs
+    from kvtrace.rules import ALL_RULES
 
     width = _text_width()
     for rule in ALL_RULES:
@@ -600,6 +733,8 @@ def list_rules() -> None:
 def explain(rule: Annotated[str, typer.Argument(metavar="RULE",
         help="A rule code or name, e.g. KVT001 or pinned-state.")]) -> None:
     """Show what a rule finds, why it matters, an example and the fix."""
+    from kvtrace.rules import ALL_RULES, find_rule
+
     found = find_rule(rule)
     if found is None:
         from kvtrace.config import unknown_rule

@@ -4,18 +4,24 @@ Looked up in the scanned tree (the target folder and its parents, as ruff does f
 then in the working directory; the first `pyproject.toml` with a `[tool.kvtrace]` table wins.
 Command-line options win over the file. Unknown keys and wrong types are errors naming the file
 and the key: a misspelt `ignore-backend` silently doing nothing is how CI gates rot.
+
+A config found this way usually belongs to the tree being scanned, which is untrusted input: the
+files it names (`baseline`, a `pack` that is not a bundled name) must lie in the config file's own
+folder or below it, after symbolic links are resolved, so a scanned tree cannot make kvtrace read
+/dev/zero, a FIFO or a file of the user's elsewhere. Files named on the command line are the
+user's own choice and are not confined. Every file is read bounded (kvtrace.userfiles).
 """
 
 from __future__ import annotations
 
 import difflib
-import tomllib
 from collections.abc import Iterable
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from kvtrace.errors import InputError
+from kvtrace.userfiles import TOML_CAP, SchemaError, load_toml, validate
 
 FAIL_ON_LEVELS = ("error", "warning", "note", "never")
 
@@ -61,54 +67,94 @@ def find_pyproject(start: Path | None, cwd: Path) -> Path | None:
             start = start.resolve()
         except (OSError, RuntimeError):  # a symlink loop: refused with its own message elsewhere
             start = start.absolute()
-        folder = start if start.is_dir() else start.parent
+        try:
+            folder = start if start.is_dir() else start.parent
+        except OSError:  # a name the system refuses (too long): its parents may still hold the config
+            folder = start.parent
         candidates += [folder, *folder.parents]
     candidates.append(cwd.resolve())
     for folder in candidates:
         path = folder / "pyproject.toml"
-        if path.is_file() and "kvtrace" in _read(path).get("tool", {}):
+        if path.is_file() and "kvtrace" in _tool_table(_read(path), path):
             return path
     return None
 
 
 def _read(path: Path) -> dict[str, Any]:
+    return load_toml(path, "", TOML_CAP)
+
+
+def _tool_table(data: dict[str, Any], path: Path) -> dict[str, Any]:
+    tool = data.get("tool", {})
+    if not isinstance(tool, dict):
+        raise InputError(f"{path}: tool must be a table ([tool]), not {type(tool).__name__}")
+    return tool
+
+
+# The [tool.kvtrace] table, as a JSON Schema: what load_settings checks each key against (tests
+# check it with the jsonschema package too).
+CONFIG_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "properties": {
+        "select": {"type": "array", "items": {"type": "string"}},
+        "ignore": {"type": "array", "items": {"type": "string"}},
+        "ignore-backends": {"type": "array", "items": {"type": "string"}},
+        "pack": {"type": "string"},
+        "fail-on": {"enum": list(FAIL_ON_LEVELS)},
+        "baseline": {"type": "string"},
+    },
+    "additionalProperties": False,
+}
+
+
+def confined(base: Path, value: str, where: str, key: str) -> str:
+    """`value` (a path in a config file) resolved under the config's folder `base`, or an error:
+    a config must not name a file elsewhere (see the module's docstring)."""
+    if "\0" in value or not value:
+        raise InputError(f"{where}: {key} {value!r}: not a file name")
     try:
-        with path.open("rb") as handle:
-            return tomllib.load(handle)
-    except OSError as exc:
-        raise InputError(f"{path}: {exc.strerror or exc}") from None
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"{path}: not valid TOML: {exc}") from None
+        folder = base.resolve()
+        resolved = (folder / value).resolve()
+    except (OSError, RuntimeError) as exc:
+        raise InputError(f"{where}: {key} {value!r}: {getattr(exc, 'strerror', None) or exc}") from None
+    if not resolved.is_relative_to(folder):
+        raise InputError(f"{where}: {key} {value!r} leads outside {folder} (a config may name only files in its "
+                         f"own folder or below; give --{'rules' if key == 'pack' else key} for another file)")
+    return str(resolved)
 
 
 def load_settings(path: Path, known_rules: set[str]) -> Settings:
     """Read and validate `[tool.kvtrace]`; paths in it are relative to the file's folder."""
-    table = _read(path).get("tool", {}).get("kvtrace", {})
+    table = _tool_table(_read(path), path).get("kvtrace", {})
     where = f"{path}: [tool.kvtrace]"
     if not isinstance(table, dict):
         raise InputError(f"{where} must be a table")
-    values: dict[str, Any] = {"source": str(path)}
     for key, value in table.items():
         if key not in _KEYS:
             raise InputError(f"{where}: unknown key {key!r} (known: {', '.join(_KEYS)})")
-        name, kind = _KEYS[key]
-        if kind is list:
-            if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
-                raise InputError(f"{where}: {key} must be a list of strings")
-            value = tuple(value)
-        elif not isinstance(value, str):
-            raise InputError(f"{where}: {key} must be a string")
-        values[name] = value
+        try:
+            validate(value, CONFIG_SCHEMA["properties"][key])
+        except SchemaError:
+            wanted = "a list of strings" if _KEYS[key][1] is list else "a string" if key != "fail-on" else \
+                f"one of {', '.join(FAIL_ON_LEVELS)}, not {value!r}"
+            raise InputError(f"{where}: {key} must be {wanted}") from None
+    values: dict[str, Any] = {"source": str(path)}
+    for key, value in table.items():
+        values[_KEYS[key][0]] = tuple(value) if isinstance(value, list) else value
     settings = Settings(**values)
     check_rules(settings, known_rules, where)
-    if settings.fail_on is not None and settings.fail_on not in FAIL_ON_LEVELS:
-        raise InputError(f"{where}: fail-on must be one of {', '.join(FAIL_ON_LEVELS)}, not {settings.fail_on!r}")
     base = path.parent
     if settings.baseline is not None:
-        settings = replace(settings, baseline=str(base / settings.baseline))
-    if settings.pack is not None and (settings.pack.endswith(".toml") or "/" in settings.pack):
-        settings = replace(settings, pack=str(base / settings.pack))
+        settings = replace(settings, baseline=confined(base, settings.baseline, where, "baseline"))
+    if settings.pack is not None and not _bundled_pack(settings.pack):
+        settings = replace(settings, pack=confined(base, settings.pack, where, "pack"))
     return settings
+
+
+def _bundled_pack(name: str) -> bool:
+    from kvtrace.packs import available_packs
+
+    return name in available_packs()
 
 
 def unknown_rule(name: str, known_rules: Iterable[str]) -> str:

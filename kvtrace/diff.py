@@ -1,7 +1,8 @@
 """`kvtrace diff BASE HEAD`: what a change did to the queue.
 
 BASE and HEAD are two trees, or two git revisions of the checkout in the working directory (each
-exported with `git archive` into a temporary folder, so the checkout itself is never touched).
+read as stored objects into a temporary folder by kvtrace.gitread, so the checkout itself is never
+touched and nothing from the repository runs).
 Findings are matched by fingerprint (kvtrace.baseline: rule, backend, state, function), so code
 that only moved is `unchanged`; release-map rows are matched by kind, file, function and note
 (and their order among equals), never by line, and reported when the states reaching them moved.
@@ -9,21 +10,17 @@ that only moved is `unchanged`; release-map rows are matched by kind, file, func
 
 from __future__ import annotations
 
-import io
 import json
-import subprocess
-import tarfile
 import tempfile
 from collections import Counter
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from difflib import SequenceMatcher
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from kvtrace.baseline import fingerprint
-from kvtrace.errors import InputError
-from kvtrace.model import Finding, Report, Site
+from kvtrace.model import FetchLimits, FetchResult, Finding, Report, Site, SourceFile
 
 
 @dataclass
@@ -39,39 +36,69 @@ class SiteChange:
 
 
 @dataclass
+class Moved:
+    """One finding in both trees (same fingerprint) whose code now lives elsewhere: another file
+    or another function (poll() moved into a base class). A line shift alone is `unchanged`."""
+
+    base: Finding
+    head: Finding
+
+
+@dataclass
 class Diff:
     base: Report
     head: Report
     added: list[Finding] = field(default_factory=list)
     fixed: list[Finding] = field(default_factory=list)
+    moved: list[Moved] = field(default_factory=list)
     unchanged: list[Finding] = field(default_factory=list)
     sites: list[SiteChange] = field(default_factory=list)
     fates: dict[str, tuple[list[str], list[str]]] = field(default_factory=dict)  # state -> (base, head)
 
+    @property
+    def incomplete(self) -> bool:
+        return self.base.incomplete or self.head.incomplete
 
-def compare(base: Report, head: Report) -> Diff:
+
+def _place(f: Finding) -> tuple[str, str | None]:
+    return f.path, f.function
+
+
+def compare(base: Report, head: Report, baseline: Counter | None = None) -> Diff:
+    """Findings matched by fingerprint (kvtrace.baseline: what a finding is about, not where its
+    code is): in HEAD only `added`, in BASE only `fixed`, in both `moved` when the code is in
+    another file or function, else `unchanged`. Among equal fingerprints a pair in the same
+    place is matched first. With `baseline`, added findings it holds are marked `unchanged`
+    there and do not fail (kvtrace.gate)."""
     diff = Diff(base, head)
-    live = [f for f in base.findings if not f.suppressed]
-    pool = Counter(fingerprint(f) for f in live)
+    waiting: dict[object, list[Finding]] = {}
+    for finding in (f for f in base.findings if not f.suppressed):
+        waiting.setdefault(fingerprint(finding), []).append(finding)
     for finding in (f for f in head.findings if not f.suppressed):
-        key = fingerprint(finding)
-        if pool[key] > 0:
-            pool[key] -= 1
+        candidates = waiting.get(fingerprint(finding), [])
+        if not candidates:
+            diff.added.append(finding)
+            continue
+        index = next((i for i, c in enumerate(candidates) if _place(c) == _place(finding)), None)
+        before = candidates.pop(0 if index is None else index)
+        if index is not None:
             diff.unchanged.append(finding)
         else:
-            diff.added.append(finding)
-    for finding in live:
-        if pool[fingerprint(finding)] > 0:
-            pool[fingerprint(finding)] -= 1
-            diff.fixed.append(finding)
+            diff.moved.append(Moved(before, finding))
+    unmatched = {id(f) for left in waiting.values() for f in left}
+    diff.fixed = [f for f in base.findings if id(f) in unmatched]
+    if baseline is not None:
+        from kvtrace.baseline import apply
+
+        apply(diff.added, baseline)
     diff.sites = _site_changes(base, head)
     base_states = base.queues[0].states if base.queues else {}
     head_states = head.queues[0].states if head.queues else {}
     for state in dict.fromkeys([*base_states, *head_states]):
-        before = base_states[state].fate if state in base_states else []
+        before_fate = base_states[state].fate if state in base_states else []
         after = head_states[state].fate if state in head_states else []
-        if before != after:
-            diff.fates[state] = (before, after)
+        if before_fate != after:
+            diff.fates[state] = (before_fate, after)
     return diff
 
 
@@ -121,13 +148,14 @@ def _site_changes(base: Report, head: Report) -> list[SiteChange]:
 
 
 class Checkout:
-    """Two trees for BASE and HEAD: existing folders as they are, else git revisions exported
-    from the repository at `repo` with `git archive` (optionally only `subdir` of it)."""
+    """Two trees for BASE and HEAD: existing folders as they are, else git revisions read from
+    the repository at `repo` by kvtrace.gitread (optionally only `subdir` of it)."""
 
     def __init__(self, repo: Path, subdir: str | None = None):
         self.repo = repo
         self.subdir = subdir
         self.stack = ExitStack()
+        self.skipped: dict[Path, list[SourceFile]] = {}  # per exported tree: what it holds that no fetch can see
 
     def __enter__(self) -> "Checkout":
         return self
@@ -137,33 +165,59 @@ class Checkout:
 
     def tree(self, spec: str) -> Path:
         path = Path(spec)
-        if path.is_dir():
+        try:
+            is_folder = path.is_dir()
+        except OSError:  # a name too long to be a folder: maybe a revision
+            is_folder = False
+        if is_folder:
             return path / self.subdir if self.subdir else path
         return self._export(spec)
 
+    def fetch(self, tree: Path, limits: FetchLimits = FetchLimits()) -> FetchResult:
+        """The local fetch of `tree`, with the submodules and unreadable entries of an exported
+        revision added as gaps."""
+        from kvtrace.fetch.local import fetch_local
+
+        fetched = fetch_local(tree, limits)
+        fetched.files += self.skipped.get(tree, [])
+        return fetched
+
     def _export(self, rev: str) -> Path:
-        if rev.startswith("-"):
-            raise InputError(f"{rev}: not a folder or a git revision")
-        git = ["git", "-C", str(self.repo)]
-        found = subprocess.run([*git, "rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"],
-                               capture_output=True, text=True)
-        if found.returncode != 0:
-            inside = subprocess.run([*git, "rev-parse", "--git-dir"], capture_output=True, text=True)
-            where = f"a revision of the git repository at {self.repo}" if inside.returncode == 0 else \
-                f"a folder (and {self.repo} is not a git checkout)"
-            raise InputError(f"{rev}: not {where}")
-        commit = found.stdout.strip()
-        archive = subprocess.run([*git, "archive", "--format=tar", commit, *([self.subdir] if self.subdir else [])],
-                                 capture_output=True)
-        if archive.returncode != 0:
-            raise InputError(f"git archive {rev}: {archive.stderr.decode(errors='replace').strip()}")
+        from kvtrace.gitread import export_revision, resolve_commit
+
+        commit = resolve_commit(self.repo, rev)
         folder = Path(self.stack.enter_context(tempfile.TemporaryDirectory(prefix=f"kvtrace-{commit[:12]}-")))
-        with tarfile.open(fileobj=io.BytesIO(archive.stdout)) as tar:
-            tar.extractall(folder, filter="data")
-        return folder / self.subdir if self.subdir else folder
+        exported = export_revision(self.repo, commit, self.subdir, folder, FetchLimits())
+        self.skipped[exported.folder] = exported.skipped
+        return exported.folder
 
 
 # --- output ------------------------------------------------------------------------------------
+
+# GitHub refuses a comment body over 65,536 characters; the markdown stays under this, with room
+# for whatever a workflow wraps around it.
+MARKDOWN_LIMIT = 60_000
+
+
+def failed_findings(diff: Diff, fail_on: str) -> list[Finding]:
+    """The added findings that fail the diff: at or above `fail_on`, not in the baseline."""
+    from kvtrace.gate import failing
+
+    return failing(diff.added, fail_on)
+
+
+def verdict(diff: Diff, fail_on: str, source: str) -> str:
+    """`failed: 1 error added (--fail-on error)`, `passed: ...`, or INCOMPLETE."""
+    from kvtrace.gate import counted
+
+    failed = failed_findings(diff, fail_on)
+    if failed:
+        return f"failed: {counted(failed)} added ({source})"
+    if diff.incomplete:
+        return "INCOMPLETE: the scan of BASE or HEAD could not analyse everything (exit 3)"
+    worse = {"error": "error", "warning": "warning or error", "note": "finding", "never": "finding"}[fail_on]
+    return f"passed: no {worse} added ({source})" if fail_on != "never" else f"passed ({source})"
+
 
 def _finding_line(f: Finding) -> str:
     where = " ".join(p for p in (f.backend, f.state) if p)
@@ -174,36 +228,71 @@ def _states(states: tuple[str, ...] | None) -> str:
     return "(gone)" if states is None else ", ".join(states) or "-"
 
 
-def render_text(diff: Diff, base_label: str, head_label: str) -> str:
+def _moved_line(m: Moved) -> str:
+    what = " ".join(p for p in (f"{m.head.severity}[{m.head.rule}]", m.head.backend, m.head.state) if p)
+    functions = f" ({m.base.function} -> {m.head.function})" if m.base.function != m.head.function else ""
+    return f"{what}  {m.base.path}:{m.base.line} -> {m.head.path}:{m.head.line}{functions}"
+
+
+def _mark(f: Finding) -> str:
+    return "  [in baseline]" if f.baseline == "unchanged" else ""
+
+
+def _tally(diff: Diff) -> str:
+    return (f"{len(diff.added)} added, {len(diff.fixed)} fixed, {len(diff.moved)} moved, "
+            f"{len(diff.unchanged)} unchanged")
+
+
+def render_text(diff: Diff, base_label: str, head_label: str, outcome: str | None = None) -> str:
     out = [f"kvtrace diff {base_label} -> {head_label}"]
-    for title, mark, items in (("added", "+", diff.added), ("fixed", "-", diff.fixed),
-                               ("unchanged", "=", diff.unchanged)):
-        out.append(f"\n{title} ({len(items)})")
-        out += [f"  {mark} {_finding_line(f)}" for f in items]
-    moved = [c for c in diff.sites if c.base is not None and c.head is not None]
-    gone_or_new = len(diff.sites) - len(moved)
-    out.append(f"\nrelease map: {len(moved)} row(s) moved state, {gone_or_new} row(s) added or removed")
+    out.append(f"\nadded ({len(diff.added)})")
+    for f in diff.added:
+        out.append(f"  + {_finding_line(f)}{_mark(f)}")
+        out.append(f"      {' '.join(f.message.split())}")
+        out += [f"      {e.path}:{e.line}  {e.note}" for e in f.evidence]
+    out.append(f"\nfixed ({len(diff.fixed)})")
+    out += [f"  - {_finding_line(f)}" for f in diff.fixed]
+    out.append(f"\nmoved ({len(diff.moved)})")
+    out += [f"  > {_moved_line(m)}" for m in diff.moved]
+    out.append(f"\nunchanged ({len(diff.unchanged)})")
+    out += [f"  = {_finding_line(f)}" for f in diff.unchanged]
+    moved_rows = [c for c in diff.sites if c.base is not None and c.head is not None]
+    gone_or_new = len(diff.sites) - len(moved_rows)
+    out.append(f"\nrelease map: {len(moved_rows)} row(s) moved state, {gone_or_new} row(s) added or removed")
     for c in diff.sites:
-        line = f"{c.base_line}->{c.head_line}" if c.base_line and c.head_line else (c.head_line or c.base_line)
-        label = f"{c.kind} {c.path}:{line} {c.function}" + (f" [{c.note}]" if c.note else "")
-        out.append(f"  ~ {label}: {_states(c.base) if c.base is not None else '(new)'} -> {_states(c.head)}")
+        out.append(f"  ~ {_site_label(c)}: {_states(c.base) if c.base is not None else '(new)'} -> {_states(c.head)}")
     if diff.fates:
         out.append("\nfates")
         out += [f"  ~ {state}: {', '.join(b) or '-'} -> {', '.join(h) or '-'}" for state, (b, h) in diff.fates.items()]
-    out.append(f"\n{len(diff.added)} added, {len(diff.fixed)} fixed, {len(diff.unchanged)} unchanged")
+    out.append(f"\n{_tally(diff)}" + (f"; {outcome}" if outcome else ""))
     return "\n".join(out) + "\n"
 
 
-def to_json(diff: Diff, base_label: str, head_label: str) -> str:
-    def finding(f: Finding) -> dict[str, Any]:
-        return {"rule": f.rule, "severity": f.severity, "backend": f.backend, "state": f.state,
-                "function": f.function, "fingerprint": str(fingerprint(f)), "path": f.path, "line": f.line,
-                "message": f.message}
+def _site_label(c: SiteChange) -> str:
+    line = f"{c.base_line}->{c.head_line}" if c.base_line and c.head_line else (c.head_line or c.base_line)
+    return f"{c.kind} {c.path}:{line} {c.function}" + (f" [{c.note}]" if c.note else "")
 
+
+def _finding_json(f: Finding, evidence: bool = False) -> dict[str, Any]:
+    data = {"rule": f.rule, "id": f.code, "severity": f.severity, "queue": f.queue, "backend": f.backend,
+            "state": f.state, "function": f.function, "fingerprint": str(fingerprint(f)), "path": f.path,
+            "line": f.line, "message": f.message}
+    if evidence:
+        data["evidence"] = [{"path": e.path, "line": e.line, "note": e.note} for e in f.evidence]
+    if f.baseline:
+        data["baseline"] = f.baseline
+    return data
+
+
+def to_json(diff: Diff, base_label: str, head_label: str, fail_on: str | None = None,
+            outcome: str | None = None) -> str:
     data = {
-        "schema": "kvtrace-diff/1", "base": base_label, "head": head_label,
-        "added": [finding(f) for f in diff.added], "fixed": [finding(f) for f in diff.fixed],
-        "unchanged": [finding(f) for f in diff.unchanged],
+        "schema": "kvtrace-diff/2", "base": base_label, "head": head_label,
+        "fail_on": fail_on, "verdict": outcome, "complete": not diff.incomplete,
+        "added": [_finding_json(f, evidence=True) for f in diff.added],
+        "fixed": [_finding_json(f) for f in diff.fixed],
+        "moved": [{"base": _finding_json(m.base), "head": _finding_json(m.head)} for m in diff.moved],
+        "unchanged": [_finding_json(f) for f in diff.unchanged],
         "sites": [{"kind": c.kind, "path": c.path, "function": c.function, "note": c.note,
                    "base": list(c.base) if c.base is not None else None,
                    "head": list(c.head) if c.head is not None else None,
@@ -211,3 +300,87 @@ def to_json(diff: Diff, base_label: str, head_label: str) -> str:
         "fates": {state: {"base": b, "head": h} for state, (b, h) in diff.fates.items()},
     }
     return json.dumps(data, indent=2) + "\n"
+
+
+def _md(text: object) -> str:
+    """Inline text for a markdown table cell or list item: no pipes, no newlines, no HTML."""
+    return (str(text).replace("\\", "\\\\").replace("|", "\\|").replace("<", "&lt;").replace(">", "&gt;")
+            .replace("\n", " ").replace("`", "'"))
+
+
+def render_markdown(diff: Diff, base_label: str, head_label: str, outcome: str,
+                    limit: int = MARKDOWN_LIMIT) -> str:
+    """A pull-request comment: a title line with the tally, the verdict, then added findings (each
+    with its evidence chain, folded), fixed and moved ones; unchanged ones and release-map rows
+    folded. Always under `limit` characters: items that do not fit are left out and counted, with
+    a pointer to the full JSON."""
+    icon = ":x:" if outcome.startswith("failed") else \
+        ":warning:" if outcome.startswith("INCOMPLETE") else ":white_check_mark:"
+    title = [f"### {icon} kvtrace diff `{_md(base_label)}` → `{_md(head_label)}`: {_tally(diff)}", "",
+             f"**{_md(outcome)}**", "", ""]
+    sections: list[tuple[str, list[str], str]] = []  # (header, items, footer): items are cut whole
+    if diff.added:
+        items = []
+        for f in diff.added:
+            where = " ".join(p for p in (f.backend, f.state) if p)
+            chain = "\n".join(f"{n}. `{_md(e.path)}:{e.line}` {_md(e.note)}" for n, e in enumerate(f.evidence, 1))
+            items.append(f"<details><summary><b>{f.severity}</b> {f.code} {f.rule} {_md(where)} — "
+                         f"<code>{_md(f.path)}:{f.line}</code>{' (in baseline)' if f.baseline == 'unchanged' else ''}"
+                         f"</summary>\n\n{_md(' '.join(f.message.split()))}\n\n{chain}\n\n</details>\n")
+        sections.append((f"#### Added ({len(diff.added)})\n", items, ""))
+    if diff.fixed:
+        sections.append((f"#### Fixed ({len(diff.fixed)})\n\n| severity | rule | backend | state | was at |\n|---|---|---|---|---|",
+                         [f"| {f.severity} | {f.code} {f.rule} | {_md(f.backend or '')} | {_md(f.state or '')} "
+                          f"| `{_md(f.path)}:{f.line}` |" for f in diff.fixed], ""))
+    if diff.moved:
+        sections.append((f"#### Moved ({len(diff.moved)})\n\n| severity | rule | backend | state | from | to |\n"
+                         "|---|---|---|---|---|---|",
+                         [f"| {m.head.severity} | {m.head.code} {m.head.rule} | {_md(m.head.backend or '')} "
+                          f"| {_md(m.head.state or '')} | `{_md(m.base.path)}:{m.base.line}` {_md(m.base.function or '')} "
+                          f"| `{_md(m.head.path)}:{m.head.line}` {_md(m.head.function or '')} |" for m in diff.moved], ""))
+    if diff.unchanged:
+        sections.append((f"<details><summary>Unchanged ({len(diff.unchanged)})</summary>\n",
+                         [f"- {f.severity} {f.code} {f.rule} {_md(' '.join(p for p in (f.backend, f.state) if p))} "
+                          f"`{_md(f.path)}:{f.line}`" for f in diff.unchanged], "\n</details>\n"))
+    if diff.sites:
+        sections.append((f"<details><summary>Release map: {len(diff.sites)} row(s) changed</summary>\n",
+                         [f"- {_md(_site_label(c))}: {_md(_states(c.base) if c.base is not None else '(new)')} → "
+                          f"{_md(_states(c.head))}" for c in diff.sites], "\n</details>\n"))
+    cut = "_{n} item(s) left out to fit a comment: `kvtrace diff --format json` has everything._\n"
+    out = ["\n".join(title)]
+    budget = limit - len(out[0]) - len(cut) - 10
+    left = 0
+    for header, items, footer in sections:
+        if len(header) + len(footer) + 2 > budget:
+            left += len(items)
+            continue
+        out.append(header)
+        budget -= len(header) + len(footer) + 2
+        for item in items:
+            if len(item) + 1 > budget:
+                left += 1
+                continue
+            out.append(item)
+            budget -= len(item) + 1
+        out.append(footer)
+    if left:
+        out.append(cut.format(n=left))
+    return "\n".join(out).rstrip("\n") + "\n"
+
+
+def render_github(diff: Diff, outcome: str, place: Callable[[str], str]) -> str:
+    """Workflow commands: an annotation on HEAD's file for each added finding (error/warning/notice
+    by severity; notice when the baseline holds it), then the tally and verdict. `place` turns a
+    HEAD report path into one relative to the working directory."""
+    from kvtrace.report.github import LEVEL, _data, _property
+
+    lines = []
+    for f in diff.added:
+        level = "notice" if f.baseline == "unchanged" else LEVEL.get(f.severity, "warning")
+        where = " / ".join(p for p in (f.backend, f.state) if p)
+        title = f"kvtrace diff: added {f.rule}" + (f" ({where})" if where else "")
+        chain = "\n".join(f"{e.path}:{e.line} {e.note}" for e in f.evidence)
+        lines.append(f"::{level} file={_property(place(f.path))},line={f.line},title={_property(title)}::"
+                     f"{_data(f.message + (chr(10) + chain if chain else ''))}")
+    lines.append(f"kvtrace diff: {_tally(diff)}; {outcome}")
+    return "\n".join(lines) + "\n"

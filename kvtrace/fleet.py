@@ -25,9 +25,10 @@ from typing import Any
 
 from kvtrace.errors import (EXIT_CLEAN, EXIT_FINDINGS, EXIT_INCOMPLETE, EXIT_INPUT, EXIT_INTERNAL, AmbiguousTarget,
                             InputError, KvtraceError)
+from kvtrace.gate import DEFAULT_FAIL_ON, SEVERITY_RANK
 from kvtrace.model import FetchLimits, FetchResult, Report
+from kvtrace.safe_text import plain
 
-SEVERITY_RANK = {"note": 0, "warning": 1, "error": 2, "never": 3}
 # Worst first: nothing analysed, then analysed but incomplete, then findings, then clean.
 EXIT_BADNESS = {EXIT_INTERNAL: 4, EXIT_INPUT: 3, EXIT_INCOMPLETE: 2, EXIT_FINDINGS: 1, EXIT_CLEAN: 0}
 
@@ -67,11 +68,9 @@ def tree_digest_of(report: Report) -> str:
 def exit_code_for(report: Report, fail_on: str) -> int:
     if report.incomplete:
         return EXIT_INCOMPLETE
-    from kvtrace.baseline import counts_against
+    from kvtrace.gate import failing
 
-    threshold = SEVERITY_RANK[fail_on]
-    failing = any(counts_against(f) and SEVERITY_RANK.get(f.severity, 0) >= threshold for f in report.findings)
-    return EXIT_FINDINGS if failing else EXIT_CLEAN
+    return EXIT_FINDINGS if failing(report.findings, fail_on) else EXIT_CLEAN
 
 
 def worst_exit(codes: Iterable[int]) -> int:
@@ -80,10 +79,9 @@ def worst_exit(codes: Iterable[int]) -> int:
 
 def read_hosts_file(path: Path) -> list[str]:
     """One target per line; blank lines and `#` comments (whole-line or after a space) ignored."""
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise InputError(f"--hosts {path}: {getattr(exc, 'strerror', None) or exc}") from None
+    from kvtrace.userfiles import TEXT_CAP, read_text
+
+    text = read_text(path, "--hosts", TEXT_CAP)  # bounded: a FIFO or /dev/zero is one line, not a hang
     targets = []
     for line in text.splitlines():
         line = re.sub(r"(^|\s)#.*$", "", line).strip()
@@ -123,37 +121,65 @@ def metadata_dirs(target_path: str, root: str) -> list[str]:
 
 
 def local_sglang_version(target_path: str, root: str) -> str | None:
+    from kvtrace.userfiles import read_bytes
+
     for folder in metadata_dirs(str(Path(target_path).resolve()), root):
         try:
             candidates = sorted(p for p in Path(folder).iterdir() if _DIST_INFO.match(p.name))
         except OSError:
             continue
         for dist in candidates:
-            try:
-                found = version_from_metadata((dist / "METADATA").read_text(encoding="utf-8", errors="replace"))
-            except OSError:
+            try:  # the scanned tree's file: bounded, and a FIFO or a link to /dev/zero is skipped
+                data = read_bytes(dist / "METADATA", "METADATA", 4 * 1024 * 1024)
+            except KvtraceError:
                 continue
+            found = version_from_metadata(data.decode("utf-8", errors="replace"))
             if found:
                 return found
     return None
 
 
-def remote_sglang_version(client: Any, target_path: str, root: str) -> str | None:
-    """The same look-up over SFTP reads (listdir + one small file): read-only, no command."""
+MAX_LISTED = 20_000  # entries read from one remote folder looking for the dist-info (site-packages: hundreds)
+MAX_METADATA = 1 << 20
+
+
+def remote_sglang_version(client: Any, target_path: str, root: str, read_timeout: float = 60.0) -> str | None:
+    """The same look-up over SFTP reads (READDIR + one small file): read-only, no command. The
+    whole look-up ends within `read_timeout` (it is extra information, never worth a wait) and
+    reads at most MAX_LISTED entries of a folder."""
+    import paramiko
+
+    end = time.monotonic() + read_timeout
+
+    def left() -> float:
+        remaining = end - time.monotonic()
+        if remaining <= 0:
+            raise TimeoutError("version look-up")
+        return remaining
+
     try:
-        sftp = client.open_sftp()
-    except Exception:  # noqa: BLE001 -- no SFTP subsystem: the version is simply unknown
+        transport = client.get_transport()
+        channel = transport.open_session(timeout=left())
+        channel.settimeout(left())  # before the SFTP version exchange, which paramiko waits on unbounded
+        channel.invoke_subsystem("sftp")
+        sftp = paramiko.SFTPClient(channel)
+    except Exception:  # noqa: BLE001 -- no SFTP subsystem, or too slow: the version is simply unknown
         return None
     try:
         for folder in metadata_dirs(target_path, root):
             try:
-                names = sorted(n for n in sftp.listdir(folder) if _DIST_INFO.match(n))
+                names = _dist_info_names(sftp, folder, left)
+            except TimeoutError:
+                return None
             except Exception:  # noqa: BLE001
                 continue
             for name in names:
                 try:
+                    channel.settimeout(left())
                     with sftp.open(f"{folder.rstrip('/')}/{name}/METADATA", "rb") as handle:
-                        found = version_from_metadata(handle.read(1 << 20).decode("utf-8", "replace"))
+                        found = version_from_metadata(handle.read(MAX_METADATA).decode("utf-8", "replace"))
+                except TimeoutError:
+                    return None
                 except Exception:  # noqa: BLE001
                     continue
                 if found:
@@ -161,6 +187,48 @@ def remote_sglang_version(client: Any, target_path: str, root: str) -> str | Non
     finally:
         sftp.close()
     return None
+
+
+def _dist_info_names(sftp: Any, folder: str, left: Callable[[], float]) -> list[str]:
+    """`sglang-*.dist-info` names in `folder`, from at most MAX_LISTED entries (paramiko's
+    listdir keeps every entry of a folder, however many the server sends). paramiko's READDIR
+    loop, as sftp_fetch runs it, with a bound and a clock."""
+    import paramiko
+    from paramiko.sftp import CMD_CLOSE, CMD_HANDLE, CMD_NAME, CMD_OPENDIR, CMD_READDIR
+
+    channel = sftp.get_channel()
+    channel.settimeout(left())
+    kind, msg = sftp._request(CMD_OPENDIR, folder)
+    if kind != CMD_HANDLE:
+        return []
+    handle = msg.get_binary()
+    names: list[str] = []
+    seen = 0
+    try:
+        while seen < MAX_LISTED:
+            channel.settimeout(left())
+            try:
+                kind, msg = sftp._request(CMD_READDIR, handle)
+            except EOFError:  # end of the folder
+                break
+            if kind != CMD_NAME:
+                break
+            for _ in range(msg.get_int()):
+                name = msg.get_string().decode("utf-8", "surrogateescape")
+                msg.get_string()  # the ls -l style "longname"
+                paramiko.SFTPAttributes._from_msg(msg)
+                seen += 1
+                if _DIST_INFO.match(name):
+                    names.append(name)
+                if seen >= MAX_LISTED:
+                    break
+    finally:
+        try:
+            channel.settimeout(min(1.0, max(0.1, left())))
+            sftp._request(CMD_CLOSE, handle)
+        except Exception:  # noqa: BLE001 -- the connection is gone or the clock ran out: nothing more to do
+            pass
+    return sorted(names)
 
 
 # --- running ---------------------------------------------------------------------------------
@@ -180,8 +248,10 @@ class Progress:
             from rich.console import Console
             from rich.progress import Progress as RichProgress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-            self._progress = RichProgress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                                          console=Console(stderr=True), transient=True)
+            # A target's text is the user's or a hosts file's: shown as written, never as markup.
+            self._progress = RichProgress(SpinnerColumn(), TextColumn("{task.description}", markup=False),
+                                          TimeElapsedColumn(), console=Console(stderr=True, markup=False, emoji=False),
+                                          transient=True)
             self._progress.__enter__()
         return self
 
@@ -192,11 +262,12 @@ class Progress:
     def update(self, target: str, stage: str) -> None:
         if self._progress is None:
             return
+        description = plain(f"{target}: {stage}")
         with self._lock:
             if target not in self._tasks:
-                self._tasks[target] = self._progress.add_task(f"{target}: {stage}", total=None)
+                self._tasks[target] = self._progress.add_task(description, total=None)
             else:
-                self._progress.update(self._tasks[target], description=f"{target}: {stage}")
+                self._progress.update(self._tasks[target], description=description)
 
 
 @dataclass
@@ -246,7 +317,8 @@ def run_fleet(targets: list[str], options: FleetOptions, log: Log | None = None,
             from kvtrace.fetch import fetch_target
 
             fetched = fetch_target(target, options.limits, options.ssh, lambda m: say(f"{target}: {m}"),
-                                   after_fetch=_remember(found, after_fetch))
+                                   after_fetch=_remember(found, after_fetch, float(options.ssh.get("read_timeout", 60.0))),
+                                   pack=options.packs[target])
             result.timings["fetch"] = time.perf_counter() - started
             show.update(target, "analysing")
             analysed = time.perf_counter()
@@ -268,7 +340,7 @@ def run_fleet(targets: list[str], options: FleetOptions, log: Log | None = None,
             for report in result.reports:
                 if options.after_scan is not None:
                     options.after_scan(target, report)
-            fail_on = getattr(settings, "fail_on", None) or "note"
+            fail_on = getattr(settings, "fail_on", None) or DEFAULT_FAIL_ON
             result.exit_code = worst_exit(exit_code_for(report, fail_on) for report in result.reports)
             result.sglang_version = found.get("version")
             if "client" not in found:  # a local target
@@ -315,7 +387,8 @@ def _host_label(target: str) -> str:
     return parsed.label if isinstance(parsed, SshTarget) else socket.gethostname()
 
 
-def _remember(found: dict[str, Any], then: Callable[[Any, FetchResult], None]) -> Callable[[Any, FetchResult], None]:
+def _remember(found: dict[str, Any], then: Callable[[Any, FetchResult], None],
+              read_timeout: float = 60.0) -> Callable[[Any, FetchResult], None]:
     """Also read the installed SGLang version while the connection is open."""
 
     def hook(client: Any, fetched: FetchResult) -> None:
@@ -324,7 +397,7 @@ def _remember(found: dict[str, Any], then: Callable[[Any, FetchResult], None]) -
 
         target = parse_target(fetched.target)
         root = _root_guess(fetched)
-        found["version"] = remote_sglang_version(client, getattr(target, "path", ""), root)
+        found["version"] = remote_sglang_version(client, getattr(target, "path", ""), root, read_timeout)
 
     return hook
 
@@ -357,9 +430,13 @@ class HostSummary:
 def verdicts_of(findings: Iterable[dict[str, Any]]) -> list[str]:
     lines = []
     for f in findings:
-        what = f"{f.get('backend')} can pin {f.get('state')}" if f.get("rule") == "pinned-state" and f.get("backend") \
-            else f"{f.get('rule')}" + (f" {f.get('state')}" if f.get("state") else "")
-        lines.append(f"{f.get('severity')}[{f.get('rule')}] {what} ({f.get('path')}:{f.get('line')})")
+        # The rule is in the brackets; what follows names the backend (or the queue) and the state.
+        subject = f.get("backend") or "queue"
+        what = f"{subject} can pin {f.get('state')}" if f.get("rule") == "pinned-state" and f.get("backend") \
+            else subject + (f" {f.get('state')}" if f.get("state") else "")
+        line = f"{f.get('severity')}[{f.get('rule')}] {what} ({f.get('path')}:{f.get('line')})"
+        if line not in lines:
+            lines.append(line)
     return lines
 
 
@@ -395,7 +472,9 @@ def render_summary(hosts: list[HostSummary]) -> str:
         for tree, members in sorted(groups.items(), key=lambda kv: (-len(kv[1]), kv[0])):
             count = f"{len(members)} host" + ("s" if len(members) > 1 else "")
             lines.append(f"  tree {tree[:12]} ({count}): {', '.join(members)}")
-    return "\n".join(lines) + "\n"
+    # Host names, paths, versions and gauge labels come from targets, trees, pages and JSON files
+    # made elsewhere: each line is one line, with no control character reaching the terminal.
+    return "".join(plain(line) + "\n" for line in lines)
 
 
 def summary_json(hosts: list[HostSummary]) -> dict[str, Any]:
@@ -408,23 +487,14 @@ def summary_json(hosts: list[HostSummary]) -> dict[str, Any]:
 # --- merge -------------------------------------------------------------------------------------
 
 
-def summaries_from_json(data: Any, source: str, fail_on: str = "note") -> list[HostSummary]:
+def summaries_from_json(data: Any, source: str, fail_on: str = DEFAULT_FAIL_ON) -> list[HostSummary]:
     """Host summaries from one JSON file: a kvtrace/1 report, a list of them, or kvtrace/2's
-    {"schema": "kvtrace/2", "reports": [...]}."""
-    if isinstance(data, dict) and isinstance(data.get("reports"), list):
-        reports = data["reports"]
-    elif isinstance(data, list):  # kvtrace/1 reports, or kvtrace/2 documents (one per host)
-        reports = [report for item in data for report in (
-            item["reports"] if isinstance(item, dict) and isinstance(item.get("reports"), list) else [item])]
-    elif isinstance(data, dict):
-        reports = [data]
-    else:
-        raise InputError(f"{source}: not a kvtrace JSON report")
+    {"schema": "kvtrace/2", "reports": [...]}. Every report is checked against the schema of its
+    version first (kvtrace.report.schema for kvtrace/2): `"complete": 0` or `"false"` is an
+    error, never a host that passed."""
+    reports = _merge_reports(data, source)
     hosts = []
     for report in reports:
-        if not isinstance(report, dict) or not str(report.get("schema", "")).startswith("kvtrace/") \
-                or "target" not in report or not isinstance(report.get("files"), list):
-            raise InputError(f"{source}: not a kvtrace JSON report (run `kvtrace scan --format json`)")
         files = report["files"]
         digest = hashlib.sha256()
         for f in sorted(files, key=lambda f: f["path"]):
@@ -448,21 +518,54 @@ def summaries_from_json(data: Any, source: str, fail_on: str = "note") -> list[H
     return hosts
 
 
-def merge_files(paths: list[Path], fail_on: str = "note") -> list[HostSummary]:
+# A kvtrace/1 report (before kvtrace/2): the keys a merge reads.
+_MERGE_V1_SCHEMA: dict[str, Any] = {
+    "type": "object",
+    "required": ["schema", "target", "files", "findings"],
+    "properties": {
+        "schema": {"const": "kvtrace/1"},
+        "target": {"type": "string"},
+        "host": {"type": "string"},
+        "files": {"type": "array", "items": {"type": "object", "required": ["path", "sha256", "status"], "properties": {
+            "path": {"type": "string"}, "sha256": {"type": "string"}, "status": {"type": "string"}}}},
+        "findings": {"type": "array", "items": {"type": "object", "properties": {
+            "severity": {"enum": ["error", "warning", "note"]}}}},
+        "problems": {"type": "array", "items": {"type": "string"}},
+        "complete": {"type": "boolean"},
+    },
+}
+
+
+def _merge_reports(data: Any, source: str) -> list[dict[str, Any]]:
+    """The reports in one merge input, each checked against the schema of its version: the JSON
+    Schema kvtrace ships (kvtrace.report.schema) for kvtrace/2, the keys a merge reads for kvtrace/1."""
+    from kvtrace.report.schema import JSON_SCHEMA, REPORT_SCHEMA
+    from kvtrace.userfiles import checked
+
+    reports = []
+    for n, document in enumerate(data if isinstance(data, list) else [data]):
+        where = f"{source}: item {n + 1}" if isinstance(data, list) else source
+        if isinstance(document, dict) and "reports" in document:
+            reports += checked(document, JSON_SCHEMA, f"{where}: not a kvtrace/2 document")["reports"]
+            continue
+        version = document.get("schema") if isinstance(document, dict) else None
+        schema = {"kvtrace/1": _MERGE_V1_SCHEMA, "kvtrace/2": REPORT_SCHEMA}.get(version)  # type: ignore[arg-type]
+        if schema is None:
+            raise InputError(f"{where}: not a kvtrace JSON report (run `kvtrace scan --format json`)")
+        reports.append(checked(document, schema, f"{where}: not a kvtrace JSON report"))
+    return reports
+
+
+def merge_files(paths: list[Path], fail_on: str = DEFAULT_FAIL_ON) -> list[HostSummary]:
     """Host summaries from JSON report files. A file holding no report is an error (a merge of
     nothing would be a gate that cannot fail); hosts that carry the same name (two reports made
     on one machine) are told apart by the file each came from."""
-    import json
+    from kvtrace.userfiles import load_json
 
     hosts: list[HostSummary] = []
     sources: list[tuple[str, int]] = []  # per host: the file it came from, its place in that file
     for path in paths:
-        try:
-            data = json.loads(path.read_text(encoding="utf-8"))
-        except OSError as exc:
-            raise InputError(f"{path}: {exc.strerror or exc}") from None
-        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-            raise InputError(f"{path}: not JSON ({exc})") from None
+        data = load_json(path, "")
         found = summaries_from_json(data, str(path), fail_on)
         if not found:
             raise InputError(f"{path}: holds no report (run `kvtrace scan --format json` on each host); "

@@ -134,6 +134,9 @@ class QueueAnalysis:
     # Functions the analysis had to read (a drain loop, a helper it enters) that libcst could
     # not parse: the queue's analysis is incomplete and the scan says so.
     unparsed: list[str] = field(default_factory=list)
+    # What the scan could not see of the drain's callers (scanning the backends' folder alone):
+    # the parameters are then analysed free, and the scan is incomplete.
+    unseen_callers: list[str] = field(default_factory=list)
 
     def mode_fates(self, state: str) -> list[ModeFate]:
         """The state's fate in each mode: its outcomes, and where it waits (kept on a path
@@ -297,7 +300,7 @@ def mode_fate(mode: Mode, state_paths: list[QueuePath]) -> ModeFate:
                     [Evidence(p, l, n) for (p, l), n in sorted(waits.items())])
 
 
-def find_modes(index: Index, func: FuncRef, domain: Domain) -> tuple[list[Mode], list[str]]:
+def find_modes(index: Index, func: FuncRef, domain: Domain, unseen_out: list[str] | None = None) -> tuple[list[Mode], list[str]]:
     """The modes of the drain function `func`, from the call sites of its name in the tree.
 
     A parameter with a default that the function reads is a mode parameter. Each call site
@@ -343,6 +346,21 @@ def find_modes(index: Index, func: FuncRef, domain: Domain) -> tuple[list[Mode],
             Evidence(caller.path, call.lineno, f"{caller.qualname} calls {func.name}"))
     if not sites:
         sites[tuple(None for _ in params)] = []
+    # Scanning the backends' folder itself (index.root is ""), callers outside it are not seen
+    # (the pipeline-parallel loop lives in managers/): a parameter no caller in view passes is
+    # still free, so it also gets a mode where it is passed a value kvtrace cannot read, and
+    # the scan says what it could not see.
+    unseen: set[tuple] = set()
+    for at, p in enumerate(params if not index.root else ()):
+        if all(key[at] is None for key in sites):
+            if unseen_out is not None:
+                unseen_out.append(f"callers of {func.qualname} ({func.path}:{func.line}) outside the scanned folder are "
+                                  f"not seen: {p} is analysed at its default and passed (no caller in view); scan the "
+                                  f"folder that holds the scheduler to bind it as its callers do")
+            key = tuple(("", None) if i == at else None for i in range(len(params)))
+            if key not in sites:
+                sites[key] = []
+                unseen.add(key)
     keys = sorted(sites, key=lambda k: (sum(g is not None for g in k), str(k)))
     cut = [f"{func.path}:{func.line} ({len(keys) - MAX_MODES} more ways of calling {func.name} not separated)"] \
         if len(keys) > MAX_MODES else []
@@ -361,6 +379,8 @@ def find_modes(index: Index, func: FuncRef, domain: Domain) -> tuple[list[Mode],
                 value = universe - default_of[p] if p in defaulted and default_of[p] is not None else universe
             bindings.append((p, value))
             shown.append(f"{p}={text}" if text else f"{p} passed")
+        if key in unseen:
+            shown = [f"{text} (no caller in view)" for text in shown]
         label = ", ".join(shown) if shown else (
             "default" if not params else ", ".join(f"{p}={ast.unparse(defaults[p])}" for p in params))
         binding = tuple(bindings)
@@ -653,9 +673,13 @@ def analyse_queue(index: Index, pack: Pack, domain: Domain) -> QueueAnalysis:
             for drain in drains:
                 drain.list_attr = attr
     if not drains:
-        return QueueAnalysis(None, graph, {}, static, unparsed=sorted(set(unparsed)))
+        unseen = [] if index.root or _assigned_in_tree(index, pack.queue) else [
+            f"self.{pack.queue} is bound outside the scanned folder (nothing here assigns it), so the object that "
+            f"drains it is not seen; scan the folder that holds the scheduler"]
+        return QueueAnalysis(None, graph, {}, static, unparsed=sorted(set(unparsed)), unseen_callers=unseen)
     drain = drains[0]
-    modes, truncated = find_modes(index, drain.func, domain)
+    unseen: list[str] = []
+    modes, truncated = find_modes(index, drain.func, domain, unseen)
     guards = frozenset(name for mode in modes for name, _ in mode.bindings)
     mode_paths = [_explore_mode(index, list_pack, domain, drain, dict(mode.bindings), guards, truncated, unparsed)
                   for mode in modes]
@@ -668,7 +692,18 @@ def analyse_queue(index: Index, pack: Pack, domain: Domain) -> QueueAnalysis:
     for state, state_paths in paths.items():
         _add_paths(graph, state, state_paths)
     return QueueAnalysis(drain, graph, paths, static, sorted(set(truncated)), modes, mode_paths,
-                         sorted(set(unparsed)))
+                         sorted(set(unparsed)), unseen)
+
+
+def _assigned_in_tree(index: Index, attr: str) -> bool:
+    """Whether some analysed file assigns `<x>.<attr> = ...` (where the queue object is bound)."""
+    for module in index.modules.values():
+        for node in walk_ast(module.tree):
+            if isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                if any(isinstance(t, ast.Attribute) and t.attr == attr for t in targets):
+                    return True
+    return False
 
 
 def _explore_mode(index: Index, list_pack: Pack, domain: Domain, drain: Drain, bindings: dict[str, Val],

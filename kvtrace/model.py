@@ -249,6 +249,7 @@ class StateVerdict:
     way_out: WayOut
     how: str
     chain: tuple[Evidence, ...] = ()
+    absent_room: bool = False  # pinned from the configuration where the room is absent from the table
 
     @property
     def pinned(self) -> bool:
@@ -270,6 +271,8 @@ class ManagerRef:
     # "path:Class.method" of the check and update methods its MRO resolves: the code the backend
     # runs, so a manager rule's finding in a base class (common/) belongs to its row.
     runs: tuple[str, ...] = ()
+    # "Class.method" of each function in `clears` (the methods that take the room out).
+    clear_methods: tuple[str, ...] = ()
 
 
 @dataclass
@@ -287,6 +290,15 @@ class Backend:
     returns_unknown: list[str] = field(default_factory=list)  # "<why>" for values kvtrace cannot see
     manager: ManagerRef | None = None
     verdicts: dict[str, StateVerdict] = field(default_factory=dict)  # non-terminal state -> way out
+    # state -> where the only store of it is: poll() returns it only from the status table, and
+    # only the sender's constructor stores it there (no other run of the backend's code does).
+    # Once the room has moved past it, it comes back only with a second sender for the room.
+    constructor_only: dict[str, Evidence] = field(default_factory=dict)
+    unborn: Evidence | None = None  # why the room can be missing before anything clears it
+    # pinned state -> sender method -> where: once that method has run (on every path through
+    # it), poll() no longer returns the state. Whether the scheduler calls it on the request
+    # after it enters the queue (and whether a path skips it) is the drain side's question.
+    left_by: dict[str, dict[str, Evidence]] = field(default_factory=dict)
 
     def way_out(self, state: str) -> StateVerdict | None:
         return self.verdicts.get(state)
@@ -308,6 +320,11 @@ class Finding:
     baseline: str | None = None  # "new" or "unchanged" when compared with a baseline
     code: str = ""  # the rule's short code (KVT001); `rule` is its name
     queue: str | None = None  # the queue whose drain it is about (None: the backends alone)
+    # What the finding rests on, when it is not unconditional ("two requests share a
+    # bootstrap_room", "the send is skipped"): such a finding is a warning, so a gate on
+    # errors counts only what needs no premise.
+    premise: str | None = None
+    role: str | None = None  # what the finding is about beyond rule/backend/state (kvtrace.baseline.assign_roles)
 
 
 @dataclass(frozen=True)

@@ -13,11 +13,9 @@ from typing import TYPE_CHECKING
 
 from kvtrace.beside import Beside, Claims
 from kvtrace.config import Settings
-from kvtrace.rules import ALL_RULES, ScanContext
 from kvtrace.errors import AmbiguousTarget, InputError
-from kvtrace.gaps import Cut, find_gaps
 from kvtrace.fetch.local import fetch_local
-from kvtrace.index import Index
+from kvtrace.fetch.select import Wanted, defining_files, inside as _inside, named_folders, outermost
 from kvtrace.model import (
     OUTCOME_ORDER,
     DetectedVersion,
@@ -31,9 +29,6 @@ from kvtrace.model import (
     SourceFile,
 )
 from kvtrace.packs import Pack, load_pack
-from kvtrace.parse import parse_modules
-from kvtrace.rules.unused_suppression import UnusedSuppression
-from kvtrace.suppress import silence
 
 if TYPE_CHECKING:
     from kvtrace.backends import SenderAnalysis
@@ -51,10 +46,6 @@ def scan_path(path: Path, pack: Pack | None = None, limits: FetchLimits = FetchL
     return scan_fetched(fetch_local(path, limits), pack, settings)
 
 
-def _inside(path: str, folder: str) -> bool:
-    return folder == "" or path.startswith(folder + "/")
-
-
 def locate_packages(files: list[SourceFile], pack: Pack, target: str) -> list[str]:
     """Every package folder under the target (relative to it, '' for the target itself), sorted.
 
@@ -63,24 +54,11 @@ def locate_packages(files: list[SourceFile], pack: Pack, target: str) -> list[st
     such folder, the target itself counts when it defines the enum (a fork that renamed the
     folder). The result depends only on the file paths and contents, never on hash order.
     """
-    enum_def = re.compile(rf"^\s*class\s+{re.escape(pack.enum)}\b", re.MULTILINE)
-    named: set[str] = set()
-    if Path(target.rstrip("/")).name == pack.package_dir:
-        named.add("")
-    for f in files:
-        parts = f.path.split("/")[:-1]
-        for i, part in enumerate(parts):
-            if part == pack.package_dir:
-                named.add("/".join(parts[: i + 1]))
-    # The enum's name in bytes first: an ASCII name has the same bytes in every encoding Python
-    # source may declare, and decoding and searching every file of a whole site-packages tree
-    # (4,700 files, 130 MB) cost a cached rescan of it ~0.5 s.
-    name = pack.enum.encode() if pack.enum.isascii() else b""
-    defining = [f.path for f in files if name in (f.data or b"") and enum_def.search(f.text or "")]
-    candidates = sorted(d for d in named if any(_inside(p, d) for p in defining))
-    outermost = [d for d in candidates if not any(o != d and _inside(d, o) for o in candidates)]
-    if outermost:
-        return outermost
+    named = named_folders([f.path for f in files], pack.package_dir, target)
+    defining = defining_files(files, Wanted.from_pack(pack))
+    found = outermost(named, defining)
+    if found:
+        return found
     if defining:
         return [""]
     raise InputError(_no_package_message(files, pack, target, sorted(named)))
@@ -182,10 +160,17 @@ def _in_scope(files: list[SourceFile], pack: Pack, root: str, scope: str) -> lis
 def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Settings = Settings(),
                  root: str | None = None) -> Report:
     """Analyse one package of the fetched tree: `root` (from locate_packages), or the only one."""
-    # The analysis stages (and libcst under them) are imported here, not with the module: a rescan
-    # served from the cache only locates the package (locate_packages) and never needs them.
+    # The analysis stages (the rules, the index, libcst under them) are imported here, not with the
+    # module: a rescan served from the cache only locates the package (locate_packages).
     from kvtrace.backends import analyse_backends, sender_classes
+    from kvtrace.gaps import Cut, find_gaps
     from kvtrace.graph import QueueAnalysis, ScanModel, StateGraph, analyse_queue, find_enum, static_sites
+    from kvtrace.index import Index
+    from kvtrace.parse import parse_modules
+    from kvtrace.rules import ALL_RULES, ScanContext
+    from kvtrace.rules.unused_suppression import UnusedSuppression
+    from kvtrace.suppress import silence
+    from kvtrace.baseline import assign_roles
 
     pack = pack or load_pack()
     files = fetched.files
@@ -255,10 +240,11 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
             # Never a silent skip, nor a confident "undrained": the scan is incomplete (exit 3).
             problems.append(f"could not be parsed with libcst, so the analysis of {name} is incomplete: "
                             + ", ".join(queue.unparsed))
-        elif queue.drain is None and not entries:
+        elif queue.drain is None and not entries and not queue.unseen_callers:
             unread = [f.path for f in in_scope if f.status != "ok"]
             cause = f" (files not analysed: {', '.join(unread[:3])}{' ...' if len(unread) > 3 else ''})" if unread else ""
             problems.append(f"self.{name} is neither filled nor drained in the analysed files{cause}")
+        problems.extend(queue.unseen_callers)
         limits = [t for t in queue.truncated if not isinstance(t, Cut)]
         if limits:
             problems.append("path limit reached (results may be incomplete) at " + ", ".join(limits))
@@ -281,6 +267,7 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
         graph={**queue.graph.as_data(), "queue": name},  # the last queue's graph, named
     )
     report.gaps = find_gaps(report, enum_evidence.path, index)
+    assign_roles(report)  # before caching: the fingerprints' site roles come from the release map
     found = {s.backend.name for s in senders}
     report.filters = Filters(settings.source, settings.select, settings.ignore,
                              tuple(sorted(found & set(settings.ignore_backends))),
@@ -296,8 +283,8 @@ def _senders_out(index: Index, pack: Pack, domain: Domain, root: str, files: lis
 
     problems: list[str] = []
     senders = analyse_backends(index, pack, domain, root, problems, take)
-    found = [((s.cls.path, s.cls.line), s.backend, (s.poll.path, s.poll.line) if s.poll else None, s.raise_sites)
-             for s in senders]
+    found = [((s.cls.path, s.cls.line), s.backend, (s.poll.path, s.poll.line) if s.poll else None, s.raise_sites,
+              s.absent_raise_sites) for s in senders]
     changed = {f.path: (f.status, f.error) for f in files if (f.status, f.error) != before[f.path]}
     return pickle.dumps((found, problems, changed), protocol=pickle.HIGHEST_PROTOCOL)
 
@@ -316,8 +303,8 @@ def _senders_in(data: bytes, index: Index, files: list[SourceFile], before: dict
     problems.extend(child_problems)
     classes = {(c.path, c.line): c for infos in index.classes.values() for c in infos}
     methods = {(f.path, f.line): f for c in classes.values() for f in c.methods.values()}
-    return [SenderAnalysis(backend, classes[cls], methods[poll] if poll else None, raise_sites)
-            for cls, backend, poll, raise_sites in found]
+    return [SenderAnalysis(backend, classes[cls], methods[poll] if poll else None, raise_sites, absent)
+            for cls, backend, poll, raise_sites, absent in found]
 
 
 def _enum_unreadable_message(target: str, pack: Pack, files: list[SourceFile]) -> str:

@@ -1,5 +1,13 @@
-"""In-code suppressions: `# kvtrace: ignore[pinned-state]` (rule ids or codes, comma-separated;
-a bare `# kvtrace: ignore` silences every rule).
+"""In-code suppressions: `# kvtrace: ignore[pinned-state]` (rule ids or codes, comma-separated).
+
+The grammar is strict, so a typo never silences more than was meant: only
+`kvtrace: ignore[rule, ...]` after a `#` silences, anywhere in a line's comment (like ruff's
+`noqa`: `# type: ignore[override]  # kvtrace: ignore[pinned-state]` counts). The keyword is
+case-insensitive (`# KVTRACE: IGNORE[...]`, as ruff reads `# NOQA`), and so are rule names. A
+comment that starts like a directive (`# kvtrace:` or `# kvtrace ignore`) but is not one
+(`ignore[pinned-state` unclosed, `ignore[]`, `ignore-next-line`, `ignore: pinned-state`, a
+bare `ignore` with no rules) silences nothing and is reported itself. There is no blanket
+ignore: silencing every rule on a line would also hide the errors (a poll() that raises).
 
 A comment silences a finding when it sits on the finding's line or on the `def` line of the
 function that line is in (for a pinned state: the sender's `poll()`). Silenced findings stay in
@@ -18,23 +26,44 @@ from dataclasses import dataclass, field
 from kvtrace.model import Finding
 from kvtrace.parse import ParsedModule
 
-COMMENT = re.compile(r"#\s*kvtrace:\s*ignore\b(?:\[(?P<codes>[^\]]*)\])?", re.IGNORECASE)
-ALL = "*"
+# Something meant as a directive: `# kvtrace:` (the prefix is kvtrace's, as `# type:` is mypy's)
+# or `# kvtrace ignore` / `# kvtrace-ignore` with the colon forgotten.
+CANDIDATE = re.compile(r"#\s*kvtrace(?:\s*:|[\s_-]*(?:no)?ignore)", re.IGNORECASE)
+# ... and what a directive must be: the rule list closed, before any further `#`.
+DIRECTIVE = re.compile(r"#\s*kvtrace\s*:\s*ignore\[(?P<codes>[^\]#]*)\]", re.IGNORECASE)
+RULE_NAME = re.compile(r"[A-Za-z][A-Za-z0-9_-]*")
+SHOWN = 60  # characters of a malformed directive quoted in its report
 
 
 @dataclass
 class Suppression:
     path: str
     line: int
-    codes: tuple[str, ...]  # rule ids or codes as written; ("*",) for a bare ignore
+    codes: tuple[str, ...]  # rule ids or codes as written; () for a malformed directive
     used: set[str] = field(default_factory=set)
+    malformed: str | None = None  # the text of a directive that is not one (it silences nothing)
+
+
+def parse_directives(comment: str) -> list[tuple[tuple[str, ...], str | None]]:
+    """(codes, None) for each directive in one comment token, ((), text) for each malformed one."""
+    found: list[tuple[tuple[str, ...], str | None]] = []
+    for candidate in CANDIDATE.finditer(comment):
+        match = DIRECTIVE.match(comment, candidate.start())
+        codes = tuple(c.strip() for c in match.group("codes").split(",")) if match else ()
+        if match and codes and all(RULE_NAME.fullmatch(c) for c in codes):
+            found.append((codes, None))
+        else:
+            text = comment[candidate.start():].split("#", 2)
+            shown = "#" + text[1].rstrip()
+            found.append(((), shown if len(shown) <= SHOWN else shown[:SHOWN] + "..."))
+    return found
 
 
 def comments(module: ParsedModule) -> list[Suppression]:
     """The suppression comments of one file, from real comment tokens (never from strings)."""
     found: list[Suppression] = []
     text = module.source.text or ""
-    if "kvtrace" not in text:
+    if "kvtrace" not in text.lower():
         return found
     try:
         tokens = list(tokenize.generate_tokens(io.StringIO(text).readline))
@@ -43,11 +72,8 @@ def comments(module: ParsedModule) -> list[Suppression]:
     for token in tokens:
         if token.type != tokenize.COMMENT:
             continue
-        match = COMMENT.search(token.string)
-        if match:
-            codes = match.group("codes")
-            names = tuple(c.strip() for c in codes.split(",") if c.strip()) if codes is not None else (ALL,)
-            found.append(Suppression(module.source.path, token.start[0], names))
+        for codes, malformed in parse_directives(token.string):
+            found.append(Suppression(module.source.path, token.start[0], codes, malformed=malformed))
     return found
 
 
@@ -107,7 +133,7 @@ def apply(findings: list[Finding], modules: dict[str, ParsedModule], codes: dict
         names = _names(finding, codes)
         for line in sorted(lines):
             for s in by_line.get((finding.path, line), []):
-                hit = [c for c in s.codes if c == ALL or c.lower() in names]
+                hit = [c for c in s.codes if c.lower() in names]
                 if hit:
                     s.used.update(hit)
                     if finding.suppressed is None:
@@ -120,12 +146,14 @@ def unused(suppressions: list[Suppression], known: set[str]) -> list[tuple[Suppr
     known_lower = {k.lower() for k in known}
     out = []
     for s in suppressions:
+        if s.malformed is not None:
+            out.append((s, "", f"`{s.malformed}` is not a kvtrace directive and silences nothing "
+                                "(write `# kvtrace: ignore[rule, ...]`, naming the rules)"))
+            continue
         for code in s.codes:
             if code in s.used:
                 continue
-            if code == ALL:
-                why = "`# kvtrace: ignore` silences no finding on this line"
-            elif code.lower() not in known_lower:
+            if code.lower() not in known_lower:
                 why = f"`{code}` is not a kvtrace rule"
             else:
                 why = f"`{code}` silences no finding on this line"

@@ -4,7 +4,7 @@ Accepted remote forms (everything else is a local path):
 
     [user@]host:path            scp style; an empty path means the login directory
     [user@]host:port:path       port given when the part after the host is all digits and
-                                followed by another ':' (so `host:2222` alone is the path "2222")
+                                followed by another ':' (`host:2222` alone is refused: no path)
     [user@][v6addr]:[port:]path IPv6 in brackets
     ssh://[user@]host[:port]/path   URL style; `ssh://host/~/x` means x below the login directory
 
@@ -145,6 +145,12 @@ def _parse_scp(text: str) -> SshTarget | None:
     m = re.fullmatch(r"(\d+):(.*)", path, re.S)
     if m:
         port, path = _port(m.group(1), text), m.group(2)
+    elif path.isdigit():
+        # `host:2299` reads as the port the user meant, never as a folder named 2299 (which
+        # scp would take, then fail far away with "port 22: connection refused").
+        raise InputError(f"{text}: no path given ({path} reads as a port); write {text}:PATH, e.g. "
+                         f"{text}:/opt/venv/lib/python3.11/site-packages/sglang (a folder named {path} in the "
+                         f"login directory: {text[:len(text) - len(path)]}./{path})")
     return SshTarget(user, host, port, path or ".", text)
 
 

@@ -72,6 +72,12 @@ class AbortIgnored(Rule):
             else:
                 what = f"cannot see an abort: {ctx.pack.abort_method}() writes no attribute of the sender"
             message = f"{b.sender}.poll(){inherited} {what}" + (
-                f": aborting a {b.name} transfer does not change what the queue polls" if abort is not None else "")
+                f": aborting {_article(b.name)} {b.name} transfer does not change what the queue polls"
+                if abort is not None else "")
             findings.append(self.finding(message, b.poll.path, b.poll.line, b.name, None, evidence))
         return findings
+
+
+def _article(word: str) -> str:
+    """`an ascend`, `a nixl`, `a mooncake`: by the first letter's sound as most names are read."""
+    return "an" if word[:1].lower() in "aeiou" else "a"

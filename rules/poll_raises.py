@@ -2,7 +2,8 @@ from __future__ import annotations
 
 import ast
 
-from kvtrace.model import Evidence, Finding
+from kvtrace.model import Evidence, Finding, StateVerdict, WayOut
+from kvtrace.rules.premise import absent_room_premise
 from kvtrace.rules.base import Rule, Sample, ScanContext, drain_evidence
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain, sender
 
@@ -63,6 +64,8 @@ class PollRaises(Rule):
         findings = []
         for analysis in ctx.senders:
             b = analysis.backend
+            if b.poll is not None and analysis.absent_raise_sites and not analysis.raise_sites:
+                findings.append(self._absent_room(ctx, analysis, where))
             if b.poll is None or not analysis.raise_sites:
                 continue
             path, line, function = analysis.raise_sites[0]
@@ -73,6 +76,23 @@ class PollRaises(Rule):
                 Evidence(p, l, f"raise in {f}") for p, l, f in analysis.raise_sites]
             findings.append(self.finding(message, path, line, b.name, None, evidence))
         return findings
+
+
+    def _absent_room(self, ctx: ScanContext, analysis, where: str) -> Finding:
+        """poll() reads the status table with `table[room]` and the room can be absent: KeyError.
+        Whether the room can be absent while the request is queued is the premise's question."""
+        b = analysis.backend
+        path, line, function = analysis.absent_raise_sites[0]
+        message = (f"{b.sender}.poll() (backend {b.name}) raises KeyError at {function} line {line} when the room is "
+                   f"absent from the status table: {where}")
+        evidence = drain_evidence(ctx) + [Evidence(b.poll.path, b.poll.line, f"{b.sender}.poll()")] + [
+            Evidence(p, l, f"{f}() reads the table for an absent room: KeyError") for p, l, f in analysis.absent_raise_sites]
+        evidence += list(b.manager.clears) if b.manager else []
+        premise = absent_room_premise(ctx, b, StateVerdict("", WayOut.NONE, "", absent_room=True))
+        if premise is not None:
+            message += f"; true only if {premise.text}: " + premise.why[-1].note.removeprefix("premise: ")
+            evidence += [e for e in premise.why if e not in evidence]
+        return self.finding(message, path, line, b.name, None, evidence, premise.text if premise else None)
 
 
 def _inside_handled_try(func: ast.AST, line: int) -> bool:

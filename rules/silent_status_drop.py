@@ -17,6 +17,13 @@ _OPENING_ONLY = '''\
                 self.request_status[room] = status
             return
         self.request_status[room] = status'''
+_FAILED_RETURNS = '''\
+        if room not in self.request_status:
+            if status == KVPoll.Failed:
+                return
+            self.request_status[room] = status
+            return
+        self.request_status[room] = status'''
 _ANY_STATUS = '''\
         if room not in self.request_status:
             self.request_status[room] = status
@@ -57,7 +64,10 @@ class SilentStatusDrop(Rule):
     VALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES), "disaggregation/net/conn.py": MANAGED_SENDER,
                      "disaggregation/net/mgr.py": manager(update_body=_ANY_STATUS)})]
     INVALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES), "disaggregation/net/conn.py": MANAGED_SENDER,
-                       "disaggregation/net/mgr.py": manager(update_body=_OPENING_ONLY)}, expect=((None, "Failed"),))]
+                       "disaggregation/net/mgr.py": manager(update_body=_OPENING_ONLY)}, expect=((None, "Failed"),)),
+               # An `if` whose taken branch returns ends the path: the store after it is not reached.
+               Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES), "disaggregation/net/conn.py": MANAGED_SENDER,
+                       "disaggregation/net/mgr.py": manager(update_body=_FAILED_RETURNS)}, expect=((None, "Failed"),))]
 
     def check(self, ctx: ScanContext) -> list[Finding]:
         findings = []
@@ -120,18 +130,28 @@ def _decide(test: ast.expr, status: str | None, value: str, enum: str) -> bool |
 
 
 def _reaches_store(stmts: list[ast.stmt], m: ManagerMethod, status: str | None, value: str, enum: str) -> bool:
+    return _flow(stmts, m, status, value, enum)[0]
+
+
+def _flow(stmts: list[ast.stmt], m: ManagerMethod, status: str | None, value: str, enum: str) -> tuple[bool, bool]:
+    """(some path stores into the table, some path falls off the end of `stmts`), with
+    `status` == value. An `if` whose every taken branch returns ends the block: the statements
+    after it are not reached (`if status == Failed: return` before the store)."""
     for stmt in stmts:
         if isinstance(stmt, ast.Assign) and any(isinstance(t, ast.Subscript) and self_attr(t.value) == m.table
                                                 for t in stmt.targets):
-            return True
+            return True, False
         if isinstance(stmt, (ast.Return, ast.Raise)):
-            return False
+            return False, False
         if isinstance(stmt, ast.If):
             truth = _decide(stmt.test, status, value, enum)
-            if (truth is not False and _reaches_store(stmt.body, m, status, value, enum)) or \
-                    (truth is not True and _reaches_store(stmt.orelse, m, status, value, enum)):
-                return True
-    return False
+            branches = ([stmt.body] if truth is not False else []) + ([stmt.orelse] if truth is not True else [])
+            results = [_flow(b, m, status, value, enum) for b in branches]
+            if any(stored for stored, _ in results):
+                return True, False
+            if not any(falls for _, falls in results):
+                return False, False
+    return False, True
 
 
 def _guarded_callers(ctx: ScanContext, m: ManagerMethod, failed: str) -> list[tuple[str, int]]:

@@ -2,6 +2,7 @@ from __future__ import annotations
 
 from kvtrace.model import EventKind, Evidence, Finding, Outcome
 from kvtrace.rules.base import Rule, Sample, ScanContext, drain_evidence, path_evidence
+from kvtrace.rules.premise import crash_premise
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain, sender
 
 # The standard chain, but Bootstrapping (which the sender below returns while it handshakes)
@@ -125,6 +126,7 @@ class StateCrash(Rule):
             by = ctx.model.returning(state)
             maybe = [s.backend.name for s in ctx.senders if s.backend.returns_unknown and s.backend.name not in by]
             sites = crash_sites(ctx, state)
+            premise = crash_premise(ctx, state) if sites else None
             for (path, line), modes in sites.items():
                 label, events, waits = modes[0]
                 raised = next((e for e in reversed(events) if e.kind is EventKind.RAISE), None)
@@ -147,5 +149,9 @@ class StateCrash(Rule):
                                                   for c in m.callers[:1]]
                 evidence += [Evidence(w.path, w.line, f"waits first: {w.note}") for w in waits if w.note]
                 evidence += path_evidence(events, state) + [Evidence(path, line, f"raise: {state} crashes here")]
-                findings.append(self.finding(message, path, line, None, state, evidence))
+                if premise is not None:
+                    message += f"; true only if {premise.text}: " + premise.why[-1].note.removeprefix("premise: ")
+                    evidence += [e for e in premise.why if e not in evidence]
+                findings.append(self.finding(message, path, line, None, state, evidence,
+                                             premise.text if premise else None))
         return findings

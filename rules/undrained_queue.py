@@ -44,8 +44,8 @@ class UndrainedQueue(Rule):
     INVALID = [Sample({"disaggregation/prefill.py": _FILL_ONLY}, expect=((None, None),))]
 
     def check(self, ctx: ScanContext) -> list[Finding]:
-        if ctx.queue.drain is not None or ctx.queue.unparsed:
-            return []  # drained, or a function that may drain it could not be read (a gap, not a finding)
+        if ctx.queue.drain is not None or ctx.queue.unparsed or ctx.queue.unseen_callers:
+            return []  # drained, or what may drain it could not be read or seen (a gap, not a finding)
         return [
             self.finding(
                 f"{site.function} appends to {ctx.pack.queue}, but no function in the tree iterates it and "

@@ -77,9 +77,17 @@ class UnhandledState(Rule):
                     if outcome == Outcome.KEPT and state in ctx.domain.terminal]
             by = returned_by(ctx, state)
             who = f" (returned by: {', '.join(by)})" if by else " (no backend's poll() is seen returning it)"
+            # Where the drain does test S (on other paths), the crash is the path's, not the loop's.
+            tested = sorted({e.line for events, _ in queue.paths.get(state, []) for e in events
+                             if e.kind == EventKind.CHECK and e.detail == "T"})
             for (path, line), events in crashes.items():
                 raise_event = next(e for e in reversed(events) if e.kind == EventKind.RAISE)
-                message = (f"{state}{who} matches no test of the poll value in the drain loop of {ctx.pack.queue} "
+                helper = raise_event.function != queue.drain.func.qualname
+                unmatched_where = (f"is tested in the drain loop of {ctx.pack.queue} (line {tested[0]}), but on "
+                                   + (f"the path through {raise_event.function}()" if helper else "another path")
+                                   + " it matches no test of the poll value it meets"
+                                   if tested else f"matches no test of the poll value in the drain loop of {ctx.pack.queue}")
+                message = (f"{state}{who} {unmatched_where} "
                            f"and reaches {'an' if raise_event.detail == 'assert' else 'a'} {raise_event.detail} at "
                            f"line {line} ({raise_event.function}): the exception leaves the drain loop (a scheduler crash)")
                 evidence = drain_evidence(ctx) + path_evidence(events, state) + [

@@ -16,12 +16,14 @@ def _suppressed_sender(comment: str) -> str:
 
 
 class UnusedSuppression(Rule):
-    """A `# kvtrace: ignore[...]` comment that silences no finding.
+    """A `# kvtrace: ignore[...]` comment that silences no finding, or one that is malformed.
 
     What it does:
-        Reports each rule named in a suppression comment (or a bare `# kvtrace: ignore`) that
-        matched no finding on its line or on the findings whose `def` line it is on, and names
-        that are not kvtrace rules at all. It runs after every other rule (ruff's RUF100).
+        Reports each rule named in a suppression comment that matched no finding on its line
+        or on the findings whose `def` line it is on, names that are not kvtrace rules at all,
+        and comments that start like a directive but are not one (`# kvtrace: ignore[rule`
+        unclosed, `ignore[]`, `ignore-next-line`, `ignore: rule`, a bare `ignore` naming no
+        rule): those silence nothing. It runs after every other rule (ruff's RUF100).
 
     Why it matters:
         A suppression outlives the code it was written for: once the sender is fixed or the
@@ -32,7 +34,8 @@ class UnusedSuppression(Rule):
         its abort state, so pinned-state no longer reports it.
 
     Fix:
-        Delete the comment (or the names in it that no longer match).
+        Delete the comment (or the names in it that no longer match); write a malformed one
+        as `# kvtrace: ignore[rule, ...]`.
     """
 
     code = "KVT100"  # the meta range: about kvtrace's own comments, not about SGLang
@@ -52,6 +55,11 @@ class UnusedSuppression(Rule):
         Sample({
             "disaggregation/prefill.py": drain(STANDARD_BRANCHES),
             "disaggregation/stuck/conn.py": _suppressed_sender("# kvtrace: ignore[pinned-state, dropped-state]"),
+        }, expect=((None, None),)),
+        # Unclosed: a typo silences nothing (the pinned finding stands) and is reported.
+        Sample({
+            "disaggregation/prefill.py": drain(STANDARD_BRANCHES),
+            "disaggregation/stuck/conn.py": _suppressed_sender("# kvtrace: ignore[pinned-state"),
         }, expect=((None, None),)),
     ]
 

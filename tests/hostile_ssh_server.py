@@ -25,7 +25,7 @@ import paramiko
 
 from sshd_server import HOST, generate_key
 
-MARKER = b"KVTRACE2\0"
+MARKER = b"KVTRACE3\0"
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "nixl-pin"
 
 SHAPES = (
@@ -223,7 +223,7 @@ class HostileServer:
 
     def serve_exec(self, chan: paramiko.Channel) -> None:
         shape = self.shape
-        start = MARKER + b"/srv/tree\0"
+        start = MARKER + b"/srv/tree\0\0"  # root, then no name search (the client asks for all)
         if shape == "drip":
             payload = start + example_records()
             for byte in payload * 1000:

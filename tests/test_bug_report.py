@@ -4,6 +4,7 @@ when the scanned tree is a GitHub checkout (none for files with uncommitted chan
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -26,11 +27,12 @@ def kvtrace(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def checkout(tmp_path: Path) -> tuple[Path, str]:
-    """A clone-like checkout: the nixl-pin tree under python/sglang/srt, a GitHub remote, one commit."""
+    """A clone-like checkout: the nixl-pin tree under python/sglang/srt, a GitHub remote, one pushed commit."""
     root = tmp_path / "sglang-fork"
     shutil.copytree(EXAMPLES / "nixl-pin", root / "python" / "sglang" / "srt")
     for args in (["init", "-q"], ["remote", "add", "origin", "git@github.com:example-org/sglang-fork.git"],
-                 ["add", "-A"], ["commit", "-qm", "fork"]):
+                 ["add", "-A"], ["commit", "-qm", "fork"],
+                 ["update-ref", "refs/remotes/origin/main", "HEAD"]):  # as a push or fetch leaves it
         subprocess.run([*GIT, *args], cwd=root, check=True, capture_output=True)
     commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, check=True, capture_output=True,
                             text=True).stdout.strip()
@@ -84,4 +86,255 @@ def test_markdown_bug_report(checkout: tuple[Path, str]) -> None:
                       md, re.S)
     assert block and f"> {poll} |     def poll(self) -> KVPoll:" in block.group(1)
     assert len(block.group(1).splitlines()) == 7  # three lines either side
-    assert md.count("```mermaid") == 2
+    assert md.count("```mermaid") == 2  # nixl's, which pins, and mooncake's, folded (it fits)
+
+
+def _node_links(root: Path) -> list[str]:
+    page = kvtrace("scan", "python/sglang", "-f", "html", cwd=root).stdout
+    return re.findall(r'<a href="([^"]+)"><g class="node', page)
+
+
+def test_an_unpushed_commit_gets_no_link(checkout: tuple[Path, str]) -> None:
+    """A commit no remote-tracking ref holds would be a 404 on GitHub: no link to it. The pushed
+    commit still holds the unchanged files, so those keep their links (to the pushed commit)."""
+    root, pushed = checkout
+    conn = root / "python" / "sglang" / "srt" / NIXL
+    conn.write_text("# edited\n" + conn.read_text())
+    subprocess.run([*GIT, "commit", "-qam", "local"], cwd=root, check=True, capture_output=True)
+    links = _node_links(root)
+    remote = [link for link in links if link.startswith("https://")]
+    assert remote and all(f"/blob/{pushed}/" in link for link in remote)
+    assert not any("nixl/conn.py" in link for link in remote)
+    subprocess.run([*GIT, "update-ref", "refs/remotes/origin/main", "HEAD"], cwd=root, check=True)
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+    assert any(f"/blob/{head}/python/sglang/srt/{NIXL}#L" in link for link in _node_links(root))
+
+
+def test_links_read_packed_objects_and_refs(checkout: tuple[Path, str]) -> None:
+    """After `git gc` the objects are in a pack (with deltas) and the refs in packed-refs."""
+    root, commit = checkout
+    conn = root / "python" / "sglang" / "srt" / NIXL
+    conn.write_text(conn.read_text() + "\n# a second version, stored as a delta\n")
+    subprocess.run([*GIT, "commit", "-qam", "second"], cwd=root, check=True, capture_output=True)
+    subprocess.run([*GIT, "update-ref", "refs/remotes/origin/main", "HEAD"], cwd=root, check=True)
+    subprocess.run([*GIT, "gc", "-q", "--aggressive", "--prune=now"], cwd=root, check=True, capture_output=True)
+    assert not list((root / ".git" / "objects").glob("??/*")) and (root / ".git" / "packed-refs").exists()
+    head = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True).stdout.strip()
+    links = [link for link in _node_links(root) if link.startswith("https://")]
+    assert any(f"/blob/{head}/python/sglang/srt/{NIXL}#L" in link for link in links), links[:3]
+
+
+def test_links_in_a_linked_worktree(checkout: tuple[Path, str], tmp_path: Path) -> None:
+    root, commit = checkout
+    linked = tmp_path / "linked"
+    subprocess.run([*GIT, "worktree", "add", "-q", "--detach", str(linked), "HEAD"], cwd=root, check=True,
+                   capture_output=True)
+    links = _node_links(linked)
+    assert links and all(link.startswith(f"https://github.com/example-org/sglang-fork/blob/{commit}/") for link in links)
+    # A .git file pointing at a git folder that does not name this checkout back is not followed.
+    (linked / ".git").write_text(f"gitdir: {root / '.git'}\n")
+    assert not any(link.startswith("https://") for link in _node_links(linked))
+
+
+@pytest.mark.parametrize("hostile", ["fsmonitor", "filter"])
+def test_links_run_nothing_from_the_scanned_tree(checkout: tuple[Path, str], hostile: str) -> None:
+    """`git status` would run core.fsmonitor and the clean filter of a changed file: kvtrace reads
+    .git as files, so the marker those commands would write never appears."""
+    root, _ = checkout
+    marker = root.parent / f"ran-{hostile}"
+    command = f"touch {marker}"
+    if hostile == "fsmonitor":
+        subprocess.run([*GIT, "config", "core.fsmonitor", command], cwd=root, check=True)
+    else:
+        subprocess.run([*GIT, "config", "filter.evil.clean", command], cwd=root, check=True)
+        (root / ".gitattributes").write_text("*.py filter=evil\n")
+        # Same size, new mtime: git must hash the file again, through the clean filter.
+        conn = root / "python" / "sglang" / "srt" / NIXL
+        os.utime(conn, (conn.stat().st_atime + 100, conn.stat().st_mtime + 100))
+    for fmt in ("html", "markdown"):
+        result = kvtrace("scan", "python/sglang", "-f", fmt, cwd=root)
+        assert result.returncode == 1, result.stderr
+        assert "https://github.com/example-org/sglang-fork/blob/" in result.stdout
+    assert not marker.exists()
+    # The same config does run under git itself: the test would notice if kvtrace ran git.
+    subprocess.run(["git", "status", "--porcelain"], cwd=root, capture_output=True)
+    assert marker.exists()
+
+
+def _installed(tmp_path: Path, version: str) -> Path:
+    """An installed release: site-packages with the package and its dist-info METADATA."""
+    from tests.sglang_wheels import sglang_tree
+
+    site = tmp_path / "site-packages"
+    shutil.copytree(sglang_tree(version) / "sglang", site / "sglang")
+    dist = site / f"sglang-{version}.dist-info"
+    dist.mkdir()
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: sglang\nVersion: {version}\n")
+    return site
+
+
+def test_installed_release_links_to_its_tag(tmp_path: Path) -> None:
+    site = _installed(tmp_path, "0.4.6.post5")
+    for target in ("site-packages/sglang", "site-packages/sglang/srt/disaggregation", "site-packages"):
+        md = kvtrace("scan", target, "-f", "markdown", cwd=tmp_path).stdout
+        links = re.findall(r"\]\((https://[^)]+)\)", md)
+        assert links, target
+        base = "https://github.com/sgl-project/sglang/blob/v0.4.6.post5/python/sglang/srt/"
+        assert all(link.startswith(base) for link in links), (target, links[:2])
+        for link in set(links):  # each names a line that exists in the installed file
+            path, line = link[len("https://github.com/sgl-project/sglang/blob/v0.4.6.post5/python/"):].split("#L")
+            assert 0 < int(line) <= len((site / path).read_text().splitlines())
+
+
+HOSTILE = ["<img src=x onerror=alert(1)>", "a``b|c", "`x|y`", "*em* _u_ [l](javascript:alert(1))", "&lt;", "x\\|y",
+           "```", "<details>", "~~~"]
+
+
+class _Elements(__import__("html.parser").parser.HTMLParser):
+    """The elements and text of rendered HTML, as a browser would build them."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.tags: list[tuple[str, dict]] = []
+        self.text: list[str] = []
+        self.rows: list[list[str]] = []
+
+    def handle_starttag(self, tag: str, attrs: list) -> None:
+        self.tags.append((tag, dict(attrs)))
+        if tag == "tr":
+            self.rows.append([])
+        elif tag in ("td", "th"):
+            self.rows[-1].append(tag)
+
+    def handle_data(self, data: str) -> None:
+        self.text.append(data)
+
+
+def _commonmark(markdown: str) -> _Elements:
+    """Rendered as a CommonMark renderer does (raw HTML allowed, GitHub's tables)."""
+    from markdown_it import MarkdownIt
+
+    parsed = _Elements()
+    parsed.feed(MarkdownIt("commonmark", {"html": True}).enable("table").render(markdown))
+    return parsed
+
+
+@pytest.mark.parametrize("name", HOSTILE)
+def test_markdown_text_helpers_keep_hostile_text_as_text(name: str) -> None:
+    from kvtrace.report.mdtext import cell, code, html, link, prose
+
+    for rendered in (code(name), prose(name)):
+        parsed = _commonmark(f"- {rendered} and more\n")
+        assert {tag for tag, _ in parsed.tags} <= {"ul", "li", "code"}, (name, rendered, parsed.tags)
+        assert "".join(parsed.text).strip() == f"{name} and more"
+    table = f"| a | b |\n|---|---|\n| {cell(code(name))} | {cell(prose(name))} |\n"
+    parsed = _commonmark(table)
+    assert parsed.rows == [["th", "th"], ["td", "td"]] and "img" not in {t for t, _ in parsed.tags}
+    assert "".join(parsed.text).count(name) == 2
+    parsed = _commonmark(f"<details><summary>{html(name)}</summary>\n\nbody\n\n</details>\n")
+    assert [t for t, _ in parsed.tags] == ["details", "summary", "p"] and name in "".join(parsed.text)
+    parsed = _commonmark(link(code(name), "https://example.invalid/a b(c)") + "\n")
+    assert [(t, a.get("href")) for t, a in parsed.tags if t == "a"] == [("a", "https://example.invalid/a%20b%28c%29")]
+
+
+def test_markdown_report_of_a_hostile_backend_folder(tmp_path: Path) -> None:
+    """A backend folder named `x``|<img src=x onerror=alert(1)>`: before, its name went raw into
+    `<summary>` (the img ran its onerror) and broke the code spans and table rows."""
+    name = "x``|<img src=x onerror=alert(1)>"
+    shutil.copytree(EXAMPLES / "nixl-pin", tmp_path / "tree")
+    (tmp_path / "tree" / "disaggregation" / "nixl").rename(tmp_path / "tree" / "disaggregation" / name)
+    for detail in ("summary", "full"):
+        result = kvtrace("scan", "tree", "-f", "markdown", "--detail", detail, cwd=tmp_path)
+        assert result.returncode == 1, result.stderr
+        parsed = _commonmark(result.stdout)
+        assert "img" not in {tag for tag, _ in parsed.tags}
+        header = next(row for row in parsed.rows)
+        assert all(len(row) == len(header) for row in parsed.rows[:3])  # the grid's rows are whole
+        text = "".join(parsed.text)
+        assert f"{name} pins WaitingForInput, Transferring" in text
+        assert f"disaggregation/{name}/conn.py:" in text
+        assert not re.search(r"^\s*(```|~~~)(?!python|mermaid)\S", result.stdout, re.M)  # no stray fence
+
+
+@pytest.mark.parametrize("version", ["0.4.8", "0.5.14", "0.5.23"])
+def test_markdown_bug_report_fits_an_issue(tmp_path: Path, version: str) -> None:
+    """Before: 39 KB on 0.4.8, 53 KB on 0.5.14 (five diagrams, one backend pins) and 105 KB on
+    0.5.23, over GitHub's 65,536-character limit for an issue body; no title, no links."""
+    from kvtrace.report.diagram import diagrams
+    from kvtrace.scan import scan_path
+
+    site = _installed(tmp_path, version)
+    md = kvtrace("scan", "site-packages/sglang", "-f", "markdown", cwd=tmp_path).stdout
+    assert len(md) < 60_000
+    report = scan_path(site / "sglang")
+    pinning = [d.backend.name for d in diagrams(report) if d.pinned]
+    lines = md.splitlines()
+    assert lines[0].startswith("# kvtrace: ") and f"(sglang {version}, disagg_prefill_inflight_queue)" in lines[0]
+    errors = [f for f in report.findings if f.severity == "error"]
+    if pinning:
+        assert all(f"{name} pins" in lines[0] for name in pinning)
+    else:
+        assert lines[0].startswith("# kvtrace: no errors · ") and not errors
+    # The answer next: the summary line, then the grid, before any finding.
+    assert lines[2].startswith("**") and "Verdicts for `disagg_prefill_inflight_queue`:" in "\n".join(lines[3:8])
+    # One diagram per backend that pins, unfolded; each error with its chain of links and its code.
+    answer, folded = md.split("## Environment")
+    assert answer.count("```mermaid") == len(pinning)
+    for name in pinning:
+        assert f"### {name} pins " in answer
+    for f in errors:
+        assert f"- **{f.rule}** (error) [`{f.path}:{f.line}`](https://github.com/sgl-project/sglang/blob/v{version}/python/sglang/{f.path}#L{f.line})" in answer
+    # Every path:line links to the release's tag.
+    spans = re.findall(r"(\[?)`[^`\n]+:\d+`(\]?)", md)
+    assert spans and all(opened and closed for opened, closed in spans)
+    # The full report holds every backend's diagram and is not bounded.
+    full = kvtrace("scan", "site-packages/sglang", "-f", "markdown", "--detail", "full", cwd=tmp_path).stdout
+    assert full.count("```mermaid") == len(report.backends) and "<details><summary>Release map" not in full
+    assert "## Release map: disagg_prefill_inflight_queue" in full and "Left out to keep" not in full
+
+
+def _with_environ(site: Path, version: str) -> None:
+    """An installed release has srt/environ.py (the env registry); the test trees keep only the
+    files kvtrace scans, so it is taken from the same wheel."""
+    import zipfile
+
+    from tests.sglang_wheels import wheel
+
+    with zipfile.ZipFile(wheel(version)) as archive:
+        (site / "sglang" / "srt" / "environ.py").write_bytes(archive.read("sglang/srt/environ.py"))
+
+
+@pytest.mark.parametrize(("version", "style"), [("0.5.2", "call"), ("0.5.14", "registry")])
+def test_what_frees_each_state_names_the_timeout_variable_and_default(tmp_path: Path, version: str,
+                                                                      style: str) -> None:
+    """0.5.2 reads `get_int_env_var("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT", 300)` in
+    mooncake/conn.py; 0.5.14 reads `envs.SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT.get()`, declared
+    `EnvInt(300)` in srt/environ.py. Both are found from the timeout check's compared name."""
+    from kvtrace.freeing import what_frees
+    from kvtrace.scan import scan_path
+
+    site = _installed(tmp_path, version)
+    if style == "registry":
+        _with_environ(site, version)
+    report = scan_path(site / "sglang")
+    mooncake = next(b for b in report.backends if b.name == "mooncake")
+    frees = {f.state: f for f in what_frees(report, mooncake)}
+    boot = frees["Bootstrapping"]
+    assert "a timeout frees it: SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, default 300" in boot.text
+    read = next(e for e in boot.evidence if e.note.startswith("reads "))
+    text = (site / "sglang" / read.path).read_text().splitlines()[read.line - 1]
+    assert "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT" in text or "bootstrap_timeout" in text
+    if style == "registry":
+        declared = next(e for e in boot.evidence if e.note.startswith("declares"))
+        assert declared.path == "srt/environ.py"
+        assert "EnvInt(300)" in (site / "sglang" / "srt" / "environ.py").read_text().splitlines()[declared.line - 1]
+    nixl = next(b for b in report.backends if b.name == "nixl")
+    pinned = {f.state for f in report.findings if f.rule == "pinned-state" and f.backend == "nixl"}
+    for freeing in what_frees(report, nixl):
+        if freeing.state in pinned:
+            assert freeing.how == "nothing" and "restarts" in freeing.text
+    # The bug report and the text report say it where the pin is.
+    md = kvtrace("scan", "site-packages/sglang", "-f", "markdown", cwd=tmp_path).stdout.split("## Findings")[0]
+    assert "until the server restarts" in md
+    text_report = " ".join(kvtrace("scan", "site-packages/sglang", "--backend", "mooncake", cwd=tmp_path).stdout.split())
+    assert re.search(r"what frees Bootstrapping: .*?SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, default 300", text_report)

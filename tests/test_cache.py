@@ -91,7 +91,7 @@ def test_a_syntax_error_status_comes_back_from_the_cache(tree: Path, tmp_path: P
 def test_a_corrupt_entry_is_ignored_and_rewritten(tree: Path, tmp_path: Path, damage: str) -> None:
     cache, pack, scan = Cache(tmp_path / "c"), load_pack(), CountingScan()
     good, _ = scan_cached(fetch(tree), pack, cache, scan=scan)
-    [entry] = list((tmp_path / "c").glob("*.report"))
+    [entry] = list((tmp_path / "c").glob("*.kvtrace-cache"))
     blob = entry.read_bytes()
     entry.write_bytes({
         "truncate": blob[: len(blob) // 2],
@@ -105,12 +105,12 @@ def test_a_corrupt_entry_is_ignored_and_rewritten(tree: Path, tmp_path: Path, da
     assert hit and scan.calls == 2  # the rewritten entry is whole again
 
 
-def test_a_pickle_that_verifies_but_is_not_a_report_is_a_miss(tree: Path, tmp_path: Path) -> None:
-    import pickle
-
+@pytest.mark.parametrize("payload", [b'{"extra": {}, "report": {}}', b'["not", "a report"]',
+                                     b"\x80\x05\x95\x10\x00\x00\x00\x00\x00\x00\x00\x8c\x05posix\x94."])
+def test_a_payload_that_verifies_but_is_not_a_report_is_a_miss(tree: Path, tmp_path: Path, payload: bytes) -> None:
     cache, pack, scan = Cache(tmp_path / "c"), load_pack(), CountingScan()
     key = scan_key(fetch(tree), pack)
-    cache.put(key, pickle.dumps(("not", "a report")))
+    cache.put(key, payload)
     _, hit = scan_cached(fetch(tree), pack, cache, scan=scan)
     assert not hit and scan.calls == 1
 
@@ -132,7 +132,7 @@ def test_concurrent_writers_leave_whole_entries(tree: Path, tmp_path: Path) -> N
         t.join()
     assert len(results) == 6 and len({tuple(findings(r)) for r in results}) == 1
     assert [p.name for p in directory.iterdir() if p.name.startswith(".tmp-")] == []
-    assert len(list(directory.glob("*.report"))) == 1
+    assert len(list(directory.glob("*.kvtrace-cache"))) == 1
     _, hit = scan_cached(fetch(tree), pack, Cache(directory), scan=scan)
     assert hit
 
@@ -148,7 +148,7 @@ def test_concurrent_processes_share_the_cache(tree: Path, tmp_path: Path) -> Non
              for _ in range(3)]
     outputs = [p.communicate(timeout=120)[0].strip() for p in procs]
     assert all(p.returncode == 0 for p in procs) and len(set(outputs)) == 1 and outputs[0] != "0"
-    assert len(list((tmp_path / "c").glob("*.report"))) == 1
+    assert len(list((tmp_path / "c").glob("*.kvtrace-cache"))) == 1
 
 
 def test_size_bound_evicts_least_recently_used(tmp_path: Path) -> None:
@@ -157,7 +157,7 @@ def test_size_bound_evicts_least_recently_used(tmp_path: Path) -> None:
         cache.put(f"{i:064x}", os.urandom(900))
         os.utime(cache._entry(f"{i:064x}"), (1000 + i, 1000 + i))
     info = cache.info()
-    assert info.total_bytes <= 3000 and info.entries == 3  # each entry is 900 bytes + an 81-byte header
+    assert info.total_bytes <= 3000 and info.entries == 3  # each entry is 900 bytes + an 86-byte header
     assert [cache.get(f"{i:064x}") is not None for i in range(5)] == [False, False, True, True, True]
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import ast
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -68,10 +69,12 @@ def insert_above_every_function(path: Path) -> int:
 def test_baseline_survives_moved_lines_and_catches_a_new_pinned_state(tree: Path, tmp_path: Path) -> None:
     base = tmp_path / "base.json"
     first = kvtrace("scan", str(tree), "--write-baseline", str(base), "-f", "json")
-    assert first.returncode == 1, first.stderr
+    assert first.returncode == 0, first.stderr  # writing a baseline accepts the findings
+    assert f"wrote baseline {base}: 14 finding(s) accepted" in first.stderr
     before = findings(first)
     assert {(f["backend"], f["state"]) for f in before} == {("nixl", "WaitingForInput"), ("nixl", "Transferring")}
-    assert all(f["fingerprint"] == f"pinned-state|nixl|{f['state']}|NixlKVSender.poll" for f in before)
+    # What the finding is about, not the function poll() is written in.
+    assert all(f["fingerprint"] == f"pinned-state|disagg_prefill_inflight_queue|nixl|{f['state']}|-" for f in before)
 
     moved = sum(insert_above_every_function(p) for p in tree.rglob("*.py"))
     assert moved > 20
@@ -95,6 +98,24 @@ def test_baseline_survives_moved_lines_and_catches_a_new_pinned_state(tree: Path
     assert ("mooncake", "WaitingForInput") in new
 
 
+def test_fingerprints_do_not_name_where_the_code_lives(tree: Path) -> None:
+    """Renaming the nixl manager's class (its methods and what they do unchanged) changes no
+    fingerprint: a manager finding is about update_status/check_status, not the class holding it."""
+    def prints() -> list[str]:
+        return sorted(f["fingerprint"] for f in json.loads(kvtrace("scan", str(tree), "-f", "json").stdout)
+                      ["reports"][0]["findings"])
+
+    before = prints()
+    renamed = 0
+    for path in tree.rglob("*.py"):
+        text = path.read_text()
+        if "NixlKVManager" in text:
+            path.write_text(text.replace("NixlKVManager", "NixlTransferTable"))
+            renamed += 1
+    assert renamed and before == prints()
+    assert not any("NixlKVManager" in p or "KVSender" in p for p in before)
+
+
 def test_sarif_is_a_baseline_too(tree: Path, tmp_path: Path) -> None:
     sarif = tmp_path / "base.sarif"
     assert kvtrace("scan", str(tree), "-f", "sarif", "-o", str(sarif)).returncode == 1
@@ -103,6 +124,31 @@ def test_sarif_is_a_baseline_too(tree: Path, tmp_path: Path) -> None:
     log = json.loads(result.stdout)
     jsonschema.validate(log, SARIF_SCHEMA)
     assert {r["baselineState"] for r in log["runs"][0]["results"]} == {"unchanged"}
+
+
+def test_baselines_of_the_first_fingerprint_format_still_match(tree: Path, tmp_path: Path) -> None:
+    """A SARIF log written before the fingerprint left out the function (key kvtrace/v2,
+    rule|backend|state|function): matched on rule, backend and state. A fingerprint of neither
+    format is refused in one line naming both."""
+    sarif = tmp_path / "v2.sarif"
+    assert kvtrace("scan", str(tree), "-f", "sarif", "-o", str(sarif)).returncode == 1
+    log = json.loads(sarif.read_text())
+    for result in log["runs"][0]["results"]:
+        props = result["properties"]
+        result["partialFingerprints"] = {"kvtrace/v2": "|".join(
+            p or "-" for p in (props["rule"], props["backend"], props["state"], "SomewhereElse.poll"))}
+    sarif.write_text(json.dumps(log))
+    used = kvtrace("scan", str(tree), "--baseline", str(sarif), "-f", "json", "--fail-on", "note")
+    assert used.returncode == 0, used.stderr
+    assert {f["baseline"] for f in json.loads(used.stdout)["reports"][0]["findings"]} == {"unchanged"}
+
+    report = json.loads(kvtrace("scan", str(tree), "-f", "json").stdout)
+    report["reports"][0]["findings"][0]["fingerprint"] = "pinned-state|nixl"
+    odd = tmp_path / "odd.json"
+    odd.write_text(json.dumps(report))
+    refused = kvtrace("scan", str(tree), "--baseline", str(odd))
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1, refused.stderr
+    assert "rule|queue|backend|state|role (kvtrace/v3)" in refused.stderr and "(kvtrace/v2)" in refused.stderr
 
 
 def test_bad_baseline_is_one_line(tree: Path, tmp_path: Path) -> None:
@@ -131,8 +177,12 @@ def test_suppression_on_def_line_counted_and_unused_one_reported(tree: Path) -> 
     assert len(pinned) == 2 and all(f["suppressed"] == f"{NIXL}:{line}" for f in pinned)
     unused = [f for f in found if f["rule"] == "unused-suppression"]
     assert len(unused) == 1 and unused[0]["path"] == MOONCAKE and unused[0]["severity"] == "warning"
-    assert result.returncode == 1  # the stale comment is itself a finding...
-    assert kvtrace("scan", str(tree), "--fail-on", "error").returncode == 0  # ...but pinned-state no longer fails
+    assert result.returncode == 0  # pinned-state (the only error) no longer fails, by default...
+    # ...and the stale comment is itself a finding, a warning that a stricter gate fails on.
+    stricter = kvtrace("scan", str(tree), "--fail-on", "warning", "--select", "pinned-state,unused-suppression",
+                       "-f", "concise")
+    assert stricter.returncode == 1
+    assert stricter.stdout.splitlines()[-1].endswith("failed: 1 warning (--fail-on warning)"), stricter.stdout
 
     text_report = kvtrace("scan", str(tree), "--no-map").stdout
     assert "2 suppressed" in text_report
@@ -187,7 +237,7 @@ def test_config_in_tree_then_cwd_and_command_line_wins(tree: Path, tmp_path: Pat
 
 
 def test_config_baseline_path_is_relative_to_the_file(tree: Path, tmp_path: Path) -> None:
-    assert kvtrace("scan", str(tree), "--write-baseline", str(tree / "kvtrace-baseline.json")).returncode == 1
+    assert kvtrace("scan", str(tree), "--write-baseline", str(tree / "kvtrace-baseline.json")).returncode == 0
     pyproject(tree, 'baseline = "kvtrace-baseline.json"')
     assert kvtrace("scan", str(tree), cwd=tmp_path).returncode == 0
 
@@ -227,3 +277,72 @@ def test_github_annotations_relative_to_cwd(tree: Path, tmp_path: Path) -> None:
         assert "def poll" in (tmp_path / fields["file"]).read_text().splitlines()[int(fields["line"]) - 1]
         assert "%0A" not in message and "can pin" in message
     assert lines[-1].startswith("kvtrace tree: 2 finding(s)")
+
+
+# --- the default gate on real releases -----------------------------------------------------------
+
+RELEASES = (ROOT / "tests" / "data" / "sglang-releases.txt").read_text().split()
+# The first and last release and three in between (a cold scan of one release is seconds; all 33
+# take minutes): every release with KVTRACE_SLOW=1.
+SAMPLED = ["0.4.6.post5", "0.5.2", "0.5.9", "0.5.14", "0.5.23"]
+EVERY_RELEASE = os.environ.get("KVTRACE_SLOW", "") not in ("", "0")
+
+
+@pytest.mark.parametrize("version", RELEASES if EVERY_RELEASE else SAMPLED)
+def test_default_scan_fails_only_on_errors(version: str) -> None:
+    from tests.sglang_wheels import sglang_tree
+
+    result = kvtrace("scan", str(sglang_tree(version)), "-f", "json")
+    report = json.loads(result.stdout)["reports"][0]
+    assert report["complete"], report["gaps"]
+    errors = [f for f in report["findings"] if f["severity"] == "error"]
+    assert result.returncode == (1 if errors else 0), (version, result.stderr)
+
+
+def test_sampled_releases_span_the_list() -> None:
+    assert SAMPLED[0] == RELEASES[0] and SAMPLED[-1] == RELEASES[-1] and set(SAMPLED) <= set(RELEASES)
+
+
+def test_fail_on_from_config_and_stricter_levels(tmp_path: Path) -> None:
+    """0.5.23 reports warnings and notes but no error: the default passes, and says so; a
+    [tool.kvtrace] fail-on = "warning" fails, naming the file; --fail-on note on the command line wins."""
+    from tests.sglang_wheels import sglang_tree
+
+    tree = str(sglang_tree("0.5.23"))
+    default = kvtrace("scan", tree, "-f", "concise", cwd=tmp_path)
+    assert default.returncode == 0, default.stdout
+    assert default.stdout.splitlines()[-1].endswith(
+        "passed: no error to fail on (--fail-on error, the default); 5 warnings, 11 notes reported")
+    config = pyproject(tmp_path, 'fail-on = "warning"\n')
+    strict = kvtrace("scan", tree, "-f", "concise", cwd=tmp_path)
+    assert strict.returncode == 1
+    assert strict.stdout.splitlines()[-1].endswith(f'failed: 5 warnings (fail-on = "warning" in {config})')
+    notes = kvtrace("scan", tree, "-f", "concise", "--fail-on", "note", cwd=tmp_path)
+    assert notes.returncode == 1 and notes.stdout.splitlines()[-1].endswith(
+        "failed: 5 warnings, 11 notes (--fail-on note)")
+    text = kvtrace("scan", tree, "--fail-on", "note", "--no-map", cwd=tmp_path)
+    assert text.returncode == 1 and f"kvtrace: {tree}: failed: 5 warnings, 11 notes (--fail-on note)" in text.stderr
+
+
+def test_write_baseline_exits_0_or_3_when_incomplete(tree: Path, tmp_path: Path) -> None:
+    base = tmp_path / "base.json"
+    ok = kvtrace("scan", str(tree), "--write-baseline", str(base), "-f", "concise")
+    assert ok.returncode == 0 and base.is_file()
+    assert ok.stdout.splitlines()[-1].endswith(f"passed (--write-baseline {base} accepts them): "
+                                               "2 errors, 5 warnings, 7 notes reported")
+    conn = tree / NIXL
+    conn.write_text(conn.read_text() + "\ndef broken(:\n")
+    partial = kvtrace("scan", str(tree), "--write-baseline", str(base), "-f", "concise")
+    assert partial.returncode == 3, partial.stderr
+    assert "INCOMPLETE" in partial.stdout.splitlines()[-1]
+    assert f"wrote baseline {base}" in partial.stderr and "INCOMPLETE scan (exit 3)" in partial.stderr
+
+
+def test_concise_is_one_line_per_finding(tree: Path) -> None:
+    result = kvtrace("scan", str(tree), "--output-format", "concise", "--fail-on", "never", cwd=tree)  # ruff's name
+    data = json.loads(kvtrace("scan", str(tree), "-f", "json").stdout)["reports"][0]["findings"]
+    lines = result.stdout.splitlines()
+    assert result.returncode == 0 and len(lines) == len(data) + 1
+    for line, finding in zip(lines, data):
+        assert line.startswith(f"{finding['path']}:{finding['line']}:1: {finding['id']} [{finding['severity']}] ")
+    assert lines[-1].startswith(f"kvtrace {tree}: {len(data)} findings (") and "passed (--fail-on never)" in lines[-1]

@@ -109,7 +109,7 @@ def test_merge_tells_apart_two_reports_from_one_machine(tmp_path: Path, incomple
     ("k.sarif", '{\n  "$schema": "https://docs.oasis-open.org/sarif'),
     ("k.sarif.json", '{\n  "$schema": "https://docs.oasis-open.org/sarif'),
     ("k.json", '{\n  "schema": "kvtrace/2"'),
-    ("k.md", "## kvtrace"),
+    ("k.md", "# kvtrace: "),
     ("k.html", "<!DOCTYPE html>"),
     ("k.txt", "kvtrace "),
 ])
@@ -128,9 +128,10 @@ def test_a_format_the_extension_contradicts_is_refused(tmp_path: Path, fmt: str,
     line = one_line_error(kvtrace("scan", str(NIXL_PIN), "--format", fmt, "-o", str(out)))
     assert f"--format {fmt} contradicts --output {out}" in line
     assert not out.exists()  # refused before anything was scanned or written
-    # SARIF is JSON: --format sarif into a .json file is what it says.
-    assert kvtrace("scan", str(NIXL_PIN), "--format", "sarif", "-o", str(tmp_path / "s.json")).returncode == 1
-    assert '"$schema"' in (tmp_path / "s.json").read_text()
+    # A .json file is a kvtrace JSON report (issue 19: SARIF went silently into x.json); .sarif.json is SARIF.
+    assert "contradicts" in one_line_error(kvtrace("scan", str(NIXL_PIN), "--format", "sarif", "-o", str(tmp_path / "s.json")))
+    assert kvtrace("scan", str(NIXL_PIN), "--format", "sarif", "-o", str(tmp_path / "s.sarif.json")).returncode == 1
+    assert '"$schema"' in (tmp_path / "s.sarif.json").read_text()
 
 
 # --- 6. SARIF locations are valid URIs --------------------------------------------------------
@@ -192,7 +193,7 @@ def test_a_config_in_the_scanned_tree_is_named_in_the_report(tmp_path: Path) -> 
     config = tree / "pyproject.toml"
     config.write_text('[tool.kvtrace]\nignore-backends = ["nixl"]\nignore = ["no-timeout"]\n')
     result = kvtrace("scan", str(tree), "--no-map", cwd=tmp_path)
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == 0, result.stderr  # without nixl no error is left: warnings do not fail by default
     assert result.stdout.splitlines()[2] == f"config {config} · left out: backend nixl · rules left out: no-timeout"
     data = json.loads(kvtrace("scan", str(tree), "--format", "json", cwd=tmp_path).stdout)
     report = data["reports"][0]
@@ -223,7 +224,7 @@ def test_a_bad_cache_bound_is_an_error() -> None:
 
 
 @pytest.mark.parametrize(("args", "expected"), [
-    (("--format", "pdf"), "kvtrace: error: --format pdf: not one of text, json, sarif, markdown, github, html "
+    (("--format", "pdf"), "kvtrace: error: --format pdf: not one of text, json, sarif, markdown, github, html, concise "
                           "(see 'kvtrace scan --help')"),
     (("--fail-on", "bad"), "kvtrace: error: --fail-on bad: not one of error, warning, note, never "
                            "(see 'kvtrace scan --help')"),

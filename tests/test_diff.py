@@ -7,6 +7,7 @@ next to each expectation); kvtrace's own scan of either tree is not the referenc
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -78,7 +79,7 @@ def test_diff_of_releases_that_fix_everything_exits_0() -> None:
     # prefill.py:506 and :532) became a warning-and-keep and a RuntimeError that only some
     # Bootstrapping paths reach (others are kept or requeued by the pending-bootstrap branch).
     assert "fixed (5)" in result.stdout and "added (0)" in result.stdout
-    assert "0 added, 5 fixed, 0 unchanged" in result.stdout
+    assert "0 added, 5 fixed, 0 moved, 0 unchanged" in result.stdout
 
 
 @pytest.fixture
@@ -151,3 +152,141 @@ def test_diff_bad_revision_is_one_line(repo: Path, tmp_path: Path) -> None:
     assert result.stderr.strip() == "kvtrace: error: no-such-rev: not a revision of the git repository at ."
     outside = kvtrace("diff", "HEAD~1", "HEAD", cwd=tmp_path)
     assert outside.returncode == 2 and "is not a git checkout" in outside.stderr
+
+
+# --- moved, evidence, --fail-on, --baseline, formats --------------------------------------------
+
+def by_key(items: list[dict]) -> dict[tuple[str, str | None, str | None], dict]:
+    return {(f["rule"], f["backend"], f["state"]): f for f in items}
+
+
+def test_poll_moved_into_a_base_class_reads_as_moved() -> None:
+    """0.5.23 deleted MooncakeKVSender.poll, MoriKVSender.poll and NixlKVSender.poll; the senders
+    inherit CommonKVSender.poll (common/conn.py), which returns self.conclude_state first and
+    otherwise the manager's status. What each backend's poll() can return without a deadline is
+    the same finding, now in another function: moved, not fixed and added."""
+    result = kvtrace("diff", str(sglang_tree("0.5.22")), str(sglang_tree("0.5.23")), "-f", "json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    assert data["added"] == []
+    moved = {(m["head"]["rule"], m["head"]["backend"], m["head"]["state"]): m for m in data["moved"]}
+    assert set(moved) == {("no-timeout", backend, state) for backend in ("ascend", "mooncake", "mori", "nixl")
+                          for state in ("WaitingForInput", "Transferring")}
+    for m in moved.values():
+        assert m["base"]["fingerprint"] == m["head"]["fingerprint"]
+        assert m["head"]["function"] == "CommonKVSender.poll" and m["head"]["path"].endswith("common/conn.py")
+        assert m["base"]["function"] != m["head"]["function"]
+    # Fixed for real: 0.5.22's NixlKVSender.poll() never read conclude_state (abort() wrote it);
+    # CommonKVSender.poll() reads it first.
+    assert keys(data["fixed"]) == {("pinned-state", "nixl", "WaitingForInput"), ("abort-ignored", "nixl", None)}
+    text = kvtrace("diff", str(sglang_tree("0.5.22")), str(sglang_tree("0.5.23")))
+    assert "\nmoved (8)\n" in text.stdout
+    assert "(NixlKVSender.poll -> CommonKVSender.poll)" in text.stdout
+    assert text.stdout.rstrip().endswith("0 added, 2 fixed, 8 moved, 8 unchanged; "
+                                         "passed: no error added (--fail-on error, the default)")
+
+
+def test_baseline_of_one_release_used_on_the_next_reports_only_what_changed(tmp_path: Path) -> None:
+    """A baseline written on 0.5.22 and used on 0.5.23 (where poll() moved into CommonKVSender):
+    nothing is new; the two nixl findings 0.5.23 fixed are gone. The same holds for a baseline
+    in the first fingerprint format (rule|backend|state|function)."""
+    baseline = tmp_path / "kvtrace-baseline.json"
+    wrote = kvtrace("scan", str(sglang_tree("0.5.22")), "--write-baseline", str(baseline), "-f", "json")
+    assert wrote.returncode == 0, wrote.stderr  # 0.5.22 has an error; writing the baseline accepts it
+    used = kvtrace("scan", str(sglang_tree("0.5.23")), "--baseline", str(baseline), "-f", "json", "--fail-on", "note",
+                   "-v")
+    assert used.returncode == 0, used.stderr
+    findings = json.loads(used.stdout)["reports"][0]["findings"]
+    assert findings and {f["baseline"] for f in findings} == {"unchanged"}
+    assert f"baseline: {len(findings)} unchanged, 0 new, 2 no longer found" in used.stderr
+
+    old = json.loads(baseline.read_text())
+    for f in old["reports"][0]["findings"]:  # as kvtrace wrote them before the function left the print
+        f["fingerprint"] = "|".join(p or "-" for p in (f["rule"], f["backend"], f["state"], f["function"]))
+    legacy = tmp_path / "legacy-baseline.json"
+    legacy.write_text(json.dumps(old))
+    again = kvtrace("scan", str(sglang_tree("0.5.23")), "--baseline", str(legacy), "-f", "json", "--fail-on", "note")
+    assert again.returncode == 0, again.stderr
+    assert {f["baseline"] for f in json.loads(again.stdout)["reports"][0]["findings"]} == {"unchanged"}
+
+    # Where something was added (0.5.15.post1 -> 0.5.16), the baseline's new findings are the
+    # diff's added ones, and they fail a --fail-on note gate.
+    wrote = kvtrace("scan", str(sglang_tree("0.5.15.post1")), "--write-baseline", str(baseline), "-f", "json")
+    assert wrote.returncode == 0, wrote.stderr
+    used = kvtrace("scan", str(sglang_tree("0.5.16")), "--baseline", str(baseline), "-f", "json", "--fail-on", "note")
+    new = sorted(f["fingerprint"] for f in json.loads(used.stdout)["reports"][0]["findings"] if f["baseline"] == "new")
+    diff = json.loads(kvtrace("diff", str(sglang_tree("0.5.15.post1")), str(sglang_tree("0.5.16")), "-f", "json").stdout)
+    assert new and new == sorted(f["fingerprint"] for f in diff["added"])
+    assert used.returncode == 1
+
+
+def test_diff_fail_on_baseline_and_evidence(repo: Path, tmp_path: Path) -> None:
+    args = ("diff", "HEAD~1", "HEAD", "--path", "python/sglang", "--select", "pinned-state,no-timeout")
+    text = kvtrace(*args, cwd=repo)
+    assert text.returncode == 1, text.stderr
+    # The added pin is shown with its evidence chain, each link a path:line.
+    block = text.stdout.split("\nadded (")[1].split("\nfixed (")[0]
+    entry = block.split("  + error[pinned-state] mooncake WaitingForInput")[1].split("\n  + ")[0]
+    chain = [line.strip() for line in entry.splitlines()[2:] if line.strip()]
+    assert chain and all(re.match(r"\S+\.py:\d+  \S", line) for line in chain), entry
+    assert text.stdout.rstrip().endswith("(--fail-on error, the default)")
+    assert "failed: " in text.stdout.splitlines()[-1]
+
+    assert kvtrace(*args, "--fail-on", "never", cwd=repo).returncode == 0
+    # A baseline holding HEAD's findings: the added ones are marked and fail nothing.
+    head_tree = tmp_path / "head"
+    shutil.copytree(repo / "python" / "sglang", head_tree)
+    baseline = tmp_path / "baseline.json"
+    assert kvtrace("scan", str(head_tree), "--write-baseline", str(baseline), "-q", "-f", "json").returncode == 0
+    accepted = kvtrace(*args, "--baseline", str(baseline), "-f", "json", cwd=repo)
+    assert accepted.returncode == 0, accepted.stdout
+    data = json.loads(accepted.stdout)
+    assert data["added"] and {f["baseline"] for f in data["added"]} == {"unchanged"}
+    assert data["verdict"] == "passed: no error added (--fail-on error, the default)"
+    assert all(f["evidence"] for f in data["added"])
+    stricter = kvtrace(*args, "--fail-on", "note", "-f", "json", cwd=repo)
+    assert stricter.returncode == 1 and json.loads(stricter.stdout)["fail_on"] == "note"
+
+
+def test_diff_github_annotations_point_at_head_files(repo: Path) -> None:
+    result = kvtrace("diff", "HEAD~1", "HEAD", "--path", "python/sglang", "--select", "pinned-state", "-f", "github",
+                     cwd=repo)
+    assert result.returncode == 1
+    annotations = [line for line in result.stdout.splitlines() if line.startswith("::")]
+    assert annotations and all(line.startswith("::error file=python/sglang/srt/disaggregation/") for line in annotations)
+    for line in annotations:
+        assert (repo / re.search(r"file=([^,]+),", line).group(1)).is_file()
+    assert result.stdout.splitlines()[-1].startswith("kvtrace diff: ") and "failed: " in result.stdout
+
+
+def test_diff_markdown_is_a_pr_comment_under_the_limit() -> None:
+    from kvtrace import diff as diffs
+
+    base, head = sglang_tree("0.4.6.post5"), sglang_tree("0.5.23")
+    result = kvtrace("diff", str(base), str(head), "-f", "markdown")
+    text = result.stdout
+    assert result.returncode == 0, result.stderr
+    title = text.splitlines()[0]
+    assert title.startswith("### ") and " → " in title and re.search(r"\d+ added, \d+ fixed, \d+ moved, \d+ unchanged", title)
+    assert "#### Fixed (" in text and "#### Added (" in text and len(text) < 65_536
+    assert text.count("<details>") == text.count("</details>")
+
+    # Squeezed: whole items are left out, counted, and the comment stays under the limit.
+    from kvtrace.config import Settings
+    from kvtrace.fetch.local import fetch_local
+    from kvtrace.packs import load_pack
+    from kvtrace.scan import scan_fetched
+
+    pack = load_pack(None)
+    reports = [scan_fetched(fetch_local(tree), pack, Settings()) for tree in (base, head)]
+    compared = diffs.compare(*reports)
+    small = diffs.render_markdown(compared, "a", "b", "passed", limit=3000)
+    assert len(small) < 3000 and "item(s) left out to fit a comment" in small
+    assert small.count("<details>") == small.count("</details>")
+
+
+def test_diff_bad_baseline_is_one_line_before_any_scan(repo: Path, tmp_path: Path) -> None:
+    result = kvtrace("diff", "HEAD~1", "HEAD", "--path", "python/sglang", "--baseline", str(tmp_path / "none.json"),
+                     cwd=repo)
+    assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
+    assert result.stderr.startswith(f"kvtrace: error: baseline {tmp_path / 'none.json'}: ")

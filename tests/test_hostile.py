@@ -109,7 +109,8 @@ def test_nested_too_deep_for_python_is_a_syntax_error(tree: Path) -> None:
     assert code == 3
     statuses = {f["path"].rsplit("/", 1)[-1]: f for f in data["files"]}
     assert statuses["deep.py"]["status"] == "syntax-error" and statuses["deep.py"]["error"]
-    assert statuses["long.py"]["status"] in ("ok", "syntax-error")
+    # 200,000 terms are ~600,000 syntax nodes: over the parse budget, left out before parsing.
+    assert statuses["long.py"]["status"] in ("ok", "syntax-error", "too-large")
     assert pins(data) == EXPECTED_PINS
 
 

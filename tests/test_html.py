@@ -98,9 +98,12 @@ def test_html_report_in_chromium(browser, tmp_path: Path) -> None:
             anchor = browser.execute_script(
                 "const e = document.getElementById(arguments[0].slice(1)); return e && e.textContent;", n["href"])
             assert anchor and f"{n['path']}:{n['line']}" in anchor, n
-            # The hover text carries the excerpt: the very line of the file, marked.
-            line = (EXAMPLES / "nixl-pin" / n["path"]).read_text().splitlines()[n["line"] - 1]
-            assert f">{n['line']:5d} | {line}" in n["title"], n
+            # The hover text carries the excerpt: the very line of the file, marked (without the
+            # example's own `# expect:` test annotation).
+            from kvtrace.report.excerpt import without_annotation
+
+            line = without_annotation((EXAMPLES / "nixl-pin" / n["path"]).read_text().splitlines()[n["line"] - 1])
+            assert f">{n['line']:5d} | {line}" in n["title"] and "expect:" not in n["title"], n
     wayout = {n["label"]: n["classes"] for n in sections["nixl"] if n["kind"] == "wayout"}
     assert wayout == {"abort: conclude_state never read": ["node", "wayout", "missing"],
                       "no timeout: WaitingForInput, Transferring": ["node", "wayout", "missing"]}
@@ -185,7 +188,7 @@ mermaid.parse(text)
 
 
 def test_markdown_mermaid_blocks_parse_and_render(browser, tmp_path: Path) -> None:
-    result = kvtrace("scan", "examples/nixl-pin", "-f", "markdown")
+    result = kvtrace("scan", "examples/nixl-pin", "-f", "markdown", "--detail", "full")
     blocks = re.findall(r"```mermaid\n(.*?)```", result.stdout, re.S)
     assert len(blocks) == 2  # one per backend
     host = tmp_path / "mermaid.html"
@@ -274,3 +277,103 @@ def test_html_answer_first_and_edge_labels_apart(browser, tmp_path: Path, versio
                 assert _apart(a, b), (section["backend"], text, other, a, b)
             for rect in section["nodes"]:
                 assert _apart(a, rect), (section["backend"], text, a, rect)
+
+
+DRAWING_JS = """
+const box = e => { const b = e.getBoundingClientRect(); return [b.left, b.top, b.right, b.bottom]; };
+return Array.from(document.querySelectorAll('section.backend')).map(s => {
+  const holder = s.querySelector('div.diagram'), svg = s.querySelector('svg.state-diagram');
+  return {
+    backend: s.dataset.backend, holder: box(holder), svg: box(svg),
+    scroll: [holder.scrollWidth, holder.clientWidth],
+    labels: Array.from(s.querySelectorAll('text.elabel')).map(t => [t.textContent, box(t)]),
+    nodes: Array.from(s.querySelectorAll('g.node')).map(g => ({
+      label: g.dataset.label, kind: g.dataset.kind, rect: box(g.querySelector('rect')),
+      texts: Array.from(g.querySelectorAll('text')).map(t => [t.textContent, box(t)])})),
+  };
+});
+"""
+
+
+def _inside(inner: list[float], outer: list[float], slack: float = 0.5) -> bool:
+    return (inner[0] >= outer[0] - slack and inner[1] >= outer[1] - slack and inner[2] <= outer[2] + slack
+            and inner[3] <= outer[3] + slack)
+
+
+@pytest.mark.parametrize("version", ["0.4.8", "0.5.14", "0.5.23"])
+def test_state_diagrams_read_and_fit(browser, tmp_path: Path, version: str) -> None:
+    """Before, on 0.5.23 each SVG was 3556x1812 px in a 1250 px box, helpers' insides drawn as
+    steps of the drain; labels were cut ("abort: conclude_state never r…") and overlapped; every
+    state, terminal ones too, went into the PP wait and the "no timeout" box."""
+    from kvtrace.report.diagram import diagrams
+    from kvtrace.scan import scan_path
+
+    page = tmp_path / f"sglang-{version}.html"
+    result = kvtrace("scan", str(sglang_tree(version)), "-f", "html", "-o", str(page))
+    assert result.returncode in (0, 1) and page.stat().st_size > 10_000, result.stderr  # the gate decides 0 or 1
+    open_page(browser, page)
+    shots = Path(os.environ.get("KVTRACE_SCREENSHOTS", tmp_path))
+    browser.save_screenshot(str(shots / f"diagram-{version}.png"))
+    report = scan_path(sglang_tree(version))
+    drain = report.queues[0].drain.note
+    sections = browser.execute_script(DRAWING_JS)
+    assert len(sections) == len(report.backends) and all(s["nodes"] and s["labels"] for s in sections)
+    for section in sections:
+        where = (version, section["backend"])
+        # The drawing fits the page: no horizontal scrolling, the SVG inside its box.
+        assert section["scroll"][0] <= section["scroll"][1] and _inside(section["svg"], section["holder"]), where
+        nodes = section["nodes"]
+        for i, node in enumerate(nodes):
+            assert "…" not in node["label"] and all("…" not in text for text, _ in node["texts"]), where
+            # Every line of a node's text inside its box: nothing cut, nothing spilling over.
+            assert all(_inside(b, node["rect"], slack=1) for _, b in node["texts"]), (where, node["texts"], node["rect"])
+            for other in nodes[i + 1:]:
+                assert _apart(node["rect"], other["rect"]), (where, node["label"], other["label"])
+        for i, (text, a) in enumerate(section["labels"]):
+            assert "…" not in text
+            for other, b in section["labels"][i + 1:]:
+                assert _apart(a, b), (where, text, other)
+            for node in nodes:
+                assert _apart(a, node["rect"]), (where, text, node["label"])
+    for diagram in diagrams(report):
+        g = diagram.graph
+        # Helpers folded: every site drawn is the drain loop's own.
+        functions = {report_site_function(report, d["path"], d["line"]) for n, d in g.nodes(data=True)
+                     if n[0] not in ("state", "outcome", "wayout")}
+        assert functions <= {drain}, (version, diagram.backend.name, functions)
+        # Only non-terminal states (those a backend has a way-out verdict for) in the way-out boxes.
+        for n, d in g.nodes(data=True):
+            if n == ("wayout", "no-timeout"):
+                listed = d["label"].split(": ", 1)[1].split(", ")
+                assert set(listed) <= set(diagram.backend.verdicts), (version, listed)
+    # The PP consensus keep is drawn as a wait (0.5.14 and 0.5.23 have it; 0.4.8 has no PP loop).
+    waits = [d["label"] for d in diagrams(report)[0].graph.nodes.values() if d["kind"] == "wait"]
+    if version != "0.4.8":
+        assert waits and all("waits: req.rid not in rids_to_check" in w for w in waits), waits
+
+
+def report_site_function(report, path: str, line: int) -> str | None:
+    from kvtrace.report.diagram import queue_graph
+
+    return next((d.get("function") for n, d in queue_graph(report).nodes(data=True)
+                 if d.get("path") == path and d.get("line") == line), None)
+
+
+@pytest.mark.parametrize("version", ["0.4.8", "0.5.14", "0.5.23"])
+def test_bug_report_mermaid_renders_on_real_releases(browser, tmp_path: Path, version: str) -> None:
+    """Every ```mermaid block of the bug report, the pinning backends' and the folded ones,
+    parsed and drawn by mermaid itself; the waits are drawn as waits, helpers folded."""
+    md = kvtrace("scan", str(sglang_tree(version)), "-f", "markdown").stdout
+    blocks = re.findall(r"```mermaid\n(.*?)```", md, re.S)
+    assert blocks and len(md) < 60_000
+    host = tmp_path / "mermaid.html"
+    host.write_text(f'<!DOCTYPE html><html><head><meta charset="utf-8"><script src="{mermaid_js().as_uri()}">'
+                    "</script></head><body></body></html>")
+    browser.get(host.as_uri())
+    for block in blocks:
+        rendered = browser.execute_async_script(RENDER_JS, block)
+        assert rendered["ok"], rendered
+        texts = [n["text"] for n in rendered["nodes"]]
+        assert not any("…" in t for t in texts)
+        if version != "0.4.8":
+            assert any("waits: req.rid not in rids_to_check" in t for t in texts), texts

@@ -296,3 +296,107 @@ def test_source_text_in_brackets_survives_the_terminal_report() -> None:
     # rich reads `[...]` in a plain str cell as markup and drops it; the report must not.
     text = terminal_report(EXAMPLES / "nixl-pin")
     assert "stores self.request_status[bootstrap_room]" in " ".join(text.split())
+
+
+@pytest.mark.parametrize("output", ["/proc/kvtrace-report.txt", "/dev/full"])
+def test_an_output_that_cannot_be_written_fails_before_the_scan(output: str) -> None:
+    """Before: both failed only after the whole scan, with an OSError line."""
+    result = kvtrace("scan", "examples/nixl-pin", "-o", output, "-v")
+    assert result.returncode == 2, result.stderr
+    lines = [line for line in result.stderr.splitlines() if line.startswith("kvtrace: error")]
+    assert len(lines) == 1 and f"--output {output}: cannot" in lines[0]
+    assert "fetched" not in result.stderr and "analys" not in result.stderr  # -v logs the scan's steps: none ran
+
+
+def test_a_gauge_that_cannot_be_read_shows_under_quiet() -> None:
+    """Before: with -q the fleet summary, the only place the failure was said, was hidden."""
+    import socket
+
+    with socket.socket() as holder:  # a port nothing listens on: bound, never listening
+        holder.bind(("127.0.0.1", 0))
+        port = holder.getsockname()[1]
+        result = kvtrace("scan", "examples/nixl-pin", "-q", "--metrics", f"http://127.0.0.1:{port}/metrics",
+                         "--metrics-seconds", "0", "-f", "json")
+    assert result.returncode == 1
+    [line] = [line for line in result.stderr.splitlines() if "metrics" in line]
+    assert line.startswith("kvtrace: metrics: examples/nixl-pin: metrics http://127.0.0.1:") and "cannot read" in line
+
+
+def test_fleet_summary_names_the_backend_once_per_finding() -> None:
+    """Before: `note[no-timeout] no-timeout WaitingForInput` four times, backend dropped, rule doubled."""
+    from kvtrace.fleet import verdicts_of
+
+    findings = [{"rule": "no-timeout", "severity": "note", "backend": b, "state": "WaitingForInput",
+                 "path": f"srt/disaggregation/{b}/conn.py", "line": 10} for b in ("ascend", "mooncake")]
+    findings += [{"rule": "unhandled-state", "severity": "warning", "backend": None, "state": "Success",
+                  "path": "srt/disaggregation/prefill.py", "line": 5}] * 2
+    assert verdicts_of(findings) == [
+        "note[no-timeout] ascend WaitingForInput (srt/disaggregation/ascend/conn.py:10)",
+        "note[no-timeout] mooncake WaitingForInput (srt/disaggregation/mooncake/conn.py:10)",
+        "warning[unhandled-state] queue Success (srt/disaggregation/prefill.py:5)"]
+
+
+def test_wording_of_unhandled_state_and_abort_ignored_on_0_5_23() -> None:
+    """Before: "Success matches no test of the poll value in the drain loop" though prefill.py tests
+    Success (only the pending_bootstrap path raises); "aborting a ascend transfer"."""
+    from kvtrace.scan import scan_path
+    from tests.sglang_wheels import sglang_tree
+
+    report = scan_path(sglang_tree("0.5.23"))
+    success = [f for f in report.findings if f.rule == "unhandled-state" and f.state == "Success"]
+    assert success and all("is tested in the drain loop" in f.message and "handle_pending_bootstrap()" in f.message
+                           for f in success)
+    aborts = [f.message for f in report.findings if f.rule == "abort-ignored"]
+    assert not any(" a ascend " in m for m in aborts)
+    assert all(re.search(r"aborting (an [aeiou]|a [^aeiou])", m) for m in aborts if "aborting" in m)
+
+
+def test_at_80_by_50_the_answer_is_on_screen_when_the_scan_ends() -> None:
+    """Before: 0.5.14 printed 345 lines at 80 columns and the summary sat at line 206, so the
+    screen showed the backends' detail when the command ended."""
+    from tests.sglang_wheels import sglang_tree
+
+    out = kvtrace("scan", str(sglang_tree("0.5.14")), env={"COLUMNS": "80"}).stdout.splitlines()
+    assert len(out) > 50  # the full report does not fit one screen
+    last_screen = "\n".join(out[-49:])  # 50 rows, one for the next prompt
+    # Folded at 80 columns: the summary is the last lines after the grid's legend.
+    summary = " ".join(last_screen.split("ok: poll() returns it")[-1].splitlines()[1:])
+    assert summary == ("8 warnings: nixl pins WaitingForInput only if two requests share a"
+                       " bootstrap_room · 10 notes")
+    assert "Verdicts for disagg_prefill_inflight_queue" in last_screen
+    assert re.search(r"^nixl +\S+ +\S+ +KVT001 ", last_screen, re.M)
+    assert max(len(line) for line in out) <= 80
+
+
+def test_piped_text_is_folded_to_the_terminal_stderr_is_on(tmp_path: Path) -> None:
+    """`kvtrace scan ... | less` from an 80-column terminal: folded to 80, as on screen. A pipe
+    with no terminal anywhere (CI, a file) keeps one greppable line per row."""
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    from tests.sglang_wheels import sglang_tree
+
+    master, follower = pty.openpty()
+    try:
+        fcntl.ioctl(follower, termios.TIOCSWINSZ, struct.pack("HHHH", 50, 80, 0, 0))
+        env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
+        piped = subprocess.run([sys.executable, "-m", "kvtrace", "scan", str(sglang_tree("0.5.14"))], cwd=ROOT,
+                               stdout=subprocess.PIPE, stderr=follower, env=env, text=True, timeout=300)
+    finally:
+        os.close(master)
+        os.close(follower)
+    assert piped.returncode == 1 and max(len(line) for line in piped.stdout.splitlines()) <= 80
+    unfolded = subprocess.run([sys.executable, "-m", "kvtrace", "scan", str(sglang_tree("0.5.14"))], cwd=ROOT,
+                              capture_output=True, env=env, text=True, timeout=300).stdout
+    assert max(len(line) for line in unfolded.splitlines()) > 80
+
+
+def test_excerpts_leave_out_the_examples_test_annotations() -> None:
+    examples = ROOT / "examples"
+    annotated = [p for p in examples.rglob("*.py") if "# expect:" in p.read_text() or "; expect:" in p.read_text()]
+    assert annotated
+    for fmt in ("text", "markdown", "html"):
+        out = kvtrace("scan", "examples/nixl-pin", "-f", fmt).stdout
+        assert "def poll(self)" in out and "expect:" not in out, fmt

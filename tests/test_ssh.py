@@ -501,6 +501,38 @@ def test_permission_denied(throwaway_user: str, make_sshd: ServerFactory, sftp_o
         shutil.rmtree(base, ignore_errors=True)
 
 
+@pytest.mark.parametrize("sftp_only", [False, True])
+def test_folder_readable_but_not_enterable_is_a_gap(throwaway_user: str, make_sshd: ServerFactory,
+                                                    sftp_only: bool) -> None:
+    """Before: over SFTP a backend folder with r but no x listed as empty (OpenSSH's sftp-server
+    drops every name it cannot lstat), so the backend vanished from a complete scan (exit 1).
+    Both routes now name it as not read, and the scan is INCOMPLETE (exit 3)."""
+    from kvtrace.errors import EXIT_INCOMPLETE
+    from kvtrace.fleet import exit_code_for
+    from kvtrace.scan import scan_fetched
+
+    extra = ("ForceCommand internal-sftp",) if sftp_only else ()
+    server = make_sshd(extra_config=extra, users=[throwaway_user])
+    base = Path(tempfile.mkdtemp(prefix="kvtrace-rnox-"))
+    try:
+        base.chmod(0o755)
+        tree = base / "tree"
+        shutil.copytree(EXAMPLES / "nixl-pin", tree)
+        for folder in [tree, *[p for p in tree.rglob("*") if p.is_dir()]]:
+            folder.chmod(0o755)
+        for path in tree.rglob("*.py"):
+            path.chmod(0o644)
+        (tree / "disaggregation" / "nixl").chmod(0o744)  # r for others, no x
+
+        fetched = fetch_ssh(target(server, tree, throwaway_user), options(server), FetchLimits())
+        assert any("cannot list disaggregation/nixl/: permission denied" in n for n in fetched.notes), fetched.notes
+        assert all(f.status != "ok" for f in fetched.files if f.path.startswith("disaggregation/nixl/"))
+        report = scan_fetched(fetched)
+        assert report.incomplete and exit_code_for(report, "note") == EXIT_INCOMPLETE
+    finally:
+        shutil.rmtree(base, ignore_errors=True)
+
+
 # --- FOR THE CORE OWNER ---------------------------------------------------------------------
 # Needs the scan API that is not written yet: kvtrace.scan.scan_fetched(fetch, pack=None) ->
 # Report and kvtrace.report.json.to_json_dict(report) -> dict. Fails with ImportError until
@@ -725,7 +757,11 @@ def test_the_remote_command_is_a_constant() -> None:
     from kvtrace.fetch.ssh.script import COMMAND, stdin_payload
 
     assert "\n" not in COMMAND and "!" not in COMMAND and "\\'" not in COMMAND
-    assert stdin_payload("/a b/$(x)", 10) == b"/a b/$(x)\n10\n11\n"
+    # Everything user-given is data on stdin: the path, the limit, the names searched for.
+    assert stdin_payload("/a b/$(x)", 10) == b"/a b/$(x)\n10\n11\n\n\n"
+    assert stdin_payload("/p", 10, "KVPoll", ("q1", "q2")) == b"/p\n10\n11\nKVPoll\nq1 q2\n"
+    with pytest.raises(AssertionError):
+        stdin_payload("/p", 10, "a b")
 
 
 # --- known_hosts as OpenSSH reads it ---------------------------------------------------------

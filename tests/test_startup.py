@@ -32,6 +32,27 @@ def test_a_local_scan_imports_only_what_it_uses() -> None:
     assert not modules & NOT_FOR_A_LOCAL_SCAN, sorted(modules & NOT_FOR_A_LOCAL_SCAN)
 
 
+def test_a_cached_rescan_imports_no_analysis(tmp_path: Path) -> None:
+    """A rescan served from the cache locates the package and reads the stored report: the
+    rules, the analysis stages and libcst (~0.15 s of imports) are never loaded, nor typer's
+    evaluation of string annotations needed (cli.py keeps real ones)."""
+    import os
+
+    env = {**os.environ, "KVTRACE_CACHE_DIR": str(tmp_path / "cache")}
+    argv = [sys.executable, "-X", "importtime", "-m", "kvtrace", "scan", str(EXAMPLES / "nixl-pin"), "--format", "json"]
+    first = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    again = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=ROOT, env=env)
+    assert first.returncode == again.returncode == 1, again.stderr[-2000:]
+    assert json.loads(again.stdout) and json.loads(again.stdout)["reports"] == json.loads(first.stdout)["reports"]
+    names = {line.rsplit("|", 1)[1].strip() for line in again.stderr.splitlines() if line.startswith("import time:")}
+    assert "kvtrace.cache" in names and "kvtrace.scan" in names  # the measurement saw the imports
+    analysis = {"kvtrace.rules", "kvtrace.index", "kvtrace.parse", "kvtrace.flow", "kvtrace.graph", "kvtrace.backends",
+                "libcst"}
+    assert not names & analysis, sorted(names & analysis)
+    first_names = {line.rsplit("|", 1)[1].strip() for line in first.stderr.splitlines() if line.startswith("import time:")}
+    assert analysis <= first_names  # the cold scan did import them
+
+
 def test_the_process_ends_with_the_verdict_and_all_its_output() -> None:
     """run() ends the process with os._exit once the streams are flushed: the exit code is the
     scan's and a large piped report arrives whole (nothing left in a buffer)."""

@@ -16,7 +16,7 @@ SSH_CASES: list[tuple[str, tuple[str | None, str, int | None, str]]] = [
     ("user@host:/p", ("user", "host", None, "/p")),
     ("user@host:2222:/p", ("user", "host", 2222, "/p")),
     ("host:2222:rel/dir", (None, "host", 2222, "rel/dir")),
-    ("host:2222", (None, "host", None, "2222")),  # scp: no second ':' means it is the path
+    ("host:./2222", (None, "host", None, "./2222")),  # a folder named 2222 in the login directory
     ("host:", (None, "host", None, ".")),
     ("host:rel/dir", (None, "host", None, "rel/dir")),
     ("host:~/sglang/python", (None, "host", None, "~/sglang/python")),
@@ -134,3 +134,22 @@ def test_scp_form_round_trips(user: str | None, host: str, port: int | None, pat
 @given(st.text(min_size=1).map(lambda s: "/" + s) | st.text(min_size=1).map(lambda s: "./" + s))
 def test_absolute_and_dot_paths_are_always_local(text: str) -> None:
     assert isinstance(parse_target(text), LocalTarget)
+
+
+def test_host_and_port_without_a_path_is_refused_with_the_form_to_use() -> None:
+    """Before: `root@127.0.0.1:2299` took 2299 as the path and failed with "port 22: connection
+    refused" after trying to connect."""
+    with pytest.raises(InputError) as caught:
+        parse_target("root@127.0.0.1:2299")
+    message = str(caught.value)
+    assert "no path given" in message and "root@127.0.0.1:2299:PATH" in message and "\n" not in message
+
+
+def test_cli_refuses_host_port_without_path_before_connecting() -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run([sys.executable, "-m", "kvtrace", "scan", "root@127.0.0.1:2299", "--connect-timeout", "1"],
+                            capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2 and len(result.stderr.splitlines()) == 1
+    assert "no path given" in result.stderr and "connection refused" not in result.stderr

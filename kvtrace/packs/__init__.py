@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import fnmatch
 import re
-import tomllib
 from dataclasses import dataclass, field, replace
 from importlib import resources
 from pathlib import Path
@@ -35,6 +34,10 @@ SCHEMA: dict[str, dict[str, tuple[str, Any]]] = {
         "gauge_calls": (STRS, []),
         # queue -> the resources (of [effects] resources) a request holds while in it; default all.
         "holds": (TABLE_OF_STRS, {}),
+        # queue -> poll states a request has already left when it enters the queue (an earlier
+        # queue keeps it while its poll says so). Such a state seen again at this queue's drain
+        # needs the status table to go back: a verdict resting on that says so (a premise).
+        "entered_past": (TABLE_OF_STRS, {}),
     },
     "enum": {"name": (STR, None), "terminal": (STRS, None)},
     "effects": {
@@ -89,6 +92,7 @@ class Pack:
     metric_calls: tuple[str, ...] = ()
     resources: tuple[tuple[str, tuple[str, ...]], ...] = ()
     holds: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    entered_past: tuple[tuple[str, tuple[str, ...]], ...] = ()
     manager_base: str = ""
     update_method: str = "update_status"
     check_method: str = "check_status"
@@ -119,6 +123,10 @@ class Pack:
     def held_in(self, queue: str) -> tuple[str, ...]:
         """The resources a request holds while in `queue` (all named ones unless the pack says)."""
         return next((names for name, names in self.holds if name == queue), tuple(n for n, _ in self.resources))
+
+    def left_before(self, queue: str) -> tuple[str, ...]:
+        """The poll states a request has left before it enters `queue` (none unless the pack says)."""
+        return next((states for name, states in self.entered_past if name == queue), ())
 
     def resource_of(self, callee: str) -> str | None:
         """The named resource a release call gives back, if the pack names one."""
@@ -157,16 +165,19 @@ def available_packs() -> list[str]:
 
 def _read(name_or_path: str, suffix: str = ".toml") -> tuple[str, str, Path | None] | None:
     """(text, source label, path) of a pack file given by path or bundled name; None if absent."""
+    from kvtrace.userfiles import TOML_CAP, read_text
+
     path = Path(name_or_path)
-    if path.suffix == ".toml" or path.exists():
+    try:
+        named_file = path.suffix == ".toml" or path.exists()
+    except OSError:  # a name too long to be a file: one line from the reader below
+        named_file = True
+    if named_file:
         if suffix != ".toml":
             path = path.with_name(path.name[: -len(".toml")] + suffix)
             if not path.is_file():
                 return None
-        try:
-            return path.read_text(encoding="utf-8"), str(path), path
-        except OSError as exc:
-            raise InputError(f"rules pack {path}: {exc.strerror or exc}") from None
+        return read_text(path, "rules pack", TOML_CAP), str(path), path  # bounded: a FIFO or /dev/zero is refused
     resource = _bundled() / f"{name_or_path}{suffix}"
     if not resource.is_file():
         return None
@@ -185,10 +196,9 @@ def load_pack(name_or_path: str | None = None) -> Pack:
 
 
 def _parse(text: str, source: str) -> dict[str, Any]:
-    try:
-        return tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        raise InputError(f"rules pack {source}: {exc}") from None
+    from kvtrace.userfiles import parse_toml
+
+    return parse_toml(text, f"rules pack {source}")
 
 
 def key_line(text: str, section: str, key: str | None = None) -> int:
@@ -252,6 +262,9 @@ def validate(data: dict[str, Any], text: str, source: str) -> dict[str, dict[str
         if name not in queues_of(checked) or unknown:
             raise fail(key_line(text, "queue", "holds"), f"[queue] holds: {name!r} must be a queue of this pack "
                        f"and {unknown or held} resources of [effects.resources]")
+    for name in checked["queue"]["entered_past"]:
+        if name not in queues_of(checked):
+            raise fail(key_line(text, "queue", "entered_past"), f"[queue] entered_past: {name!r} must be a queue of this pack")
     if not checked["enum"]["terminal"]:
         raise fail(key_line(text, "enum", "terminal"), "[enum] terminal must name at least one member")
     return checked
@@ -297,6 +310,7 @@ def _from_dict(data: dict[str, dict[str, Any]], source: str, path: Path | None) 
         metric_calls=tuple(effects["metric_calls"]),
         resources=owned,
         holds=tuple((name, tuple(held)) for name, held in queue["holds"].items()),
+        entered_past=tuple((name, tuple(states)) for name, states in queue["entered_past"].items()),
         manager_base=manager["base"],
         update_method=manager["update_method"],
         check_method=manager["check_method"],

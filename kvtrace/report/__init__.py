@@ -1,9 +1,11 @@
-"""Report writers: text (rich), json (the kvtrace/2 contract), sarif, markdown."""
+"""Report writers: text (rich), json (the kvtrace/2 contract), sarif, markdown, github, html, and
+concise (kvtrace.report.concise: one line per finding, for hooks); `kvtrace scan --format` picks one."""
 
 from __future__ import annotations
 
 import io
 import os
+import sys
 from typing import TextIO
 
 from rich.console import Console
@@ -11,24 +13,43 @@ from rich.console import Console
 from kvtrace.model import ModeFate, QueueReport, Report, StateFate
 
 
-def plain_width() -> int:
-    """Width for text that is not going to a terminal: COLUMNS when the user set it, else
-    wide enough that no row is folded (each row stays one greppable line)."""
+def plain_width(piped: bool = False) -> int:
+    """Width for text that is not going to a terminal: COLUMNS when the user set it; piped (to
+    `less`, `head`) with stderr on a terminal, that terminal's width, so it reads as it would
+    on screen; else (a file, a CI log) wide enough that no row
+    is folded (each row stays one greppable line)."""
     columns = os.environ.get("COLUMNS", "")
-    return int(columns) if columns.isdigit() and int(columns) >= 40 else 1000
+    if columns.isdigit() and int(columns) >= 40:
+        return int(columns)
+    if piped:
+        width = _terminal_width()
+        if width is not None and width >= 40:
+            return width
+    return 1000
+
+
+def _terminal_width() -> int | None:
+    """The terminal stderr writes to (the one the user is looking at when stdout is piped). Not
+    stdin nor /dev/tty: a test harness or a CI runner that captures stderr must get the
+    unfolded, greppable text, whatever terminal launched it."""
+    try:
+        return os.get_terminal_size(2).columns
+    except OSError:
+        return None
 
 
 def render_text_stream(reports: list[Report], stream: TextIO, terminal: bool, show_map: bool = True) -> None:
     from kvtrace.report.text import render
 
     if terminal:
-        console = Console(file=stream, highlight=False)
+        # No markup, no emoji codes: a name like `[/x]` or `:warning:` from the tree is text.
+        console = Console(file=stream, highlight=False, markup=False, emoji=False)
         for i, report in enumerate(reports):
             if i:
                 console.print()
             render(report, console, show_map=show_map)
         return
-    stream.write(render_plain(reports, width=plain_width(), show_map=show_map))
+    stream.write(render_plain(reports, width=plain_width(piped=stream is sys.stdout), show_map=show_map))
 
 
 def render_plain(reports: list[Report], width: int = 1000, show_map: bool = True) -> str:
@@ -37,7 +58,7 @@ def render_plain(reports: list[Report], width: int = 1000, show_map: bool = True
 
     buffer = io.StringIO()
     console = Console(file=buffer, width=width, no_color=True, force_terminal=False, highlight=False,
-                      color_system=None, emoji=False)
+                      color_system=None, emoji=False, markup=False)
     for i, report in enumerate(reports):
         if i:
             console.print()

@@ -1,18 +1,21 @@
 """What makes `--format markdown` a bug report someone else can act on: the versions, the exact
 command, the target as seen from the working directory, and each finding's code in a folded
-`<details>` block, with GitHub permalinks when the tree is a GitHub checkout."""
+`<details>` block, with GitHub links to the release tag or a pushed commit (kvtrace.report.links)."""
 
 from __future__ import annotations
 
 import os
 import platform
+import re
 import shlex
 import sys
 from pathlib import Path
 
 from kvtrace import __version__
 from kvtrace.model import Report
+from kvtrace.report.excerpt import excerpt
 from kvtrace.report.links import Permalinks
+from kvtrace.report.mdtext import code, html, link, prose
 
 
 def invocation(argv: list[str] | None = None) -> str | None:
@@ -40,11 +43,12 @@ def target_from_cwd(report: Report) -> str:
 
 
 def sglang_version(report: Report) -> str | None:
+    """Markdown naming the SGLang version and where it was read."""
     detected = getattr(report, "version", None)  # read from the tree's version.py
     if detected is not None:
-        return f"{detected.package} {detected.version} (`{detected.path}:{detected.line}`)"
+        return f"{prose(detected.package)} {prose(detected.version)} ({code(f'{detected.path}:{detected.line}')})"
     facts = getattr(report, "host_facts", None) or {}
-    return f"sglang {facts['sglang_version']}" if facts.get("sglang_version") else None
+    return f"sglang {prose(str(facts['sglang_version']))}" if facts.get("sglang_version") else None
 
 
 def environment_lines(report: Report) -> list[str]:
@@ -54,26 +58,24 @@ def environment_lines(report: Report) -> list[str]:
     lines.append(f"- {detected}" if detected else "- SGLang version: not found in the scanned tree")
     command = invocation()
     if command:
-        lines.append(f"- command: `{command}`")
-    lines.append(f"- target: `{target_from_cwd(report)}`" + (f" (package `{report.root}`)" if report.root else ""))
+        lines.append(f"- command: {code(command)}")
+    lines.append(f"- target: {code(target_from_cwd(report))}" + (f" (package {code(report.root)})" if report.root else ""))
     return lines
 
 
 def code_link(path: str, line: int, links: Permalinks | None) -> str:
-    """`path:line`, linked to the commit's line on GitHub when there is one."""
-    url = links.url(path, line) if links else None
-    return f"[`{path}:{line}`]({url})" if url else f"`{path}:{line}`"
+    """`path:line`, linked to the line on GitHub when there is one."""
+    return link(code(f"{path}:{line}"), links.url(path, line) if links else None)
 
 
 def excerpt_details(report: Report, path: str, line: int, links: Permalinks | None, context: int = 3) -> list[str]:
     """A folded block with the code around path:line (the line itself marked)."""
-    source = next((f for f in report.files if f.path == path), None)
-    lines = source.lines if source is not None else []
-    if not 0 < line <= len(lines):
+    rows = excerpt(report, path, line, context)
+    if not rows:
         return []
-    start, end = max(1, line - context), min(len(lines), line + context)
-    width = len(str(end))
-    body = [f"{'>' if n == line else ' '} {n:{width}d} | {lines[n - 1]}" for n in range(start, end + 1)]
-    fence = "````" if any("```" in row for row in body) else "```"
-    return ["<details><summary>" + f"{path}:{line}" + "</summary>", "", f"{fence}python", *body, fence, "",
+    width = len(str(rows[-1][0]))
+    body = [f"{'>' if n == line else ' '} {n:{width}d} | {text}" for n, text in rows]
+    longest = max((len(run) for row in body for run in re.findall(r"`{3,}|~{3,}", row)), default=2)
+    fence = "`" * max(3, longest + 1)
+    return ["<details><summary>" + html(f"{path}:{line}") + "</summary>", "", f"{fence}python", *body, fence, "",
             "</details>"]

@@ -16,8 +16,14 @@ import networkx as nx
 from kvtrace.model import OUTCOME_ORDER, Backend, QueueReport, Report
 
 ROOT = ("root",)
-COLUMN, ROW = 222, 92  # layout grid in SVG units: layers run top to bottom, nodes side by side
-NODE_W, NODE_H = 206, 44
+NODE_W, NODE_H = 220, 60  # room for three lines of text: labels wrap, never cut
+GAP, VIRTUAL_W = 16, 24  # between boxes in a layer; the slot a long edge takes in a layer it crosses
+ROW_GAP = 52  # layers run top to bottom; the space between them holds the edges' labels
+ROW = NODE_H + ROW_GAP
+LABEL_CHARS, CODE_CHARS, TEXT_LINES, LINE_H = 30, 29, 3, 15  # a node's text: 12px labels, 11px code
+COLUMN = NODE_W + GAP
+MARGIN = 10
+BACK_EDGE_ROOM = 40  # back edges loop around the right side of the drawing
 
 
 @dataclass
@@ -35,10 +41,14 @@ def node_id(node: tuple) -> str:
     return "n-" + "".join(c if c.isalnum() else "-" for c in text)
 
 
-def _site_label(kind: str, details: set[str], line: int) -> str:
+def _site_label(kind: str, details: set[str], line: int, wait_note: str | None = None) -> str:
     shown = sorted(d for d in details if d not in ("T", "F"))
-    after = any("(after the loop)" in d for d in shown)
-    return f"L{line} {kind}" + (" (after the loop)" if after else "")
+    after = " (after the loop)" if any("(after the loop)" in d for d in shown) else ""
+    if kind == "wait":
+        return f"L{line} waits: {wait_note}" if wait_note else f"L{line} waits (tests no poll value)"
+    if kind == "helper" and shown:
+        return f"L{line} calls {shown[0].rsplit('.', 1)[-1]}(){after}"
+    return f"L{line} {kind}{after}"
 
 
 def queue_graph(report: Report) -> nx.DiGraph:
@@ -50,6 +60,68 @@ def queue_graph(report: Report) -> nx.DiGraph:
     return graph
 
 
+def folded_graph(report: Report) -> nx.DiGraph:
+    """The queue graph with each helper's inside folded into the step of the drain loop that calls
+    it: a site in another function is drawn as the drain's call that led to it (the first such
+    call on its paths), so the picture shows the drain's own steps; the folded sites stay listed
+    on the call (`folded`). Keeps that test nothing (waits) are marked `wait`."""
+    flow = queue_graph(report)
+    queue = drawn_queue(report)
+    drain = queue.drain.note if queue is not None and queue.drain is not None else None
+    if drain is None:
+        return flow
+
+    def own(n: tuple) -> bool:
+        return n == ROOT or n[0] == "outcome" or flow.nodes[n].get("function") in (None, drain)
+
+    rep: dict[tuple, tuple] = {n: n for n in flow if own(n)}
+    # Execution order is the edge order: walk from the drain's own sites into helpers.
+    for start in sorted((n for n in flow if own(n) and n != ROOT), key=str):
+        stack = [(start, m) for m in flow.successors(start)]
+        while stack:
+            via, node = stack.pop()
+            if node in rep:
+                continue
+            rep[node] = rep[via]
+            stack.extend((node, m) for m in flow.successors(node))
+    folded = nx.DiGraph()
+    for n, data in flow.nodes(data=True):
+        target = rep.get(n, n)
+        if target not in folded:
+            folded.add_node(target, **dict(flow.nodes[target]), folded=[])
+        if target != n:
+            folded.nodes[target]["folded"].append((data.get("kind", n[0]), data.get("path", ""), data.get("line", 0),
+                                                   data.get("function", "")))
+    for a, b, data in flow.edges(data=True):
+        ra, rb = rep.get(a, a), rep.get(b, b)
+        if ra == rb:
+            continue
+        if folded.has_edge(ra, rb):
+            folded.edges[ra, rb]["states"] = set(folded.edges[ra, rb]["states"]) | set(data.get("states", ()))
+        else:
+            folded.add_edge(ra, rb, states=set(data.get("states", ())))
+    for n in _waits(folded):
+        folded.nodes[n]["kind"] = "wait"
+    return folded
+
+
+def _waits(g: nx.DiGraph) -> list[tuple]:
+    """Keeps on a path that tests no poll value: no check (or folded step holding one) lies
+    between the top of the loop and the keep on any path to it."""
+    untested: set[tuple] = {ROOT}
+    changed = True
+    while changed:
+        changed = False
+        for n in g:
+            if n in untested or n[0] == "outcome" or g.nodes[n].get("kind") == "check" \
+                    or any(kind == "check" for kind, *_ in g.nodes[n].get("folded", ())):
+                continue
+            if all(p in untested for p in g.predecessors(n)) and any(True for _ in g.predecessors(n)):
+                untested.add(n)
+                changed = True
+    return [n for n in untested if n != ROOT and g.nodes[n].get("kind") == "keep"]
+
+
 def drawn_queue(report: Report) -> QueueReport | None:
     """The queue whose graph the report carries (it names it; a pack may name several queues)."""
     named = (report.graph or {}).get("queue")
@@ -57,7 +129,7 @@ def drawn_queue(report: Report) -> QueueReport | None:
 
 
 def backend_diagram(report: Report, backend: Backend) -> Diagram:
-    flow = queue_graph(report)
+    flow = folded_graph(report)
     queue = drawn_queue(report)
     states = list(queue.states) if queue else []
     ours = [f for f in report.findings if f.queue in (None, queue.name if queue else None)]
@@ -75,6 +147,9 @@ def backend_diagram(report: Report, backend: Backend) -> Diagram:
                    tip=f"{backend.sender}.poll() {'can return' if state in returned else 'never returns'} {state}")
 
     wanted = set(returned)
+    wait_notes = {(w.path, w.line): w.note for fate in (queue.states.values() if queue else ())
+                  for mode in fate.modes for w in mode.waits if w.note}
+    outcome_lines = _outcome_lines(report)
     for a, b, data in flow.edges(data=True):
         carried = [s for s in states if s in data.get("states", ()) and s in wanted]
         if not carried:
@@ -82,19 +157,46 @@ def backend_diagram(report: Report, backend: Backend) -> Diagram:
         sources = [("state", s) for s in carried] if a == ROOT else [a]
         for node in (b,) + (() if a == ROOT else (a,)):
             if node not in g:
-                _add_site(g, flow, node, _outcome_lines(report))
+                _add_site(g, flow, node, outcome_lines, wait_notes)
         for source in sources:
             edge_states = [source[1]] if a == ROOT else carried
             if g.has_edge(source, b):
                 g.edges[source, b]["states"] += [s for s in edge_states if s not in g.edges[source, b]["states"]]
             else:
                 g.add_edge(source, b, states=list(edge_states), css=[])
+    for a, b, data in g.edges(data=True):
+        if "wait" in (g.nodes[a]["kind"], g.nodes[b]["kind"]):
+            data["css"].append("wait")  # drawn apart: a wait is no verdict on the state
     _way_out(g, backend, states, returned)
     for a, b, data in g.edges(data=True):
-        if any(s in pinned for s in data["states"]):
+        if "wait" not in data["css"] and any(s in pinned for s in data["states"]):
             data["css"].append("pinned")
+    for n, data in g.nodes(data=True):
+        data["lines"] = node_lines(report, data)
+        data["h"] = max(NODE_H, 12 + len(data["lines"]) * LINE_H)
     width, height = _layout(g)
     return Diagram(backend, g, pinned, width, height)
+
+
+def wrap_text(text: str, width: int) -> list[str]:
+    """Lines of at most `width` characters, broken at spaces (or inside a longer word): never cut."""
+    import textwrap
+
+    return textwrap.wrap(text, width, break_long_words=True, break_on_hyphens=False) or [""]
+
+
+def node_lines(report: Report, data: dict) -> list[tuple[str, str]]:
+    """(css, text) lines a node shows: its label whole, then the statement at its line when
+    that fits in the node's three lines (else it is in the hover text only)."""
+    lines = [("", text) for text in wrap_text(data["label"], LABEL_CHARS)]
+    if data["kind"] in ("state", "wayout", "outcome") or not data["path"]:
+        return lines
+    source = next((f for f in report.files if f.path == data["path"]), None)
+    statement = source.lines[data["line"] - 1].strip() if source and 0 < data["line"] <= len(source.lines) else ""
+    from kvtrace.report.excerpt import without_annotation
+
+    code = wrap_text(without_annotation(statement), CODE_CHARS) if statement else []
+    return lines + [("code", text) for text in code] if len(lines) + len(code) <= TEXT_LINES else lines
 
 
 def _outcome_lines(report: Report) -> dict[str, tuple[str, int]]:
@@ -109,19 +211,33 @@ def _outcome_lines(report: Report) -> dict[str, tuple[str, int]]:
     return {o: reassign if o == "kept" else loop for o in OUTCOME_ORDER}
 
 
-def _add_site(g: nx.DiGraph, flow: nx.DiGraph, node: tuple, outcome_lines: dict[str, tuple[str, int]]) -> None:
+def _add_site(g: nx.DiGraph, flow: nx.DiGraph, node: tuple, outcome_lines: dict[str, tuple[str, int]],
+              wait_notes: dict[tuple[str, int], str] | None = None) -> None:
     data = flow.nodes[node]
     if node[0] == "outcome":
         outcome = node[1]
         path, line = outcome_lines.get(outcome, ("", 0))
         g.add_node(node, kind="outcome", label=outcome, path=path, line=line, css=["outcome", f"outcome-{outcome}"],
                    tip={"kept": "back into the queue", "leaves": "out of the queue (finished, released or aborted)",
-                        "raises": "the drain loop raises", "dropped": "out of the queue with nothing done"}[outcome])
+                        "raises": "the drain loop raises", "dropped": "out of the queue with nothing done"}[outcome],
+                   folded=[])
         return
     kind = data.get("kind", node[0])
-    g.add_node(node, kind=kind, label=_site_label(kind, data.get("details", set()), data.get("line", 0)),
-               path=data.get("path", ""), line=data.get("line", 0), css=["site", f"site-{kind}"],
-               tip=f"{kind} in {data.get('function', '?')}")
+    path, line = data.get("path", ""), data.get("line", 0)
+    note = _wait_note(wait_notes or {}, path, line) if kind == "wait" else None
+    folded = list(data.get("folded", ()))
+    inside = "".join(f"\n  L{at} {what} in {fn}" for what, _, at, fn in sorted(folded, key=lambda f: (f[1], f[2])))
+    tip = (f"keeps the request without testing the poll value: a wait, not a verdict on the state, in "
+           f"{data.get('function', '?')}" if kind == "wait" else f"{kind} in {data.get('function', '?')}")
+    g.add_node(node, kind=kind, label=_site_label(kind, data.get("details", set()), line, note),
+               path=path, line=line, css=["site", f"site-{kind}"],
+               tip=tip + (f"; folded inside ({len(folded)} steps):{inside}" if folded else ""), folded=folded)
+
+
+def _wait_note(notes: dict[tuple[str, int], str], path: str, line: int) -> str | None:
+    """The guard of a wait (`req.rid not in rids_to_check`): the nearest one at or above the keep."""
+    above = [(at, note) for (where, at), note in notes.items() if where == path and at <= line]
+    return max(above)[1] if above else None
 
 
 def _way_out(g: nx.DiGraph, backend: Backend, states: list[str], returned: list[str]) -> None:
@@ -129,7 +245,11 @@ def _way_out(g: nx.DiGraph, backend: Backend, states: list[str], returned: list[
     kept = ("outcome", "kept")
     if kept not in g:
         return
-    kept_states = [s for s in states if any(s in d["states"] for _, _, d in g.in_edges(kept, data=True))]
+    # A wait keeps every state whatever poll() says; what needs a way out is a non-terminal
+    # state (one the backend has a verdict for) kept on a path that tested the poll value.
+    non_terminal = set(backend.verdicts) if backend.verdicts else set(states)
+    kept_states = [s for s in states if s in non_terminal and any(
+        s in d["states"] for a, _, d in g.in_edges(kept, data=True) if g.nodes[a]["kind"] != "wait")]
     if not kept_states:
         return
     poll = backend.poll
@@ -251,19 +371,32 @@ def _layout(g: nx.DiGraph) -> tuple[int, int]:
 
             columns[col].sort(key=lambda n: (centre(n), initial(n)))
             order.update({n: i for i, n in enumerate(columns[col])})
-    widest = max((len(nodes) for nodes in columns.values()), default=1)
+    def width_of(n: tuple) -> int:
+        return VIRTUAL_W if n[0] == "virtual" else NODE_W
+
+    spans = {col: sum(width_of(n) for n in nodes) + GAP * (len(nodes) - 1) for col, nodes in columns.items()}
+    widest = max(spans.values(), default=NODE_W)
+    heights = {col: max([g.nodes[n].get("h", NODE_H) for n in nodes if n[0] != "virtual"] + [NODE_H])
+               for col, nodes in columns.items()}
+    tops: dict[int, int] = {}
+    y = MARGIN
+    for col in sorted(columns):
+        tops[col] = y
+        y += heights[col] + ROW_GAP
     position: dict[tuple, tuple[int, int]] = {}
     for col, nodes in columns.items():
-        offset = (widest - len(nodes)) * COLUMN / 2
-        for i, n in enumerate(nodes):
-            position[n] = (int(10 + offset + i * COLUMN), 10 + col * ROW)
+        x = MARGIN + (widest - spans[col]) / 2
+        for n in nodes:
+            position[n] = (int(x), tops[col])
+            x += width_of(n) + GAP
     for n in g:
         g.nodes[n].update(layer=layer[n], x=position[n][0], y=position[n][1])
+        g.nodes[n].setdefault("h", NODE_H)
     for a, b in g.edges():
-        # Centre points of the virtual slots the edge passes through, top to bottom.
-        g.edges[a, b]["points"] = [(position[v][0] + NODE_W // 2, position[v][1] + NODE_H // 2)
+        # The virtual slots the edge passes through, top to bottom: (centre x, top, bottom).
+        g.edges[a, b]["points"] = [(position[v][0] + VIRTUAL_W // 2, tops[layer[v]], tops[layer[v]] + heights[layer[v]])
                                    for v in chains.get((a, b), [])]
-    return 20 + widest * COLUMN - (COLUMN - NODE_W), 20 + (max(columns, default=0) + 1) * ROW - (ROW - NODE_H)
+    return 2 * MARGIN + widest + BACK_EDGE_ROOM, y - ROW_GAP + MARGIN
 
 
 def diagrams(report: Report) -> list[Diagram]:
@@ -278,7 +411,9 @@ def _mermaid_id(node: tuple) -> str:
 
 
 def _mermaid_text(text: str) -> str:
-    return text.replace('"', "#quot;").replace("<", "#lt;").replace(">", "#gt;")
+    # Entities for what would end the label or read as markup (a backtick opens a markdown string).
+    return (text.replace("#", "#35;").replace('"', "#quot;").replace("<", "#lt;").replace(">", "#gt;")
+            .replace("`", "#96;"))
 
 
 def mermaid(diagram: Diagram) -> str:
@@ -290,7 +425,7 @@ def mermaid(diagram: Diagram) -> str:
         if data["kind"] == "wayout" and data["path"]:
             label = f"{data['label']} · {file}:{data['line']}"
         elif data["kind"] not in ("state", "outcome", "wayout"):
-            label = f"{file}:{data['line']} {data['kind']}"
+            label = f"{file}:{data['line']} {data['label'].split(' ', 1)[1]}"  # "L58 keep" -> "prefill.py:58 keep"
         else:
             label = data["label"]
         label = _mermaid_text(label)
@@ -299,7 +434,9 @@ def mermaid(diagram: Diagram) -> str:
         out.append(f"    {_mermaid_id(n)}{shape}")
     for a, b, data in g.edges(data=True):
         states = ", ".join(data["states"])
-        arrow = "-.->" if "missing" in data["css"] or "partial" in data["css"] else "==>" if "pinned" in data["css"] else "-->"
+        arrow = "-.->" if {"missing", "partial", "wait"} & set(data["css"]) else "==>" if "pinned" in data["css"] else "-->"
+        if "wait" in data["css"] and states:
+            states = f"waits: {states}"
         text = f'|"{_mermaid_text(states)}"|' if states and a[0] != "state" else ""
         out.append(f"    {_mermaid_id(a)} {arrow}{text} {_mermaid_id(b)}")
     styles = {
@@ -327,15 +464,6 @@ def mermaid(diagram: Diagram) -> str:
     return "\n".join(out) + "\n"
 
 
-def mermaid_section(report: Report) -> list[str]:
-    """Markdown lines: one ```mermaid state diagram per backend, pinned ones first."""
-    queue = drawn_queue(report)
-    of = f" of `{queue.name}`" if queue is not None and len(report.queues) > 1 else ""
-    out = [f"\n### State diagrams{of}\n",
-           "Each poll state → the drain loop's branches → kept / leaves / raises / dropped → the sender's "
-           "way out; red: pinned, thick arrows: a pinned state's path, dotted: a missing way out.\n"]
-    for diagram in diagrams(report):
-        verdict = f"pins {', '.join(diagram.pinned)}" if diagram.pinned else "no pinned state"
-        out += [f"#### {diagram.backend.name} (`{diagram.backend.sender}`): {verdict}\n",
-                "```mermaid", mermaid(diagram).rstrip("\n"), "```\n"]
-    return out
+def mermaid_legend() -> str:
+    return ("Each poll state → the drain loop's branches → kept / leaves / raises / dropped → the sender's "
+            "way out; red: pinned, thick arrows: a pinned state's path, dotted: a missing way out.")

@@ -9,9 +9,11 @@ baseline become `notice` annotations, so they are visible but not alarming.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 
 from kvtrace.model import Finding, Report
+from kvtrace.safe_text import plain
 
 LEVEL = {"error": "error", "warning": "warning", "note": "notice"}
 
@@ -26,7 +28,8 @@ def cwd_path(report: Report, path: str) -> str:
 
 
 def _data(text: str) -> str:
-    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+    # GitHub's own escapes for line ends; any other control character is shown, never sent.
+    return plain(text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A"))
 
 
 def _property(text: str) -> str:
@@ -43,9 +46,13 @@ def annotation(report: Report, finding: Finding) -> str:
     return f"::{level} {props}::{_data(finding.message)}"
 
 
-def render(reports: list[Report]) -> str:
+def render(reports: list[Report], fail_on: Mapping[str, tuple[str, str]] | None = None) -> str:
+    """`fail_on`: target -> (level, where it was set), for the summary line's verdict."""
+    from kvtrace.gate import DEFAULT_FAIL_ON, verdict_line
+
     lines: list[str] = []
     for report in reports:
+        level, source = (fail_on or {}).get(report.target, (DEFAULT_FAIL_ON, f"--fail-on {DEFAULT_FAIL_ON}"))
         shown = [f for f in report.findings if not f.suppressed]
         lines += [annotation(report, f) for f in shown]
         for problem in report.problems:
@@ -56,6 +63,7 @@ def render(reports: list[Report]) -> str:
                              f"::{_data(f'{f.status}: {f.error}')}")
         silenced = len(report.findings) - len(shown)
         baselined = sum(f.baseline == "unchanged" for f in shown)
-        lines.append(f"kvtrace {report.target}: {len(shown)} finding(s)"
-                     f" ({baselined} in baseline), {silenced} suppressed in the code")
+        lines.append(f"kvtrace {plain(report.target)}: {len(shown)} finding(s)"
+                     f" ({baselined} in baseline), {silenced} suppressed in the code; "
+                     f"{verdict_line(report.findings, level, source, incomplete=report.incomplete)}")
     return "\n".join(lines) + "\n"

@@ -3,7 +3,8 @@
 its path:line with the code excerpt on hover), then the findings and the release map.
 
 Nothing is fetched when the page is viewed: styles are inline, there is no script. Node links
-go to GitHub permalinks when the tree is a GitHub checkout, else to the excerpt on this page.
+go to GitHub (the release tag of an installed SGLang, or a pushed commit holding the same file in a
+checkout; kvtrace.report.links), else to the excerpt on this page.
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from kvtrace import __version__
 from kvtrace.baseline import counts_against, mark
 from kvtrace.model import Report
 from kvtrace.report import modes_line, state_fate_lines
-from kvtrace.report.diagram import NODE_H, NODE_W, ROW, Diagram, diagrams, drawn_queue, node_id
+from kvtrace.report.excerpt import excerpt
+from kvtrace.report.diagram import LINE_H, NODE_W, Diagram, diagrams, drawn_queue, node_id
 from kvtrace.report.links import Permalinks, permalinks
 from kvtrace.report.verdicts import OK, Grid, by_severity, summary_line, unknown_returns, verdict_grids
 
 CSS = """
-body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0 auto;max-width:1400px;padding:16px 24px;color:#1f2328}
+body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0 auto;max-width:1500px;padding:16px 24px;color:#1f2328}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:18px;margin:28px 0 6px;border-bottom:1px solid #d0d7de}
 .meta{color:#59636e}.bad{color:#b42318;font-weight:600}.good{color:#1a7f37;font-weight:600}
 table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #d0d7de;padding:3px 8px;text-align:left;vertical-align:top}
@@ -33,6 +35,8 @@ svg text{font:12px system-ui,sans-serif;pointer-events:none}svg text.code{font:1
 .outcome-kept rect{fill:#fff8c5}.outcome-leaves rect{fill:#dafbe1}.outcome-raises rect{fill:#fbefff}.outcome-dropped rect{fill:#fff1e5;stroke:#bc4c00}
 .wayout.ok rect{fill:#dafbe1;stroke:#1a7f37}.wayout.missing rect{fill:#ffebe9;stroke:#cf222e;stroke-dasharray:5 3}.wayout.partial rect{stroke-dasharray:2 2}
 .edge{fill:none;stroke:#8c959f;stroke-width:1.3}.edge.pinned{stroke:#cf222e;stroke-width:2}.edge.missing{stroke:#cf222e;stroke-dasharray:5 3}
+.edge.wait{stroke:#9a6700;stroke-dasharray:2 3}
+.site-wait rect{fill:#fff8c5;stroke:#9a6700;stroke-dasharray:4 2}
 table.grid th{background:#f6f8fa}table.grid caption{text-align:left;font-weight:600;padding:2px 0}
 td.sev-error{background:#ffebe9;color:#a40e26;font-weight:700}td.sev-warning{background:#fff8c5}td.sev-note{background:#ddf4ff}
 td.ok{color:#1a7f37}td.never{color:#8c959f}.summary{font-size:16px}
@@ -41,11 +45,7 @@ td.ok{color:#1a7f37}td.never{color:#8c959f}.summary{font-size:16px}
 
 
 def _excerpt(report: Report, path: str, line: int, context: int = 2) -> list[tuple[int, str]]:
-    source = next((f for f in report.files if f.path == path), None)
-    lines = source.lines if source is not None else []
-    if not 0 < line <= len(lines):
-        return []
-    return [(n, lines[n - 1]) for n in range(max(1, line - context), min(len(lines), line + context) + 1)]
+    return excerpt(report, path, line, context)
 
 
 def _anchor(path: str, line: int) -> str:
@@ -71,25 +71,27 @@ def _diagram_svg(page: _Page, diagram: Diagram) -> str:
     g = diagram.graph
     out = [f'<svg xmlns="http://www.w3.org/2000/svg" class="state-diagram" width="{diagram.width}" '
            f'height="{diagram.height}" viewBox="0 0 {diagram.width} {diagram.height}" '
+           f'style="max-width:100%;height:auto" '
            f'role="img" aria-label="state diagram of the {escape(diagram.backend.name)} backend">',
            '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" '
            'orient="auto-start-reverse"><path d="M0,0L10,5L0,10z" fill="#8c959f"/></marker></defs>']
     wanted: list[tuple[str, tuple[float, float], tuple[float, float]]] = []  # (label, edge start, first stop)
     for a, b, data in g.edges(data=True):
         na, nb = g.nodes[a], g.nodes[b]
-        x1, y1 = na["x"] + NODE_W / 2, na["y"] + NODE_H
+        x1, y1 = na["x"] + NODE_W / 2, na["y"] + na["h"]
         x2, y2 = nb["x"] + NODE_W / 2, nb["y"]
         if y2 <= y1:  # a back edge: around the right side of both nodes
             side = max(na["x"], nb["x"]) + NODE_W + 30
-            d = f"M{na['x'] + NODE_W},{y1 - NODE_H / 2} C{side},{y1} {side},{y2} {nb['x'] + NODE_W},{y2 + NODE_H / 2}"
+            d = f"M{na['x'] + NODE_W},{y1 - na['h'] / 2} C{side},{y1} {side},{y2} {nb['x'] + NODE_W},{y2 + nb['h'] / 2}"
         else:
             # Through the centres of the virtual slots of a long edge, one curve per layer gap.
-            stops = [(x1, y1), *[(px, py - NODE_H / 2) for px, py in data["points"]], (x2, y2)]
+            slots = data["points"]
+            stops = [(x1, y1), *[(px, top) for px, top, _ in slots], (x2, y2)]
             d = f"M{x1},{y1}"
             for i, (sx, sy) in enumerate(stops[1:]):
                 px, py = stops[i]
                 if i > 0:  # straight down through the slot, then curve to the next one
-                    py += NODE_H
+                    py = slots[i - 1][2]
                     d += f" L{px},{py}"
                 mid = (py + sy) / 2
                 d += f" C{px},{mid} {sx},{mid} {sx},{sy}"
@@ -98,27 +100,30 @@ def _diagram_svg(page: _Page, diagram: Diagram) -> str:
         out.append(f'<path class="{css}" d="{d}" marker-end="url(#arrow)"><title>{escape(states)}</title></path>')
         if a[0] != "state" and y2 > y1 and data["states"]:
             first = stops[1]
-            wanted.append((states if len(states) <= 40 else states[:38] + "…", (x1, y1), first))
+            shown = "every state" if len(data["states"]) == len(diagram_states(diagram)) and len(data["states"]) > 2 \
+                else states
+            wanted.append((f"waits: {shown}" if "wait" in data["css"] else shown, (x1, y1), first))
     for n, data in g.nodes(data=True):
         tip = data["tip"]
         where = f"{data['path']}:{data['line']}" if data["path"] else ""
         code = page.code(data["path"], data["line"]) if data["path"] else ""
         title = "\n".join(part for part in (tip, where, code) if part)
-        label = data["label"] if len(data["label"]) <= 30 else data["label"][:29] + "…"
-        statement = _statement(page.report, data["path"], data["line"]) if data["kind"] not in ("state", "wayout") else ""
-        statement = statement if len(statement) <= 32 else statement[:31] + "…"
-        second = f'<text class="code" x="{data["x"] + 8}" y="{data["y"] + 35}">{escape(statement)}</text>' if statement else ""
-        text_y = data["y"] + (18 if statement else 27)
+        lines = data["lines"]
+        top = data["y"] + (data["h"] - len(lines) * LINE_H) / 2 + LINE_H - 4
+        texts = "".join(f'<text{CODE_CLASS if css else ""} x="{data["x"] + 8}" y="{top + i * LINE_H:.0f}">'
+                        f"{escape(text)}</text>" for i, (css, text) in enumerate(lines))
         body = (f'<g class="{" ".join(["node", *data["css"]])}" id="{node_id(n)}-{escape(diagram.backend.name)}" '
                 f'data-kind="{escape(data["kind"])}" data-label="{escape(data["label"])}" '
                 f'data-path="{escape(data["path"])}" data-line="{data["line"]}">'
                 f'<title>{escape(title)}</title>'
-                f'<rect x="{data["x"]}" y="{data["y"]}" width="{NODE_W}" height="{NODE_H}" rx="6"/>'
-                f'<text x="{data["x"] + 8}" y="{text_y}">{escape(label)}</text>{second}</g>')
+                f'<rect x="{data["x"]}" y="{data["y"]}" width="{NODE_W}" height="{data["h"]}" rx="6"/>{texts}</g>')
         out.append(f'<a href="{escape(page.href(data["path"], data["line"]))}">{body}</a>' if data["path"] else body)
     out += _edge_labels(wanted, g, diagram.width)  # drawn last, over the edges and nodes
     out.append("</svg>")
     return "\n".join(out)
+
+
+CODE_CLASS = ' class="code"'
 
 
 LABEL_CHAR_W, LABEL_H = 6.0, 12  # an edge label's box at 10px (wide enough to hold the rendered text)
@@ -129,7 +134,7 @@ def _edge_labels(wanted: list[tuple[str, tuple[float, float], tuple[float, float
     """Each edge's states, centred on the edge's first curve (from its source down to the next
     layer) at the first point where its box meets no node and no label already placed; where
     every point does, at the point of least overlap."""
-    taken = [(d["x"], d["y"], d["x"] + NODE_W, d["y"] + NODE_H) for _, d in g.nodes(data=True)]
+    taken = [(d["x"], d["y"], d["x"] + NODE_W, d["y"] + d["h"]) for _, d in g.nodes(data=True)]
     out = []
     for label, (x1, y1), (sx, sy) in wanted:
         w = len(label) * LABEL_CHAR_W + 4
@@ -157,9 +162,24 @@ def _overlap(a: tuple[float, float, float, float], b: tuple[float, float, float,
     return max(0.0, min(a[2], b[2]) - max(a[0], b[0])) * max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
 
 
-def _statement(report: Report, path: str, line: int) -> str:
-    rows = [text for n, text in _excerpt(report, path, line, 0)]
-    return rows[0].strip() if rows else ""
+def _folded_steps(page: _Page, diagram: Diagram) -> list[str]:
+    """What each helper call does inside, folded out of the picture (expand to read it)."""
+    calls = [(n, d) for n, d in diagram.graph.nodes(data=True) if d.get("folded")]
+    if not calls:
+        return []
+    out = [f'<details class="folded"><summary>Inside the helpers the diagram folds into their calls '
+           f'({sum(len(d["folded"]) for _, d in calls)} steps)</summary><ul>']
+    for _, d in sorted(calls, key=lambda c: (c[1]["path"], c[1]["line"])):
+        steps = "".join(f'<li><a href="{escape(page.href(path, line))}"><code>{escape(path)}:{line}</code></a> '
+                        f"{escape(kind)} in <code>{escape(function)}</code></li>"
+                        for kind, path, line, function in sorted(d["folded"], key=lambda f: (f[1], f[2])))
+        out.append(f'<li><a href="{escape(page.href(d["path"], d["line"]))}">{escape(d["label"])}</a><ul>{steps}</ul></li>')
+    out.append("</ul></details>")
+    return out
+
+
+def diagram_states(diagram: Diagram) -> list[str]:
+    return [n[1] for n in diagram.graph if n[0] == "state" and "unreturned" not in diagram.graph.nodes[n]["css"]]
 
 
 def _grid_html(grid: Grid) -> str:
@@ -217,7 +237,9 @@ def _report(report: Report, out: list[str]) -> None:
         returns = ", ".join(b.returns) or "no state"
         unknown = "".join(f'<br><span class="bad">{escape(u)}</span>' for u in unknown_returns(b))
         out.append(f'<p class="meta">poll() returns {escape(returns)}{unknown}</p>')
-        out.append(f'<div class="diagram">{_diagram_svg(page, diagram)}</div></section>')
+        out.append(f'<div class="diagram">{_diagram_svg(page, diagram)}</div>')
+        out += _folded_steps(page, diagram)
+        out.append("</section>")
 
     out.append(f"<h2>Findings ({len(report.findings)})</h2>")
     if not report.findings:

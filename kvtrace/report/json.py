@@ -95,6 +95,7 @@ def to_json_dict(report: Report) -> dict[str, Any]:
                 "backend": f.backend,
                 "state": f.state,
                 "evidence": _evidence(f.evidence),
+                "premise": f.premise,
                 **finding_marks(f),
             }
             for f in report.findings

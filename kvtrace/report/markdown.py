@@ -1,89 +1,213 @@
-"""A bug-report document, answer first: what was not analysed, the verdict grid, the findings
-grouped by backend with their evidence, the summary; then the release map, the poll states'
-fates and the backends. Markdown that pastes into an issue tracker."""
+"""`--format markdown`: a bug report that fits an issue. A title line that is the answer, the
+summary and the verdict grid; then what pins, per backend, with its chain of path:line, its code
+and its state diagram; every other finding in one line; the environment. The rest (the other
+backends' diagrams, each finding's evidence, the release map, the fates, the backends) is folded
+in `<details>` while the document stays under MARKDOWN_BUDGET characters (GitHub refuses an issue
+body over 65,536), and named as left out when it does not fit; `--detail full` writes it all.
+
+Every name and message from the scanned tree is escaped (kvtrace.report.mdtext): a folder named
+`<img onerror=...>` stays text, a backtick or `|` never breaks a span or a table.
+"""
 
 from __future__ import annotations
 
+import re
+
+from kvtrace.freeing import what_frees
 from kvtrace.model import Report
 from kvtrace.report import modes_line, state_fate_lines
-from kvtrace.report.verdicts import by_severity, gap_text, summary_line, unknown_returns, verdict_grids, way_out_text
-from kvtrace.report.bugreport import code_link, environment_lines, excerpt_details, target_from_cwd
-from kvtrace.report.diagram import mermaid_section
-from kvtrace.report.links import permalinks
+from kvtrace.report.bugreport import code_link, environment_lines, excerpt_details
+from kvtrace.report.diagram import diagrams, drawn_queue, mermaid, mermaid_legend
+from kvtrace.report.links import Permalinks, permalinks
+from kvtrace.report.mdtext import cell, code, html, prose
+from kvtrace.report.verdicts import (Grid, by_severity, gap_text, summary_line, unknown_returns, verdict_grids,
+                                     way_out_text)
+
+MARKDOWN_BUDGET = 60_000  # characters, the whole document; GitHub's issue body limit is 65,536
+DETAILS = ("summary", "full")
 
 
-def _cell(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+def render(reports: list[Report], detail: str = "summary") -> str:
+    budget = MARKDOWN_BUDGET // max(1, len(reports)) if detail != "full" else None
+    return "\n".join(_report(report, detail, budget) for report in reports)
 
 
-def render(reports: list[Report]) -> str:
-    out: list[str] = []
-    for report in reports:
-        links = permalinks(report)
-        out.append(f"## kvtrace: `{target_from_cwd(report)}`\n")
-        out += environment_lines(report) + [""]
-        out.append(f"Package `{report.root or '.'}`; {sum(f.status == 'ok' for f in report.files)}"
-                   f"/{len(report.files)} files analysed.\n")
-        if report.filters.active:  # a narrowed scan says so, as the text report's header does
-            out.append(f"Filters: {_cell(report.filters.describe())}.\n")
-        _answer_first(report, out)
-        out.append(f"### Findings ({len(report.findings)})\n")
-        for f in by_severity(report.findings):
-            out.append(f"- **{f.rule}** ({f.severity}) {code_link(f.path, f.line, links)}: {f.message}")
-            for e in f.evidence:
-                out.append(f"  - {code_link(e.path, e.line, links)} {e.note}")
-            out += ["", *("  " + row if row else "" for row in excerpt_details(report, f.path, f.line, links)), ""]
-        if not report.findings:
-            out.append("None.")
-        out += mermaid_section(report)
-        for queue in report.queues:
-            out.append(f"\n### Release map: `{queue.name}`\n")
-            out.append("| kind | path:line | function | states |")
-            out.append("|---|---|---|---|")
-            for s in queue.sites:
-                note = f" ({_cell(s.note)})" if s.note else ""
-                out.append(f"| {s.kind} | `{s.path}:{s.line}` | `{s.function}` | {', '.join(s.states)}{note} |")
-            modes = modes_line(queue)
-            if modes:
-                out.append(f"\n{_cell(modes)}")
-            out.append("\n| state | fate |")
-            out.append("|---|---|")
-            for state, fate in queue.states.items():
-                described = "<br>".join(_cell(f"{mode}: {text}" if mode else text) for mode, text in state_fate_lines(queue, fate))
-                out.append(f"| {state} | {described} |")
-        out.append("\n### Backends\n")
-        out.append("| backend | sender | poll() | returns | reads abort state | timeouts | way out |")
-        out.append("|---|---|---|---|---|---|---|")
-        for b in report.backends:
-            poll = f"`{b.poll.path}:{b.poll.line}`" if b.poll else "-"
-            timeouts = "; ".join(f"`{t.path}:{t.line}` {', '.join(t.covers)}" for t in b.timeouts) or "none"
-            returns = "<br>".join([", ".join(b.returns) or "-"] + [_cell(u) for u in unknown_returns(b)])
-            ways = "<br>".join(_cell(f"{state}: {way_out_text(v)}") for state, v in b.verdicts.items()) or "-"
-            out.append(f"| {b.name} | `{b.sender}` | {poll} | {returns} | "
-                       f"{'yes' if b.reads_abort_state else 'no'} | {timeouts} | {ways} |")
-        out.append("")
-    return "\n".join(out) + "\n"
+def _report(report: Report, detail: str, budget: int | None) -> str:
+    links = permalinks(report)
+    drawn = diagrams(report)
+    pinning = [d for d in drawn if d.pinned]
+    out: list[str] = [f"# {prose(title_line(report))}", ""]
+    out += _answer(report)
+    out += _what_pins(report, pinning, links)
+    out += _other_findings(report, links)
+    out += ["## Environment", "", *environment_lines(report), ""]
+    folded = _folded_sections(report, [d for d in drawn if not d.pinned] if pinning else drawn, links, detail)
+    head = "\n".join(out) + "\n"
+    body: list[str] = []
+    left_out: list[str] = []
+    room = None if budget is None else budget - len(head) - 400  # the closing note's own room
+    for name, lines in folded:
+        text = "\n".join(lines) + "\n"
+        if room is None or len(text) <= room:
+            body.append(text)
+            room = None if room is None else room - len(text)
+        else:
+            left_out.append(name)
+    if left_out:
+        body.append(f"*Left out to keep this report under {MARKDOWN_BUDGET:,} characters: "
+                    f"{prose(', '.join(left_out))}. `kvtrace scan ... --format markdown --detail full` "
+                    "writes them.*\n")
+    return head + "".join(body)
 
 
-def _answer_first(report: Report, out: list[str]) -> None:
-    """What was not analysed (loud), then the backend x state verdict grid."""
+def title_line(report: Report) -> str:
+    """`kvtrace: nixl pins WaitingForInput (sglang 0.5.14, disagg_prefill_inflight_queue)`: the
+    errors named, else the counts; then what was scanned."""
+    parts = summary_line(report).split(" · INCOMPLETE")[0].split(" · ")
+    if re.match(r"^\d+ errors?: ", parts[0]):
+        answer = parts[0].split(": ", 1)[1]
+    else:
+        answer = " · ".join(["no errors", *parts]) if report.findings else parts[0]
+    version = report.version.version if report.version else (report.host_facts or {}).get("sglang_version")
+    queue = report.queues[0].name if len(report.queues) == 1 else None
+    where = ", ".join(p for p in (f"sglang {version}" if version else None, queue) if p)
+    incomplete = " · INCOMPLETE" if report.gaps else ""
+    return f"kvtrace: {answer}{incomplete}" + (f" ({where})" if where else "")
+
+
+def _answer(report: Report) -> list[str]:
+    out = [f"**{prose(summary_line(report))}**", ""]
+    if report.filters.active:  # a narrowed scan says so before its verdicts, as the text header does
+        out += [f"Filters: {prose(report.filters.describe())}.", ""]
     if report.gaps:
-        out.append(f"> **INCOMPLETE**: {gap_text(report.gaps)}\n")
+        out.append(f"> **INCOMPLETE**: {prose(gap_text(report.gaps))}")
+        out.append("")
         for gap in report.gaps:
-            subject = f"`{gap.subject}`" if gap.kind == "file" else f"backend `{gap.subject}`" \
+            subject = code(gap.subject) if gap.kind == "file" else f"backend {code(gap.subject)}" \
                 if gap.kind == "backend" else "scan"
-            out.append(f"- {subject}: {_cell(gap.reason)}")
+            out.append(f"- {subject}: {prose(gap.reason)}")
         out.append("")
     for grid in verdict_grids(report):
-        if not grid.backends:
-            continue
-        out.append(f"Verdicts for `{grid.queue}`:\n")
-        out.append("| backend | " + " | ".join(grid.states) + " |")
-        out.append("|---" * (len(grid.states) + 1) + "|")
-        for backend in grid.backends:
-            cells = [f"**{text}**" if severity == "error" else text
-                     for text, severity in (grid.cells[backend, s] for s in grid.states)]
-            out.append(f"| {backend} | " + " | ".join(cells) + " |")
-        out.append(f"\n{_cell(grid.legend)}\n")
-    out.append(f"**{summary_line(report)}**\n")
+        if grid.backends:
+            out += _grid(grid)
+    return out
 
+
+def _grid(grid: Grid) -> list[str]:
+    out = [f"Verdicts for {code(grid.queue)}:", "",
+           "| backend | " + " | ".join(cell(prose(s)) for s in grid.states) + " |",
+           "|---" * (len(grid.states) + 1) + "|"]
+    for backend in grid.backends:
+        cells = [f"**{prose(text)}**" if severity == "error" else prose(text)
+                 for text, severity in (grid.cells[backend, s] for s in grid.states)]
+        out.append(f"| {cell(prose(backend))} | " + " | ".join(cell(c) for c in cells) + " |")
+    return out + ["", prose(grid.legend), ""]
+
+
+def _finding_entry(report: Report, f, links: Permalinks | None, evidence: bool, excerpt: bool) -> list[str]:
+    out = [f"- **{prose(f.rule)}** ({prose(f.severity)}) {code_link(f.path, f.line, links)}: {prose(f.message)}"]
+    if evidence:
+        out += [f"  - {code_link(e.path, e.line, links)} {prose(e.note)}" for e in f.evidence]
+    if excerpt:
+        out += ["", *("  " + row if row else "" for row in excerpt_details(report, f.path, f.line, links)), ""]
+    return out
+
+
+def _what_pins(report: Report, pinning: list, links: Permalinks | None) -> list[str]:
+    """Each error with its chain and code; per backend that pins, its way out and one diagram."""
+    errors = [f for f in by_severity(report.findings) if f.severity == "error"]
+    if not errors and not pinning:
+        return []
+    out = ["## What fails", ""]
+    named = {d.backend.name for d in pinning}
+    for f in errors:
+        if f.backend not in named:
+            out += _finding_entry(report, f, links, evidence=True, excerpt=True)
+    for diagram in pinning:
+        b = diagram.backend
+        poll = f" at {code_link(b.poll.path, b.poll.line, links)}" if b.poll else ""
+        queue = drawn_queue(report)
+        of = f" in {code(queue.name)}" if queue is not None and len(report.queues) > 1 else ""
+        out += [f"### {prose(b.name)} pins {prose(', '.join(diagram.pinned))}{of}", "",
+                f"{code(b.sender + '.poll()')}{poll}. What frees each state it can return and keep:", ""]
+        for freeing in what_frees(report, b):
+            where = ", ".join(code_link(e.path, e.line, links) for e in freeing.evidence[:3])
+            out.append(f"- {prose(freeing.state)}: {prose(freeing.text)}" + (f" ({where})" if where else ""))
+        out.append("")
+        for f in errors:
+            if f.backend == b.name:
+                out += _finding_entry(report, f, links, evidence=True, excerpt=True)
+        out += ["", mermaid_legend(), "", "```mermaid", mermaid(diagram).rstrip("\n"), "```", ""]
+    return out
+
+
+def _other_findings(report: Report, links: Permalinks | None) -> list[str]:
+    others = [f for f in by_severity(report.findings) if f.severity != "error"]
+    out = [f"## Findings ({len(report.findings)})", ""]
+    if not report.findings:
+        return out + ["None.", ""]
+    errors = len(report.findings) - len(others)
+    if errors:
+        out += [f"{errors} error{'s' if errors > 1 else ''} above; the others, worst first:", ""]
+    for f in others:
+        out += _finding_entry(report, f, links, evidence=False, excerpt=False)
+    return out + [""]
+
+
+def _folded_sections(report: Report, more_diagrams: list, links: Permalinks | None,
+                     detail: str) -> list[tuple[str, list[str]]]:
+    """(what it is, markdown) of the detail sections, most useful first."""
+    full = detail == "full"
+    sections: list[tuple[str, list[str]]] = []
+    others = [f for f in by_severity(report.findings) if f.severity != "error"]
+    if others:
+        rows = [row for f in others for row in _finding_entry(report, f, links, evidence=True, excerpt=True)]
+        sections.append(("the evidence and code of each warning and note",
+                         _fold("Evidence and code of each warning and note", rows, full)))
+    queue = drawn_queue(report)
+    of = f" of {queue.name}" if queue is not None and len(report.queues) > 1 else ""
+    for diagram in more_diagrams:
+        verdict = f"pins {', '.join(diagram.pinned)}" if diagram.pinned else "no pinned state"
+        rows = [mermaid_legend(), "", "```mermaid", mermaid(diagram).rstrip("\n"), "```"]
+        sections.append((f"the state diagram of {diagram.backend.name}",
+                         _fold(f"State diagram{of}: {diagram.backend.name} ({diagram.backend.sender}): {verdict}",
+                               rows, full)))
+    for queue in report.queues:
+        sections.append((f"the release map of {queue.name}", _fold(f"Release map: {queue.name}", _map(queue, links), full)))
+    sections.append(("the backends table", _fold("Backends", _backends(report, links), full)))
+    return sections
+
+
+def _fold(summary: str, rows: list[str], full: bool) -> list[str]:
+    if full:
+        return [f"## {prose(summary)}", "", *rows, ""]
+    return [f"<details><summary>{html(summary)}</summary>", "", *rows, "", "</details>", ""]
+
+
+def _map(queue, links: Permalinks | None) -> list[str]:
+    out = ["| kind | path:line | function | states |", "|---|---|---|---|"]
+    for s in queue.sites:
+        note = f" ({prose(s.note)})" if s.note else ""
+        out.append(f"| {prose(s.kind)} | {cell(code_link(s.path, s.line, links))} | {cell(code(s.function))} | "
+                   f"{cell(prose(', '.join(s.states)) + note)} |")
+    modes = modes_line(queue)
+    if modes:
+        out += ["", prose(modes)]
+    out += ["", "| state | fate |", "|---|---|"]
+    for state, fate in queue.states.items():
+        described = "<br>".join(cell(prose(f"{mode}: {text}" if mode else text)) for mode, text in state_fate_lines(queue, fate))
+        out.append(f"| {cell(prose(state))} | {described} |")
+    return out
+
+
+def _backends(report: Report, links: Permalinks | None) -> list[str]:
+    out = ["| backend | sender | poll() | returns | reads abort state | timeouts | way out |",
+           "|---|---|---|---|---|---|---|"]
+    for b in report.backends:
+        poll = cell(code_link(b.poll.path, b.poll.line, links)) if b.poll else "-"
+        timeouts = "; ".join(f"{code_link(t.path, t.line, links)} {prose(', '.join(t.covers))}" for t in b.timeouts) or "none"
+        returns = "<br>".join([prose(", ".join(b.returns)) or "-"] + [prose(u) for u in unknown_returns(b)])
+        ways = "<br>".join(prose(f"{state}: {way_out_text(v)}") for state, v in b.verdicts.items()) or "-"
+        out.append(f"| {cell(prose(b.name))} | {cell(code(b.sender))} | {poll} | {cell(returns)} | "
+                   f"{'yes' if b.reads_abort_state else 'no'} | {cell(timeouts)} | {cell(ways)} |")
+    return out

@@ -21,7 +21,8 @@ from kvtrace import __version__
 from kvtrace.baseline import counts_against
 from kvtrace.model import Backend, Evidence, Gap, Report, SourceFile
 from kvtrace.report import modes_line, state_fate_lines
-from kvtrace.safe_text import plain
+from kvtrace.report.excerpt import without_annotation
+from kvtrace.safe_text import inert, plain
 from kvtrace.report.verdicts import (
     NOT_CHECKED,
     NOT_RETURNED,
@@ -42,6 +43,7 @@ GAPS_UP_FRONT = 5  # more than this are counted up front and all listed at the e
 
 
 def render(report: Report, console: Console, show_map: bool = True) -> None:
+    report = inert(report)  # names and notes come from the scanned tree: no control character reaches the terminal
     files = {f.path: f for f in report.files}
     _header(report, console)
     _gaps(report.gaps[:GAPS_UP_FRONT], console, more=len(report.gaps) - GAPS_UP_FRONT)
@@ -61,6 +63,12 @@ def render(report: Report, console: Console, show_map: bool = True) -> None:
             console.print()
             console.print(Text("Not analysed", style="bold"))
             _gaps(report.gaps, console, more=0, heading=False)
+        # The details run to hundreds of lines: the answer is repeated last, so that it is what
+        # the screen shows when the command ends (no pager needed to find it).
+        console.print()
+        console.print(Text("In short (as at the top)", style="bold"))
+        _grid(report, console)
+        console.print(Text(summary, style="bold yellow" if report.incomplete and not report.findings else style))
 
 
 def _header(report: Report, console: Console) -> None:
@@ -97,7 +105,7 @@ def _gaps(gaps: list[Gap], console: Console, more: int, heading: bool = True) ->
     for gap in gaps:
         subject = gap.subject if gap.kind != "backend" else f"backend {gap.subject}"
         rows.add_row(Text(subject, style="yellow") if gap.kind != "analysis" else Text("scan", style="yellow"),
-                     gap.reason)
+                     Text(gap.reason))
     console.print(Padding(rows, (0, 0, 0, 2)))
     if more > 0:
         console.print(Text(f"  ... and {more} more (listed at the end)", style="yellow"))
@@ -135,7 +143,7 @@ def _one_grid(grid, by_states: bool, console: Console) -> None:
         return
     styles = {OK: "green", NOT_RETURNED: "dim", UNKNOWN: "yellow", NOT_CHECKED: "yellow"}
     table = Table(box=None, show_edge=False, pad_edge=False, title_justify="left", header_style="bold",
-                  title=f"Verdicts for {grid.queue}", title_style="bold")
+                  title=Text(f"Verdicts for {grid.queue}"), title_style="bold")
 
     def cell(value: str, severity: str | None) -> Text:
         return Text(value, style=SEVERITY_STYLE.get(severity or "", styles.get(value, "")))
@@ -143,15 +151,15 @@ def _one_grid(grid, by_states: bool, console: Console) -> None:
     if by_states:
         table.add_column("backend", no_wrap=True)
         for state in grid.states:
-            table.add_column(state, no_wrap=True)
+            table.add_column(Text(state), no_wrap=True)
         for backend in grid.backends:
-            table.add_row(backend, *(cell(*grid.cells[backend, s]) for s in grid.states))
+            table.add_row(Text(backend), *(cell(*grid.cells[backend, s]) for s in grid.states))
     else:  # many states: backends as columns instead, so no name is ever folded
         table.add_column("state", no_wrap=True)
         for backend in grid.backends:
-            table.add_column(backend, no_wrap=True)
+            table.add_column(Text(backend), no_wrap=True)
         for state in grid.states:
-            table.add_row(state, *(cell(*grid.cells[b, state]) for b in grid.backends))
+            table.add_row(Text(state), *(cell(*grid.cells[b, state]) for b in grid.backends))
     console.print(table)
     for line in legend_lines(grid.legend_items, console.width):
         console.print(Text(line, style="dim"), no_wrap=True, overflow="ignore")
@@ -199,6 +207,21 @@ def _backend_findings(report: Report, backend: str | None, groups, files: dict[s
             console.print(Padding(excerpt, (0, 0, 0, 2)))
         if group.evidence:
             console.print(Padding(_evidence_table(group.evidence, console.width - 4), (0, 0, 0, 4)))
+    if info is not None:
+        _what_frees(report, info, console)
+
+
+def _what_frees(report: Report, backend: Backend, console: Console) -> None:
+    """For each non-terminal state the backend's poll() returns: abort, a timeout (its variable
+    and default) or a restart, so that the engineer on call knows what to do now."""
+    from kvtrace.freeing import what_frees
+
+    for freeing in what_frees(report, backend):
+        where = "; ".join(f"{e.path}:{e.line}" for e in freeing.evidence[:3])
+        line = Text.assemble(("what frees ", "bold"), (freeing.state, "bold"), ": ", freeing.text)
+        if where:
+            line.append(f" ({where})", "dim")
+        console.print(Padding(line, (0, 0, 0, 2)))
 
 
 def _excerpt(source: SourceFile | None, line: int, width: int, context: int = 2) -> Syntax | None:
@@ -211,7 +234,7 @@ def _excerpt(source: SourceFile | None, line: int, width: int, context: int = 2)
     start, end = max(1, line - context), min(len(lines), line + context)
     # Long code lines are cut at a space with a marker, never mid-name by the terminal edge.
     room = max(20, width - len(str(end)) - 4)
-    shown = [_cut(lines[n - 1], room) for n in range(start, end + 1)]
+    shown = [_cut(plain(without_annotation(lines[n - 1])), room) for n in range(start, end + 1)]
     return Syntax("\n".join(shown), "python", line_numbers=True, start_line=start, highlight_lines={line},
                   word_wrap=False, background_color="default", theme="ansi_dark")
 
@@ -233,7 +256,7 @@ def _evidence_table(evidence: list[Evidence], width: int = 1000) -> Table:
         table.add_column(no_wrap=True, style="dim")
         table.add_column(overflow="fold")
         for e in evidence:
-            table.add_row(f"{e.path}:{e.line}", _literal(e.note))
+            table.add_row(Text(f"{e.path}:{e.line}"), _literal(e.note))
         return table
     table.add_column(overflow="fold")
     for e in evidence:
@@ -316,11 +339,11 @@ def _map_table(sites: list, path_width: int, width: int) -> Table:
         table.add_column(no_wrap=True, min_width=path_width)
         table.add_column(overflow="fold")
         for site, text in zip(sites, texts):
-            table.add_row(site.kind, f"{site.path}:{site.line}", _literal(text))
+            table.add_row(Text(site.kind), Text(f"{site.path}:{site.line}"), _literal(text))
         return table
     table.add_column(overflow="fold")
     for site, text in zip(sites, texts):
-        table.add_row(site.kind, Text(f"{site.path}:{site.line}", overflow="fold"))
+        table.add_row(Text(site.kind), Text(f"{site.path}:{site.line}", overflow="fold"))
         if text:
             table.add_row("", Padding(_literal(text), (0, 0, 0, 2)))
     return table

@@ -172,7 +172,8 @@ def verdict_grid(report: Report, short: bool = False, queue: QueueReport | None 
                 cells[row, state] = (UNKNOWN, "warning")  # the drain was not read: never "ok"
                 why.add("no-drain" if report.gaps else "undrained")
             elif hits:
-                worst = min(hits, key=lambda f: SEVERITY_ORDER.get(f.severity, 3))
+                # Among equals, the rule that says what happens to the request (pins, drops).
+                worst = min(hits, key=lambda f: (SEVERITY_ORDER.get(f.severity, 3), f.rule not in RULE_VERBS))
                 cells[row, state] = (rule_label(worst, short), worst.severity)
             elif narrowed:
                 cells[row, state] = (UNKNOWN, "warning")  # a rule left out may fire here: never "ok"
@@ -334,6 +335,18 @@ def gap_text(gaps: list[Gap], more: int = 0) -> str:
     return ", ".join(parts)
 
 
+def _conditional_pins(findings: list[Finding]) -> str:
+    """`nixl pins WaitingForInput only if two requests share a bootstrap_room`."""
+    what: dict[tuple[str, str, str], list[str]] = {}
+    for f in findings:
+        if f.premise and f.backend and f.rule in RULE_VERBS and f.state:
+            states = what.setdefault((f.backend, f.rule, f.premise), [])
+            if f.state not in states:
+                states.append(f.state)
+    return "; ".join(f"{backend} {RULE_VERBS[rule]} {', '.join(states)} only if {premise}"
+                     for (backend, rule, premise), states in what.items())
+
+
 def summary_line(report: Report) -> str:
     """`2 errors: nixl pins WaitingForInput, Transferring · 1 warning · 3 notes · INCOMPLETE: ...`:
     errors are named (backend, what, states); warnings and notes are counted."""
@@ -347,7 +360,11 @@ def summary_line(report: Report) -> str:
                 parts.append("0 warnings")
             continue
         if severity != "error":
-            parts.append(_plural(len(found), severity))
+            # A pin that holds only under a premise is a warning, but it is still the answer an
+            # on-call reader looks for: name it with what it rests on.
+            conditional = _conditional_pins(found)
+            parts.append(f"{_plural(len(found), severity)}: {conditional}" if conditional
+                         else _plural(len(found), severity))
             continue
         what: dict[tuple[str | None, str], list[str]] = {}
         for f in found:

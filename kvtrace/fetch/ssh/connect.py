@@ -14,7 +14,7 @@ import paramiko
 
 from kvtrace.errors import KvtraceError, RemoteError
 from kvtrace.fetch.ssh.config import ResolvedHost, SshConfig
-from kvtrace.fetch.ssh.known_hosts import KnownHosts, drop_revoked, load_known_hosts, record_host_key
+from kvtrace.fetch.ssh.known_hosts import KnownHosts, load_known_hosts, record_host_key
 from kvtrace.fetch.ssh.options import Deadline, Log, SshOptions
 from kvtrace.target import SshTarget, parse_authority
 
@@ -63,6 +63,11 @@ class SshConnection:
                 sock.close()
             except OSError:
                 pass
+
+    def bytes_received(self) -> int | None:
+        """Bytes the server (or the first hop) has sent over TCP so far, SSH framing included."""
+        counted = [s.received for s in self.socks if isinstance(s, CountingSocket)]
+        return sum(counted) if counted else None
 
     def close(self) -> None:
         self._watchdog.cancel()
@@ -147,9 +152,13 @@ def _connect_through(conn: SshConnection, config: SshConfig) -> None:
 
 
 class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
-    """Called by paramiko only when known_hosts has no usable entry for the host's key type."""
+    """Called by paramiko only when it was given no key of the server key's type: the type is
+    unknown for this host, or several lines name different keys of it (`several`), any of which
+    OpenSSH accepts, where paramiko compares with one."""
 
-    def __init__(self, host: ResolvedHost, known: KnownHosts, log: Log) -> None:
+    def __init__(self, host: ResolvedHost, known: KnownHosts, log: Log,
+                 several: list[paramiko.PKey] | None = None) -> None:
+        self.several = several or []
         self.host = host
         self.known = known
         self.log = log
@@ -159,11 +168,19 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
         revoked = self.known.revoked_at(key)
         if revoked:
             raise RemoteError(f"{self.host.where}: host key {kind} {fp} is REVOKED ({revoked}); refusing to connect")
+        listed = [k for k in self.several if k.get_name() == kind]
+        if any(k.asbytes() == key.asbytes() for k in listed):
+            return  # one of the host's lines for this type names this key
+        if listed:
+            raise RemoteError(
+                f"{self.host.where}: HOST KEY CHANGED: the server sent {kind} {fp} but known_hosts lists "
+                f"{len(listed)} other {kind} keys for {self.host.known_hosts_name}; refusing to connect")
         file = self.host.known_hosts[0]
         if not self.host.accept_new:
             port = "" if self.host.port == 22 else f"-p {self.host.port} "
+            unusable = "".join(f"; known_hosts {u}, not used" for u in self.known.unusable)
             raise RemoteError(
-                f"{self.host.where}: unknown host key {kind} {fp} (not in {file}); "
+                f"{self.host.where}: unknown host key {kind} {fp} (not in {file}{unusable}); "
                 f"if that fingerprint is right, trust it with `ssh-keyscan {port}"
                 f"{self.host.hostname} >> {file}` or rerun with --accept-new-host-key"
             )
@@ -184,12 +201,19 @@ def _connect(conn: SshConnection, host: ResolvedHost, sock: socket.socket | para
     client = paramiko.SSHClient()
     conn.clients.append(client)
     known = load_known_hosts(host.known_hosts, conn.log)
-    drop_revoked(known)
+    # Only the keys whose lines match this host (OpenSSH's pattern rules, revoked keys left out):
+    # paramiko then prefers their types and checks the server's key against them.
+    by_type: dict[str, dict[bytes, paramiko.PKey]] = {}
+    for key in known.keys_for(host.known_hosts_name, conn.log):
+        by_type.setdefault(key.get_name(), {})[key.asbytes()] = key
     target_keys = client.get_host_keys()
-    for name in known.keys.keys():
-        for kind, key in known.keys[name].items():
-            target_keys.add(name, kind, key)
-    client.set_missing_host_key_policy(_HostKeyPolicy(host, known, conn.log))
+    several: list[paramiko.PKey] = []
+    for kind, keys in by_type.items():
+        if len(keys) == 1:
+            target_keys.add(host.known_hosts_name, kind, next(iter(keys.values())))
+        else:  # paramiko holds one key per type: the policy checks against all of them
+            several.extend(keys.values())
+    client.set_missing_host_key_policy(_HostKeyPolicy(host, known, conn.log, several))
     t1 = time.monotonic()
     wait = deadline.cap(options.connect_timeout)
     try:
@@ -233,7 +257,27 @@ def _tcp_connect(host: ResolvedHost, timeout: float) -> socket.socket:
         raise RemoteError(f"{host.where}: cannot connect ({why(exc)})") from None
     # paramiko leaves Nagle on; with it off connect+auth and SFTP reads are ~3x faster.
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return sock
+    counted = CountingSocket(sock.family, sock.type, sock.proto, fileno=sock.detach())
+    counted.settimeout(timeout)
+    return counted
+
+
+class CountingSocket(socket.socket):
+    """A TCP socket that counts the bytes it carries: what a remote scan costs on the wire
+    (shown with -v, and measured by bench/run.py)."""
+
+    received = 0
+    sent = 0
+
+    def recv(self, size: int, flags: int = 0) -> bytes:
+        data = super().recv(size, flags)
+        self.received += len(data)
+        return data
+
+    def send(self, data: bytes, flags: int = 0) -> int:  # type: ignore[override]
+        sent = super().send(data, flags)
+        self.sent += sent
+        return sent
 
 
 def _connect_error(exc: BaseException, host: ResolvedHost, options: SshOptions, known: KnownHosts) -> RemoteError:

@@ -23,6 +23,7 @@ MAX_PATH = 4096  # PATH_MAX: a deeper tree is a hostile (or endless) one
 
 class SftpFetch(Route):
     entries_seen = 0  # READDIR names over the whole walk, bounded
+    _last_listing_had_dot = False
 
     def run(self) -> FetchResult:
         t0 = time.monotonic()
@@ -74,6 +75,8 @@ class SftpFetch(Route):
             full_dir = posixpath.join(self.path, rel_dir) if rel_dir else self.path
             try:
                 entries = self._listdir(sftp, full_dir)
+                if not entries and not self._last_listing_had_dot:
+                    self._check_searchable(sftp, full_dir)
             except PermissionError:
                 if not rel_dir:
                     raise RemoteError(f"{self.where}: {self.shown}: permission denied") from None
@@ -156,12 +159,28 @@ class SftpFetch(Route):
             return SourceFile(rel, b"", "", status="unreadable", error=exc.strerror or str(exc))
         return make_source_file(rel, b"".join(chunks))
 
+    def _check_searchable(self, sftp: paramiko.SFTPClient, path: str) -> None:
+        """A folder the user may read but not enter (r without x) lists as empty over OpenSSH's
+        sftp-server: it drops every name it cannot lstat, `.` too. Entering it says which: a
+        PermissionError here is a folder not read, never an empty one."""
+        self._tick(sftp)
+        try:
+            sftp.stat(posixpath.join(path, "."))
+        except FileNotFoundError:
+            pass  # gone since it was listed
+        except PermissionError:
+            raise
+        except OSError as exc:
+            if isinstance(exc, (TimeoutError, socket.timeout)):
+                raise
+
     def _listdir(self, sftp: paramiko.SFTPClient, path: str) -> list[tuple[bytes, paramiko.SFTPAttributes]]:
         """SFTP READDIR keeping names as bytes. paramiko's listdir_attr decodes every name as
         UTF-8 and so fails the whole directory on one bad name; this is its loop without the
         decode (paramiko's private _request, stable since paramiko 1.x), bounded in entries."""
         bound = 20 * (self.limits.max_files + 1)
         self._tick(sftp)
+        self._last_listing_had_dot = False
         kind, msg = sftp._request(CMD_OPENDIR, path)
         if kind != CMD_HANDLE:
             raise paramiko.SFTPError("Expected handle")
@@ -180,6 +199,8 @@ class SftpFetch(Route):
                     name = msg.get_string()
                     msg.get_string()  # the ls -l style "longname"
                     attr = paramiko.SFTPAttributes._from_msg(msg)
+                    if name == b".":
+                        self._last_listing_had_dot = True
                     if name not in (b".", b".."):
                         entries.append((name, attr))
                     self.entries_seen += 1

@@ -53,6 +53,29 @@ class ChannelStream:
             self.pos = 0
         self.buf += data
 
+    def send(self, data: bytes) -> None:
+        """Send `data` while taking in what the remote sends meanwhile: the remote may already be
+        answering the first names of a long request, and with both windows full each side
+        would wait for the other forever."""
+        view = memoryview(data)
+        waited_since = time.monotonic()
+        while view:
+            self.deadline.check()
+            if self.chan.send_ready():
+                sent = self.chan.send(view[:_CHUNK])
+                view = view[sent:]
+                waited_since = time.monotonic()
+            elif self.chan.recv_ready():
+                self._fill()
+                waited_since = time.monotonic()
+            elif self.chan.closed or self.chan.eof_received:
+                return  # the remote is done: what it sent says what happened
+            else:
+                if time.monotonic() - waited_since > self.read_timeout:
+                    raise RemoteError(f"{self.where}: timed out after {self.read_timeout:g} s sending the request")
+                self.drain_stderr()
+                self.chan.status_event.wait(0.005)
+
     def drain_stderr(self) -> None:
         """Read what stderr has ready now (never waits); keep the first 64 KiB. Once the
         command has exited nothing more is needed from it: a flood after exit is left unread."""

@@ -23,7 +23,7 @@ class CommonKVManager(BaseKVManager):
         return self.request_status[bootstrap_room]
 
     def update_status(self, bootstrap_room: int, status: int) -> None:
-        if bootstrap_room not in self.request_status:
+        if bootstrap_room not in self.request_status:  # expect: silent-status-drop[:Failed]
             # A room that was cleared is not brought back by a late Failed.
             if status == KVPoll.Failed:
                 return

@@ -1,0 +1,203 @@
+"""What frees a request a backend keeps in the queue, in this release, for the on-call engineer:
+abort() (when poll() reads what abort() writes), a timeout (which environment variable sets it
+and its default, read from the scanned code), or nothing short of a restart; each with lines.
+
+A timeout's variable is found from the code, not from a list of names: the names compared at
+the timeout check (`elapsed < self.kv_mgr.bootstrap_timeout`) are followed to the assignment
+that gives them a value, and that value to an environment read: a call with an upper-case name
+and a default (`get_int_env_var("SGLANG_..._TIMEOUT", 300)`, `os.environ.get(...)`) or a
+registry attribute (`envs.SGLANG_..._TIMEOUT.get()`), whose declaration (`SGLANG_... =
+EnvInt(300)`) is read from the module the registry is imported from.
+"""
+
+from __future__ import annotations
+
+import ast
+import keyword
+import re
+from dataclasses import dataclass, field
+
+from kvtrace.model import Backend, Evidence, Report, TimeoutCheck, WayOut
+
+ENV_NAME = re.compile(r"^[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+$")
+NAME = re.compile(r"[A-Za-z_]\w*")
+MAX_MODULE = 4 << 20
+
+
+@dataclass(frozen=True)
+class EnvSetting:
+    variable: str
+    default: str | None
+    read_at: Evidence  # the assignment that reads it
+    declared_at: Evidence | None = None  # where its default is declared, when apart
+
+
+@dataclass
+class Freeing:
+    state: str
+    how: str  # "abort", "timeout", "nothing", "unknown"
+    text: str
+    evidence: list[Evidence] = field(default_factory=list)
+
+
+def what_frees(report: Report, backend: Backend) -> list[Freeing]:
+    """One entry per non-terminal state the backend's poll() can return."""
+    found = []
+    for state, verdict in backend.verdicts.items():
+        timeouts = [t for t in backend.timeouts if state in t.covers]
+        parts: list[str] = []
+        evidence: list[Evidence] = []
+        poll = backend.poll
+        if verdict.way_out is WayOut.ABORT or (backend.reads_abort_state and verdict.way_out is not WayOut.NONE):
+            parts.append(f"aborting the request frees it (poll() reads {backend.abort_state}, which abort() writes)")
+            if poll is not None:
+                evidence.append(Evidence(poll.path, poll.line, f"{backend.sender}.poll() reads {backend.abort_state}"))
+        for t in timeouts:
+            setting = timeout_setting(report, t)
+            if setting is None:
+                parts.append(f"a timeout frees it (checked at {t.path}:{t.line}; its setting was not found)")
+            else:
+                default = f", default {setting.default}" if setting.default is not None else ", default not found"
+                parts.append(f"a timeout frees it: {setting.variable}{default} (checked at {t.path}:{t.line})")
+                evidence.append(setting.read_at)
+                if setting.declared_at is not None:
+                    evidence.append(setting.declared_at)
+            evidence.append(Evidence(t.path, t.line, f"timeout check covering {state}"))
+        if verdict.way_out is WayOut.NONE:
+            how, text = "nothing", ("nothing in this release frees it: abort() does not end it and no timeout "
+                                    "covers it, so the request stays until the server restarts")
+            evidence += list(verdict.chain[:3])
+        elif verdict.way_out is WayOut.UNKNOWN and not parts:
+            how, text = "unknown", f"not decided: {verdict.how}"
+        else:
+            how = "timeout" if timeouts and verdict.way_out is WayOut.TIMEOUT else "abort" \
+                if verdict.way_out is WayOut.ABORT else verdict.way_out.value
+            text = "; ".join(parts) or verdict.how
+        found.append(Freeing(state, how, text, evidence))
+    return found
+
+
+def _source_lines(report: Report, path: str) -> list[str]:
+    source = next((f for f in report.files if f.path == path), None)
+    return source.lines if source is not None else []
+
+
+def timeout_setting(report: Report, check: TimeoutCheck) -> EnvSetting | None:
+    lines = _source_lines(report, check.path)
+    if not 0 < check.line <= len(lines):
+        return None
+    names = [n for n in dict.fromkeys(NAME.findall(lines[check.line - 1].split("#")[0]))
+             if not keyword.iskeyword(n) and n != "self"]
+    # The timeout's own file first, then the backend's folder, then every file scanned.
+    folder = check.path.rpartition("/")[0]
+    files = sorted(report.files, key=lambda f: (f.path != check.path, not f.path.startswith(folder + "/"), f.path))
+    for name in reversed(names):  # the compared value is usually last: `elapsed < self.x.timeout`
+        assigned = re.compile(rf"^\s*(?:[\w.]+\.)?{re.escape(name)}\s*(?::[^=]*)?=(?!=)\s*(.+)$")
+        for source in files:
+            for number, text in enumerate(source.lines, 1):
+                match = assigned.match(text)
+                if not match:
+                    continue
+                expression = _expression(source.lines, number - 1, match.group(1))
+                found = _env_read(report, source.path, number, expression) if expression is not None else None
+                if found is not None:
+                    return found
+    return None
+
+
+def _expression(lines: list[str], index: int, first: str) -> ast.expr | None:
+    text = first
+    for extra in range(6):  # a value written over a few lines
+        try:
+            return ast.parse(text.strip(), mode="eval").body
+        except SyntaxError:
+            if index + extra + 1 >= len(lines):
+                return None
+            text += "\n" + lines[index + extra + 1]
+    return None
+
+
+def _literal(node: ast.expr | None) -> str | None:
+    if isinstance(node, ast.Constant) and isinstance(node.value, (int, float, str)) and not isinstance(node.value, bool):
+        return str(node.value)
+    return None
+
+
+def _env_read(report: Report, path: str, line: int, expression: ast.expr) -> EnvSetting | None:
+    for node in ast.walk(expression):
+        if isinstance(node, ast.Call):
+            args = list(node.args)
+            for i, arg in enumerate(args):
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str) and ENV_NAME.match(arg.value):
+                    default = _literal(args[i + 1]) if i + 1 < len(args) else next(
+                        (_literal(k.value) for k in node.keywords if k.arg == "default"), None)
+                    return EnvSetting(arg.value, default, Evidence(path, line, f"reads {arg.value}"))
+        if isinstance(node, ast.Attribute) and ENV_NAME.match(node.attr) and isinstance(node.value, ast.Name):
+            registry = node.value.id
+            declared = _declaration(report, path, registry, node.attr)
+            default, where = declared if declared is not None else (None, None)
+            return EnvSetting(node.attr, default, Evidence(path, line, f"reads {registry}.{node.attr}"), where)
+    return None
+
+
+def _declaration(report: Report, path: str, registry: str, variable: str) -> tuple[str | None, Evidence] | None:
+    """`VARIABLE = EnvInt(300)` in the module `registry` is imported from (or any scanned file)."""
+    declared = re.compile(rf"^\s*{re.escape(variable)}\s*(?::[^=]*)?=\s*(.+)$")
+    candidates: list[tuple[str, list[str]]] = [(f.path, f.lines) for f in report.files]
+    module = _imported_from(_source_lines(report, path), registry)
+    if module is not None:
+        on_disk = _module_on_disk(report, module)
+        if on_disk is not None:
+            candidates.insert(0, on_disk)
+    for where, lines in candidates:
+        for number, text in enumerate(lines, 1):
+            match = declared.match(text)
+            if not match:
+                continue
+            expression = _expression(lines, number - 1, match.group(1))
+            if isinstance(expression, ast.Call) and expression.args:
+                default = _literal(expression.args[0])
+                return default, Evidence(where, number, f"declares {variable}" + (f", default {default}" if default else ""))
+    return None
+
+
+def _imported_from(lines: list[str], name: str) -> str | None:
+    pattern = re.compile(rf"^\s*from\s+([\w.]+)\s+import\s+.*\b{re.escape(name)}\b")
+    return next((m.group(1) for m in map(pattern.match, lines) if m), None)
+
+
+def _module_on_disk(report: Report, module: str) -> tuple[str, list[str]] | None:
+    """A module of the scanned package that kvtrace did not read (sglang.srt.environ), found
+    beside a local target: the report path is relative to the target, as the others."""
+    from kvtrace.gitfiles import read_bounded
+    from kvtrace.target import LocalTarget, parse_target
+
+    try:
+        target = parse_target(report.target)
+    except Exception:  # noqa: BLE001 -- not a target any more: nothing to read
+        return None
+    if not isinstance(target, LocalTarget):
+        return None
+    base = target.path.resolve()
+    parts = module.split(".")
+    # The package's top folder is where the report's files start from, or a parent of the target.
+    for top in [base, *base.parents][:8]:
+        if top.name != parts[0]:
+            continue
+        candidate = top.joinpath(*parts[1:]).with_suffix(".py")
+        data = read_bounded(candidate, MAX_MODULE)
+        if data is not None:
+            try:
+                shown = candidate.relative_to(base).as_posix()
+            except ValueError:
+                shown = str(candidate)
+            return shown, data.decode("utf-8", "replace").splitlines()
+    root = base / parts[0]
+    if (base / parts[0]).is_dir():
+        candidate = root.joinpath(*parts[1:]).with_suffix(".py")
+        data = read_bounded(candidate, MAX_MODULE)
+        if data is not None:
+            return candidate.relative_to(base).as_posix(), data.decode("utf-8", "replace").splitlines()
+    return None
+
+

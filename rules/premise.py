@@ -1,0 +1,273 @@
+"""What a drain-side verdict rests on when it is not unconditional.
+
+A status table that a request's own code never sends back to a state (or never empties while the
+request is queued) can still be sent back by a second request that shares its room: a second
+sender built for the same room stores its opening state again, and its clear() takes the room
+out. Such a verdict is true only if two requests share a bootstrap_room (sglang#25063, #27643);
+the finding says so and is a warning, so that a gate on errors counts only what needs no premise.
+"""
+
+from __future__ import annotations
+
+import ast
+from dataclasses import dataclass
+
+from kvtrace.model import Backend, Evidence, StateVerdict
+from kvtrace.rules.base import ScanContext
+
+SHARED_ROOM = "two requests share a bootstrap_room"
+
+
+@dataclass(frozen=True)
+class Premise:
+    text: str  # what must hold for the finding to be true
+    why: list[Evidence]  # the links that show it is needed
+
+
+def state_premise(ctx: ScanContext, backend: Backend, state: str) -> Premise | None:
+    """A state the backend's poll() returns only from the status table, that only its sender's
+    constructor stores there, reaches this queue's drain only with a second sender for the room:
+    a request enters the queue only once its poll moved past it (the pack's `entered_past`)."""
+    where = backend.constructor_only.get(state)
+    if where is None or state not in ctx.pack.left_before(ctx.pack.queue):
+        return None
+    return Premise(SHARED_ROOM, [
+        where,
+        Evidence(where.path, where.line, f"premise: a request enters {ctx.pack.queue} only after its poll left {state}, "
+                                         f"so {state} comes back only when a second sender for the same room is built"),
+    ])
+
+
+def absent_room_premise(ctx: ScanContext, backend: Backend, verdict: StateVerdict) -> Premise | None:
+    """A verdict read with the room absent from the table, when the constructor always stores the
+    room and the only code that takes it out is a method of the request's own sender that the
+    scheduler calls only from the drain (as the request concludes): while the request is queued,
+    only another request's sender for the same room can take it out."""
+    manager = backend.manager
+    drain = ctx.queue.drain
+    if not verdict.absent_room or backend.unborn is not None or manager is None or drain is None \
+            or not manager.clear_methods:
+        return None
+    sender_classes = _sender_classes(ctx, backend)
+    sender_attrs = _polled_attributes(ctx)
+    if not sender_attrs:
+        return None
+    why: list[Evidence] = []
+    for qualname in manager.clear_methods:
+        owner, _, method = qualname.rpartition(".")
+        if owner not in sender_classes:
+            return None  # the manager takes the room out itself: it may be this request's
+        calls = [(caller, call) for caller, call in ctx.index.callers(method)
+                 if isinstance(call.func, ast.Attribute) and _last_attr(call.func.value) in sender_attrs]
+        entered = _drain_functions(ctx)
+        if any(caller.qualname not in entered for caller, _ in calls):
+            return None
+        why += [Evidence(caller.path, call.lineno, f"premise: {qualname}() is called on a queued request's sender only "
+                                                   f"here, in the drain, as the request concludes")
+                for caller, call in calls]
+    why.append(Evidence(drain.func.path, drain.func.line,
+                        "premise: while the request is queued, only another request's sender for the same room "
+                        "takes the room out of the table"))
+    return Premise(SHARED_ROOM, why)
+
+
+def verdict_premise(ctx: ScanContext, backend: Backend, state: str, verdict: StateVerdict) -> Premise | None:
+    return state_premise(ctx, backend, state) or absent_room_premise(ctx, backend, verdict)
+
+
+def crash_premise(ctx: ScanContext, state: str) -> Premise | None:
+    """A crash on `state` rests on a premise when every backend that returns it does so only
+    under that premise (and none returns values kvtrace cannot read)."""
+    by = ctx.model.returning(state)
+    if not by or any(s.backend.returns_unknown for s in ctx.senders):
+        return None
+    found = [state_premise(ctx, backend, state) for backend in (ctx.model.backend(name) for name in by)
+             if backend is not None]
+    if len(found) != len(by) or any(p is None for p in found):
+        return None
+    texts = {p.text for p in found if p is not None}
+    if len(texts) != 1:
+        return None
+    why = list(dict.fromkeys(e for p in found if p is not None for e in p.why))
+    return Premise(texts.pop(), why)
+
+
+def _sender_classes(ctx: ScanContext, backend: Backend) -> set[str]:
+    analysis = next((s for s in ctx.senders if s.backend is backend), None)
+    if analysis is None:
+        return set()
+    return {c.name for c in ctx.index.mro(analysis.cls)}
+
+
+def _polled_attributes(ctx: ScanContext) -> set[str]:
+    """The attributes the drain's poll statement reads on each request (`r.disagg_kv_sender`):
+    a call through one of them acts on a queued request's sender."""
+    drain = ctx.queue.drain
+    if drain is None or drain.poll_line is None:
+        return set()
+    found: set[str] = set()
+    for node in ast.walk(drain.func.node):
+        if isinstance(node, ast.stmt) and node.lineno <= drain.poll_line <= (node.end_lineno or node.lineno) \
+                and not isinstance(node, (ast.For, ast.While, ast.If, ast.With, ast.Try, ast.FunctionDef)):
+            found |= {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
+                      and isinstance(n.value, ast.Name)}
+    return found - {ctx.pack.queue}
+
+
+def _drain_functions(ctx: ScanContext) -> set[str]:
+    """The drain function and every function its paths go through (its helpers)."""
+    drain = ctx.queue.drain
+    names = {drain.func.qualname} if drain is not None else set()
+    for paths in ctx.queue.paths.values():
+        for path in paths:
+            names.update(e.function for e in path.events if e.function)
+    return names
+
+
+def _last_attr(node: ast.AST) -> str | None:
+    return node.attr if isinstance(node, ast.Attribute) else None
+
+
+SEND_SKIPPED = "the send after the request enters the queue is skipped"
+
+def _exits(stmt: ast.stmt, in_loop: bool = False) -> bool:
+    """Whether a path through `stmt` leaves the rest of the block quietly: a return, or a
+    continue/break of the enclosing loop (a raise is a crash, not a skip; a nested def's
+    return is its own)."""
+    if isinstance(stmt, ast.Return):
+        return True
+    if isinstance(stmt, (ast.Continue, ast.Break)):
+        return not in_loop
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return False
+    loop = in_loop or isinstance(stmt, (ast.For, ast.AsyncFor, ast.While))
+    return any(_exits(child, loop) for block in _blocks(stmt) for child in block)
+
+
+@dataclass(frozen=True)
+class SenderCall:
+    """A call of a sender method on the request that the producer makes after the append."""
+
+    method: str
+    at: Evidence
+    skips: tuple[Evidence, ...]  # each condition under which the path passes it by
+
+
+def send_verdict(ctx: ScanContext, backend: Backend, state: str) -> tuple[str, list[Evidence]] | None:
+    """Whether what the producer runs right after appending the request (before any drain)
+    takes `state` away: ("gone", why) when every path calls a sender method after which poll()
+    no longer returns it; ("skipped", why) when some path passes that call by (the premise is
+    that such a path is taken); None when the producer calls none of them."""
+    methods = backend.left_by.get(state)
+    if not methods:
+        return None
+    calls = [c for c in sender_calls_after_entry(ctx) if c.method in methods]
+    if not calls:
+        return None
+    why = [methods[calls[0].method], calls[0].at]
+    skips = [s for c in calls for s in c.skips]
+    if len({(c.at.path, c.at.line) for c in calls}) < len(calls) or not skips:
+        return "gone", why
+    return "skipped", why + list(dict.fromkeys(skips))
+
+
+def sender_calls_after_entry(ctx: ScanContext) -> list[SenderCall]:
+    """Per entry site: the sender methods called on the appended request on the rest of the
+    producer's path (its iteration or its function), through `self.<helper>(req, ...)`, each
+    with the conditions that pass it by (an `if` around it, an early exit before it)."""
+    attrs = _polled_attributes(ctx)
+    if not attrs:
+        return []
+    found: list[SenderCall] = []
+    for site in ctx.entries:
+        func = _function_at(ctx, site.path, site.line)
+        if func is None:
+            continue
+        located = _append_at(func.node, site.line)
+        if located is None:
+            continue
+        name, rest = located
+        found += _calls_in(ctx, func, rest, name, attrs, [], 0)
+    return found
+
+
+def _function_at(ctx: ScanContext, path: str, line: int):
+    best = None
+    for func in ctx.index.all_functions():
+        if func.path == path and func.node.lineno <= line <= (func.node.end_lineno or func.node.lineno):
+            if best is None or func.node.lineno > best.node.lineno:
+                best = func
+    return best
+
+
+def _append_at(func: ast.AST, line: int) -> tuple[str, list[ast.stmt]] | None:
+    """The name appended at `line` and the statements that follow it on the same path, up to
+    the end of the enclosing loop body (the request's iteration) or of the function."""
+    def search(body: list[ast.stmt], outer: list[ast.stmt]) -> tuple[str, list[ast.stmt]] | None:
+        for i, stmt in enumerate(body):
+            if stmt.lineno <= line <= (stmt.end_lineno or stmt.lineno):
+                if isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Call) and stmt.lineno == line \
+                        and stmt.value.args and isinstance(stmt.value.args[0], ast.Name):
+                    return stmt.value.args[0].id, body[i + 1:] + outer
+                loop = isinstance(stmt, (ast.For, ast.AsyncFor, ast.While))
+                after = [] if loop else body[i + 1:] + outer
+                for child in _blocks(stmt):
+                    hit = search(child, after)
+                    if hit is not None:
+                        return hit
+        return None
+    return search(getattr(func, "body", []), [])
+
+
+def _blocks(stmt: ast.stmt) -> list[list[ast.stmt]]:
+    blocks = [getattr(stmt, f) for f in ("body", "orelse", "finalbody") if isinstance(getattr(stmt, f, None), list)]
+    blocks += [h.body for h in getattr(stmt, "handlers", [])]
+    blocks += [c.body for c in getattr(stmt, "cases", [])]
+    return blocks
+
+
+def _calls_in(ctx: ScanContext, func, stmts: list[ast.stmt], name: str, attrs: set[str],
+              skips: list[Evidence], depth: int) -> list[SenderCall]:
+    """Sender calls on `name` in `stmts`, in order; an exit or an `if` met before a call is a
+    way past it."""
+    found: list[SenderCall] = []
+    passed = list(skips)
+    for stmt in stmts:
+        if isinstance(stmt, ast.If):
+            cond = ast.unparse(stmt.test)[:80]
+            inner = _calls_in(ctx, func, stmt.body, name, attrs, passed + [
+                Evidence(func.path, stmt.lineno, f"skips it when `{cond}` is false")], depth) + \
+                _calls_in(ctx, func, stmt.orelse, name, attrs, passed + [
+                    Evidence(func.path, stmt.lineno, f"skips it when `{cond}` holds")], depth)
+            found += inner
+            if _exits(stmt):
+                passed.append(Evidence(func.path, stmt.lineno, f"`{cond}` leaves before the send"))
+            continue
+        if isinstance(stmt, (ast.Return, ast.Continue, ast.Break)):
+            break
+        for node in ast.walk(stmt):
+            if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
+                continue
+            recv = node.func.value
+            if isinstance(recv, ast.Attribute) and recv.attr in attrs and isinstance(recv.value, ast.Name) \
+                    and recv.value.id == name:
+                found.append(SenderCall(node.func.attr, Evidence(func.path, node.lineno,
+                                                                 f"{ast.unparse(node.func)}() after the append"),
+                                        tuple(passed)))
+            elif isinstance(recv, ast.Name) and recv.id == "self" and depth < 2 and func.owner is not None:
+                helper = ctx.index.find_method(func.owner, node.func.attr)
+                param = _bound_param(helper, node, name) if helper is not None else None
+                if param is not None:
+                    found += _calls_in(ctx, helper, helper.node.body, param, attrs, passed, depth + 1)
+    return found
+
+
+def _bound_param(helper, call: ast.Call, name: str) -> str | None:
+    params = [a.arg for a in helper.node.args.posonlyargs + helper.node.args.args][1:]
+    for i, arg in enumerate(call.args):
+        if isinstance(arg, ast.Name) and arg.id == name and i < len(params):
+            return params[i]
+    for kw in call.keywords:
+        if isinstance(kw.value, ast.Name) and kw.value.id == name and kw.arg is not None:
+            return kw.arg
+    return None

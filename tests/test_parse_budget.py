@@ -1,0 +1,94 @@
+"""The parse budget is a real bound on the syntax nodes held (issue 18 item 10).
+
+Before: a guess of 0.35 nodes a byte decided which files to parse, and the first file was never
+checked; `a` lines are 1.5 nodes a byte, so four 1 MiB files at default limits cost 1.35 GB.
+"""
+
+from __future__ import annotations
+
+import ast
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+
+from kvtrace.fetch.local import make_source_file
+from kvtrace.parse import count_nodes, node_bound, parse_modules
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+# The densest shapes we know (nodes per byte near the bound) and ordinary ones.
+SNIPPETS = [
+    "a\n" * 50, "~" * 200 + "a\n", "a+" * 300 + "a\n", "-" * 100 + "1\n", "not not a\n" * 20, "a,\n" * 30,
+    "a[::],\n" * 20, "x=[*a,*b]\n" * 20, "f(*a,**b)\n" * 20, "a<b<c<d\n" * 20, "lambda:0\n" * 20,
+    "def f():pass\n" * 20, "(a,)\n" * 20, "a.b.c\n" * 20, "a[b][c]\n" * 20, "{**a}\n" * 20,
+    "[a for a in b if c]\n" * 20, "import a.b as c\n" * 20, "from . import (a, b)\n" * 20,
+    "a if b else c\n" * 20, "with a as b, c: pass\n" * 20, "try:\n pass\nexcept: pass\n" * 20,
+    "match a:\n case [1, *_] | {'k': v} if v: pass\n" * 20, "f'{a!r:>{w}}'\n" * 20, "f'{a} {b}'\n" * 20,
+    "''\n" * 20, "a @= b\n" * 20, "x: int = 1\n" * 20, "async def f():\n await a\n async for x in y: pass\n" * 5,
+    "del a, b[c], d.e\n" * 20, "a = b = c\n" * 20, "1j\n" * 20, "...\n" * 20, "a;b;c\n" * 20, "a\ra\ra\r",
+    "@a\n@b.c()\nclass C(D, metaclass=E): pass\n" * 10, "-1 if ~a else +b\n" * 20, "a**-b\n" * 20,
+    "caf\u00e9 = '\u2603'\n" * 20, "[[],[],[]]\n" * 20, "{(),(),()}\n" * 20, "",
+]
+
+
+def test_node_bound_is_an_upper_bound() -> None:
+    for text in SNIPPETS:
+        data = text.encode()
+        assert count_nodes(ast.parse(data)) <= node_bound(data), text[:40]
+    for path in sorted((EXAMPLES / "nixl-pin").rglob("*.py")):
+        data = path.read_bytes()
+        assert count_nodes(ast.parse(data)) <= node_bound(data) <= 4 * count_nodes(ast.parse(data)), path
+
+
+def test_budget_holds_from_the_first_file_on() -> None:
+    dense = make_source_file("dense.py", b"a\n" * 2000)  # 6,001 nodes
+    small = [make_source_file(f"s{i}.py", b"x = 1\n" * 100) for i in range(5)]  # 401 each
+    alone = parse_modules([make_source_file("only.py", b"a\n" * 2000)], max_nodes=5_000)
+    assert alone == []  # before: the first file was always kept, whatever its size
+    files = [dense, *small]
+    kept = parse_modules(files, max_nodes=1_500)
+    assert sum(count_nodes(m.tree) for m in kept) <= 1_500
+    assert [m.source.path for m in kept] == ["s0.py", "s1.py", "s2.py"]
+    assert dense.status == "too-large" and "parse budget" in (dense.error or "")
+    assert all(f.status == "too-large" for f in small[3:])
+
+
+def test_four_dense_one_mib_files_stay_within_memory(tmp_path: Path) -> None:
+    """A whole process, peak RSS asserted generously: the files are named as not analysed and
+    the scan is INCOMPLETE (exit 3), without parsing them (which alone held 0.9 GB each)."""
+    tree = tmp_path / "tree"
+    shutil.copytree(EXAMPLES / "nixl-pin", tree)
+    for i in range(4):
+        (tree / "disaggregation" / f"flat{i}.py").write_bytes(b"a\n" * (1 << 19))  # exactly 1 MiB
+    with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
+        proc = subprocess.Popen([sys.executable, "-m", "kvtrace", "scan", str(tree), "--format", "json", "--no-cache"],
+                                cwd=ROOT, stdout=out, stderr=err)
+        _, status, usage = os.wait4(proc.pid, 0)
+        code = os.waitstatus_to_exitcode(status)
+        err.seek(0)
+        stderr = err.read().decode()
+        out.seek(0)
+        import json
+
+        report = json.loads(out.read())["reports"][0]
+    assert code == 3 and "Traceback" not in stderr, stderr
+    assert usage.ru_maxrss / 1024 < 300, f"peak RSS {usage.ru_maxrss / 1024:.0f} MB"
+    flat = [f for f in report["files"] if "/flat" in f["path"]]
+    assert len(flat) == 4 and all(f["status"] == "too-large" and "parse budget" in f["error"] for f in flat), flat
+
+
+@pytest.mark.parametrize("lines", [60_000, 120_000])
+def test_files_that_fit_alone_but_not_together_are_counted(lines: int) -> None:
+    """Each file is parsed only when its bound fits the budget on its own; its real count then
+    decides: what is held never passes the budget."""
+    files = [make_source_file(f"f{i}.py", b"a\n" * lines + b"b" * i) for i in range(4)]
+    kept = parse_modules(files, max_nodes=400_000)
+    held = sum(count_nodes(m.tree) for m in kept)
+    assert 0 < held <= 400_000
+    assert len(kept) == 400_000 // (3 * lines + 1)

@@ -1,0 +1,378 @@
+"""Verdicts that rest on a premise say so (issue 23): hand-written trees in SGLang's shapes, each
+worked out by hand, and the same questions on real releases.
+
+- A state only the sender's constructor stores, that a request has left before it enters the
+  queue (pack `entered_past`), comes back only with a second sender for the same room.
+- An absent room that only the request's own clear() (called by the drain as it concludes)
+  makes is absent while queued only through another request with the same room.
+- A send right after the append that makes poll() leave the state: no pin, or a premise naming
+  the condition that skips the send.
+- Scanning the backends' folder alone, a drain parameter no caller in view passes is free.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from kvtrace.report.json import to_json_dict
+from kvtrace.report.sarif import to_sarif
+from kvtrace.rules.premise import SEND_SKIPPED, SHARED_ROOM
+from kvtrace.rules.samples import SHARED_FILES, STANDARD_BRANCHES, drain
+from kvtrace.scan import scan_path
+from tests.sglang_wheels import sglang_tree
+
+D = "sglang/srt/disaggregation"
+
+# Bootstrapping is not expected in the inflight loop: it raises.
+RAISING = STANDARD_BRANCHES.replace(
+    "            else:\n                undone_reqs.append(req)",
+    '            else:\n                raise RuntimeError("unexpected poll state")')
+
+# The manager: a max()-merging status table, a bootstrap thread that records the handshake.
+MANAGER = '''\
+from ..base.conn import KVPoll
+
+
+class BaseKVManager:
+    pass
+
+
+class NetKVManager(BaseKVManager):
+    def __init__(self):
+        self.request_status = {}
+
+    def check_status(self, room):
+        return self.request_status[room]
+
+    def update_status(self, room, status):
+        if room not in self.request_status:
+            self.request_status[room] = status
+        elif status == KVPoll.Failed:
+            self.request_status[room] = KVPoll.Failed
+        else:
+            self.request_status[room] = max(self.request_status[room], status)
+
+    def bootstrap_thread(self, room):
+        self.update_status(room, KVPoll.WaitingForInput)
+{extra}'''
+
+SENDER = '''\
+from ..base.conn import BaseKVSender, KVPoll
+
+
+class NetKVSender(BaseKVSender):
+    def __init__(self, mgr, room):
+        self.kv_mgr = mgr
+        self.room = room
+        self.kv_mgr.update_status(room, KVPoll.Bootstrapping)
+
+    def poll(self) -> KVPoll:
+        return self.kv_mgr.check_status(self.room)
+
+    def abort(self):
+        self.kv_mgr.update_status(self.room, KVPoll.Failed)
+'''
+
+
+def write(root: Path, files: dict[str, str]) -> Path:
+    for rel, text in {**SHARED_FILES, **files}.items():
+        (root / rel).parent.mkdir(parents=True, exist_ok=True)
+        (root / rel).write_text(text)
+    return root
+
+
+def crash(report, state: str):
+    return [f for f in report.findings if f.rule == "state-crash" and f.state == state]
+
+
+def test_constructor_only_state_is_a_shared_room_premise(tmp_path: Path) -> None:
+    report = scan_path(write(tmp_path, {"disaggregation/prefill.py": drain(RAISING),
+                                        "disaggregation/net/conn.py": SENDER,
+                                        "disaggregation/net/mgr.py": MANAGER.replace("{extra}", "")}))
+    [finding] = crash(report, "Bootstrapping")
+    assert finding.severity == "warning" and finding.premise == SHARED_ROOM
+    assert f"true only if {SHARED_ROOM}" in finding.message
+    assert any(e.path == "disaggregation/net/conn.py" and e.line == 5 and "only NetKVSender.__init__()" in e.note
+               for e in finding.evidence)
+    # Every format carries it; the gate on errors does not count it.
+    data = to_json_dict(report)
+    [row] = [f for f in data["findings"] if f["rule"] == "state-crash"]
+    assert row["premise"] == SHARED_ROOM and row["severity"] == "warning"
+    sarif = to_sarif([report], tmp_path)
+    [result] = [r for r in sarif["runs"][0]["results"] if r["properties"]["rule"] == "state-crash"]
+    assert result["properties"]["premise"] == SHARED_ROOM and result["level"] == "warning"
+
+
+def test_a_later_store_of_the_state_makes_it_unconditional(tmp_path: Path) -> None:
+    # A retry path of the manager puts Bootstrapping back for the room: no premise needed.
+    retry = '''
+    def handle_retry(self, room):
+        self.request_status[room] = KVPoll.Bootstrapping
+'''
+    report = scan_path(write(tmp_path, {"disaggregation/prefill.py": drain(RAISING),
+                                        "disaggregation/net/conn.py": SENDER,
+                                        "disaggregation/net/mgr.py": MANAGER.replace("{extra}", retry)}))
+    [finding] = crash(report, "Bootstrapping")
+    assert finding.severity == "error" and finding.premise is None
+
+
+FAKE = '''\
+from ..base.conn import BaseKVSender, KVPoll
+
+
+class FakeKVSender(BaseKVSender):
+    def __init__(self, mgr, room):
+        self.has_sent = False
+
+    def poll(self) -> KVPoll:
+        if self.has_sent is False:
+            return KVPoll.WaitingForInput
+        return KVPoll.Success
+
+    def send(self, pages):
+        self.has_sent = True
+'''
+
+PRODUCER = '''
+    def process_result(self, batch):
+        for req in batch.reqs:
+            self.disagg_prefill_inflight_queue.append(req)
+            self.send_chunk(req, last=True)
+
+    def send_chunk(self, req, last=False):
+        pages = self.pages_of(req)
+{guard}        req.disagg_kv_sender.send(pages)
+'''
+
+
+def fake_pins(tmp_path: Path, guard: str):
+    tree = write(tmp_path, {"disaggregation/prefill.py": drain(STANDARD_BRANCHES, PRODUCER.format(guard=guard)),
+                            "disaggregation/fake/conn.py": FAKE})
+    return [f for f in scan_path(tree).findings if f.rule == "pinned-state" and f.backend == "fake"]
+
+
+def test_send_right_after_the_append_leaves_no_pin(tmp_path: Path) -> None:
+    assert fake_pins(tmp_path, "") == []
+
+
+def test_a_path_that_skips_the_send_is_the_premise(tmp_path: Path) -> None:
+    [finding] = fake_pins(tmp_path, "        if len(pages) == 0:\n            return\n")
+    assert finding.state == "WaitingForInput" and finding.severity == "warning" and finding.premise == SEND_SKIPPED
+    lines = (tmp_path / "disaggregation" / "prefill.py").read_text().splitlines()
+    line = lines.index("        if len(pages) == 0:") + 1
+    assert lines[line + 1] == "        req.disagg_kv_sender.send(pages)"
+    assert f"disaggregation/prefill.py:{line} `len(pages) == 0` leaves before the send" in finding.message
+    assert any(e.line == line + 2 and "req.disagg_kv_sender.send() after the append" in e.note for e in finding.evidence)
+
+
+PP_BRANCHES = '''\
+            if rids_to_check is not None:
+                if req.rid not in rids_to_check:
+                    undone_reqs.append(req)
+                    continue
+                assert poll == KVPoll.Success or poll == KVPoll.Failed
+''' + STANDARD_BRANCHES
+
+WAITING_SENDER = '''\
+from ..base.conn import BaseKVSender, KVPoll
+
+
+class WaitKVSender(BaseKVSender):
+    def __init__(self, mgr, room):
+        self.mgr = mgr
+
+    def poll(self) -> KVPoll:
+        if self.mgr.ready():
+            return KVPoll.Success
+        return KVPoll.WaitingForInput
+
+    def abort(self):
+        pass
+'''
+
+PP_CALLER = '''\
+class SchedulerPP:
+    def event_loop_pp(self, released):
+        if self.disagg_prefill_inflight_queue:  # in scope: the file mentions the queue
+            self.drain_inflight(released)
+'''
+
+
+def pp_tree(root: Path, caller: bool) -> Path:
+    normal = "\n    def event_loop_normal(self):\n        self.drain_inflight()\n"
+    prefill = drain(PP_BRANCHES, normal).replace("def drain_inflight(self):", "def drain_inflight(self, rids_to_check=None):")
+    files = {"disaggregation/prefill.py": prefill, "disaggregation/wait/conn.py": WAITING_SENDER}
+    if caller:
+        files["managers/scheduler_pp.py"] = PP_CALLER
+    return write(root, files)
+
+
+def test_a_mode_whose_caller_is_outside_the_scanned_folder_is_still_a_mode(tmp_path: Path) -> None:
+    tree = pp_tree(tmp_path, caller=True)
+    whole, folder = scan_path(tree), scan_path(tree / "disaggregation")
+    key = {(f.rule, f.state, f.line) for f in crash(whole, "WaitingForInput")}
+    assert key and key == {(f.rule, f.state, f.line) for f in crash(folder, "WaitingForInput")}
+    assert not whole.problems
+    # The folder scan says what it could not see (INCOMPLETE), and names the mode as unseen.
+    assert any("outside the scanned folder are not seen: rids_to_check" in p for p in folder.problems)
+    assert [m.label for m in folder.queues[0].modes] == ["rids_to_check=None", "rids_to_check passed (no caller in view)"]
+
+
+def test_with_the_scheduler_in_view_and_no_caller_passing_it_the_branch_is_dead(tmp_path: Path) -> None:
+    report = scan_path(pp_tree(tmp_path, caller=False))
+    assert crash(report, "WaitingForInput") == [] and not report.problems
+
+
+# On real releases ------------------------------------------------------------------------------
+
+
+def test_pp_mode_crash_seen_from_the_disaggregation_folder_alone() -> None:
+    """0.5.9: the PP caller (SchedulerPPMixin.event_loop_pp_disagg_prefill) is in managers/;
+    before, disaggregation/ alone missed the sglang#20686 crash and said complete."""
+    root = sglang_tree("0.5.9")
+    for target in (root / "sglang" / "srt", root / D):
+        found = {(f.state, f.line, f.severity) for f in scan_path(target).findings if f.rule == "state-crash"}
+        assert found == {("WaitingForInput", 576, "error"), ("Transferring", 576, "error"),
+                         ("Bootstrapping", 576, "warning"), ("Bootstrapping", 602, "warning")}, target
+    lines = (root / D / "prefill.py").read_text().splitlines()
+    assert lines[576 - 1].strip() == "assert poll == KVPoll.Success or poll == KVPoll.Failed"
+
+
+def test_fake_pin_names_the_skipped_send_on_a_release() -> None:
+    """0.5.10.post1: prefill.py appends (505), then send_kv_chunk(req, last_chunk=True) (529)
+    calls req.disagg_kv_sender.send (817) unless `len(page_indices) == 0` (812) returns."""
+    root = sglang_tree("0.5.10.post1")
+    report = scan_path(root)
+    [finding] = [f for f in report.findings if f.rule == "pinned-state" and f.backend == "fake"]
+    assert finding.premise == SEND_SKIPPED and finding.severity == "warning"
+    assert f"{D}/prefill.py:812 `len(page_indices) == 0` leaves before the send" in finding.message
+    lines = (root / D / "prefill.py").read_text().splitlines()
+    assert lines[817 - 1].strip() == "req.disagg_kv_sender.send(page_indices, state_indices)"
+    data = json.loads(json.dumps(to_json_dict(report)))
+    assert any(f["premise"] == SEND_SKIPPED for f in data["findings"])
+
+
+def test_nixl_absent_room_pin_rests_on_a_shared_room() -> None:
+    """0.5.12.post1: NixlKVManager.check_status .get(room, WaitingForInput) (nixl/conn.py:561);
+    the room leaves request_status only through CommonKVSender.clear() (common/conn.py:716),
+    called by the drain at prefill.py:646 as the request concludes (Success)."""
+    root = sglang_tree("0.5.12.post1")
+    [finding] = [f for f in scan_path(root).findings if f.rule == "pinned-state" and f.backend == "nixl"]
+    assert (finding.state, finding.premise, finding.severity) == ("WaitingForInput", SHARED_ROOM, "warning")
+    assert any((e.path, e.line) == (f"{D}/prefill.py", 646) and e.note.startswith("premise:") for e in finding.evidence)
+    assert "req.disagg_kv_sender.clear()" in (root / D / "prefill.py").read_text().splitlines()[646 - 1]
+
+
+def test_silent_status_drop_sees_the_returning_if_in_common_update_status() -> None:
+    """0.5.14 common/conn.py:215 `if bootstrap_room not in self.request_status:` then `if status
+    == KVPoll.Failed: return` (220-221) before the store (222): before, only mori's override
+    (mori/conn.py:420) was reported."""
+    root = sglang_tree("0.5.14")
+    found = {(f.path, f.line) for f in scan_path(root).findings if f.rule == "silent-status-drop"}
+    assert found == {(f"{D}/common/conn.py", 215), (f"{D}/mori/conn.py", 420)}
+    lines = (root / D / "common/conn.py").read_text().splitlines()
+    assert lines[221 - 1].strip() == "return" and "self.request_status[bootstrap_room] = status" in lines[222 - 1]
+
+
+def test_decode_queues_bound_in_managers_are_a_gap_from_the_folder_alone() -> None:
+    """0.5.2 decode: scheduler.py (managers/) binds self.disagg_decode_prealloc_queue and
+    self.disagg_decode_transfer_queue to their queue objects; decode.py appends to the transfer
+    queue (890). Before, disaggregation/ alone gave two undrained-queue errors there."""
+    from kvtrace.packs import load_pack
+
+    root = sglang_tree("0.5.2")
+    folder = scan_path(root / D, load_pack("sglang-decode"))
+    assert not [f for f in folder.findings if f.rule == "undrained-queue"]
+    for queue in ("disagg_decode_prealloc_queue", "disagg_decode_transfer_queue"):
+        assert any(p.startswith(f"self.{queue} is bound outside the scanned folder") for p in folder.problems), queue
+    whole = scan_path(root / "sglang" / "srt", load_pack("sglang-decode"))
+    assert not [f for f in whole.findings if f.rule == "undrained-queue"]
+    assert not any("bound outside the scanned folder" in p for p in whole.problems)
+
+
+# A timeout whose condition also tests the status covers only that status (issue 23 §3).
+TIMED_MANAGER = '''\
+from ..base.conn import KVPoll
+
+
+class BaseKVManager:
+    pass
+
+
+class NetKVManager(BaseKVManager):
+    def __init__(self):
+        self.request_status = {}
+
+    def check_status(self, room):
+        return self.request_status[room]
+
+    def update_status(self, room, status):
+        self.request_status[room] = status
+
+    def handshake(self, room):
+        self.update_status(room, KVPoll.WaitingForInput)
+
+    def transfer(self, room):
+        self.update_status(room, KVPoll.Transferring)
+'''
+TIMED_SENDER = '''\
+import time
+
+from ..base.conn import BaseKVSender, KVPoll
+
+
+class NetKVSender(BaseKVSender):
+    def __init__(self, mgr, room):
+        self.kv_mgr = mgr
+        self.room = room
+        self.start = time.time()
+        self.kv_mgr.update_status(room, KVPoll.WaitingForInput)
+
+    def poll(self) -> KVPoll:
+        status = self.kv_mgr.check_status(self.room)
+%s
+        return status
+
+    def abort(self):
+        pass
+'''
+GUARDED_FLAT = '''        if time.time() - self.start >= 30 and status == KVPoll.WaitingForInput:
+            return KVPoll.Failed'''
+GUARDED_NESTED = '''        if time.time() - self.start >= 30:
+            if status == KVPoll.WaitingForInput:
+                return KVPoll.Failed'''
+
+
+@pytest.mark.parametrize("guard", ["flat", "nested"])
+def test_a_status_guarded_timeout_covers_only_that_status(tmp_path: Path, guard: str) -> None:
+    body = GUARDED_FLAT if guard == "flat" else GUARDED_NESTED
+    report = scan_path(write(tmp_path, {"disaggregation/prefill.py": drain(STANDARD_BRANCHES),
+                                        "disaggregation/net/conn.py": TIMED_SENDER % body,
+                                        "disaggregation/net/mgr.py": TIMED_MANAGER}))
+    [backend] = report.backends
+    assert [(t.line, t.covers) for t in backend.timeouts] == [(15, ("WaitingForInput",))]
+    assert {s: v.way_out.value for s, v in backend.verdicts.items()} == {"WaitingForInput": "timeout", "Transferring": "none"}
+    assert [(f.state, f.severity) for f in report.findings if f.rule == "pinned-state"] == [("Transferring", "error")]
+
+
+def test_the_gate_on_errors_counts_only_unconditional_findings(tmp_path: Path) -> None:
+    import subprocess
+    import sys
+
+    premised = write(tmp_path / "premised", {"disaggregation/prefill.py": drain(RAISING),
+                                             "disaggregation/net/conn.py": SENDER,
+                                             "disaggregation/net/mgr.py": MANAGER.replace("{extra}", "")})
+    retry = "\n    def handle_retry(self, room):\n        self.request_status[room] = KVPoll.Bootstrapping\n"
+    plain = write(tmp_path / "plain", {"disaggregation/prefill.py": drain(RAISING),
+                                       "disaggregation/net/conn.py": SENDER,
+                                       "disaggregation/net/mgr.py": MANAGER.replace("{extra}", retry)})
+
+    def gate(tree: Path, level: str) -> int:
+        return subprocess.run([sys.executable, "-m", "kvtrace", "scan", str(tree), "--no-cache", "-q",
+                               "--fail-on", level], capture_output=True, text=True, timeout=300).returncode
+
+    assert gate(premised, "error") == 0 and gate(premised, "warning") == 1
+    assert gate(plain, "error") == 1

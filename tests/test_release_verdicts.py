@@ -1,0 +1,179 @@
+"""Every error-level verdict (and every one that rests on a premise) on each released SGLang with
+disaggregation, read against the code and SGLang's tracker (issue 23). The data below is the
+reading: per release, each finding kvtrace must give, scanning `sglang/srt` and
+`sglang/srt/disaggregation`, with its verdict class; each class says why and cites the upstream
+issue. A bug fixed upstream is reported before the fix and gone after (the releases that lack a
+class are part of the data). Lines are the `def poll` of the backend's sender (pinned-state),
+the assert/raise the state reaches (state-crash), the raise in poll() (poll-raises).
+
+Grouped by release (one pair of scans each, 1-3 s apiece)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from kvtrace.model import Report
+from kvtrace.rules.premise import SEND_SKIPPED, SHARED_ROOM
+from kvtrace.scan import scan_path
+from tests.sglang_wheels import sglang_tree
+
+D = "sglang/srt/disaggregation"
+RULES = ("pinned-state", "state-crash", "poll-raises")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    premise: str | None  # None: true as stated (an error); else what it rests on (a warning)
+    because: str
+    upstream: str
+    cited: str  # what the cited line holds
+
+
+STALLED_NIXL = Verdict(None, "NixlKVSender.poll(): once has_sent, the transfer handles neither all DONE nor any ERR "
+                             "return WaitingForInput; abort() is absent or writes conclude_state, which poll() never "
+                             "reads; no clock is read: a stalled transfer pins the request", "sglang#24296", "def poll")
+MOONCAKE_WAIT = Verdict(None, "MooncakeKVSender.poll() answers check_status(); WaitingForInput has no deadline (the "
+                              "bootstrap timeout covers Bootstrapping only) and there is no abort()",
+                        "waiting timeout added later (SGLANG_DISAGGREGATION_WAITING_TIMEOUT)", "def poll")
+NIXL_RAISES = Verdict(None, "poll() raises on an ERR transfer state and the drain's poll_and_all_reduce is in no try: "
+                            "the scheduler crashes instead of failing one request", "sglang#24296", "raise")
+FAKE_SKIP = Verdict(SEND_SKIPPED, "FakeKVSender.poll() waits for has_sent; send_kv_chunk(req, last_chunk=True) right "
+                                  "after the append sends unless a path returns first (no pages: a fully cached or "
+                                  "empty prompt)", "sglang#28652 (fixed in 0.5.21)", "def poll")
+CRASH_ROOM = Verdict(SHARED_ROOM, "a request enters the inflight queue only past Bootstrapping; the table only moves "
+                                  "up and only the sender's constructor stores Bootstrapping: it comes back only with "
+                                  "a second sender for the same room", "sglang#25063, sglang#27643", "")
+# 0.4.7.post1, 0.4.8: the same reading, but mooncake's decode thread stores a value kvtrace
+# cannot read (int(status.decode('ascii'))), so kvtrace cannot show that nothing puts it back.
+CRASH_ROOM_UNPROVEN = Verdict(None, CRASH_ROOM.because + "; not shown: mooncake stores a network value kvtrace "
+                                                         "cannot read, so the premise is not established", CRASH_ROOM.upstream, "")
+PP_CRASH = Verdict(None, "the PP branch asserts `poll == Success or poll == Failed` for a rid this rank is told to "
+                         "check; a lagging rank still polls a transient state", "sglang#20485, fixed by sglang#20686 "
+                         "(0.5.10)", "assert poll == KVPoll.Success or poll == KVPoll.Failed")
+PP_CRASH_ROOM = Verdict(SHARED_ROOM, PP_CRASH.because + "; Bootstrapping there needs the table to go back (as "
+                                                        "CRASH_ROOM)", PP_CRASH.upstream, PP_CRASH.cited)
+NIXL_BOOT = Verdict(SHARED_ROOM, "false as an unconditional pin: poll() reads the table only while not has_sent, and "
+                                 "the table never goes back to Bootstrapping once the request passed the bootstrap "
+                                 "queue; only a second sender for the room stores it again", "sglang#27643", "def poll")
+NIXL_ABSENT = Verdict(SHARED_ROOM, "check_status answers WaitingForInput for an absent room and update_status(Failed) "
+                                   "is a no-op for it; the only code that takes the room out is CommonKVSender.clear(), "
+                                   "which the drain calls as the request concludes: while queued, only another "
+                                   "request with the same room empties it", "sglang#25063, sglang#27643", "def poll")
+
+# (rule, backend, state, path under disaggregation/, line, verdict) per release.
+RELEASES: dict[str, list[tuple[str, str | None, str | None, str, int, Verdict]]] = {}
+
+
+def _add(versions: str, rule: str, backend: str | None, state: str | None, path: str, lines: str,
+         verdict: Verdict) -> None:
+    assert len(versions.split()) == len(lines.split()), (rule, backend, state)
+    for version, line in zip(versions.split(), lines.split()):
+        RELEASES.setdefault(version, []).append((rule, backend, state, path, int(line), verdict))
+
+
+ALL = ("0.4.6.post5 0.4.7 0.4.7.post1 0.4.8 0.4.8.post1 0.4.9.post6 0.4.10.post2 0.5.1.post3 0.5.2 0.5.3.post3 "
+       "0.5.4.post3 0.5.5.post3 0.5.6.post2 0.5.7 0.5.8.post1 0.5.9 0.5.10 0.5.10.post1 0.5.11 0.5.12 0.5.12.post1 "
+       "0.5.13 0.5.13.post1 0.5.14 0.5.15.post1 0.5.16 0.5.17 0.5.18 0.5.19 0.5.20 0.5.21 0.5.22 0.5.23").split()
+for _v in ALL:
+    RELEASES.setdefault(_v, [])
+
+_UP_TO_0511 = " ".join(ALL[:ALL.index("0.5.11") + 1])
+_add(_UP_TO_0511, "pinned-state", "nixl", "WaitingForInput", "nixl/conn.py",
+     "450 390 395 395 427 437 437 437 598 727 727 724 721 745 742 963 940 940 1146", STALLED_NIXL)
+_add(_UP_TO_0511, "poll-raises", "nixl", None, "nixl/conn.py",
+     "457 397 402 402 434 444 444 444 605 734 734 731 728 752 749 970 947 947 1153", NIXL_RAISES)
+_add("0.4.6.post5 0.4.7 0.4.7.post1 0.4.8 0.4.8.post1", "pinned-state", "mooncake", "WaitingForInput",
+     "mooncake/conn.py", "498 718 723 719 932", MOONCAKE_WAIT)
+_add(" ".join(ALL[:ALL.index("0.5.12.post1") + 1]), "pinned-state", "fake", "WaitingForInput", "fake/conn.py",
+     "23 23 29 29 29 29 29 29 29 29 29 29 29 29 29 43 46 46 48 50 50", FAKE_SKIP)
+_add("0.4.7.post1 0.4.8", "state-crash", None, "Bootstrapping", "prefill.py", "501 505", CRASH_ROOM_UNPROVEN)
+_add("0.4.8.post1 0.4.9.post6 0.4.10.post2 0.5.1.post3 0.5.2 0.5.3.post3 0.5.4.post3 0.5.5.post3 0.5.6.post2 0.5.7 0.5.8.post1 "
+     "0.5.9", "state-crash", None, "Bootstrapping", "prefill.py", "506 518 515 530 532 564 561 558 558 580 576 602", CRASH_ROOM)
+_PP = "0.5.1.post3 0.5.2 0.5.3.post3 0.5.4.post3 0.5.5.post3 0.5.6.post2 0.5.7 0.5.8.post1 0.5.9"
+_PP_LINES = "504 506 538 535 532 532 554 550 576"
+_add(_PP, "state-crash", None, "WaitingForInput", "prefill.py", _PP_LINES, PP_CRASH)
+_add(_PP, "state-crash", None, "Bootstrapping", "prefill.py", _PP_LINES, PP_CRASH_ROOM)
+_add("0.5.9", "state-crash", None, "Transferring", "prefill.py", "576", PP_CRASH)  # mori returns it from 0.5.9
+_add("0.5.10 0.5.10.post1 0.5.11", "pinned-state", "nixl", "Bootstrapping", "nixl/conn.py", "940 940 1146", NIXL_BOOT)
+_add("0.5.12 0.5.12.post1 0.5.13 0.5.13.post1 0.5.14 0.5.15.post1 0.5.16 0.5.17 0.5.18 0.5.19 0.5.20 0.5.21 0.5.22",
+     "pinned-state", "nixl", "WaitingForInput", "nixl/conn.py",
+     "1878 1881 1936 1936 1936 2435 2512 2761 2790 2841 3089 3159 3338", NIXL_ABSENT)
+
+
+KEYERROR_ROOM = Verdict(SHARED_ROOM, "check_status reads `self.request_status[room]`: KeyError for an absent room, and "
+                                     "poll() calls it outside any try; the room leaves the table only through the "
+                                     "request's own clear(), which the drain calls as it concludes, so while queued "
+                                     "only another request with the same room empties it", "sglang#40125",
+                        "self.request_status[")
+# (backend, path under disaggregation/, line of the table read) per release: poll-raises KeyError.
+KEYERROR_SITES = {
+    '0.4.6.post5': [],
+    '0.4.7': [('mooncake', 'mooncake/conn.py', 589)],
+    '0.4.7.post1': [('mooncake', 'mooncake/conn.py', 589)],
+    '0.4.8': [('mooncake', 'mooncake/conn.py', 585)],
+    '0.4.8.post1': [('mooncake', 'mooncake/conn.py', 796)],
+    '0.4.9.post6': [('ascend', 'mooncake/conn.py', 809), ('mooncake', 'mooncake/conn.py', 809)],
+    '0.4.10.post2': [('ascend', 'mooncake/conn.py', 827), ('mooncake', 'mooncake/conn.py', 827)],
+    '0.5.1.post3': [('ascend', 'mooncake/conn.py', 999), ('mooncake', 'mooncake/conn.py', 999)],
+    '0.5.2': [('ascend', 'mooncake/conn.py', 1002), ('mooncake', 'mooncake/conn.py', 1002)],
+    '0.5.3.post3': [('ascend', 'mooncake/conn.py', 1028), ('mooncake', 'mooncake/conn.py', 1028)],
+    '0.5.4.post3': [('ascend', 'mooncake/conn.py', 1027), ('mooncake', 'mooncake/conn.py', 1027)],
+    '0.5.5.post3': [('ascend', 'mooncake/conn.py', 1021), ('mooncake', 'mooncake/conn.py', 1021)],
+    '0.5.6.post2': [('ascend', 'mooncake/conn.py', 1019), ('mooncake', 'mooncake/conn.py', 1019)],
+    '0.5.7': [('ascend', 'mooncake/conn.py', 1024), ('mooncake', 'mooncake/conn.py', 1024)],
+    '0.5.8.post1': [('ascend', 'mooncake/conn.py', 1024), ('mooncake', 'mooncake/conn.py', 1024)],
+    '0.5.9': [('ascend', 'mooncake/conn.py', 1099), ('mooncake', 'mooncake/conn.py', 1099), ('mori', 'mori/conn.py', 297)],
+    '0.5.10': [('ascend', 'common/conn.py', 179), ('mooncake', 'common/conn.py', 179), ('mori', 'common/conn.py', 179)],
+    '0.5.10.post1': [('ascend', 'common/conn.py', 179), ('mooncake', 'common/conn.py', 179), ('mori', 'common/conn.py', 179)],
+    '0.5.11': [('ascend', 'common/conn.py', 180), ('mooncake', 'common/conn.py', 180), ('mori', 'common/conn.py', 180)],
+    '0.5.12': [('ascend', 'common/conn.py', 191), ('mooncake', 'common/conn.py', 191)],
+    '0.5.12.post1': [('ascend', 'common/conn.py', 191), ('mooncake', 'common/conn.py', 191)],
+    '0.5.13': [('ascend', 'common/conn.py', 210), ('mooncake', 'common/conn.py', 210)],
+    '0.5.13.post1': [('ascend', 'common/conn.py', 210), ('mooncake', 'common/conn.py', 210)],
+    '0.5.14': [('ascend', 'common/conn.py', 212), ('mooncake', 'common/conn.py', 212)],
+    '0.5.15.post1': [('ascend', 'common/conn.py', 213), ('mooncake', 'common/conn.py', 213)],
+    '0.5.16': [('ascend', 'common/conn.py', 248), ('mooncake', 'common/conn.py', 248)],
+    '0.5.17': [('ascend', 'common/conn.py', 310), ('mooncake', 'common/conn.py', 310)],
+    '0.5.18': [('ascend', 'common/conn.py', 315), ('mooncake', 'common/conn.py', 315)],
+    '0.5.19': [('ascend', 'common/conn.py', 363), ('mooncake', 'common/conn.py', 363)],
+    '0.5.20': [('ascend', 'common/conn.py', 393), ('mooncake', 'common/conn.py', 393)],
+    '0.5.21': [('ascend', 'common/conn.py', 413), ('mooncake', 'common/conn.py', 413)],
+    '0.5.22': [('ascend', 'common/conn.py', 553), ('mooncake', 'common/conn.py', 553)],
+    '0.5.23': [],
+}
+for _v, _sites in KEYERROR_SITES.items():
+    for _backend, _path, _line in _sites:
+        RELEASES[_v].append(("poll-raises", _backend, None, _path, _line, KEYERROR_ROOM))
+
+
+def verdict_rows(report: Report) -> set[tuple[str, str | None, str | None, str, int, str | None, str]]:
+    return {(f.rule, f.backend, f.state, f.path.split("disaggregation/", 1)[-1], f.line, f.premise, f.severity)
+            for f in report.findings if f.rule in RULES and (f.severity == "error" or f.premise)}
+
+
+def expected_rows(version: str) -> set[tuple[str, str | None, str | None, str, int, str | None, str]]:
+    return {(rule, backend, state, path, line, v.premise, "warning" if v.premise else "error")
+            for rule, backend, state, path, line, v in RELEASES[version]}
+
+
+@pytest.mark.parametrize("version", ALL)
+def test_release_verdicts(version: str) -> None:
+    root = sglang_tree(version)
+    whole = scan_path(root / "sglang" / "srt")
+    assert verdict_rows(whole) == expected_rows(version)
+    # Each cited line is what the verdict says it is.
+    for rule, backend, state, path, line, verdict in RELEASES[version]:
+        text = (root / D / path).read_text().splitlines()[line - 1].strip()
+        cited = verdict.cited or ("assert" if "assert" in text else "raise")
+        assert cited in text and (rule != "state-crash" or text.startswith(("assert", "raise"))), (version, path, line, text)
+    # The backends' folder alone gives the same verdicts, or says what it could not see (the
+    # callers of the drain, in managers/) and adds only the modes it could not bind.
+    folder = scan_path(root / D)
+    narrow = verdict_rows(folder)
+    assert verdict_rows(whole) <= narrow
+    if narrow != verdict_rows(whole):
+        assert any("outside the scanned folder are not seen" in p for p in folder.problems)
+        assert {r[0] for r in narrow - verdict_rows(whole)} == {"state-crash"}
