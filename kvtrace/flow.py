@@ -244,8 +244,65 @@ def names_in(node: cst.CSTNode) -> set[str]:
     return found
 
 
+_FORGETTABLE = frozenset({"chain", "self-chain", "comparison"})  # fact kinds forget_dead drops once read no more
+_CHAIN = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")  # a name or attribute chain: what live_after lists
+
+
+def _lines_of(func: FuncRef) -> list[str]:
+    return func.module.lines[func.node.lineno - 1: func.node.end_lineno or func.node.lineno]
+
+
 def merge(paths: Iterable[PathState]) -> list[PathState]:
     return list(dict.fromkeys(paths))
+
+
+def widen(paths: list[PathState]) -> list[PathState]:
+    """Past the path limit, before anything is cut: paths that differ only in which helpers they
+    entered that did nothing on them (no event but entering further helpers) are one path, the
+    first. No fate or verdict reads such an entry, and what a path does next depends on its
+    bindings, facts and ending, never on its events: the first path's future is every merged one's.
+    (Below the limit every entry is kept: each is a line of the path a finding shows.)"""
+    return list(_first_by(paths, lambda p: (p.env, p.attrs, p.term, p.ret, _without_idle_helpers(p.events))))
+
+
+def _first_by(paths: list[PathState], key: Callable[[PathState], tuple]) -> Iterable[PathState]:
+    seen: set[tuple] = set()
+    for path in paths:
+        k = key(path)
+        if k not in seen:
+            seen.add(k)
+            yield path
+
+
+def _without_idle_helpers(events: tuple[Event, ...]) -> tuple[Event, ...]:
+    """The events without the entries of helper runs in which nothing but entering other helpers
+    happened. Calls are rebuilt from the events: a helper entry opens a call of its detail (the
+    callee), an event of a function closes the calls opened after that function's; an event other
+    than an entry inside a call makes it and every call around it do something."""
+    if not any(e.kind is EventKind.HELPER for e in events):
+        return events
+    idle: set[int] = set()
+    open_calls: list[list] = []  # [callee qualname, index of its entry, did something]
+
+    def close(until: str | None) -> None:
+        while open_calls and open_calls[-1][0] != until:
+            name, at, busy = open_calls.pop()
+            if busy and open_calls:
+                open_calls[-1][2] = True
+            elif not busy:
+                idle.add(at)
+
+    for i, event in enumerate(events):
+        if any(call[0] == event.function for call in open_calls):
+            close(event.function)
+        else:
+            close(None)
+        if event.kind is EventKind.HELPER:
+            open_calls.append([event.detail, i, False])
+        elif open_calls:
+            open_calls[-1][2] = True
+    close(None)
+    return tuple(e for i, e in enumerate(events) if i not in idle)
 
 
 class Explorer:
@@ -260,6 +317,7 @@ class Explorer:
         self._read_state = False  # the poll state's value was used (by the helper run in progress)
         self._unparsed_log: list[str] = []  # every Config.unparsed addition, in order
         self._key: tuple | None = None
+        self._calls = 0  # helper runs in progress: 0 in the run's own frames (drain loop, its owner's loops)
         self.steps = 0  # path steps taken (see MAX_STEPS)
         self.spent = False  # the step budget ran out: no statement runs any more
         self.max_steps = config.max_steps if config.max_steps is not None else MAX_STEPS
@@ -284,6 +342,8 @@ class Explorer:
                 paths = self.forget_dead(paths, stmt, frame)
             paths = merge(paths)
             if len(paths) > self.c.max_paths:
+                paths = widen(paths)
+            if len(paths) > self.c.max_paths:
                 if self.c.give_up:
                     raise PathLimit(f"{frame.func.path}:{frame.body.line(stmt)}")
                 self.c.truncated.append(f"{frame.func.path}:{frame.body.line(stmt)}")
@@ -301,8 +361,9 @@ class Explorer:
     def forget_dead(self, paths: list[PathState], stmt: cst.CSTNode, frame: Frame) -> list[PathState]:
         """Drop what no later statement can read, so that paths differing only in it merge
         (`if req.a: x = 1` twenty times is not 2**20 paths): the function's local names not
-        read after `stmt`, and facts about a local's attribute chain not read after it nor in
-        any other function (a callee's local of the same name would read the same fact)."""
+        read after `stmt`, and facts no test after it nor in any other function can read again
+        (a callee's local of the same name would read the same fact): an attribute chain of a
+        local or of the object, and a comparison one of whose sides is a chain read no more."""
         after = live_after(frame.body.node, stmt, self.c.index.derived)
         if after is None:
             return paths
@@ -310,12 +371,67 @@ class Explorer:
         for path in paths:
             env = tuple(b for b in path.env if b[0] in after)
             attrs = path.attrs
-            if any(isinstance(k, FactKey) and k.kind == "chain" for k, _ in attrs):
-                attrs = tuple(b for b in attrs if not (isinstance(b[0], FactKey) and b[0].kind == "chain")
-                              or b[0].chain in after or self.read_elsewhere(b[0].chain, frame))
+            if any(isinstance(k, FactKey) and k.kind in _FORGETTABLE for k, _ in attrs):
+                attrs = tuple(b for b in attrs if not isinstance(b[0], FactKey) or not self.dead_fact(b[0], after, stmt, frame))
             out.append(path if len(env) == len(path.env) and attrs is path.attrs
                        else _path(env, attrs, path.events, path.term, path.ret))
         return out
+
+    def dead_fact(self, key: "FactKey", after: frozenset[str], stmt: cst.CSTNode, frame: Frame) -> bool:
+        """Whether no test after `stmt` (`after`: what the function reads after it) nor in a
+        function that can run later can read `key` again."""
+        if key.kind == "chain":
+            return key.chain not in after and not self.read_later(key.chain, after, stmt, frame)
+        if key.kind == "self-chain":
+            return bool(key.sides) and f"{frame.self_name}.{key.sides[0]}" not in after \
+                and not self.read_later(key.sides[0], after, stmt, frame)
+        if key.kind == "comparison":  # a test again needs both sides' text
+            return any(_CHAIN.fullmatch(side) is not None and side not in after
+                       and not self.read_later(side, after, stmt, frame) for side in key.sides)
+        return False
+
+    def read_later(self, text: str, after: frozenset[str], stmt: cst.CSTNode, frame: Frame) -> bool:
+        """Whether `text` appears in a function that can run after `stmt`. Inside a helper's run
+        its caller goes on afterwards: any other function may (read_elsewhere). In a run's own
+        frame: the functions the rest of it calls, with theirs; and for the drain loop, the
+        functions that call the drain (its owner's loops run after it), with theirs."""
+        if self._calls:
+            return self.read_elsewhere(text, frame)
+        key = ("read later", id(frame.func.node), id(stmt), len(self.stack) == 1, text)
+        known = self.c.index.derived.get(key)
+        if known is None:
+            known = any(text in line for func in self.later_functions(after, stmt, frame) for line in _lines_of(func))
+            self.c.index.derived[key] = known
+        return known
+
+    def later_functions(self, after: frozenset[str], stmt: cst.CSTNode, frame: Frame) -> list[FuncRef]:
+        key = ("later functions", id(frame.func.node), id(stmt), len(self.stack) == 1)
+        found = self.c.index.derived.get(key)
+        if found is None:
+            index, cls, func = self.c.index, frame.cls, frame.func
+            seen: dict[int, FuncRef] = {}
+            todo = [f for name in {t.rsplit(".", 1)[-1] for t in after} for f in self._named(name, cls, func.path)]
+            if len(self.stack) == 1:  # the drain loop: its callers' loops run after it
+                todo += [caller for caller, _ in index.callers(func.name)]
+            while todo:
+                f = todo.pop()
+                if id(f.node) in seen or f.node is func.node:
+                    continue
+                seen[id(f.node)] = f
+                for call in index.calls_in(f):
+                    name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", None)
+                    if name:
+                        todo.extend(self._named(name, cls, f.path))
+            found = self.c.index.derived[key] = list(seen.values())
+        return found
+
+    def _named(self, name: str, cls: ClassInfo | None, near: str) -> list[FuncRef]:
+        """What a call of `name` can enter: the class's methods of that name (any in its MRO,
+        for super()), or a module function."""
+        index = self.c.index
+        found = [c.methods[name] for c in index.mro(cls) if name in c.methods] if cls is not None else []
+        function = index.resolve_function(name, near)
+        return found + ([function] if function is not None else [])
 
     def read_elsewhere(self, chain: str, frame: Frame) -> bool:
         """Whether the text of `chain` appears in any function but the frame's (conservative:
@@ -379,9 +495,11 @@ class Explorer:
         # the run shows whether the callee cleared it (as an expression statement does).
         outer, self._discarded = self._discarded, _OUTER
         self.stack.append(id(func.node))
+        self._calls += 1
         try:
             ends = self.run_block(function_body(cst_func.node), [start], frame)
         finally:
+            self._calls -= 1
             self.stack.pop()
             cleared = self._discarded is None
             self._discarded = None if cleared else outer
@@ -1123,7 +1241,7 @@ class Explorer:
             # (A comparison tested once in the function: nothing would read the fact again.)
             left, right = code(node.left), code(node.comparisons[0].comparator)
             family = {"!=": "==", "is not": "is", "not in": "in"}.get(op, op)
-            key = comparison_fact(f"{frame.prefix}{left} {family} {right}")
+            key = comparison_fact(f"{frame.prefix}{left} {family} {right}", (left, right))
         self._comparison_keys[(id(node), frame.prefix)] = (node, key)
         return key
 
@@ -1471,18 +1589,21 @@ class FactKey(str):
     facts had a type) and what it reads. `kind`: "chain" (a local's attribute chain, `req.a`),
     "self-chain" (`self.x.y`), "comparison", "branch" (a sender test frozen by line), "call"
     (an opaque call's answer). `reads`: the assignments that make it stale (mypy's binder:
-    assigning X forgets every key that depends on X)."""
+    assigning X forgets every key that depends on X). `sides`: the chains a test must contain
+    to read the fact again (a comparison's sides, a self-chain's chain after the object)."""
 
     kind: str
     reads: frozenset[Dependency]
+    sides: tuple[str, ...]
 
-    def __new__(cls, text: str, kind: str, reads: frozenset[Dependency] = frozenset()) -> "FactKey":
+    def __new__(cls, text: str, kind: str, reads: frozenset[Dependency] = frozenset(),
+                sides: tuple[str, ...] = ()) -> "FactKey":
         made = super().__new__(cls, FACT + text)
-        made.kind, made.reads = kind, reads
+        made.kind, made.reads, made.sides = kind, reads, sides
         return made
 
     def __reduce__(self) -> tuple:
-        return (_fact_key_of, (str(self)[len(FACT):], self.kind, self.reads))
+        return (_fact_key_of, (str(self)[len(FACT):], self.kind, self.reads, self.sides))
 
     @property
     def chain(self) -> str:
@@ -1490,8 +1611,8 @@ class FactKey(str):
         return self[len(FACT_LOCAL):]
 
 
-def _fact_key_of(text: str, kind: str, reads: frozenset[Dependency]) -> FactKey:
-    return FactKey(text, kind, reads)
+def _fact_key_of(text: str, kind: str, reads: frozenset[Dependency], sides: tuple[str, ...] = ()) -> FactKey:
+    return FactKey(text, kind, reads, sides)
 
 
 FACT_LOCAL = FACT + ":"  # the text of a "chain" fact: "?:<chain>"
@@ -1501,10 +1622,10 @@ def chain_fact(chain: str) -> FactKey:
     return FactKey(":" + chain, "chain", frozenset({("local", chain.partition(".")[0])}))
 
 
-def comparison_fact(text: str) -> FactKey:
+def comparison_fact(text: str, sides: tuple[str, ...] = ()) -> FactKey:
     """A remembered comparison, "?cmp:<prefix><left> <in|==|is> <right>". It reads every word
     of its text (names and attributes, and words inside its literals: conservative)."""
-    return FactKey("cmp:" + text, "comparison", frozenset(("word", w) for w in re.findall(r"\w+", text)))
+    return FactKey("cmp:" + text, "comparison", frozenset(("word", w) for w in re.findall(r"\w+", text)), sides)
 
 
 def fact_key(node: cst.CSTNode, frame: Frame) -> str | None:
@@ -1526,7 +1647,8 @@ def _chain_key(node: cst.Attribute, self_name: str, prefix: str) -> str | None:
     if root == self_name:
         if "." not in rest:
             return prefix + rest
-        return FactKey(prefix + rest, "self-chain", frozenset({("attr", prefix + rest.partition(".")[0])}))
+        return FactKey(prefix + rest, "self-chain", frozenset({("attr", prefix + rest.partition(".")[0])}),
+                       (rest,) if not prefix else ())
     return chain_fact(text)
 
 

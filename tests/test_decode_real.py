@@ -109,3 +109,14 @@ def test_decode_findings(report: Report) -> None:
     }
     # The prealloc queue keeps WaitingForInput only until pop_preallocated moves it on: no pin there.
     assert not any(f.rule == "pinned-state" and "prealloc" in f.message for f in report.findings)
+
+
+@pytest.mark.parametrize("version", ["0.5.14"])
+def test_decode_pack_completes_without_a_path_limit(version: str) -> None:
+    """Issue 22: pop_preallocated's prealloc loop (decode.py 868-1060 in 0.5.14) runs each
+    request through allocation helpers that enter other helpers or not and do nothing to it,
+    after a poll pass and an abort pass: their combinations passed the per-statement limit,
+    and the scan was incomplete with every state of both queues `kept, leaves, raises`."""
+    scanned = scan_path(sglang_tree(version) / "sglang" / "srt", load_pack("sglang-decode"))
+    assert not [p for p in scanned.problems if "path limit" in p or "cut short" in p], scanned.problems
+    assert {q.name for q in scanned.queues} == {"disagg_decode_prealloc_queue", "disagg_decode_transfer_queue"}

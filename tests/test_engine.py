@@ -321,6 +321,44 @@ def test_a_local_read_later_is_kept() -> None:
     assert settings.truncated == []
 
 
+# The decode prealloc loop's shape (issue 22): a request goes through many allocation helpers,
+# each of which enters other helpers or not depending on a flag, and does nothing to the request.
+IDLE_HELPERS = "\n\ndef budget(r):\n    if r.swa:\n        tail(r)\n    return 1\n\ndef tail(r):\n    return 2\n"
+LOGGING_HELPER = "\n\ndef budget(r):\n    if r.swa:\n        logger.warning('tail')\n    return 1\n"
+
+
+def budget_calls(count: int) -> str:
+    return "x = KVPoll.Failed\nif req.b:\n    x = KVPoll.Success\n" + "budget(req)\n" * count + "return x"
+
+
+def test_helpers_entered_that_did_nothing_do_not_multiply_paths_past_the_limit() -> None:
+    ends, settings = explore(budget_calls(12), {"req": frozenset({"@req"})}, module=IDLE_HELPERS, max_paths=64)
+    # 2 * 2**12 paths differ only in whether each run of budget() entered tail(): one per value of x.
+    assert settings.truncated == []
+    assert returns(ends) == {frozenset({"Failed"}), frozenset({"Success"})}
+    assert len(ends) == 2
+    # Below the limit every path, and every helper entry on it, is kept (each is a line of a finding).
+    exact, _ = explore(budget_calls(3), {"req": frozenset({"@req"})}, module=IDLE_HELPERS)
+    assert len(exact) == 2 * 2 ** 3
+
+
+def test_a_helper_that_does_something_keeps_its_paths_apart() -> None:
+    body = "budget(req)\n" * 8 + "return p"
+    ends, settings = explore(body, {"req": frozenset({"@req"}), "p": POLL}, module=LOGGING_HELPER, max_paths=64)
+    # Each run logs or not: 2**8 distinct paths, none merged, so the limit is reached and said.
+    assert settings.truncated and all(not isinstance(t, Cut) for t in settings.truncated)
+    assert len(ends) <= 64
+
+
+@pytest.mark.parametrize("test", ["req.rid in s", "self.x.y", "req.a.b == s"])
+def test_a_fact_read_no_more_is_forgotten(test: str) -> None:
+    """Tested twice (so remembered), then never again: paths that differ only in it are one."""
+    body = f"if {test}:\n    a = 1\nif {test}:\n    b = 1\n" + flag_ifs(6) + "return p"
+    ends, settings = explore(body, {**REQ, "p": POLL})
+    assert returns(ends) == {POLL} and settings.truncated == []
+    assert len(ends) == 1
+
+
 def test_the_step_budget_ends_the_run_with_a_gap() -> None:
     ends, settings = explore("x = KVPoll.Failed\nif req.b:\n    x = KVPoll.Success\n" + flag_ifs(100) + "return x",
                              {"req": frozenset({"@req"})}, max_steps=60)
