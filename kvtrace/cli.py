@@ -402,13 +402,9 @@ def scan(
             for r in results:
                 if r.metrics is not None and (r.metrics.error or not r.metrics.gauges):
                     typer.echo(plain(f"kvtrace: metrics: {r.target}: {r.metrics.summary()[0]}"), err=True)
-        # What failed the run, on stderr unless something already says it (concise and github
-        # end with the verdict line, a fleet summary names each host's): a CI log shows why it is red.
-        fleet_summary = not quiet and (fleet or metrics is not None)
-        says_it = output is None and output_format in (OutputFormat.concise, OutputFormat.github)
-        if not quiet and (output_format is OutputFormat.text or not (says_it or fleet_summary)):
+        if output_format is OutputFormat.text and not quiet:
             report_failures(results, gate_levels)
-        if fleet_summary:
+        if not quiet and (fleet or metrics is not None):
             summary = render_summary([summarise(r) for r in results])
             if output_format is OutputFormat.text and output is None:
                 typer.echo("\n" + summary, nl=False)
