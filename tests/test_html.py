@@ -254,9 +254,11 @@ def test_html_answer_first_and_edge_labels_apart(browser, tmp_path: Path, versio
     from kvtrace.scan import scan_path
 
     page = tmp_path / f"sglang-{version}.html"
-    assert kvtrace("scan", str(sglang_tree(version)), "-f", "html", "-o", str(page)).returncode == 1
-    open_page(browser, page)
     report = scan_path(sglang_tree(version))
+    # Exit 1 only on an error (0.5.14's nixl pin rests on a shared room: a warning).
+    failing = any(f.severity == "error" for f in report.findings)
+    assert kvtrace("scan", str(sglang_tree(version)), "-f", "html", "-o", str(page)).returncode == int(failing)
+    open_page(browser, page)
     headline = browser.execute_script("return document.querySelector('p.summary').textContent")
     assert headline == summary_line(report) and "finding(s)" not in headline
     grid = verdict_grid(report)
