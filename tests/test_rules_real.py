@@ -47,7 +47,12 @@ EXPECTED: dict[str, dict[str, set[tuple[str, str, int, str | None, str | None]]]
         "abort-ignored": {("abort-ignored", f"{D}/fake/conn.py", 29, "fake", None),
                           ("abort-ignored", f"{D}/nixl/conn.py", 598, "nixl", None)},
         # NixlKVSender.poll(): `raise Exception("KVSender transfer encountered an error.")` (605).
-        "poll-raises": {("poll-raises", f"{D}/nixl/conn.py", 605, "nixl", None)},
+        # MooncakeKVManager.check_status (1002): `self.request_status[bootstrap_room]`, a KeyError
+        # for a room another request's clear() popped (a warning resting on a shared room,
+        # sglang#40125), for mooncake and ascend (whose sender builds on mooncake's).
+        "poll-raises": {("poll-raises", f"{D}/nixl/conn.py", 605, "nixl", None),
+                        ("poll-raises", f"{D}/mooncake/conn.py", 1002, "mooncake", None),
+                        ("poll-raises", f"{D}/mooncake/conn.py", 1002, "ascend", None)},
         # 506: the PP branch's `assert poll == KVPoll.Success or poll == KVPoll.Failed` fails for
         # the three waiting states; 532: the chain's `else: assert False, "Unexpected polling
         # state"` is where Bootstrapping lands on the normal path (scheduler crash). Bootstrapping
@@ -119,7 +124,8 @@ def test_link_rules_on_real_releases(scanned: tuple[str, Report, Path]) -> None:
 
 def test_poll_raises_points_at_the_raise() -> None:
     report = scan_path(sglang_tree("0.5.2"))
-    [finding] = [f for f in report.findings if f.rule == "poll-raises"]
+    # The unconditional one (the KeyError findings rest on a shared room: test_premises).
+    [finding] = [f for f in report.findings if f.rule == "poll-raises" and not f.premise]
     line = (sglang_tree("0.5.2") / finding.path).read_text().splitlines()[finding.line - 1]
     assert line.strip().startswith("raise Exception(")
     assert "not inside a try" in finding.message
