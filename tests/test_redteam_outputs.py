@@ -232,12 +232,18 @@ def headers(extra: str = "") -> bytes:
 def _sample_in_child(url: str, timeout: float = 3.0, seconds: float = 0.0) -> dict:
     """metrics.sample in a fresh interpreter: its peak memory and wall time are its own."""
     code = (
-        "import json, resource, sys, time\n"
+        "import json, sys, time\n"
+        # VmHWM belongs to this address space: ru_maxrss would carry the forking pytest's peak
+        # over exec (540 MB late in a full run) and measure the test runner, not the sampler.
+        "def peak_mb():\n"
+        "    for line in open('/proc/self/status'):\n"
+        "        if line.startswith('VmHWM:'):\n"
+        "            return int(line.split()[1]) / 1024\n"
         "from kvtrace.metrics import parse_metrics_url, sample, tcp_opener\n"
         "t = time.monotonic()\n"
         f"s = sample(tcp_opener, parse_metrics_url({url!r}), seconds={seconds}, interval=1.0, timeout={timeout})\n"
         "print(json.dumps({'error': s.error, 'gauges': len(s.gauges), 'summary': s.summary(), "
-        "'seconds': time.monotonic() - t, 'rss_mb': resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))\n"
+        "'seconds': time.monotonic() - t, 'rss_mb': peak_mb()}))\n"
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.returncode == 0, done.stderr
