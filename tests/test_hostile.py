@@ -14,6 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.peak import MeasuredPopen
+
 ROOT = Path(__file__).resolve().parent.parent
 NIXL_PIN = ROOT / "examples" / "nixl-pin"
 
@@ -397,15 +399,15 @@ def test_memory_stays_bounded_with_huge_generated_files(tree: Path) -> None:
             size += len(rows[-1])
         (pkg / f"dense{i}.py").write_text("".join(rows[:-1]))
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen([sys.executable, "-m", "kvtrace", "scan", str(tree), "--format", "json", "--no-cache"],
-                                cwd=ROOT, stdout=out, stderr=err)
-        _, status, usage = os.wait4(proc.pid, 0)
-        proc.returncode = os.waitstatus_to_exitcode(status)
+        proc = MeasuredPopen([sys.executable, "-m", "kvtrace", "scan", str(tree), "--format", "json", "--no-cache"],
+                             cwd=ROOT, stdout=out, stderr=err)
+        proc.wait()
+        peak = proc.peak_mb()
         out.seek(0)
         err.seek(0)
         data, stderr = json.loads(out.read())["reports"][0], err.read().decode()
     assert "Traceback" not in stderr and proc.returncode == 3, stderr
-    assert usage.ru_maxrss / 1024 < 500, f"peak RSS {usage.ru_maxrss / 1024:.0f} MB"
+    assert peak < 500, f"peak RSS {peak:.0f} MB"
     files = {f["path"].rsplit("/", 1)[-1]: f for f in data["files"]}
     assert all(files[f"huge{i}.py"]["status"] == "too-large" for i in range(4))
     assert "huge0.py not analysed (too large: 11423226 bytes, over the per-file limit (--max-file-bytes 1048576))" \

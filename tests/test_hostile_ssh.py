@@ -15,6 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.peak import MeasuredPopen
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # tests/ is not a package
 
 from hostile_ssh_server import HostileServer  # noqa: E402
@@ -40,16 +42,12 @@ def scan(server: HostileServer, *extra: str) -> Run:
             "--known-hosts", str(server.known_hosts), "--ssh-config", os.devnull, *extra]
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
         started = time.monotonic()
-        proc = subprocess.Popen(args, cwd=ROOT, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
-        try:
-            _, status, usage = os.wait4(proc.pid, 0)  # the child's own peak RSS, not the suite's
-        finally:
-            proc.returncode = -1  # reaped above; keep Popen from waiting again
+        proc = MeasuredPopen(args, cwd=ROOT, stdout=out, stderr=err, stdin=subprocess.DEVNULL)
+        code = proc.wait()
         seconds = time.monotonic() - started
         out.seek(0)
         err.seek(0)
-        return Run(os.waitstatus_to_exitcode(status), out.read().decode(), err.read().decode(),
-                   seconds, usage.ru_maxrss / 1024)
+        return Run(code, out.read().decode(), err.read().decode(), seconds, proc.peak_mb())
 
 
 def one_line_error(run: Run) -> str:

@@ -7,14 +7,14 @@ checked; `a` lines are 1.5 nodes a byte, so four 1 MiB files at default limits c
 from __future__ import annotations
 
 import ast
-import os
 import shutil
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
 
 import pytest
+
+from tests.peak import MeasuredPopen
 
 from kvtrace.fetch.local import make_source_file
 from kvtrace.parse import count_nodes, node_bound, parse_modules
@@ -67,10 +67,10 @@ def test_four_dense_one_mib_files_stay_within_memory(tmp_path: Path) -> None:
     for i in range(4):
         (tree / "disaggregation" / f"flat{i}.py").write_bytes(b"a\n" * (1 << 19))  # exactly 1 MiB
     with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err:
-        proc = subprocess.Popen([sys.executable, "-m", "kvtrace", "scan", str(tree), "--format", "json", "--no-cache"],
-                                cwd=ROOT, stdout=out, stderr=err)
-        _, status, usage = os.wait4(proc.pid, 0)
-        code = os.waitstatus_to_exitcode(status)
+        proc = MeasuredPopen([sys.executable, "-m", "kvtrace", "scan", str(tree), "--format", "json", "--no-cache"],
+                             cwd=ROOT, stdout=out, stderr=err)
+        code = proc.wait()
+        peak = proc.peak_mb()
         err.seek(0)
         stderr = err.read().decode()
         out.seek(0)
@@ -78,7 +78,7 @@ def test_four_dense_one_mib_files_stay_within_memory(tmp_path: Path) -> None:
 
         report = json.loads(out.read())["reports"][0]
     assert code == 3 and "Traceback" not in stderr, stderr
-    assert usage.ru_maxrss / 1024 < 300, f"peak RSS {usage.ru_maxrss / 1024:.0f} MB"
+    assert peak < 300, f"peak RSS {peak:.0f} MB"
     flat = [f for f in report["files"] if "/flat" in f["path"]]
     assert len(flat) == 4 and all(f["status"] == "too-large" and "parse budget" in f["error"] for f in flat), flat
 

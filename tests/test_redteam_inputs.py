@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.peak import MeasuredPopen
+
 ROOT = Path(__file__).resolve().parent.parent
 NIXL_PIN = ROOT / "examples" / "nixl-pin"
 ALL_CLEAR = ROOT / "examples" / "all-clear"
@@ -53,14 +55,14 @@ def _limits() -> None:
 
 def run(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, timeout: float = DEADLINE) -> Run:
     """`python -m kvtrace ARGS` bounded in memory and time; its peak RSS from wait4."""
-    proc = subprocess.Popen([sys.executable, "-m", "kvtrace", *args], cwd=cwd, env={**os.environ, **(env or {})},
-                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            preexec_fn=_limits)
+    proc = MeasuredPopen([sys.executable, "-m", "kvtrace", *args], cwd=cwd, env={**os.environ, **(env or {})},
+                         stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         preexec_fn=_limits)
     killed = threading.Event()
 
     def kill() -> None:
         killed.set()
-        proc.kill()
+        proc.kill_group()
 
     timer = threading.Timer(timeout, kill)
     timer.start()
@@ -69,13 +71,13 @@ def run(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None, timeout
                for name, s in (("out", proc.stdout), ("err", proc.stderr))]
     for reader in readers:
         reader.start()
-    _, status, usage = os.wait4(proc.pid, 0)
+    proc.wait()
     timer.cancel()
-    proc.returncode = os.waitstatus_to_exitcode(status)
     for reader in readers:
         reader.join()
+    peak = 0.0 if killed.is_set() else proc.peak_mb()
     return Run(proc.returncode, streams["out"].decode(errors="replace"), streams["err"].decode(errors="replace"),
-               killed.is_set(), usage.ru_maxrss / 1024)
+               killed.is_set(), peak)
 
 
 def bounded(result: Run) -> Run:
