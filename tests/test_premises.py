@@ -376,3 +376,85 @@ def test_the_gate_on_errors_counts_only_unconditional_findings(tmp_path: Path) -
 
     assert gate(premised, "error") == 0 and gate(premised, "warning") == 1
     assert gate(plain, "error") == 1
+
+
+# A status read passed along as a bound method (0.5.22 … 0.5.23: `self._poll_with_status(
+# self.kv_mgr.check_status)`): the engine follows the callable wherever it is called.
+KEYED_MANAGER = MANAGER.replace("{extra}", "")
+KEYED_SENDER = '''\
+from ..base.conn import BaseKVSender, KVPoll
+
+
+def poll_through(check, room):
+    return check(room)
+
+
+class NetKVSender(BaseKVSender):
+    def __init__(self, mgr, room):
+        self.kv_mgr = mgr
+        self.room = room
+        self.kv_mgr.update_status(room, KVPoll.Bootstrapping)
+
+    def poll(self) -> KVPoll:
+%s
+
+    def _poll_with(self, check):
+%s
+
+    def abort(self):
+        self.kv_mgr.update_status(self.room, KVPoll.Failed)
+
+    def clear(self):
+        self.kv_mgr.request_status.pop(self.room, None)
+'''
+CALLS_IT = "        return check(self.room)"
+KEYED_POLLS = {
+    "direct": ("        return self.kv_mgr.check_status(self.room)", CALLS_IT),
+    "argument": ("        return self._poll_with(self.kv_mgr.check_status)", CALLS_IT),
+    "local": ("        check = self.kv_mgr.check_status\n        return check(self.room)", CALLS_IT),
+    "module function": ("        return poll_through(self.kv_mgr.check_status, self.room)", CALLS_IT),
+    "argument, room tested first": ("        return self._poll_with(self.kv_mgr.check_status)",
+                                    "        if self.room in self.kv_mgr.request_status:\n"
+                                    "            return check(self.room)\n        return KVPoll.Failed"),
+}
+CLEARING = STANDARD_BRANCHES.replace("            elif poll == KVPoll.Success:\n",
+                                     "            elif poll == KVPoll.Success:\n                req.disagg_kv_sender.clear()\n")
+
+
+@pytest.mark.parametrize("shape", list(KEYED_POLLS))
+def test_a_status_read_passed_as_a_bound_method_is_followed(tmp_path: Path, shape: str) -> None:
+    poll, helper = KEYED_POLLS[shape]
+    tree = write(tmp_path, {"disaggregation/prefill.py": drain(CLEARING),
+                            "disaggregation/net/conn.py": KEYED_SENDER % (poll, helper),
+                            "disaggregation/net/mgr.py": KEYED_MANAGER})
+    found = [(f.path, f.line, f.severity, f.premise) for f in scan_path(tree).findings if f.rule == "poll-raises"]
+    table_read = KEYED_MANAGER.splitlines().index("        return self.request_status[room]") + 1
+    if shape.endswith("room tested first"):
+        assert found == []  # the absent room answers Failed before the table is read
+    else:
+        assert found == [("disaggregation/net/mgr.py", table_read, "warning", SHARED_ROOM)]
+
+
+def test_0_5_23_tests_the_room_before_the_bound_check_status_reads_it(tmp_path: Path) -> None:
+    """0.5.23 common/conn.py: poll() is `self._poll_with_status(self.kv_mgr.check_status)` (2344);
+    `_poll_with_status` calls it only `if self.bootstrap_room in self.kv_mgr.request_status`
+    (2353), else Failed: no KeyError (sglang#40125) from the senders' poll. The same release with
+    that test taken out raises at check_status's `self.request_status[bootstrap_room]` (609)."""
+    import shutil
+
+    root = sglang_tree("0.5.23") / D
+    lines = (root / "common/conn.py").read_text().splitlines()
+    assert lines[2344 - 1].strip() == "return self._poll_with_status(self.kv_mgr.check_status)"
+    assert lines[2353 - 1].strip() == "if self.bootstrap_room in self.kv_mgr.request_status:"
+    assert lines[609 - 1].strip() == "return self.request_status[bootstrap_room]"
+    assert not [f for f in scan_path(root).findings if f.rule == "poll-raises"]
+
+    mutated = tmp_path / "disaggregation"
+    shutil.copytree(root, mutated)
+    guarded = "\n".join(lines[2352:2356]) + "\n"
+    assert guarded.splitlines()[-1].strip() == "status = KVPoll.Failed"
+    text = (mutated / "common/conn.py").read_text()
+    (mutated / "common/conn.py").write_text(text.replace(guarded, "        status = check_status(self.bootstrap_room)\n"
+                                                         "        pass\n        pass\n        pass\n"))
+    found = {(f.backend, f.path, f.line, f.premise) for f in scan_path(mutated).findings if f.rule == "poll-raises"}
+    assert found == {(b, "common/conn.py", 609, SHARED_ROOM) for b in ("ascend", "mooncake", "mori")}
