@@ -757,6 +757,10 @@ class SStep:
     flag: str = ""
     attr: str = ""  # cache: the state attribute; timeout: also set this attr to Failed ("" = no)
     record: bool = False  # timeout: call kv_mgr.record_failure first
+    # timeout with a guard: where the status test sits. "outer": `if <guard>:` around the
+    # deadline; "and": `if <deadline> and <guard>:`; "inner": `if <deadline>:` then `if <guard>:`
+    # (a deadline that covers only the guarded states, issue 23).
+    guard_place: str = "outer"
 
 
 @dataclass(frozen=True)
@@ -899,13 +903,17 @@ def _render_step(out: _Out, step: SStep, indent: int) -> None:
     if step.kind in ("timeout", "timeout_log"):
         assert step.timeout is not None
         i = indent
-        if step.guard:
+        place = step.guard_place if step.guard and not step.timeout.inverted else "outer"
+        if step.guard and place == "outer":
             out.emit(i, f"if {_guard(step)}:")
             i += 1
         pre, cmp = _cmp(step.timeout)
         for line in pre:
             out.emit(i, line)
-        out.emit(i, f"if {cmp}:")
+        out.emit(i, f"if {cmp} and {_guard(step)}:" if place == "and" else f"if {cmp}:")
+        if place == "inner":
+            i += 1
+            out.emit(i, f"if {_guard(step)}:")
         if step.kind == "timeout_log":
             # The true side only logs: the comparison covers nothing.
             out.emit(i + 1, 'logger.warning("room %s is slow: %s", self.bootstrap_room, status)')
@@ -1976,7 +1984,9 @@ def _draw_poll_def(draw, source: str, helpers: dict, ctx: _SCtx, no_hold: bool =
             guard, gform = _draw_guard(draw)
             t = _draw_timeout(draw, inverted_ok=bool(guard) and kind == "timeout", ctx=ctx)
             fail_attr = draw(st.sampled_from(("",) + STATE_ATTRS)) if not t.inverted and kind == "timeout" else ""
-            steps.append(SStep(kind, guard, gform, t, attr=fail_attr, record=kind == "timeout" and draw(st.booleans())))
+            place = draw(st.sampled_from(("outer", "and", "inner"))) if guard and not t.inverted else "outer"
+            steps.append(SStep(kind, guard, gform, t, attr=fail_attr, record=kind == "timeout" and draw(st.booleans()),
+                               guard_place=place))
         elif kind == "param_helper":
             name = draw(st.sampled_from(PARAM_HELPERS))
             if name not in helpers:
@@ -2139,6 +2149,12 @@ def ir_json(obj) -> str:
 # property tests run them as @examples before the generated ones.
 
 SHAPE_CLASSIC = DEFAULT_DRAIN  # keep W/T, release+done on Success, release+abort+done on Failed, raise otherwise
+
+# SGLang 0.5.4.post3 … 0.5.9 seen from disaggregation/ alone: the PP branch asserts a concluded
+# poll, and its caller (the PP event loop) is in managers/: no caller in view passes it.
+SHAPE_PP_NO_CALLER = dataclasses.replace(DEFAULT_DRAIN, param=True, callers=("none",), body=(
+    If(ParamTest("set"), (If(ParamTest("rid_not_in"), (Keep(), Continue()), ()),
+                          Assert(PollTest("in", ("Success", "Failed")))), ()),) + DEFAULT_DRAIN.body)
 
 SHAPE_PENDING = DrainProgram(
     body=(

@@ -287,10 +287,12 @@ class FakeRids:
 PASSED = "passed"  # a mode value: the caller's rids_to_check (FakeRids)
 
 
-def drain_modes(param: bool, callers: tuple[str, ...]) -> list[tuple[str, tuple]]:
+def drain_modes(param: bool, callers: tuple[str, ...], folder: bool = False) -> list[tuple[str, tuple]]:
     """(label, the values of rids_to_check to run) per mode, default first. No parameter: one
     mode. No caller passes it: its default only. A caller passes it: that mode runs the passed
-    value, and None too when no mode has the default (a value kvtrace cannot read may be None)."""
+    value, and None too when no mode has the default (a value kvtrace cannot read may be None).
+    `folder`: the backends' folder is scanned alone, so callers outside it are unseen and a
+    parameter no caller in view passes is free: a mode runs it passed (issue 23)."""
     if not param:
         return [("default", (None,))]
     modes = []
@@ -299,10 +301,12 @@ def drain_modes(param: bool, callers: tuple[str, ...]) -> list[tuple[str, tuple]
         modes.append((f"{gen.MODE_PARAM}=None", (None,)))
     if any(kind != "none" for kind in callers):
         modes.append((f"{gen.MODE_PARAM} passed", (PASSED,) if default else (None, PASSED)))
+    elif folder:
+        modes.append((f"{gen.MODE_PARAM} passed (no caller in view)", (PASSED,)))
     return modes
 
 
-def tree_modes(source: str) -> list[tuple[str, tuple]]:
+def tree_modes(source: str, folder: bool = False) -> list[tuple[str, tuple]]:
     """drain_modes, read from a rendered prefill.py (so regression folders replay without IR)."""
     tree = ast.parse(source)
     drain = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == DRAIN_METHOD)
@@ -311,7 +315,7 @@ def tree_modes(source: str) -> list[tuple[str, tuple]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == DRAIN_METHOD:
             callers.append("keyword" if node.keywords else "positional" if node.args else "none")
-    return drain_modes(param, tuple(callers))
+    return drain_modes(param, tuple(callers), folder)
 
 
 def _by_mode(paths: dict[str, list[PathRecord]], modes: list[tuple[str, tuple]]) -> dict[str, dict[str, list[str]]]:
@@ -422,8 +426,9 @@ def _scheduler_class(drain_cls):
     return type("FakeScheduler", (drain_cls,), {"__getattr__": __getattr__})
 
 
-def drain_verdict(root: Path) -> DrainVerdict:
-    """Run the drain loop of the tree at `root` for every state and every flag assignment."""
+def drain_verdict(root: Path, folder: bool = False) -> DrainVerdict:
+    """Run the drain loop of the tree at `root` for every state and every flag assignment
+    (`folder`: in the modes a scan of the backends' folder alone gives, see drain_modes)."""
     root = Path(root)
     source = (root / "disaggregation" / "prefill.py").read_text(encoding="utf-8")
     lo, hi = _loop_lines(source)
@@ -435,7 +440,7 @@ def drain_verdict(root: Path) -> DrainVerdict:
         code = method.__code__
         sched_cls = _scheduler_class(drain_cls)
         correlated: set[str] = set()
-        modes = tree_modes(source)
+        modes = tree_modes(source, folder)
         paths: dict[str, list[PathRecord]] = {state: [] for state in STATES}
         for state, label, param_value in [(s, m, v) for s in STATES for m, values in modes for v in values]:
             value = getattr(kvpoll, state)
