@@ -198,6 +198,13 @@ class QueueAnalysis:
                 sites.append(Site(kind, data["path"], data["line"], data["function"],
                                   tuple(sorted(reached, key=order.get)), note))
         unique = {(s.kind, s.path, s.line): s for s in sites}
+        if len(self.modes) > 1:  # a site only some modes reach says which (the PP branch's checks)
+            reached_in = [{(e.path, e.line) for paths in by_state.values() for qp in paths for e in qp.events}
+                          for by_state in self.mode_paths]
+            for key, site in unique.items():
+                labels = [m.label for m, seen in zip(self.modes, reached_in) if (site.path, site.line) in seen]
+                if labels and len(labels) < len(self.modes) and site.kind is not EventKind.POLL:
+                    unique[key] = replace(site, mode="; ".join(labels))
         return sorted(unique.values(), key=lambda s: (s.path, s.line, s.kind))
 
     def state_fates(self, members: tuple[str, ...]) -> dict[str, StateFate]:

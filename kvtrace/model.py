@@ -168,6 +168,7 @@ class Site:
     function: str
     states: tuple[str, ...] = ()
     note: str = ""
+    mode: str = ""  # the drain's modes that reach it, when not every mode does ("" otherwise)
 
     def __post_init__(self) -> None:
         if not isinstance(self.kind, EventKind) or not self.kind.is_site:

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from kvtrace.rules.base import Rule, Sample, ScanContext
-from kvtrace.rules.premise import SEND_SKIPPED, send_verdict, verdict_premise
+from kvtrace.rules.premise import SEND_SKIPPED, clause, joined, send_verdict, unseen_caller_premise, verdict_premise
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain, sender
 from kvtrace.model import EventKind, Evidence, Finding, Outcome
 
@@ -125,20 +125,25 @@ class PinnedState(Rule):
                     evidence += [Evidence(c.path, c.line, f"mode {m.label}: {c.note}") for m, _ in pinned for c in m.callers[:1]]
                 evidence += [Evidence(p, l, f"keep: back into the queue for {state}") for p, l in keep_sites]
                 evidence += list(verdict.chain)
-                premise = verdict_premise(ctx, b, state, verdict)
+                unseen = unseen_caller_premise(ctx, [m for m, _ in pinned])
+                premise = joined(verdict_premise(ctx, b, state, verdict), unseen)
                 sent = send_verdict(ctx, b, state)
                 if sent is not None and sent[0] == "gone":
                     continue  # every path sends right after the append: poll() no longer returns it
-                if sent is not None and premise is None:
+                if sent is not None and (premise is None or premise is unseen):
                     skips = [e for e in sent[1] if "skips it" in e.note or "leaves before" in e.note]
                     message += f"; true only if {SEND_SKIPPED}: " + "; ".join(
                         f"{e.path}:{e.line} {e.note}" for e in skips)
                     evidence += [e for e in sent[1] if e not in evidence]
-                    findings.append(self.finding(message, b.poll.path, b.poll.line, b.name, state, evidence, SEND_SKIPPED))
+                    text = SEND_SKIPPED
+                    if unseen is not None:
+                        message += "; " + clause(unseen)
+                        evidence += [e for e in unseen.why if e not in evidence]
+                        text += " and " + unseen.text
+                    findings.append(self.finding(message, b.poll.path, b.poll.line, b.name, state, evidence, text))
                     continue
                 if premise is not None:
-                    message += f"; true only if {premise.text}: " + "; ".join(e.note.removeprefix("premise: ")
-                                                                               for e in premise.why[-1:])
+                    message += "; " + clause(premise)
                     evidence += [e for e in premise.why if e not in evidence]
                 findings.append(self.finding(message, b.poll.path, b.poll.line, b.name, state, evidence,
                                              premise.text if premise else None))

@@ -22,6 +22,13 @@ SHARED_ROOM = "two requests share a bootstrap_room"
 class Premise:
     text: str  # what must hold for the finding to be true
     why: list[Evidence]  # the links that show it is needed
+    parts: tuple["Premise", ...] = ()  # several premises that must all hold (see `joined`)
+
+
+def clause(premise: Premise) -> str:
+    """What the message says of the premise: each part with the reason it is needed."""
+    return "; ".join(f"true only if {p.text}: " + p.why[-1].note.removeprefix("premise: ")
+                     for p in (premise.parts or (premise,)))
 
 
 def state_premise(ctx: ScanContext, backend: Backend, state: str) -> Premise | None:
@@ -73,6 +80,30 @@ def absent_room_premise(ctx: ScanContext, backend: Backend, verdict: StateVerdic
 
 def verdict_premise(ctx: ScanContext, backend: Backend, state: str, verdict: StateVerdict) -> Premise | None:
     return state_premise(ctx, backend, state) or absent_room_premise(ctx, backend, verdict)
+
+
+def unseen_caller_premise(ctx: ScanContext, modes: list) -> Premise | None:
+    """A verdict reached only in modes of the drain that no caller in view binds (a parameter
+    passed by callers outside the scanned folder: the pipeline-parallel loop in managers/) is
+    true only if such a caller exists. Scanning the folder that holds the callers binds the
+    mode to them (and then it needs no premise), or shows none passes it (and the verdict goes)."""
+    drain = ctx.queue.drain
+    if drain is None or not modes or not all(m.passed and not m.callers for m in modes):
+        return None
+    passed = sorted({p for m in modes for p in m.passed})
+    text = f"a caller outside the scanned folder passes {', '.join(passed)} to {drain.func.name}"
+    return Premise(text, [Evidence(drain.func.path, drain.func.line,
+                                   f"premise: {text}: no caller in view does (only {', '.join(m.label for m in modes)} "
+                                   f"reaches it)")])
+
+
+def joined(*premises: Premise | None) -> Premise | None:
+    """Several premises a verdict rests on at once: all must hold."""
+    found = [q for p in premises if p is not None for q in (p.parts or (p,))]
+    if len(found) <= 1:
+        return found[0] if found else None
+    return Premise(" and ".join(dict.fromkeys(p.text for p in found)),
+                   list(dict.fromkeys(e for p in found for e in p.why)), tuple(found))
 
 
 def crash_premise(ctx: ScanContext, state: str) -> Premise | None:

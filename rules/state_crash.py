@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from kvtrace.model import EventKind, Evidence, Finding, Outcome
 from kvtrace.rules.base import Rule, Sample, ScanContext, drain_evidence, path_evidence
-from kvtrace.rules.premise import crash_premise
+from kvtrace.rules.premise import clause, crash_premise, joined, unseen_caller_premise
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain, sender
 
 # The standard chain, but Bootstrapping (which the sender below returns while it handshakes)
@@ -126,8 +126,10 @@ class StateCrash(Rule):
             by = ctx.model.returning(state)
             maybe = [s.backend.name for s in ctx.senders if s.backend.returns_unknown and s.backend.name not in by]
             sites = crash_sites(ctx, state)
-            premise = crash_premise(ctx, state) if sites else None
+            shared = crash_premise(ctx, state) if sites else None
             for (path, line), modes in sites.items():
+                premise = joined(shared, unseen_caller_premise(
+                    ctx, [m for m in queue.modes if m.label in [x for x, _, _ in modes]]))
                 label, events, waits = modes[0]
                 raised = next((e for e in reversed(events) if e.kind is EventKind.RAISE), None)
                 what = f"{'an' if raised and raised.detail == 'assert' else 'a'} {raised.detail if raised else 'raise'}"
@@ -150,7 +152,7 @@ class StateCrash(Rule):
                 evidence += [Evidence(w.path, w.line, f"waits first: {w.note}") for w in waits if w.note]
                 evidence += path_evidence(events, state) + [Evidence(path, line, f"raise: {state} crashes here")]
                 if premise is not None:
-                    message += f"; true only if {premise.text}: " + premise.why[-1].note.removeprefix("premise: ")
+                    message += "; " + clause(premise)
                     evidence += [e for e in premise.why if e not in evidence]
                 findings.append(self.finding(message, path, line, None, state, evidence,
                                              premise.text if premise else None))

@@ -261,6 +261,7 @@ def _report(report: Report, out: list[str]) -> None:
         out.append("<table><tr><th>kind</th><th>path:line</th><th>function</th><th>states</th></tr>")
         for s in queue.sites:
             note = f" [{escape(s.note)}]" if s.note else ""
+            note += f" (only when {escape(s.mode)})" if s.mode else ""
             out.append(f'<tr><td>{escape(s.kind)}</td><td><a href="{escape(page.href(s.path, s.line))}">'
                        f"<code>{escape(s.path)}:{s.line}</code></a></td><td><code>{escape(s.function)}</code></td>"
                        f"<td>{escape(', '.join(s.states))}{note}</td></tr>")

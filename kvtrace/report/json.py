@@ -49,7 +49,8 @@ def to_json_dict(report: Report) -> dict[str, Any]:
                 "drain": asdict(q.drain) if q.drain else None,
                 "sites": [
                     {"kind": s.kind, "path": s.path, "line": s.line, "function": s.function,
-                     "states": list(s.states), **({"note": s.note} if s.note else {})}
+                     "states": list(s.states), **({"note": s.note} if s.note else {}),
+                     **({"mode": s.mode} if s.mode else {})}
                     for s in q.sites
                 ],
                 "states": {

@@ -190,6 +190,7 @@ def _map(queue, links: Permalinks | None) -> list[str]:
     out = ["| kind | path:line | function | states |", "|---|---|---|---|"]
     for s in queue.sites:
         note = f" ({prose(s.note)})" if s.note else ""
+        note += f" (only when {prose(s.mode)})" if s.mode else ""
         out.append(f"| {prose(s.kind)} | {cell(code_link(s.path, s.line, links))} | {cell(code(s.function))} | "
                    f"{cell(prose(', '.join(s.states)) + note)} |")
     modes = modes_line(queue)

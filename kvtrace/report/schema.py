@@ -115,6 +115,7 @@ REPORT_SCHEMA: dict[str, Any] = {
                                 "function": {"type": "string"},
                                 "states": {**_STRINGS, "description": "states that reach the site (checks: that take the true branch)"},
                                 "note": {"type": "string"},
+                                "mode": {"type": "string", "description": "the modes of the drain that reach it, when not all do"},
                             },
                         },
                     },

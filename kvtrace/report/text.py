@@ -327,6 +327,8 @@ def _map_table(sites: list, path_width: int, width: int) -> Table:
             note = note[len(owner) + 1:]  # a method of the function's own class: its name is enough
         if note and site.kind not in ("check", "poll", "entry", "reassign", "raise"):
             states = f"{states} [{note}]" if states else f"[{note}]"
+        if site.mode:  # a site of one mode of the drain only
+            states = f"{states} (only when {site.mode})".lstrip()
         texts.append(states)
     longest = max((len(word) for text in texts for word in text.split()), default=0)
     own_width = max((len(f"{s.path}:{s.line}") for s in sites), default=0)
