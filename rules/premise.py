@@ -93,8 +93,8 @@ def unseen_caller_premise(ctx: ScanContext, modes: list) -> Premise | None:
     passed = sorted({p for m in modes for p in m.passed})
     text = f"a caller outside the scanned folder passes {', '.join(passed)} to {drain.func.name}"
     return Premise(text, [Evidence(drain.func.path, drain.func.line,
-                                   f"premise: {text}: no caller in view does (only {', '.join(m.label for m in modes)} "
-                                   f"reaches it)")])
+                                   f"premise: no caller in view passes {', '.join(passed)}, and only the mode "
+                                   f"{'; '.join(m.label for m in modes)} reaches it")])
 
 
 def joined(*premises: Premise | None) -> Premise | None:

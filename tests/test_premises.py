@@ -216,6 +216,14 @@ def test_a_mode_whose_caller_is_outside_the_scanned_folder_is_still_a_mode(tmp_p
     key = {(f.rule, f.state, f.line) for f in crash(whole, "WaitingForInput")}
     assert key and key == {(f.rule, f.state, f.line) for f in crash(folder, "WaitingForInput")}
     assert not whole.problems
+    # With the caller in view it is a crash as stated; from the folder alone it rests on a caller
+    # the scan cannot see: a warning that says so.
+    assert {(f.severity, f.premise) for f in crash(whole, "WaitingForInput")} == {("error", None)}
+    unseen = f"a caller outside the scanned folder passes rids_to_check to drain_inflight"
+    [finding] = crash(folder, "WaitingForInput")
+    assert (finding.severity, finding.premise) == ("warning", unseen)
+    assert f"true only if {unseen}: no caller in view passes rids_to_check, and only the mode rids_to_check " \
+           "passed (no caller in view) reaches it" in finding.message
     # The folder scan says what it could not see (INCOMPLETE), and names the mode as unseen.
     assert any("outside the scanned folder are not seen: rids_to_check" in p for p in folder.problems)
     assert [m.label for m in folder.queues[0].modes] == ["rids_to_check=None", "rids_to_check passed (no caller in view)"]
@@ -233,10 +241,17 @@ def test_pp_mode_crash_seen_from_the_disaggregation_folder_alone() -> None:
     """0.5.9: the PP caller (SchedulerPPMixin.event_loop_pp_disagg_prefill) is in managers/;
     before, disaggregation/ alone missed the sglang#20686 crash and said complete."""
     root = sglang_tree("0.5.9")
-    for target in (root / "sglang" / "srt", root / D):
-        found = {(f.state, f.line, f.severity) for f in scan_path(target).findings if f.rule == "state-crash"}
-        assert found == {("WaitingForInput", 576, "error"), ("Transferring", 576, "error"),
-                         ("Bootstrapping", 576, "warning"), ("Bootstrapping", 602, "warning")}, target
+    found = {(f.state, f.line, f.premise) for f in scan_path(root / "sglang" / "srt").findings if f.rule == "state-crash"}
+    assert found == {("WaitingForInput", 576, None), ("Transferring", 576, None),
+                     ("Bootstrapping", 576, SHARED_ROOM), ("Bootstrapping", 602, SHARED_ROOM)}
+    # From the folder alone: the same sites, and the PP ones rest on the caller it cannot see.
+    folder = scan_path(root / D)
+    unseen = "a caller outside the scanned folder passes rids_to_check to process_disagg_prefill_inflight_queue"
+    found = {(f.state, f.line, f.premise) for f in folder.findings if f.rule == "state-crash"}
+    assert found == {("WaitingForInput", 576, unseen), ("Transferring", 576, unseen),
+                     ("Bootstrapping", 576, f"{SHARED_ROOM} and {unseen}"), ("Bootstrapping", 602, SHARED_ROOM)}
+    assert any("process_disagg_prefill_inflight_queue (prefill.py:" in p and "outside the scanned folder are not seen"
+               in p for p in folder.problems)
     lines = (root / D / "prefill.py").read_text().splitlines()
     assert lines[576 - 1].strip() == "assert poll == KVPoll.Success or poll == KVPoll.Failed"
 
