@@ -161,27 +161,28 @@ def _last_attr(node: ast.AST) -> str | None:
 
 SEND_SKIPPED = "the send after the request enters the queue is skipped"
 
-def _exits(stmt: ast.stmt, in_loop: bool = False) -> bool:
-    """Whether a path through `stmt` leaves the rest of the block quietly: a return, or a
-    continue/break of the enclosing loop (a raise is a crash, not a skip; a nested def's
-    return is its own)."""
-    if isinstance(stmt, ast.Return):
-        return True
-    if isinstance(stmt, (ast.Continue, ast.Break)):
-        return not in_loop
-    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-        return False
-    loop = in_loop or isinstance(stmt, (ast.For, ast.AsyncFor, ast.While))
-    return any(_exits(child, loop) for block in _blocks(stmt) for child in block)
-
-
 @dataclass(frozen=True)
 class SenderCall:
     """A call of a sender method on the request that the producer makes after the append."""
 
     method: str
     at: Evidence
-    skips: tuple[Evidence, ...]  # each condition under which the path passes it by
+
+
+@dataclass
+class SendFlow:
+    """What the rest of the producer's path does about the sender, path by path: the calls it
+    makes, whether some path leaves early without one (`exited`) or reaches the end without one
+    (`open_end`), and the conditions that make such a path."""
+
+    calls: list[SenderCall]
+    exited: bool
+    open_end: bool
+    skips: list[Evidence]
+
+    @property
+    def skipped(self) -> bool:
+        return self.exited or self.open_end
 
 
 def send_verdict(ctx: ScanContext, backend: Backend, state: str) -> tuple[str, list[Evidence]] | None:
@@ -192,24 +193,24 @@ def send_verdict(ctx: ScanContext, backend: Backend, state: str) -> tuple[str, l
     methods = backend.left_by.get(state)
     if not methods:
         return None
-    calls = [c for c in sender_calls_after_entry(ctx) if c.method in methods]
-    if not calls:
+    flows = [f for f in sender_flows_after_entry(ctx, set(methods)) if f.calls]
+    if not flows:
         return None
-    why = [methods[calls[0].method], calls[0].at]
-    skips = [s for c in calls for s in c.skips]
-    if len({(c.at.path, c.at.line) for c in calls}) < len(calls) or not skips:
+    first = flows[0].calls[0]
+    why = [methods[first.method], first.at]
+    if not any(f.skipped for f in flows):
         return "gone", why
-    return "skipped", why + list(dict.fromkeys(skips))
+    return "skipped", why + list(dict.fromkeys(s for f in flows if f.skipped for s in f.skips))
 
 
-def sender_calls_after_entry(ctx: ScanContext) -> list[SenderCall]:
-    """Per entry site: the sender methods called on the appended request on the rest of the
-    producer's path (its iteration or its function), through `self.<helper>(req, ...)`, each
-    with the conditions that pass it by (an `if` around it, an early exit before it)."""
+def sender_flows_after_entry(ctx: ScanContext, methods: set[str]) -> list[SendFlow]:
+    """Per entry site: the calls of `methods` on the appended request's sender on the rest of
+    the producer's path (its iteration or its function), through `self.<helper>(req, ...)`, and
+    whether a path passes them all by (an `if` around them, an early exit before them)."""
     attrs = _polled_attributes(ctx)
     if not attrs:
         return []
-    found: list[SenderCall] = []
+    found: list[SendFlow] = []
     for site in ctx.entries:
         func = _function_at(ctx, site.path, site.line)
         if func is None:
@@ -218,7 +219,7 @@ def sender_calls_after_entry(ctx: ScanContext) -> list[SenderCall]:
         if located is None:
             continue
         name, rest = located
-        found += _calls_in(ctx, func, rest, name, attrs, [], 0)
+        found.append(_flow(ctx, func, rest, name, attrs, methods, 0))
     return found
 
 
@@ -257,40 +258,69 @@ def _blocks(stmt: ast.stmt) -> list[list[ast.stmt]]:
     return blocks
 
 
-def _calls_in(ctx: ScanContext, func, stmts: list[ast.stmt], name: str, attrs: set[str],
-              skips: list[Evidence], depth: int) -> list[SenderCall]:
-    """Sender calls on `name` in `stmts`, in order; an exit or an `if` met before a call is a
-    way past it."""
-    found: list[SenderCall] = []
-    passed = list(skips)
+def _flow(ctx: ScanContext, func, stmts: list[ast.stmt], name: str, attrs: set[str], methods: set[str],
+          depth: int) -> SendFlow:
+    """The paths through `stmts`: a call of one of `methods` on `name`'s sender closes a path;
+    an `if` splits it; a return/continue/break ends it unsent. Loops and try bodies may not
+    run: their calls close nothing (a path past them stays open)."""
+    flow = SendFlow([], False, True, [])
     for stmt in stmts:
+        if not flow.open_end:
+            break
         if isinstance(stmt, ast.If):
             cond = ast.unparse(stmt.test)[:80]
-            inner = _calls_in(ctx, func, stmt.body, name, attrs, passed + [
-                Evidence(func.path, stmt.lineno, f"skips it when `{cond}` is false")], depth) + \
-                _calls_in(ctx, func, stmt.orelse, name, attrs, passed + [
-                    Evidence(func.path, stmt.lineno, f"skips it when `{cond}` holds")], depth)
-            found += inner
-            if _exits(stmt):
-                passed.append(Evidence(func.path, stmt.lineno, f"`{cond}` leaves before the send"))
+            body = _flow(ctx, func, stmt.body, name, attrs, methods, depth)
+            orelse = _flow(ctx, func, stmt.orelse, name, attrs, methods, depth)
+            flow.calls += body.calls + orelse.calls
+            flow.skips += body.skips + orelse.skips
+            if body.exited and not body.calls:
+                flow.skips.append(Evidence(func.path, stmt.lineno, f"`{cond}` leaves before the send"))
+            if orelse.exited and not orelse.calls:
+                flow.skips.append(Evidence(func.path, stmt.lineno, f"`not ({cond})` leaves before the send"))
+            if body.calls and orelse.open_end and not orelse.calls:
+                flow.skips.append(Evidence(func.path, stmt.lineno, f"skips it when `{cond}` is false"))
+            if orelse.calls and body.open_end and not body.calls:
+                flow.skips.append(Evidence(func.path, stmt.lineno, f"skips it when `{cond}` holds"))
+            flow.exited |= body.exited or orelse.exited
+            flow.open_end = body.open_end or orelse.open_end
             continue
         if isinstance(stmt, (ast.Return, ast.Continue, ast.Break)):
+            flow.exited, flow.open_end = True, False
             break
+        if isinstance(stmt, (ast.With, ast.AsyncWith)):
+            inner = _flow(ctx, func, stmt.body, name, attrs, methods, depth)
+            flow.calls += inner.calls
+            flow.skips += inner.skips
+            flow.exited |= inner.exited
+            flow.open_end = inner.open_end
+            continue
+        blocks = _blocks(stmt)
+        if blocks:  # a loop, a try, a match: what it calls may not run, an exit in it may be its own
+            for block in blocks:
+                inner = _flow(ctx, func, block, name, attrs, methods, depth)
+                flow.calls += inner.calls
+                flow.skips += inner.skips
+            continue
         for node in ast.walk(stmt):
             if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
                 continue
             recv = node.func.value
             if isinstance(recv, ast.Attribute) and recv.attr in attrs and isinstance(recv.value, ast.Name) \
                     and recv.value.id == name:
-                found.append(SenderCall(node.func.attr, Evidence(func.path, node.lineno,
-                                                                 f"{ast.unparse(node.func)}() after the append"),
-                                        tuple(passed)))
+                if node.func.attr in methods:
+                    flow.calls.append(SenderCall(node.func.attr, Evidence(func.path, node.lineno,
+                                                                          f"{ast.unparse(node.func)}() after the append")))
+                    flow.open_end = False
             elif isinstance(recv, ast.Name) and recv.id == "self" and depth < 2 and func.owner is not None:
                 helper = ctx.index.find_method(func.owner, node.func.attr)
                 param = _bound_param(helper, node, name) if helper is not None else None
                 if param is not None:
-                    found += _calls_in(ctx, helper, helper.node.body, param, attrs, passed, depth + 1)
-    return found
+                    inner = _flow(ctx, helper, helper.node.body, param, attrs, methods, depth + 1)
+                    flow.calls += inner.calls
+                    flow.skips += inner.skips
+                    if inner.calls and not inner.skipped:
+                        flow.open_end = False  # the helper sends on every path
+    return flow
 
 
 def _bound_param(helper, call: ast.Call, name: str) -> str | None:
