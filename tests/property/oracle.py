@@ -751,6 +751,10 @@ class SenderVerdict:
     # pins it, whatever other configurations do).
     groups: dict[str, dict[tuple, bool]] = field(default_factory=dict)
     configs: list[str] = field(default_factory=list)  # real manager: what the table held (or <absent>)
+    # Real manager: states some run other than the sender's __init__ stores for the room (an
+    # entry point, from any table contents reached). A state only __init__ stores comes back,
+    # once the table moved past it, only with a second sender built for the same room.
+    stored_later: set[str] = field(default_factory=set)
 
     def add(self, ch: Chooser, first: str, later: list[str], mode: str, config: str) -> None:
         """One run: `first` polled from `config`, then `later` after abort() or the clock moved
@@ -1026,6 +1030,8 @@ def reachable_configs(world: _World, name_of) -> tuple[set, dict]:
                 for _, (stored, end) in explore(run):
                     for v in stored:
                         note(v, f"{owner}.{method}")
+                        if v is not ABSENT:
+                            world.stored_later.add(name_of(v))
                     if end is not None:
                         note(end, f"{owner}.{method}")
     return set(how), how
@@ -1047,10 +1053,12 @@ def _manager_verdict(folder: str, cls: type, manager_cls: type, clock: "FakeCloc
     world = _World(cls, manager_cls, clock, folder)
     world.kvpoll = kvpoll
     configs: list = [None]
+    world.stored_later = set()
     if world.table_attr is not None:
         found, _ = reachable_configs(world, name_of)
         configs = sorted(found, key=lambda c: (c is ABSENT, str(c)))
-    verdict = SenderVerdict(folder, cls.__name__, set(), set(), {}, {}, configs=[str(c) for c in configs])
+    verdict = SenderVerdict(folder, cls.__name__, set(), set(), {}, {}, configs=[str(c) for c in configs],
+                            stored_later=set(world.stored_later))
     for config in configs:
         for mode in ("abort", "timeout"):
 
