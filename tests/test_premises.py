@@ -473,3 +473,42 @@ def test_0_5_23_tests_the_room_before_the_bound_check_status_reads_it(tmp_path: 
                                                          "        pass\n        pass\n        pass\n"))
     found = {(f.backend, f.path, f.line, f.premise) for f in scan_path(mutated).findings if f.rule == "poll-raises"}
     assert found == {(b, "common/conn.py", 609, SHARED_ROOM) for b in ("ascend", "mooncake", "mori")}
+
+
+def test_release_map_sites_of_one_mode_say_which(tmp_path: Path) -> None:
+    """The PP branch's sites (its keep, its assert) are reached only when rids_to_check is
+    passed; the standard chain's keep only when it is not (the assert ends the lagging states
+    first): each row says so in text, markdown and JSON. Sites every mode reaches say nothing."""
+    import io
+
+    from rich.console import Console
+
+    from kvtrace.report.markdown import render as render_markdown
+    from kvtrace.report.text import render as render_text
+
+    tree = pp_tree(tmp_path, caller=True)
+    report = scan_path(tree)
+    lines = (tree / "disaggregation" / "prefill.py").read_text().splitlines()
+    assert_line = next(i for i, t in enumerate(lines, 1) if t.strip().startswith("assert poll =="))
+    pp_keep = next(i for i, t in enumerate(lines, 1) if t.strip() == "if req.rid not in rids_to_check:") + 1
+    normal_keep = next(i for i, t in enumerate(lines, 1) if t.strip().startswith("if poll in [KVPoll.WaitingForInput")) + 1
+    success_check = normal_keep + 1
+    by_key = {(s.kind, s.line): s.mode for s in report.queues[0].sites}
+    assert by_key[("raise", assert_line)] == "rids_to_check passed"
+    assert by_key[("keep", pp_keep)] == "rids_to_check passed"
+    assert by_key[("keep", normal_keep)] == "rids_to_check=None"
+    assert by_key[("check", success_check)] == ""  # Success passes the assert: both modes reach it
+
+    rows = {(s["kind"], s["line"]): s.get("mode") for s in to_json_dict(report)["queues"][0]["sites"]}
+    assert rows[("raise", assert_line)] == "rids_to_check passed" and rows[("check", success_check)] is None
+    buffer = io.StringIO()
+    render_text(report, Console(file=buffer, width=200, force_terminal=False, color_system=None, highlight=False))
+    [text_row] = [r for r in buffer.getvalue().splitlines() if r.strip().startswith("raise")
+                  and f"prefill.py:{assert_line}" in r]
+    assert text_row.rstrip().endswith("(only when rids_to_check passed)")
+    markdown = render_markdown([report], detail="full")
+    [md_row] = [r for r in markdown.splitlines() if r.startswith("| raise |") and f"prefill.py:{assert_line}" in r]
+    assert "(only when rids\\_to\\_check passed)" in md_row or "(only when rids_to_check passed)" in md_row
+    # One mode only (no PP caller, whole tree): no row is marked.
+    plain = scan_path(pp_tree(tmp_path / "plain", caller=False))
+    assert not any(s.mode for s in plain.queues[0].sites)
