@@ -8,7 +8,7 @@ import ast
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from kvtrace.flow import MANAGER, TABLE, Config, CstBody, Event, Explorer, Frame, PathLimit, PathState, function_body
+from kvtrace.flow import MANAGER, TABLE, Event, Explorer, Options, PathLimit, PathState
 from kvtrace.gaps import Cut
 from kvtrace.index import ClassInfo, FuncRef, Index
 from kvtrace.model import Backend, EventKind, Evidence, ManagerRef, PollRef, StateVerdict, TimeoutCheck, WayOut
@@ -634,7 +634,7 @@ def _reachable_table(runner: "_Runner", index: Index, sender: ClassInfo, manager
     init = index.find_method(sender, "__init__")
     if init is None:
         return None
-    config = runner.config()
+    options = runner.options()
     reached: set[str] = set()
     frontier: list[str] = []
     by_entries: set[str] = set()  # what a run other than the sender's constructor stores
@@ -662,12 +662,10 @@ def _reachable_table(runner: "_Runner", index: Index, sender: ClassInfo, manager
         parsed = index.cst(func)
         if parsed is None:
             raise _Unknown(func.qualname)
-        explorer = Explorer(replace(config, clock_far=clock_far, truncated=[], unparsed=set(), max_paths=REACH_PATHS, give_up=True))
-        explorer.stack.append(id(func.node))
+        explorer = Explorer(replace(options, clock_far=clock_far, max_paths=REACH_PATHS, give_up=True))
         attrs = ((TABLE, frozenset({start})),)
-        ends = explorer.run_block(function_body(parsed.node), [PathState(attrs=attrs)],
-                                  Frame(func, CstBody(parsed.node, parsed.line), cls, prefix))
-        if explorer.c.truncated or explorer.c.unparsed:
+        ends, log = explorer.explore_function(func, parsed, cls, [PathState(attrs=attrs)], prefix)
+        if log.truncated or log.unparsed:
             raise _Unknown(func.qualname)
         if cls is runner.cls and prefix == "":  # what runner.run would do for the sender's own method
             runner.seed(func, attrs, clock_far, ends)
@@ -879,27 +877,24 @@ class _Runner:
                 if e.kind == EventKind.TIMEOUT:
                     self.timeout_sites.add((e.path, e.line))
 
-    def config(self, clock_far: bool = False, record_writes: bool = False) -> Config:
-        return Config(self.index, self.pack, self.domain, abort_attrs=self.abort_attrs, attr_values=self.attr_values,
-                      manager=self.manager.cls if self.manager else None,
-                      table=self.manager.ref.table if self.manager else None,
-                      manager_attrs=self.manager.attrs if self.manager else frozenset(),
-                      clock_far=clock_far, record_writes=record_writes, manager_relevant=self.relevant, all_facts=True)
+    def options(self, clock_far: bool = False, record_writes: bool = False, record_returns: bool = False) -> Options:
+        return Options(self.index, self.pack, self.domain, abort_attrs=self.abort_attrs, attr_values=self.attr_values,
+                       manager=self.manager.cls if self.manager else None,
+                       table=self.manager.ref.table if self.manager else None,
+                       manager_attrs=self.manager.attrs if self.manager else frozenset(),
+                       clock_far=clock_far, record_writes=record_writes, manager_relevant=self.relevant, all_facts=True,
+                       record_returns=record_returns)
 
     def _run(self, func: FuncRef, attrs, clock_far: bool, record_writes: bool) -> list[PathState]:
         parsed = self.index.cst(func)
         if parsed is None:
             self.unparsed.add(f"{func.path}:{func.line} {func.qualname}()")
             return []
-        config = self.config(clock_far, record_writes)
         # poll() runs mark their return statements: the chain cites the line a state comes from.
-        config.record_returns = func is self.poll
-        explorer = Explorer(config)
-        explorer.stack.append(id(func.node))
-        ends = explorer.run_block(function_body(parsed.node), [PathState(attrs=tuple(sorted(attrs)))],
-                                  Frame(func, CstBody(parsed.node, parsed.line), self.cls))
-        self.truncated.extend(config.truncated)
-        self.unparsed |= config.unparsed
+        explorer = Explorer(self.options(clock_far, record_writes, record_returns=func is self.poll))
+        ends, log = explorer.explore_function(func, parsed, self.cls, [PathState(attrs=tuple(sorted(attrs)))])
+        self.truncated.extend(log.truncated)
+        self.unparsed |= log.unparsed
         self._note_timeouts(ends)
         return ends
 

@@ -187,9 +187,10 @@ class CstBody:
     line: Callable[[cst.CSTNode], int]
 
 
-@dataclass
-class Config:
-    """What one exploration tracks. `state` is the poll state of this run (drain mode)."""
+@dataclass(frozen=True)
+class Options:
+    """What one exploration tracks: fixed for the run (what it learns is its RunLog). `state` is
+    the poll state of this run (drain mode)."""
 
     index: Index
     pack: Pack
@@ -199,9 +200,6 @@ class Config:
     removal_set: str | None = None  # `self.q = [x for i, x in enumerate(self.q) if i not in S]`: S.add(i) removes
     abort_attrs: frozenset[str] = frozenset()
     attr_values: Callable[[str], Val] | None = None
-    truncated: list[str] = field(default_factory=list)
-    # Functions the analysis had to enter but libcst could not parse: the scan is incomplete.
-    unparsed: set[str] = field(default_factory=set)
     # Sender mode: the manager behind the sender and its status table (an attribute of it).
     manager: ClassInfo | None = None
     table: str | None = None
@@ -217,6 +215,17 @@ class Config:
     give_up: bool = False  # past max_paths raise PathLimit (the question has no answer) instead of truncating
     max_steps: int | None = None  # path steps in all; None: MAX_STEPS
     record_returns: bool = False  # emit a return event at each return (a sender's poll(): the line a state comes from)
+
+
+@dataclass
+class RunLog:
+    """What an exploration learned besides its paths, returned to its caller (never written into
+    its Options): where it cut paths or stopped (`path:line`, or a Cut for the step budget and
+    statements it has no handler for), and the functions it had to enter but libcst could not
+    parse (the scan is then incomplete)."""
+
+    truncated: list[str] = field(default_factory=list)
+    unparsed: set[str] = field(default_factory=set)
 
 
 _CODE = cst.Module(body=[])
@@ -306,8 +315,9 @@ def _without_idle_helpers(events: tuple[Event, ...]) -> tuple[Event, ...]:
 
 
 class Explorer:
-    def __init__(self, config: Config):
-        self.c = config
+    def __init__(self, options: Options):
+        self.c = options
+        self.log = RunLog()
         self.stack: list[int] = []
         self._fact_cache: dict[tuple[int, str], bool] = {}
         # Per Comparison node and object. The node is kept with its key: chained comparisons are
@@ -315,14 +325,22 @@ class Explorer:
         self._comparison_keys: dict[tuple[int, str], tuple[cst.Comparison, str | None]] = {}
         self._discarded: cst.CSTNode | None = None  # the call of an expression statement
         self._read_state = False  # the poll state's value was used (by the helper run in progress)
-        self._unparsed_log: list[str] = []  # every Config.unparsed addition, in order
+        self._unparsed_log: list[str] = []  # every RunLog.unparsed addition, in order
         self._key: tuple | None = None
         self._calls = 0  # helper runs in progress: 0 in the run's own frames (drain loop, its owner's loops)
         self.steps = 0  # path steps taken (see MAX_STEPS)
         self.spent = False  # the step budget ran out: no statement runs any more
-        self.max_steps = config.max_steps if config.max_steps is not None else MAX_STEPS
+        self.max_steps = options.max_steps if options.max_steps is not None else MAX_STEPS
 
     # --- entry points ----------------------------------------------------------------------
+
+    def explore_function(self, func: FuncRef, parsed: CstFunction, cls: ClassInfo | None,
+                         starts: list[PathState], prefix: str = "") -> tuple[list[PathState], RunLog]:
+        """Every path through `func`'s body (its libcst tree `parsed`) from `starts`, `self.` being
+        an object of `cls`; with what the run learned besides (this explorer's log)."""
+        self.stack.append(id(func.node))
+        ends = self.run_block(function_body(parsed.node), starts, Frame(func, CstBody(parsed.node, parsed.line), cls, prefix))
+        return ends, self.log
 
     def run_block(self, stmts: Iterable[cst.CSTNode], paths: list[PathState], frame: Frame) -> list[PathState]:
         # Only the poll state's runs forget what is read no more: a sender's facts outlive the
@@ -346,7 +364,7 @@ class Explorer:
             if len(paths) > self.c.max_paths:
                 if self.c.give_up:
                     raise PathLimit(f"{frame.func.path}:{frame.body.line(stmt)}")
-                self.c.truncated.append(f"{frame.func.path}:{frame.body.line(stmt)}")
+                self.log.truncated.append(f"{frame.func.path}:{frame.body.line(stmt)}")
                 paths = paths[:self.c.max_paths]
         return paths
 
@@ -356,7 +374,7 @@ class Explorer:
         if self.c.give_up:
             raise PathLimit(where)
         self.spent = True
-        self.c.truncated.append(Cut.budget(where, self.max_steps))
+        self.log.truncated.append(Cut.budget(where, self.max_steps))
 
     def forget_dead(self, paths: list[PathState], stmt: cst.CSTNode, frame: Frame) -> list[PathState]:
         """Drop what no later statement can read, so that paths differing only in it merge
@@ -464,7 +482,7 @@ class Explorer:
         # call: they are carried through unchanged). The drain loop is explored once per state
         # and calls the same helpers with the same arguments on many paths: each such run is
         # done once per scan (per state only when the poll value was read during it).
-        key = (self._config_key(), id(func.node), id(cls), prefix, self_name, env, path.attrs, tuple(self.stack))
+        key = (self._options_key(), id(func.node), id(cls), prefix, self_name, env, path.attrs, tuple(self.stack))
         memo = self.c.index.call_memo
         known = memo.get((key, None))
         if known is None and self.c.state is not None:
@@ -473,7 +491,7 @@ class Explorer:
             known = self._run_call(func, cst_func, cls, env, path, prefix, self_name)
             memo[(key, self.c.state if known.read_state else None)] = known
         else:
-            self.c.truncated.extend(known.truncated)
+            self.log.truncated.extend(known.truncated)
             for where in known.unparsed:
                 self._unparsed(where)
             if known.clears_discarded:
@@ -489,7 +507,7 @@ class Explorer:
                   path: PathState, prefix: str, self_name: str) -> "_CallRun":
         frame = Frame(func, CstBody(cst_func.node, cst_func.line), cls, prefix, self_name)
         start = PathState(env=env, attrs=path.attrs, events=path.events)
-        truncated, unparsed = len(self.c.truncated), len(self._unparsed_log)
+        truncated, unparsed = len(self.log.truncated), len(self._unparsed_log)
         read_before, self._read_state = self._read_state, False
         # The caller's discarded call is never a node of the callee: a marker stands for it, so
         # the run shows whether the callee cleared it (as an expression statement does).
@@ -511,21 +529,21 @@ class Explorer:
                 results.append((end.attrs, end.events[skip:], "raise", EMPTY))
             else:
                 results.append((end.attrs, end.events[skip:], None, end.ret if end.ret is not None else frozenset({NONE})))
-        return _CallRun(tuple(results), tuple(self.c.truncated[truncated:]), tuple(self._unparsed_log[unparsed:]),
+        return _CallRun(tuple(results), tuple(self.log.truncated[truncated:]), tuple(self._unparsed_log[unparsed:]),
                         cleared, read)
 
     def _unparsed(self, where: str) -> None:
-        self.c.unparsed.add(where)
+        self.log.unparsed.add(where)
         self._unparsed_log.append(where)
 
-    def _config_key(self) -> tuple:
-        """Everything the exploration reads from its Config but the poll state's value (so a
-        field added to Config is part of the key without anyone remembering to add it). Objects
+    def _options_key(self) -> tuple:
+        """Everything the exploration reads from its Options but the poll state's value (so a
+        field added to Options is part of the key without anyone remembering to add it). Objects
         are taken by identity and kept alive by the memo, so that their ids stay theirs."""
         if self._key is None:
             parts: list = [self.c.state is None]
             alive = self.c.index.call_memo.setdefault("alive", [])
-            for name in _CONFIG_FIELDS:
+            for name in _OPTION_FIELDS:
                 value = getattr(self.c, name)
                 if isinstance(value, (str, bool, int, frozenset, type(None))):
                     parts.append(value)
@@ -552,7 +570,7 @@ class Explorer:
     def unmodelled(self, node: cst.CSTNode, paths: list[PathState], frame: Frame) -> list[PathState]:
         """A statement kind the tables below do not know: the paths go on as if it did nothing,
         and the run says where it could not follow the code (the scan is incomplete)."""
-        self.c.truncated.append(Cut.unmodelled(f"{frame.func.path}:{frame.body.line(node)}", type(node).__name__))
+        self.log.truncated.append(Cut.unmodelled(f"{frame.func.path}:{frame.body.line(node)}", type(node).__name__))
         return paths
 
     def simple_line(self, node: cst.SimpleStatementLine, paths: list[PathState], frame: Frame) -> list[PathState]:
@@ -578,7 +596,7 @@ class Explorer:
         if handler is None:
             if not paths:
                 return paths
-            self.c.truncated.append(Cut.unmodelled(f"{frame.func.path}:{frame.body.line(node)}", type(node).__name__))
+            self.log.truncated.append(Cut.unmodelled(f"{frame.func.path}:{frame.body.line(node)}", type(node).__name__))
             return merge(paths)
         out: list[PathState] = []
         for path in paths:
@@ -1666,9 +1684,9 @@ def _product(values: list[Val]):
     return itertools.product(*[sorted(v) for v in values])
 
 
-# Config fields a helper call's run can depend on (the state's value is handled apart; the
-# index is the memo's owner; truncated and unparsed are what a run reports, replayed on a hit).
-_CONFIG_FIELDS = tuple(f.name for f in fields(Config) if f.name not in ("index", "state", "truncated", "unparsed"))
+# Options a helper call's run can depend on (the state's value is handled apart; the index is
+# the memo's owner). What a run reports (its RunLog) is replayed on a memo hit.
+_OPTION_FIELDS = tuple(f.name for f in fields(Options) if f.name not in ("index", "state"))
 _OUTER = cst.Name("_")  # stands for the caller's discarded call during a callee's run
 
 

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import libcst as cst
 
-from kvtrace.flow import NOT_SITES, Config, CstBody, Event, Explorer, Frame, PathState, ast_constant
+from kvtrace.flow import NOT_SITES, CstBody, Event, Explorer, Frame, Options, PathState, ast_constant
 from kvtrace.index import ClassInfo, FuncRef, Index
 from kvtrace.model import OUTCOME_ORDER, Backend, EventKind, Evidence, ModeFate, Outcome, Site, StateFate, StateVerdict
 from kvtrace.packs import Pack, matches
@@ -712,9 +712,8 @@ def _explore_mode(index: Index, list_pack: Pack, domain: Domain, drain: Drain, b
     parameters bound."""
     paths: dict[str, list[QueuePath]] = {}
     for state in domain.members:
-        config = Config(index, list_pack, domain, state=state, queue_attr=list_pack.queue, removal_set=drain.removal_set,
-                        guards=guards)
-        explorer = Explorer(config)
+        explorer = Explorer(Options(index, list_pack, domain, state=state, queue_attr=list_pack.queue,
+                                    removal_set=drain.removal_set, guards=guards))
         env = {name: frozenset({state}) if role == "@state" else frozenset({role}) for name, role in drain.initial.items()}
         env.update({name: value for name, value in bindings.items() if name not in env})
         start = PathState(env=tuple(sorted(env.items())))
@@ -730,8 +729,8 @@ def _explore_mode(index: Index, list_pack: Pack, domain: Domain, drain: Drain, b
             explorer.stack.pop()
             ends = [end for end in ends if end.term == "raise"] + [
                 replace(end, term=None) if end.term in ("continue", "break") else end for end in after]
-        truncated.extend(config.truncated)
-        unparsed.extend(f"{u}()" for u in config.unparsed)
+        truncated.extend(explorer.log.truncated)
+        unparsed.extend(f"{u}()" for u in explorer.log.unparsed)
         state_paths = []
         for end in ends:
             events = list(end.events)
