@@ -8,6 +8,7 @@ import ast
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
+from kvtrace.effects import SENDER_EFFECTS
 from kvtrace.flow import MANAGER, TABLE, Event, Explorer, Options, PathLimit, PathState
 from kvtrace.gaps import Cut
 from kvtrace.index import ClassInfo, FuncRef, Index
@@ -883,7 +884,7 @@ class _Runner:
                        table=self.manager.ref.table if self.manager else None,
                        manager_attrs=self.manager.attrs if self.manager else frozenset(),
                        clock_far=clock_far, record_writes=record_writes, manager_relevant=self.relevant, all_facts=True,
-                       record_returns=record_returns)
+                       record_returns=record_returns, effects=SENDER_EFFECTS)
 
     def _run(self, func: FuncRef, attrs, clock_far: bool, record_writes: bool) -> list[PathState]:
         parsed = self.index.cst(func)

@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from operator import attrgetter
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Protocol
 
 import libcst as cst
 
@@ -26,7 +26,7 @@ from kvtrace.parse import CstFunction
 from kvtrace.model import SITE_KINDS, EventKind
 from kvtrace.packs import Pack
 from kvtrace.syntax import dotted, self_attr, walk
-from kvtrace.states import ABSENT, FALSE, KEEP, NONE, NOW, OTHER, POLLS, REQ, TRUE, Domain, Val, refine
+from kvtrace.states import ABSENT, FALSE, NONE, NOW, OTHER, POLLS, TRUE, Domain, Val, refine
 
 MAX_PATHS = 4096  # per statement; past this the analysis says it is incomplete
 # Path steps (one statement run on one live path) one exploration may take in all, helper runs
@@ -215,6 +215,42 @@ class Options:
     give_up: bool = False  # past max_paths raise PathLimit (the question has no answer) instead of truncating
     max_steps: int | None = None  # path steps in all; None: MAX_STEPS
     record_returns: bool = False  # emit a return event at each return (a sender's poll(): the line a state comes from)
+    # What calls do to the request, the queue or the table (kvtrace.effects): the drain loop's or the sender's.
+    effects: Effects = field(kw_only=True)
+
+
+@dataclass(frozen=True)
+class CallSite:
+    """A call on a live path, as the walker's Effects see it: the node, its callee's dotted text
+    ("" when the callee is not a name chain), the arguments' values, and where it is."""
+
+    node: cst.Call
+    callee: str
+    values: list[Val]
+    frame: Frame
+
+    @property
+    def method(self) -> str:
+        return self.callee.rsplit(".", 1)[-1] if self.callee else ""
+
+    @property
+    def receiver(self) -> str:
+        return self.callee.rsplit(".", 1)[0] if "." in self.callee else ""
+
+    def event(self, kind: EventKind, detail: str) -> Event:
+        """An event at this call (its line is read only here: positions cost a libcst pass)."""
+        frame = self.frame
+        return Event(kind, frame.func.path, frame.body.line(self.node), frame.func.qualname, detail)
+
+
+class Effects(Protocol):
+    """The walker's callbacks at a call (see kvtrace.effects): the domain lives there, never here."""
+
+    def on_call(self, run: Explorer, site: CallSite, path: PathState) -> list[tuple[PathState, Val]] | None:
+        """The paths and value of a call that is an effect; None: the walker follows the call."""
+
+    def on_unresolved_call(self, run: Explorer, site: CallSite, path: PathState) -> PathState:
+        """The path before a call the walker can neither enter nor name goes on as unknown."""
 
 
 @dataclass
@@ -1325,37 +1361,10 @@ class Explorer:
     def call_with(self, node: cst.Call, callee: str, values: list[Val], p: PathState, frame: Frame,
                   fn: str, here: str) -> list[tuple[PathState, Val]]:
         d = self.c.domain
-
-        def line() -> int:  # positions cost a libcst pass over the function: only when needed
-            return frame.body.line(node)
-
-        method = callee.rsplit(".", 1)[-1] if callee else ""
-        receiver = callee.rsplit(".", 1)[0] if "." in callee else ""
-        # The request, or a part of it (`decode_req.req`: the queue entry wraps the request).
-        has_req = any(REQ in v for v in values) or any(
-            isinstance(a.value, cst.Attribute) and isinstance(a.value.value, cst.Name)
-            and REQ in (p.get(a.value.value.value) or ()) for a in node.args)
-        if method == "add" and receiver and receiver == self.c.removal_set:
-            # The request's index joins the set the queue is filtered by: it leaves the queue.
-            return [(p.emit(Event(EventKind.DONE, here, line(), fn, receiver)), frozenset({NONE}))]
-        if method in ("append", "extend", "insert", "appendleft") and receiver and has_req:
-            recv_value = p.get(receiver) if "." not in receiver else None
-            if receiver.endswith(f"self.{self.c.queue_attr}") or (recv_value is not None and KEEP in recv_value):
-                return [(p.emit(Event(EventKind.KEEP, here, line(), fn, receiver)), frozenset({NONE}))]
-            kind = EventKind.DONE if "." not in receiver else EventKind.REQUEUE
-            return [(p.emit(Event(kind, here, line(), fn, receiver)), frozenset({NONE}))]
-        if callee and self.c.pack.is_release(callee):
-            return [(p.emit(Event(EventKind.RELEASE, here, line(), fn, callee)), d.universe)]
-        if callee and self.c.pack.is_log(callee):
-            return [(p.emit(Event(EventKind.LOG, here, line(), fn, callee)), frozenset({NONE}))]
-        if callee and self.c.pack.is_abort(callee):
-            return [(p.emit(Event(EventKind.ABORT, here, line(), fn, callee)), d.universe)]
-        if callee and self.c.pack.is_metric(callee):
-            return [(p.emit(Event(EventKind.METRIC, here, line(), fn, callee)), d.universe)]
-        if callee and self.c.pack.is_answer(callee):
-            return [(p.emit(Event(EventKind.ANSWER, here, line(), fn, callee)), d.universe)]
-        if callee and self.c.pack.is_clock_call(callee):
-            return [(p, frozenset({NOW}))]
+        site = CallSite(node, callee, values, frame)
+        effect = self.c.effects.on_call(self, site, p)
+        if effect is not None:
+            return effect
         if callee == "bool" and len(values) == 1 and not node.args[0].star:
             value = values[0]
             exact = value and not value - {TRUE, FALSE, NONE}
@@ -1366,17 +1375,11 @@ class Explorer:
             return [(p, frozenset(truths))]
         if callee in ("max", "min") and len(values) >= 2 and not any(a.star for a in node.args):
             return [(p, self.extreme(callee, values))]
-        if callee and self.c.state is not None and self.c.pack.is_poll_call(callee):
-            return [(p.emit(Event(EventKind.POLL, here, line(), fn, callee)), self.poll_value())]
         target = self.resolve_call(node, callee, frame, p)
         if target is None:
-            if self.c.table is not None and method == self.c.pack.update_method:
-                # A status update on an object kvtrace cannot tie to the manager: what it
-                # stores is not followed (a reachability question must not rely on this path).
-                p = p.emit(Event(EventKind.TABLE_UNKNOWN, here, line(), fn, callee))
-            return self.opaque_call(node, callee, p, frame)
+            return self.opaque_call(node, callee, self.c.effects.on_unresolved_call(self, site, p), frame)
         args = self.bind_args(target.func, node, values, target.drop_first)
-        p = p.emit(Event(EventKind.HELPER, here, line(), fn, target.func.qualname))
+        p = p.emit(site.event(EventKind.HELPER, target.func.qualname))
         self_name = target.self_name
         if target.self_param is not None:
             params = [a.arg for a in target.func.node.args.posonlyargs + target.func.node.args.args]

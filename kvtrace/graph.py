@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import libcst as cst
 
+from kvtrace.effects import QUEUE_EFFECTS
 from kvtrace.flow import NOT_SITES, CstBody, Event, Explorer, Frame, Options, PathState, ast_constant
 from kvtrace.index import ClassInfo, FuncRef, Index
 from kvtrace.model import OUTCOME_ORDER, Backend, EventKind, Evidence, ModeFate, Outcome, Site, StateFate, StateVerdict
@@ -713,7 +714,7 @@ def _explore_mode(index: Index, list_pack: Pack, domain: Domain, drain: Drain, b
     paths: dict[str, list[QueuePath]] = {}
     for state in domain.members:
         explorer = Explorer(Options(index, list_pack, domain, state=state, queue_attr=list_pack.queue,
-                                    removal_set=drain.removal_set, guards=guards))
+                                    removal_set=drain.removal_set, guards=guards, effects=QUEUE_EFFECTS))
         env = {name: frozenset({state}) if role == "@state" else frozenset({role}) for name, role in drain.initial.items()}
         env.update({name: value for name, value in bindings.items() if name not in env})
         start = PathState(env=tuple(sorted(env.items())))

@@ -17,7 +17,8 @@ import libcst as cst
 import pytest
 
 from kvtrace import flow
-from kvtrace.flow import Explorer, Options, PathLimit, PathState, RunLog
+from kvtrace.flow import CallSite, Explorer, Options, PathLimit, PathState, RunLog
+from kvtrace.effects import QUEUE_EFFECTS, SENDER_EFFECTS, CallEffect, QueueEffects
 from kvtrace.gaps import Cut
 from kvtrace.index import Index
 from kvtrace.model import EventKind, SourceFile
@@ -56,7 +57,9 @@ def explore_with(body: str, params: dict[str, Val] | None = None, state: str | N
     func = index.functions["f"][0]
     parsed = index.cst(func)
     assert parsed is not None
-    options = Options(index, PACK, DOMAIN, state=state, queue_attr=PACK.queue, **config)  # type: ignore[arg-type]
+    # A drain loop's run for a poll state; a sender's run for none.
+    effects = config.pop("effects", QUEUE_EFFECTS if state is not None else SENDER_EFFECTS)
+    options = Options(index, PACK, DOMAIN, state=state, queue_attr=PACK.queue, effects=effects, **config)  # type: ignore[arg-type]
     explorer = Explorer(options)
     ends, _ = explorer.explore_function(func, parsed, None, [PathState(env=tuple(sorted(params.items())))])
     return ends, explorer
@@ -257,6 +260,30 @@ def test_options_are_frozen_and_each_run_returns_what_it_learned(monkeypatch: py
     assert [str(t) for t in explorer.log.truncated] == ["m.py:13 (Raise statement not modelled)"]
     assert not hasattr(explorer.c, "truncated")
     assert Explorer(explorer.c).log == RunLog()
+
+
+class _Tick(QueueEffects):
+    """The drain loop's effects and one more: `tick()` is a metric."""
+
+    def tick(self, run: Explorer, site: CallSite, path: PathState) -> list[tuple[PathState, Val]] | None:
+        if site.callee != "tick":
+            return None
+        return [(path.emit(site.event(EventKind.METRIC, "tick")), frozenset({"None"}))]
+
+    CALLS: tuple[CallEffect, ...] = QueueEffects.CALLS + (tick,)
+
+
+def test_an_effect_is_a_callback_the_walker_calls() -> None:
+    body = "tick()\nx = sender.poll()\ndone.append(r)\nreturn x"
+    params = {"r": frozenset({"@req"}), "done": frozenset({OTHER}), "sender": frozenset({OTHER})}
+    ends, _ = explore(body, params, effects=_Tick())
+    [end] = ends
+    assert [(e.kind, e.detail) for e in end.events] == [
+        (EventKind.METRIC, "tick"), (EventKind.POLL, "sender.poll"), (EventKind.DONE, "done")]
+    assert returns(ends) == {frozenset({"Success"})}
+    # The sender's effects know no queue and no poll of a state: the same calls are unknown calls.
+    ends, _ = explore(body, params, state=None)
+    assert all(not e.events for e in ends)
 
 
 def test_a_small_statement_kind_without_a_handler_is_a_gap(monkeypatch: pytest.MonkeyPatch) -> None:
