@@ -25,7 +25,7 @@ from kvtrace.index import ClassInfo, FuncRef, Index
 from kvtrace.parse import CstFunction
 from kvtrace.model import SITE_KINDS, EventKind
 from kvtrace.packs import Pack
-from kvtrace.syntax import dotted, self_attr, walk
+from kvtrace.syntax import dotted, enum_member, self_attr, walk
 from kvtrace.states import ABSENT, FALSE, NONE, NOW, OTHER, POLLS, TRUE, Domain, Val, refine
 
 MAX_PATHS = 4096  # per statement; past this the analysis says it is incomplete
@@ -1559,10 +1559,9 @@ def ast_constant(value: ast.expr, domain: Domain) -> Val | None:
             member = domain.member_for_int(value.value)
             return frozenset({member}) if member else frozenset({OTHER})
         return frozenset({OTHER})
-    if isinstance(value, ast.Attribute) and value.attr in domain.members and (
-            isinstance(value.value, ast.Name) and value.value.id == domain.enum
-            or isinstance(value.value, ast.Attribute) and value.value.attr == domain.enum):
-        return frozenset({value.attr})
+    named = enum_member(value, domain.enum)
+    if named is not None and named in domain.members:
+        return frozenset({named})
     if isinstance(value, (ast.Tuple, ast.List, ast.Set)):
         return union_of(ast_constant(e, domain) for e in value.elts)
     if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in ("frozenset", "set", "tuple", "list") \

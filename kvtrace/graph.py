@@ -17,6 +17,7 @@ import libcst as cst
 from kvtrace.effects import QUEUE_EFFECTS
 from kvtrace.flow import NOT_SITES, CstBody, Event, Explorer, Frame, Options, PathState, ast_constant
 from kvtrace.index import ClassInfo, FuncRef, Index
+from kvtrace.managers import ManagerFacts
 from kvtrace.model import OUTCOME_ORDER, Backend, EventKind, Evidence, ModeFate, Outcome, Site, StateFate, StateVerdict
 from kvtrace.packs import Pack, matches
 from kvtrace.parse import walk as walk_ast
@@ -246,6 +247,17 @@ class ScanModel:
     queue: QueueAnalysis
     senders: list[SenderAnalysis]
     domain: Domain
+
+    @property
+    def managers(self) -> list[ManagerFacts]:
+        """One ManagerFacts per manager a sender works with, naming the backends that use it."""
+        found: dict[tuple[str, int], ManagerFacts] = {}
+        for sender in self.senders:
+            if sender.manager is not None:
+                key = (sender.manager.cls.path, sender.manager.cls.line)
+                known = found.get(key, sender.manager)
+                found[key] = replace(known, backends=known.backends + (sender.backend.name,))
+        return list(found.values())
 
     def fate(self, state: str) -> list[Outcome]:
         return self.queue.fate(state)

@@ -325,6 +325,9 @@ class Finding:
     # errors counts only what needs no premise.
     premise: str | None = None
     role: str | None = None  # what the finding is about beyond rule/backend/state (kvtrace.baseline.assign_roles)
+    # A manager rule's finding in a method several backends' managers run: those backends (the grid
+    # rows it belongs in, from kvtrace.managers.ManagerFacts); empty: `backend`, or none known.
+    backends: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

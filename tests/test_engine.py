@@ -21,9 +21,11 @@ from kvtrace.flow import CallSite, Explorer, Options, PathLimit, PathState, RunL
 from kvtrace.effects import QUEUE_EFFECTS, SENDER_EFFECTS, CallEffect, QueueEffects
 from kvtrace.gaps import Cut
 from kvtrace.index import Index
+from kvtrace.managers import manager_facts
 from kvtrace.model import EventKind, SourceFile
 from kvtrace.packs import load_pack
 from kvtrace.parse import parse_module
+from kvtrace.rules.manager_model import manager_methods
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain
 from kvtrace.scan import scan_path
 from kvtrace.states import OTHER, Domain, Val
@@ -510,3 +512,34 @@ class OkKVSender(BaseKVSender):
     report = scan_path(write_tree(tmp_path, {"disaggregation/prefill.py": source, "disaggregation/ok/conn.py": sender}))
     assert any("disaggregation/ok/conn.py:6 (With statement not modelled)" in p and "ok backend" in p
                for p in report.problems), report.problems
+
+
+# --- one model of the manager --------------------------------------------------------------
+
+def test_manager_rules_name_the_backends_whose_manager_runs_the_method() -> None:
+    """A manager rule's finding carries the backends from the one ManagerFacts model (the report
+    places it by them, not by folder): a method in the shared base belongs to every backend whose
+    manager inherits it, one in a backend's own manager to that backend only."""
+    report = scan_path(Path(__file__).resolve().parent.parent / "examples" / "manager-shapes")
+    rows = {(f.rule, f.path): f.backends for f in report.findings if f.backend is None and f.queue is None}
+    everyone = ("ascend", "mooncake", "mori", "nixl")
+    assert rows == {("silent-status-drop", "disaggregation/common/conn.py"): everyone,
+                    ("failed-not-sticky", "disaggregation/common/conn.py"): everyone,
+                    ("absent-room-default", "disaggregation/nixl/conn.py"): ("nixl",)}
+
+
+def test_the_status_table_has_one_definition() -> None:
+    """The engine's table (Options.table, from the sender analysis) and the rules' table are the
+    same reading of the check method: `self.X` indexed by its room parameter, not the first
+    subscript it meets."""
+    source = ("class M:\n    def check_status(self, room):\n        seen = self.history[0]\n"
+              "        return self.request_status.get(room, None)\n")
+    data = source.encode()
+    module = parse_module(SourceFile("m.py", data, hashlib.sha256(data).hexdigest()))
+    assert module is not None
+    index = Index([module])
+    [cls] = index.classes["M"]
+    facts = manager_facts(index, cls, "check_status", "update_status")
+    assert (facts.room, facts.table, facts.update) == ("room", "request_status", None)
+    [method] = manager_methods(index, "check_status", [facts])
+    assert method.table == facts.table and method.backends == ()

@@ -93,6 +93,8 @@ def _concerns(finding: Finding, backend: Backend) -> bool:
     rule = find_rule(finding.rule)
     if rule is None or rule.per_queue:
         return True
+    if finding.backends:  # the backends whose manager runs the method (kvtrace.managers)
+        return backend.name in finding.backends
     if backend.manager is not None and f"{finding.path}:{finding.function}" in backend.manager.runs:
         return True  # in a manager method this backend inherits (common/conn.py)
     folder = finding.path.rpartition("/")[0]
