@@ -22,9 +22,10 @@ from kvtrace.effects import QUEUE_EFFECTS, SENDER_EFFECTS, CallEffect, QueueEffe
 from kvtrace.gaps import Cut
 from kvtrace.index import Index
 from kvtrace.managers import manager_facts
-from kvtrace.model import EventKind, SourceFile
+from kvtrace.model import EventKind, Gap, GapKind, SourceFile
 from kvtrace.packs import load_pack
 from kvtrace.parse import parse_module
+from kvtrace.report.verdicts import gap_text
 from kvtrace.rules.manager_model import manager_methods
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain
 from kvtrace.scan import scan_path
@@ -543,3 +544,26 @@ def test_the_status_table_has_one_definition() -> None:
     assert (facts.room, facts.table, facts.update) == ("room", "request_status", None)
     [method] = manager_methods(index, "check_status", [facts])
     assert method.table == facts.table and method.backends == ()
+
+
+# --- problems as records ---------------------------------------------------------------------
+
+def test_the_report_tells_gaps_apart_by_their_fields_not_their_prose() -> None:
+    """A backend checked without one of its files and one not checked at all differ in
+    `Gap.partial`; the summary reads that, whatever the reason's words."""
+    gaps = [Gap(GapKind.BACKEND, "nixl", "checked without nixl/conn.py (not analysed)", partial=True),
+            Gap(GapKind.BACKEND, "mori", "mori/conn.py could not be analysed"),
+            Gap(GapKind.FILE, "nixl/conn.py", "syntax error"), Gap(GapKind.ANALYSIS, "scan", "path limit reached")]
+    assert gap_text(gaps) == ("1 file not analysed, backend mori not checked, backend nixl checked in part, "
+                              "1 analysis problem")
+    assert json.loads(json.dumps([g.kind for g in gaps])) == ["backend", "backend", "file", "analysis"]
+    assert f"{gaps[0].kind}" == "backend"
+
+
+def test_find_gaps_marks_a_backend_checked_without_a_file_as_partial(tmp_path: Path) -> None:
+    write_tree(tmp_path, {"disaggregation/prefill.py": drain(STANDARD_BRANCHES)})
+    (tmp_path / "disaggregation" / "nixl").mkdir()
+    (tmp_path / "disaggregation" / "nixl" / "broken.py").write_text("def f(:\n")
+    report = scan_path(tmp_path)
+    [gap] = [g for g in report.gaps if g.kind is GapKind.BACKEND]
+    assert (gap.subject, gap.partial) == ("nixl", False)
