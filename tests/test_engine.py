@@ -28,6 +28,7 @@ from kvtrace.parse import parse_module
 from kvtrace.report.verdicts import gap_text
 from kvtrace.rules.manager_model import manager_methods
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain
+from kvtrace import scan
 from kvtrace.scan import scan_path
 from kvtrace.states import OTHER, Domain, Val
 from tests.property import _support, gen, oracle
@@ -517,10 +518,13 @@ class OkKVSender(BaseKVSender):
 
 # --- one model of the manager --------------------------------------------------------------
 
-def test_manager_rules_name_the_backends_whose_manager_runs_the_method() -> None:
+@pytest.mark.parametrize("fork", [False, True])
+def test_manager_rules_name_the_backends_whose_manager_runs_the_method(fork: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     """A manager rule's finding carries the backends from the one ManagerFacts model (the report
     places it by them, not by folder): a method in the shared base belongs to every backend whose
-    manager inherits it, one in a backend's own manager to that backend only."""
+    manager inherits it, one in a backend's own manager to that backend only. The same when the
+    senders are analysed in a forked child (their managers' facts cross back)."""
+    monkeypatch.setattr(scan, "PARALLEL_MIN_BYTES", 0 if fork else 10**12)
     report = scan_path(Path(__file__).resolve().parent.parent / "examples" / "manager-shapes")
     rows = {(f.rule, f.path): f.backends for f in report.findings if f.backend is None and f.queue is None}
     everyone = ("ascend", "mooncake", "mori", "nixl")
