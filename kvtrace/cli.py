@@ -57,6 +57,12 @@ class FailOn(str, Enum):
     never = "never"
 
 
+class Role(str, Enum):
+    """What a host serves: each role's bundled pack names every queue a request waits in there."""
+    prefill = "prefill"
+    decode = "decode"
+
+
 class Detail(str, Enum):
     summary = "summary"
     full = "full"
@@ -220,6 +226,12 @@ def scan(
         help="Write the report to FILE (checked before scanning).")] = None,
     rules: Annotated[Optional[str], typer.Option("--rules", metavar="PACK|FILE",
         help="Rules pack: a bundled name or a TOML file.")] = None,
+    role: Annotated[Optional[Role], typer.Option("--role",
+        help="The host's role: every queue of a prefill server (bootstrap, inflight; the default) or of a "
+             "decode server (prealloc, transfer), one grid per queue.")] = None,
+    queue: Annotated[Optional[list[str]], typer.Option("--queue", metavar="NAME",
+        help="Only these queues, e.g. disagg_prefill_bootstrap_queue (repeatable or comma-separated); "
+             "a decode queue alone picks the decode pack.")] = None,
     scan_all: Annotated[bool, typer.Option("--all",
         help="When a TARGET holds several packages (versions side by side), scan each as its own report.")] = False,
     no_map: Annotated[bool, typer.Option("--no-map",
@@ -286,7 +298,7 @@ def scan(
     from kvtrace.cache import Cache
     from kvtrace.config import Overrides
     from kvtrace.fleet import FleetOptions, Progress, read_hosts_file, render_summary, run_fleet, summarise, worst_exit
-    from kvtrace.packs import load_pack
+    from kvtrace.packs import load_pack, pack_for, select_queues
 
     if verbose and quiet:
         raise _fail("--verbose and --quiet cannot be used together")
@@ -309,7 +321,11 @@ def scan(
             if path is not None:
                 check_output_path(path, option)
         settings = {target: _settings(target, overrides) for target in wanted}
-        packs = {target: load_pack(s.pack) for target, s in settings.items()}
+        queues = list(_names(queue))
+        # --role wins over [tool.kvtrace] pack, and conflicts only with --rules.
+        packs = {target: select_queues(load_pack(pack_for(rules if role else s.pack, role.value if role else None,
+                                                          queues)), queues)
+                 for target, s in settings.items()}
         baseline_prints = {t: baselines.load(Path(s.baseline)) for t, s in settings.items() if s.baseline}
         if metrics is not None:
             from kvtrace.metrics import parse_metrics_url

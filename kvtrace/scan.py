@@ -157,6 +157,21 @@ def _in_scope(files: list[SourceFile], pack: Pack, root: str, scope: str) -> lis
     return [f for f in files if wanted(f)]
 
 
+def _judged(pack: Pack, names: tuple[str, ...], queues: list[tuple[QueueAnalysis, list[str]]],
+            in_scope: list[SourceFile]) -> list[tuple[str, tuple[QueueAnalysis, list[str]]]]:
+    """The queues to judge. Of a role's queues (not named with --queue), one this code neither fills
+    nor drains, with every file read and no caller out of view, is not in it (a tree that models
+    only some of them): nothing to judge and nothing left unread. One is always kept, so a tree
+    with none still says its queue is neither filled nor drained."""
+    pairs = list(zip(names, queues))
+    if pack.chosen or any(f.status != "ok" for f in in_scope):
+        return pairs
+    def present(queue: QueueAnalysis) -> bool:
+        return queue.drain is not None or queue.unparsed or queue.unseen_callers or \
+            any(s.kind is EventKind.ENTRY for s in queue.static_sites)
+    return [pair for pair in pairs if present(pair[1][0]) or pair[1][1]] or pairs[:1]
+
+
 def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Settings = Settings(),
                  root: str | None = None) -> Report:
     """Analyse one package of the fetched tree: `root` (from locate_packages), or the only one."""
@@ -224,12 +239,13 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
     rules = [rule for rule in ALL_RULES if settings.wants_rule(rule.name, rule.code)]
     # A pack may name several queues (decode: prealloc and transfer); each is its own graph,
     # the backends are shared. Rules about the backends alone run once.
-    for number, (name, (queue, queue_problems)) in enumerate(zip(queue_names, queues)):
+    for number, (name, (queue, queue_problems)) in enumerate(_judged(pack, queue_names, queues, in_scope)):
         queue_pack = pack.for_queue(name)
         problems.extend(queue_problems)
         entries = [s for s in queue.static_sites if s.kind is EventKind.ENTRY]
         model = ScanModel(queue, senders, domain)
-        ctx = ScanContext(queue_pack, domain, index, model, entries)
+        ctx = ScanContext(queue_pack, domain, index, model, entries,
+                          [other for other, _ in queues if other is not queue])
         for rule in rules:
             if rule.per_queue or number == 0:
                 for f in rule().check(ctx):

@@ -248,6 +248,7 @@ def _report(report: Report, out: list[str]) -> None:
         tag = mark(f)
         out.append(f'<div class="finding" data-rule="{escape(f.rule)}"><p><b>{escape(f.severity)}[{escape(f.rule)}]</b> '
                    f'<a href="{escape(page.href(f.path, f.line))}"><code>{escape(f.path)}:{f.line}</code></a>'
+                   + (f" in <code>{escape(f.queue)}</code>" if f.queue and len(report.queues) > 1 else "")
                    + (f" <i>({escape(tag)})</i>" if tag else "") + f"<br>{escape(f.message)}</p>")
         out.append(f"<pre>{escape(page.code(f.path, f.line))}</pre>")
         if f.evidence:

@@ -107,7 +107,8 @@ def _grid(grid: Grid) -> list[str]:
 
 
 def _finding_entry(report: Report, f, links: Permalinks | None, evidence: bool, excerpt: bool) -> list[str]:
-    out = [f"- **{prose(f.rule)}** ({prose(f.severity)}) {code_link(f.path, f.line, links)}: {prose(f.message)}"]
+    of = f" in {code(f.queue)}" if f.queue and len(report.queues) > 1 else ""
+    out = [f"- **{prose(f.rule)}** ({prose(f.severity)}){of} {code_link(f.path, f.line, links)}: {prose(f.message)}"]
     if evidence:
         out += [f"  - {code_link(e.path, e.line, links)} {prose(e.note)}" for e in f.evidence]
     if excerpt:

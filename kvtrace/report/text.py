@@ -195,6 +195,8 @@ def _backend_findings(report: Report, backend: str | None, groups, files: dict[s
         head = Text.assemble(
             (f"{group.severity}[{group.rule}]", SEVERITY_STYLE.get(group.severity, "")),
             " at ", (f"{group.path}:{group.line}", "bold"))
+        if group.queue and len(report.queues) > 1:  # several grids: say which queue's drain it is about
+            head.append(f" in {group.queue}")
         if group.mark:
             head.append(f" ({group.mark})", "dim")
         console.print(Padding(head, (0, 0, 0, 2)))

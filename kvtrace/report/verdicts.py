@@ -242,6 +242,7 @@ class FindingGroup:
     line: int
     backend: str | None
     mark: str = ""  # why it does not fail the scan (suppressed, in baseline) or that it is new
+    queue: str | None = None  # the queue whose drain it is about (None: the backends alone)
     states: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
 
@@ -260,8 +261,8 @@ def finding_groups(report: Report) -> dict[str | None, list[FindingGroup]]:
     backend_order = {b.name: i for i, b in enumerate(report.backends)}
     groups: dict[tuple, FindingGroup] = {}
     for f in report.findings:
-        key = (f.backend, f.rule, f.path, f.line, mark(f))
-        group = groups.setdefault(key, FindingGroup(f.rule, f.severity, f.path, f.line, f.backend, mark(f)))
+        key = (f.backend, f.rule, f.path, f.line, mark(f), f.queue)
+        group = groups.setdefault(key, FindingGroup(f.rule, f.severity, f.path, f.line, f.backend, mark(f), f.queue))
         group.findings.append(f)
         if f.state and f.state not in group.states:
             group.states.append(f.state)
