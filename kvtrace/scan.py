@@ -159,12 +159,14 @@ def _in_scope(files: list[SourceFile], pack: Pack, root: str, scope: str) -> lis
 
 def _judged(pack: Pack, names: tuple[str, ...], queues: list[tuple[QueueAnalysis, list[str]]],
             in_scope: list[SourceFile]) -> list[tuple[str, tuple[QueueAnalysis, list[str]]]]:
-    """The queues to judge. Of a role's queues (not named with --queue), one this code neither fills
-    nor drains, with every file read and no caller out of view, is not in it (a tree that models
-    only some of them): nothing to judge and nothing left unread. One is always kept, so a tree
-    with none still says its queue is neither filled nor drained."""
+    """The queues to judge: the ones named with --queue; else the pack's, but one this code neither
+    fills nor drains, with every file read and no caller out of view, is not in it (a tree that
+    models only some of a role's queues): nothing to judge and nothing left unread. One is always
+    kept, so a tree with none still says its queue is neither filled nor drained."""
     pairs = list(zip(names, queues))
-    if pack.chosen or any(f.status != "ok" for f in in_scope):
+    if pack.only:
+        return [pair for pair in pairs if pair[0] in pack.only]
+    if any(f.status != "ok" for f in in_scope):
         return pairs
     def present(queue: QueueAnalysis) -> bool:
         return queue.drain is not None or queue.unparsed or queue.unseen_callers or \

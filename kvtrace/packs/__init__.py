@@ -104,7 +104,9 @@ class Pack:
     update_method: str = "update_status"
     check_method: str = "check_status"
     clock_calls: tuple[str, ...] = ("time.time", "time.monotonic", "time.perf_counter")
-    chosen: bool = False  # the queues were named by the user (--queue): each must be found
+    # The queues the user named (--queue), each judged even if not found; empty: the pack's own
+    # choice. The others are still analysed, as what their drains do bears on these.
+    only: tuple[str, ...] = ()
     path: Path | None = field(default=None, compare=False)  # the TOML file, None when bundled
 
     def for_queue(self, queue: str) -> "Pack":
@@ -355,7 +357,7 @@ def pack_for(pack: str | None, role: str | None, queues: list[str]) -> str | Non
 
 
 def select_queues(pack: Pack, queues: list[str]) -> Pack:
-    """The pack with only the named queues, in the pack's order (all of them when none is named).
+    """The pack that judges only the named queues, in the pack's order (all of them when none is named).
     A name the pack does not hold is an input error that lists the pack's queues and, when a
     bundled pack holds it, which one."""
     if not queues:
@@ -366,8 +368,7 @@ def select_queues(pack: Pack, queues: list[str]) -> Pack:
         hint = "".join(f"; {name} is in the pack {holder}" for name, holder in elsewhere.items())
         raise InputError(f"--queue {', '.join(unknown)}: not a queue of the pack {pack.name} "
                          f"(its queues: {', '.join(pack.queues)}){hint}; one scan reads one pack")
-    kept = tuple(name for name in pack.queues if name in queues)
-    return replace(pack, queues=kept, queue=kept[0], chosen=True)
+    return replace(pack, only=tuple(name for name in pack.queues if name in queues))
 
 
 @dataclass(frozen=True)
