@@ -118,7 +118,7 @@ def _polled_attributes(ctx: ScanContext) -> set[str]:
         if isinstance(node, ast.stmt) and node.lineno <= drain.poll_line <= (node.end_lineno or node.lineno) \
                 and not isinstance(node, (ast.For, ast.While, ast.If, ast.With, ast.Try, ast.FunctionDef)):
             found |= {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
-                      and isinstance(n.value, ast.Name)}
+                      and isinstance(n.value, ast.Name) and n.value.id != "self"}  # the drain's own, not a request's
     return found - {ctx.pack.queue}
 
 
