@@ -117,8 +117,10 @@ def _polled_attributes(ctx: ScanContext) -> set[str]:
     for node in ast.walk(drain.func.node):
         if isinstance(node, ast.stmt) and node.lineno <= drain.poll_line <= (node.end_lineno or node.lineno) \
                 and not isinstance(node, (ast.For, ast.While, ast.If, ast.With, ast.Try, ast.FunctionDef)):
+            # A request's attribute (`req.x`, `self.queue[i].x`), not the drain's own (`self.queue`).
             found |= {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
-                      and isinstance(n.value, ast.Name) and n.value.id != "self"}  # the drain's own, not a request's
+                      and (isinstance(n.value, ast.Subscript)
+                           or isinstance(n.value, ast.Name) and n.value.id != "self")}
     return found - {ctx.pack.queue}
 
 
