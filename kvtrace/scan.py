@@ -32,7 +32,7 @@ from kvtrace.packs import Pack, load_pack
 
 if TYPE_CHECKING:
     from kvtrace.backends import SenderAnalysis
-    from kvtrace.graph import ScanModel
+    from kvtrace.graph import QueueAnalysis, ScanModel
     from kvtrace.index import Index
     from kvtrace.states import Domain
 
