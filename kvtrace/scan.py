@@ -166,12 +166,15 @@ def _judged(pack: Pack, names: tuple[str, ...], queues: list[tuple[QueueAnalysis
     pairs = list(zip(names, queues))
     if pack.only:
         return [pair for pair in pairs if pair[0] in pack.only]
-    if any(f.status != "ok" for f in in_scope):
-        return pairs
-    def present(queue: QueueAnalysis) -> bool:
-        return queue.drain is not None or queue.unparsed or queue.unseen_callers or \
-            any(s.kind is EventKind.ENTRY for s in queue.static_sites)
-    return [pair for pair in pairs if present(pair[1][0]) or pair[1][1]] or pairs[:1]
+    if any(f.status in ("too-large", "unreadable", "skipped") for f in in_scope):
+        return pairs  # a file whose bytes were not read may hold it
+    unanalysed = [f.data for f in in_scope if f.status != "ok"]
+
+    def present(name: str, queue: QueueAnalysis, problems: list[str]) -> bool:
+        return bool(queue.drain is not None or queue.unparsed or queue.unseen_callers or problems
+                    or any(s.kind is EventKind.ENTRY for s in queue.static_sites)
+                    or any(name.encode() in data for data in unanalysed))
+    return [pair for pair in pairs if present(pair[0], *pair[1])] or pairs[:1]
 
 
 def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Settings = Settings(),

@@ -360,10 +360,12 @@ def test_at_80_by_50_the_answer_is_on_screen_when_the_scan_ends() -> None:
     assert len(out) > 50  # the full report does not fit one screen
     last_screen = "\n".join(out[-49:])  # 50 rows, one for the next prompt
     # Folded at 80 columns: the summary is the last lines after the grid's legend.
-    summary = " ".join(last_screen[last_screen.rindex("\n8 warnings"):].split())
-    assert summary == ("8 warnings: nixl pins WaitingForInput only if two requests share a"
+    summary = " ".join(last_screen[last_screen.rindex("\n12 warnings"):].split())
+    assert summary == ("12 warnings: nixl pins WaitingForInput only if two requests share a"
                        " bootstrap_room · 10 notes")
+    # Both queues of the prefill host: each grid on the last screen.
     assert "Verdicts for disagg_prefill_inflight_queue" in last_screen
+    assert "Verdicts for disagg_prefill_bootstrap_queue" in last_screen
     assert re.search(r"^nixl +\S+ +\S+ +KVT001~ ", last_screen, re.M)
     assert "~: a warning, it holds only if two requests share a bootstrap_room" in last_screen
     assert max(len(line) for line in out) <= 80
