@@ -37,7 +37,6 @@ import importlib.util
 import logging
 import os
 import re
-import secrets
 import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -265,7 +264,7 @@ class Cache:
         fd = self._usable_dir(create=True)
         if fd is None:
             return
-        temp = f".kvtrace-tmp-{secrets.token_hex(16)}"
+        temp = f".kvtrace-tmp-{os.urandom(16).hex()}"
         try:
             blob = MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
             handle = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),
