@@ -265,6 +265,23 @@ def widen(paths: list[PathState]) -> list[PathState]:
     return list(_first_by(paths, lambda p: (p.env, p.attrs, p.term, p.ret, _without_idle_helpers(p.events))))
 
 
+def fold(paths: list[PathState]) -> list[PathState]:
+    """Still past the path limit after widen(): paths that agree on all a fate, a map row or a
+    rule reads of their events are one, the first. What is read is the sequence of release-map
+    sites with their details (the queue graph and its edges), the set of event kinds (outcome,
+    whether a path logs, answers or counts) and the last mode guard (where a path that skips the
+    poll waits). Events outside that (which log line, which idle helper, the order of logs) give
+    paths with the same future and the same reading; the first path stands for them and its
+    events are the ones a finding shows."""
+    return list(_first_by(paths, lambda p: (p.env, p.attrs, p.term, p.ret, _fate_view(p.events))))
+
+
+def _fate_view(events: tuple[Event, ...]) -> tuple:
+    sites = tuple((e.kind, e.path, e.line, e.detail) for e in events if e.kind not in NOT_SITES)
+    guard = next(((e.path, e.line, e.detail) for e in reversed(events) if e.kind is EventKind.GUARD), None)
+    return sites, frozenset(e.kind for e in events), guard
+
+
 def _first_by(paths: list[PathState], key: Callable[[PathState], tuple]) -> Iterable[PathState]:
     seen: set[tuple] = set()
     for path in paths:
@@ -343,6 +360,8 @@ class Explorer:
             paths = merge(paths)
             if len(paths) > self.c.max_paths:
                 paths = widen(paths)
+            if len(paths) > self.c.max_paths:
+                paths = fold(paths)
             if len(paths) > self.c.max_paths:
                 if self.c.give_up:
                     raise PathLimit(f"{frame.func.path}:{frame.body.line(stmt)}")
