@@ -363,11 +363,25 @@ class Explorer:
             if len(paths) > self.c.max_paths:
                 paths = fold(paths)
             if len(paths) > self.c.max_paths:
+                paths = fold(self.coarsen(paths))
+            if len(paths) > self.c.max_paths:
                 if self.c.give_up:
                     raise PathLimit(f"{frame.func.path}:{frame.body.line(stmt)}")
                 self.c.truncated.append(f"{frame.func.path}:{frame.body.line(stmt)}")
                 paths = paths[:self.c.max_paths]
         return paths
+
+    def coarsen(self, paths: list[PathState]) -> list[PathState]:
+        """The last step before paths are cut: forget what the path's tests found about attribute
+        chains and comparisons (facts). A later test of the same value then goes both ways, as
+        it did the first time: more paths are possible and none is lost, where cutting would
+        lose some and leave the scan incomplete. Locals, object attributes and the status table
+        are kept."""
+        def kept(binding: tuple[str, Val]) -> bool:
+            key = binding[0]
+            return not (isinstance(key, FactKey) and key.kind in _FORGETTABLE)
+
+        return [_path(p.env, tuple(filter(kept, p.attrs)), p.events, p.term, p.ret) for p in paths]
 
     def spend(self, stmt: cst.CSTNode, frame: Frame) -> None:
         """The step budget ran out at `stmt`: the exploration stops there and says so."""

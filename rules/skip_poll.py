@@ -73,6 +73,48 @@ def flag_states(func: ast.AST, flag: str, members: tuple[str, ...]) -> dict[str,
     return states
 
 
+def _self_refs(node: ast.AST) -> set[str]:
+    """The `self.<name>` the code refers to (called, or handed to a thread as its target)."""
+    return {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
+            and isinstance(n.value, ast.Name) and n.value.id == "self"}
+
+
+def _other_side_methods(owners: list, side: str) -> set[str]:
+    """The manager methods that run only in another mode: the constructor starts them in a
+    branch on `<Mode>.<X>` with X not this side, and nothing this side starts reaches them."""
+    if not side:
+        return set()
+    methods = {m.name: m for owner in reversed(owners) for m in owner.methods.values()}
+    mine: set[str] = set()
+    theirs: set[str] = set()
+    for owner in owners:
+        init = owner.methods.get("__init__")
+        if init is None:
+            continue
+        for node in ast.walk(init.node):
+            if not isinstance(node, ast.If):
+                continue
+            modes = {n.attr for n in ast.walk(node.test) if isinstance(n, ast.Attribute) and n.attr.isupper()}
+            if not modes:
+                continue
+            refs = set().union(*(_self_refs(stmt) for stmt in node.body)) & set(methods)
+            (mine if side in modes else theirs).update(refs)
+    if not mine:
+        return set()
+
+    def reach(start: set[str]) -> set[str]:
+        seen, todo = set(), list(start)
+        while todo:
+            name = todo.pop()
+            if name in seen or name not in methods:
+                continue
+            seen.add(name)
+            todo.extend(_self_refs(methods[name].node) - seen)
+        return seen
+
+    return reach(theirs) - reach(mine)
+
+
 def _function_defs(node: ast.AST):
     for n in ast.walk(node):
         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -255,9 +297,11 @@ class PrefillMixin:
             poll_calls = {dotted(n.func, calls=True).rsplit(".", 1)[-1] for n in ast.walk(analysis.poll.node)
                           if isinstance(n, ast.Call) and dotted(n.func, calls=True)}
         found: list[Evidence] = []
-        for owner in dict.fromkeys(o for cls in classes for o in ctx.index.mro(cls)):
+        owners = list(dict.fromkeys(o for cls in classes for o in ctx.index.mro(cls)))
+        elsewhere = _other_side_methods(owners, ctx.pack.manager_side)
+        for owner in owners:
             for method in owner.methods.values():
-                if method.name in poll_calls or method.name == update:
+                if method.name in poll_calls or method.name == update or method.name in elsewhere:
                     continue
                 for func in _function_defs(method.node):
                     if func is not method.node and func.name in poll_calls:
@@ -273,6 +317,5 @@ class PrefillMixin:
                             note = f"{owner.name}.{method.name}" + (f" ({func.name})" if func is not method.node else "")
                             found.append(Evidence(method.path, call.lineno,
                                                   f"{note}: stores {state} into the table, outside poll()"))
-                    if found:
-                        return found
-        return found
+        # Thread bodies (nested functions) first: the channel is a thread the scheduler does not wait on.
+        return sorted(found, key=lambda e: "(" not in e.note)

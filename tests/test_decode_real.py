@@ -14,6 +14,16 @@ DECODE = "sglang/srt/disaggregation/decode.py"
 D = "sglang/srt/disaggregation"
 
 
+_SCANS: dict[str, Report] = {}
+
+
+def decode_scan(version: str) -> Report:
+    """The decode pack on a release's `srt/` (where the scheduler binds the queues), once per run."""
+    if version not in _SCANS:
+        _SCANS[version] = scan_path(sglang_tree(version) / "sglang" / "srt", load_pack("sglang-decode"))
+    return _SCANS[version]
+
+
 @pytest.fixture(scope="module")
 def report() -> Report:
     return scan_path(sglang_tree("0.5.2"), load_pack("sglang-decode"))
@@ -90,7 +100,7 @@ def test_prealloc_queue_mapped_by_hand(report: Report) -> None:
 
 def test_decode_findings(report: Report) -> None:
     found = {(f.rule, f.path, f.line, f.backend, f.state) for f in report.findings
-             if f.rule in ("pinned-state", "unhandled-state", "release-leak", "dropped-state", "state-crash")}
+             if f.rule in ("pinned-state", "unhandled-state", "release-leak", "dropped-state", "state-crash", "skip-poll")}
     assert found == {
         # NixlKVReceiver.poll() (nixl/conn.py:650): `if not self.started_transfer: return
         # WaitingForInput`, then WaitingForInput until check_transfer_done; conclude_state is
@@ -103,9 +113,14 @@ def test_decode_findings(report: Report) -> None:
         # No receiver returns Transferring: a catch-all no backend is seen to reach.
         ("unhandled-state", DECODE, 342, None, "Transferring"),
         # Every receiver's poll() returns Success, and every path of the prealloc queue's drain
-        # that tests it ends in that raise (kvtrace does not know that the scheduler only
-        # preallocates before the transfer can end: see the README's limits).
+        # that tests it ends in that raise; a warning: see test_prealloc_crash_names_its_premise.
         ("state-crash", DECODE, 342, None, "Success"),
+        # `if all(decode_req.waiting_for_input for decode_req in self.queue): return` (315),
+        # before the poll (318): mooncake's heartbeat_checker thread (conn.py:901, decode side)
+        # calls _handle_node_failure, which stores Failed for every room of a lost prefill node
+        # (1099); while all queued requests wait for memory nothing polls (sglang#37483).
+        ("skip-poll", DECODE, 315, "mooncake", "Failed"),
+        ("skip-poll", DECODE, 315, "ascend", "Failed"),
     }
     # The prealloc queue keeps WaitingForInput only until pop_preallocated moves it on: no pin there.
     assert not any(f.rule == "pinned-state" and "prealloc" in f.message for f in report.findings)
@@ -120,3 +135,25 @@ def test_decode_pack_completes_without_a_path_limit(version: str) -> None:
     scanned = scan_path(sglang_tree(version) / "sglang" / "srt", load_pack("sglang-decode"))
     assert not [p for p in scanned.problems if "path limit" in p or "cut short" in p], scanned.problems
     assert {q.name for q in scanned.queues} == {"disagg_decode_prealloc_queue", "disagg_decode_transfer_queue"}
+
+
+def test_prealloc_crash_names_its_premise(report: Report) -> None:
+    """Issue 22: the prealloc loop's `raise ValueError` (342) on Success is reached only through a
+    room whose transfer already ran, since a request in the prealloc queue holds no KV memory
+    yet: a retracted request re-added (scheduler.py:1783 update_running_batch ->
+    _extend_requests_to_queue (1351) -> DecodePreallocQueue.add (256), which builds a new
+    receiver for the old room; sglang#6857) or two requests sharing a bootstrap_room
+    (sglang#40125). The finding is a warning that names those entries."""
+    crash = next(f for f in report.findings if f.rule == "state-crash" and f.state == "Success")
+    assert crash.severity == "warning"
+    assert crash.premise is not None and "re-enters the queue" in crash.premise and "share a bootstrap_room" in crash.premise
+    lines = {(e.path, e.line) for e in crash.evidence if e.note.startswith("premise:")}
+    assert {(DECODE, 256), ("sglang/srt/managers/scheduler.py", 1351),
+            ("sglang/srt/managers/scheduler.py", 1783)} <= lines, lines
+
+
+def test_skip_poll_names_the_thread_that_stores_failed(report: Report) -> None:
+    found = next(f for f in report.findings if f.rule == "skip-poll" and f.backend == "mooncake")
+    assert found.severity == "warning"
+    assert (f"{D}/mooncake/conn.py", 1099) in {(e.path, e.line) for e in found.evidence}
+    assert "_handle_node_failure" in found.message
