@@ -157,3 +157,153 @@ def test_skip_poll_names_the_thread_that_stores_failed(report: Report) -> None:
     assert found.severity == "warning"
     assert (f"{D}/mooncake/conn.py", 1099) in {(e.path, e.line) for e in found.evidence}
     assert "_handle_node_failure" in found.message
+
+
+# --- 0.4.8: both queues read by hand (line numbers of that release) --------------------------
+
+SCHED = "sglang/srt/managers/scheduler.py"
+
+
+def _srt(path: str) -> str:
+    return f"disaggregation/{path}" if not path.startswith("managers/") else path
+
+
+def _queue(report: Report, name: str):
+    return next(q for q in report.queues if q.name == name)
+
+
+def _sites(report: Report, name: str) -> set[tuple[str, str, int, tuple[str, ...]]]:
+    return {(s.kind, s.path, s.line, s.states) for s in _queue(report, name).sites}
+
+
+def test_0_4_8_prealloc_queue_mapped_by_hand() -> None:
+    """`_update_handshake_waiters` (302): `if all(decode_req.waiting_for_input ...): return`
+    (306), `polls = poll_and_all_reduce(...)` (309), loop (313): Bootstrapping `pass` (314),
+    WaitingForInput sets the flag (316-317), Failed prepare_abort (318, 325), `else: raise
+    ValueError` (330-331). Requests enter through DecodePreallocQueue.add's
+    `self.queue.append(DecodeRequest(...))` (247), called from scheduler.py 1181/1192."""
+    report = decode_scan("0.4.8")
+    q = _queue(report, "disagg_decode_prealloc_queue")
+    assert (q.drain.path, q.drain.line) == (_srt("decode.py"), 313)
+    fates = {state: fate.fate for state, fate in q.states.items()}
+    # Transferring and Success reach only the raise; the others go on to pop_preallocated's
+    # own loops, which may keep, move on or (an assert on the metadata buffer) raise.
+    assert fates["Transferring"] == fates["Success"] == ["raises"]
+    for state in ("Failed", "Bootstrapping", "WaitingForInput"):
+        assert fates[state] == ["kept", "leaves", "raises"], state
+    expected = {
+        ("entry", _srt("decode.py"), 247, ()),
+        ("entry", SCHED[len("sglang/srt/"):], 1192, ()),
+        ("poll", _srt("decode.py"), 309, ()),
+        ("check", _srt("decode.py"), 314, ("Bootstrapping",)),
+        ("check", _srt("decode.py"), 316, ("WaitingForInput",)),
+        ("check", _srt("decode.py"), 318, ("Failed",)),
+        ("abort", _srt("decode.py"), 325, ("Failed",)),
+        ("raise", _srt("decode.py"), 331, ("Transferring", "Success")),
+    }
+    assert expected <= _sites(report, "disagg_decode_prealloc_queue"), expected - _sites(report, "disagg_decode_prealloc_queue")
+
+
+def test_0_4_8_transfer_queue_mapped_by_hand() -> None:
+    """`pop_transferred` (548): polls (551), loop (557): Failed prepare_abort (565),
+    cache_finished_req (574), indices_to_remove.add (575); Success (577) ...
+    indices_to_remove.add (612); the three waiting states `pass` (613-618); `else: raise`
+    (620); the removed indices' metadata buffers freed (625), `self.queue = [...]` (627)."""
+    report = decode_scan("0.4.8")
+    q = _queue(report, "disagg_decode_transfer_queue")
+    assert (q.drain.path, q.drain.line) == (_srt("decode.py"), 557)
+    assert {state: fate.fate for state, fate in q.states.items()} == {
+        "Failed": ["leaves"], "Success": ["leaves"], "Bootstrapping": ["kept"], "WaitingForInput": ["kept"],
+        "Transferring": ["kept"]}
+    expected = {
+        ("entry", _srt("decode.py"), 543, ()),  # add: self.queue.append(decode_req)
+        ("entry", _srt("decode.py"), 857, ()),  # process_decode_queue: ...transfer_queue.extend(req_conns)
+        ("poll", _srt("decode.py"), 551, ()),
+        ("check", _srt("decode.py"), 558, ("Failed",)),
+        ("abort", _srt("decode.py"), 565, ("Failed",)),
+        ("release", _srt("decode.py"), 574, ("Failed",)),
+        ("done", _srt("decode.py"), 575, ("Failed",)),
+        ("check", _srt("decode.py"), 577, ("Success",)),
+        ("done", _srt("decode.py"), 612, ("Success",)),
+        ("release", _srt("decode.py"), 625, ("Failed", "Success")),
+        ("reassign", _srt("decode.py"), 627, ()),
+    }
+    assert expected <= _sites(report, "disagg_decode_transfer_queue"), expected - _sites(report, "disagg_decode_transfer_queue")
+
+
+# Every error and every decode-only verdict of the three releases read by hand:
+# (version, rule, backend, state, path, line, severity, why, upstream).
+HAND_READ = [
+    # 0.4.8 ---------------------------------------------------------------------------------
+    ("0.4.8", "skip-poll", "mooncake", "Failed", "decode.py", 306, "warning",
+     "heartbeat_checker -> _handle_node_failure stores Failed (mooncake/conn.py:666); the return at 306 skips the poll",
+     "sglang#37483 (fixed 0.5.20)"),
+    ("0.4.8", "state-crash", None, "Success", "decode.py", 331, "warning",
+     "raise ValueError in the handshake loop; Success needs a room whose transfer already ran (retracted requests "
+     "go to retracted_queue since 0.4.8, so two requests sharing a room remain)", "sglang#6857, sglang#40125"),
+    ("0.4.8", "state-crash", None, "Transferring", "decode.py", 331, "warning",
+     "same raise; mooncake's poll() returns a value kvtrace cannot read", "sglang#40125"),
+    ("0.4.8", "pinned-state", "fake", "WaitingForInput", "fake/conn.py", 69, "error",
+     "FakeKVReceiver.poll returns WaitingForInput until init(); no abort, no deadline (a test backend)", "none (by design)"),
+    ("0.4.8", "pinned-state", "mooncake", "Bootstrapping", "mooncake/conn.py", 991, "error",
+     "MooncakeKVReceiver.poll reads the table; the decode side has no bootstrap timeout",
+     "sglang#30769 (decode-side bootstrap timeout for mooncake, open)"),
+    ("0.4.8", "poll-raises", "mooncake", None, "mooncake/conn.py", 585, "error",
+     "check_status indexes request_status[room]: a room cleared before the poll raises KeyError", "sglang#40125"),
+    # 0.5.2 ----------------------------------------------------------------------------------
+    ("0.5.2", "skip-poll", "mooncake", "Failed", "decode.py", 315, "warning",
+     "heartbeat_checker -> _handle_node_failure stores Failed (mooncake/conn.py:1099)", "sglang#37483 (fixed 0.5.20)"),
+    ("0.5.2", "skip-poll", "ascend", "Failed", "decode.py", 315, "warning",
+     "ascend's receiver is mooncake's: the same thread", "sglang#37483 (fixed 0.5.20)"),
+    ("0.5.2", "state-crash", None, "Success", "decode.py", 342, "warning",
+     "raise ValueError; Success only through a reused room", "sglang#6857, sglang#40125"),
+    # 0.5.9 ----------------------------------------------------------------------------------
+    ("0.5.9", "skip-poll", "mooncake", "Failed", "decode.py", 436, "warning",
+     "heartbeat thread -> _handle_node_failure stores Failed; return at 436 before the poll (439)", "sglang#37483"),
+    ("0.5.9", "skip-poll", "nixl", "Failed", "decode.py", 436, "warning",
+     "NixlKVManager._handle_node_failure stores Failed for a lost prefill node", "sglang#37483"),
+    ("0.5.9", "skip-poll", "mori", "Failed", "decode.py", 436, "warning",
+     "MoriKVManager's decode thread stores Failed", "sglang#37483"),
+    ("0.5.9", "state-crash", None, "Success", "decode.py", 466, "warning",
+     "raise ValueError after the PP consensus guard; Success only through a reused room", "sglang#6857, sglang#40125"),
+    ("0.5.9", "state-crash", None, "Transferring", "decode.py", 466, "warning",
+     "mori's poll() returns Transferring; the same raise, the same premise", "sglang#40125"),
+    # NixlKVReceiver.poll (1044): `if not self.started_transfer: return WaitingForInput` before
+    # any deadline; waiting_timeout counts only from init(), which the prealloc drain calls only
+    # once memory is reserved: while allocation is blocked nothing frees it.
+    ("0.5.9", "pinned-state", "nixl", "WaitingForInput", "nixl/conn.py", 1044, "error",
+     "no deadline before init(); the timeout starts at init_time", "sglang#21477 (decode timeout not triggered before init, closed unmerged)"),
+    ("0.5.9", "pinned-state", "fake", "WaitingForInput", "fake/conn.py", 86, "error",
+     "FakeKVReceiver: WaitingForInput until init(), no abort (a test backend)", "none (by design)"),
+    ("0.5.9", "poll-raises", "mooncake", None, "mooncake/conn.py", 1099, "error",
+     "check_status: `return self.request_status[bootstrap_room]`, a KeyError once the room is cleared", "sglang#40125"),
+    ("0.5.9", "poll-raises", "mori", None, "mori/conn.py", 297, "error",
+     "the same indexing in MoriKVManager.check_status", "sglang#40125"),
+]
+
+
+@pytest.mark.parametrize("row", HAND_READ, ids=lambda r: f"{r[0]}-{r[1]}-{r[2]}-{r[3]}")
+def test_decode_verdicts_read_by_hand(row: tuple) -> None:
+    version, rule, backend, state, path, line, severity, why, upstream = row
+    report = decode_scan(version)
+    found = [f for f in report.findings if (f.rule, f.backend, f.state, f.path, f.line) ==
+             (rule, backend, state, _srt(path), line)]
+    assert found, f"{version}: {rule} {backend} {state} at {path}:{line} not reported ({why}; {upstream})"
+    assert severity in {f.severity for f in found}, (why, [f.severity for f in found])
+
+
+@pytest.mark.parametrize(("version", "reported"), [("0.5.19", True), ("0.5.20", False)])
+def test_skip_poll_before_and_after_its_fix(version: str, reported: bool) -> None:
+    """sglang#37483: 0.5.19's `_update_handshake_waiters` returns before polling when
+    `self.pp_size <= 1 and all(decode_req.waiting_for_input ...) and not any(
+    decode_req.kv_receiver.conclude_state == KVPoll.Failed ...)` (872): the receiver's own
+    abort is seen, a Failed stored by the manager's heartbeat thread (_handle_node_failure) is
+    not. 0.5.20 removed the early return: it always polls."""
+    report = decode_scan(version)
+    found = [f for f in report.findings if f.rule == "skip-poll"]
+    if reported:
+        assert {(f.path, f.line) for f in found} == {(_srt("decode.py"), 872)}
+        assert "mooncake" in {f.backend for f in found}
+        assert all(f.state == "Failed" and f.severity == "warning" for f in found)
+    else:
+        assert found == []
