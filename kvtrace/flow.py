@@ -414,9 +414,11 @@ class Explorer:
             paths = merge(paths)
             if len(paths) > self.c.max_paths:
                 paths = widen(paths)
-            if len(paths) > self.c.max_paths:
+            # A drain run's paths end in fates and map rows (what fold keeps); a sender's facts
+            # outlive its run (poll() again after abort()), so only a drain run folds them.
+            if forget and len(paths) > self.c.max_paths:
                 paths = fold(paths)
-            if len(paths) > self.c.max_paths:
+            if forget and len(paths) > self.c.max_paths:
                 paths = fold(self.coarsen(paths))
             if len(paths) > self.c.max_paths:
                 if self.c.give_up:
