@@ -26,7 +26,7 @@ from kvtrace.parse import CstFunction
 from kvtrace.model import SITE_KINDS, EventKind
 from kvtrace.packs import Pack
 from kvtrace.syntax import dotted, enum_member, self_attr, walk
-from kvtrace.states import ABSENT, FALSE, NONE, NOW, OTHER, POLLS, TRUE, Domain, Val, refine
+from kvtrace.states import ABSENT, FALSE, NONE, NOW, OTHER, POLLS, ROLES, TRUE, Domain, Val, refine
 
 MAX_PATHS = 4096  # per statement; past this the analysis says it is incomplete
 # Path steps (one statement run on one live path) one exploration may take in all, helper runs
@@ -419,7 +419,7 @@ class Explorer:
             if forget and len(paths) > self.c.max_paths:
                 paths = fold(paths)
             if forget and len(paths) > self.c.max_paths:
-                paths = fold(self.coarsen(paths))
+                paths = self.coarsen(paths)
             if len(paths) > self.c.max_paths:
                 if self.c.give_up:
                     raise PathLimit(f"{frame.func.path}:{frame.body.line(stmt)}")
@@ -429,15 +429,29 @@ class Explorer:
 
     def coarsen(self, paths: list[PathState]) -> list[PathState]:
         """The last step before paths are cut: forget what the path's tests found about attribute
-        chains and comparisons (facts). A later test of the same value then goes both ways, as
-        it did the first time: more paths are possible and none is lost, where cutting would
-        lose some and leave the scan incomplete. Locals, object attributes and the status table
-        are kept."""
-        def kept(binding: tuple[str, Val]) -> bool:
-            key = binding[0]
-            return not (isinstance(key, FactKey) and key.kind in _FORGETTABLE)
+        chains and comparisons (facts), and join the values of locals that hold neither a role
+        (the request, a keep list), the clock nor the poll state of this run: paths equal but
+        for those become one whose locals hold the union of their values (the join of abstract
+        interpretation). A later test then goes both ways where it went one way on each: more
+        paths are possible and none is lost, where cutting would lose some and leave the scan
+        incomplete. Object attributes and the status table are kept."""
+        exact = ROLES | {NOW, ABSENT} | ({self.c.state} if self.c.state else set())
 
-        return [_path(p.env, tuple(filter(kept, p.attrs)), p.events, p.term, p.ret) for p in paths]
+        def kept(binding: tuple[str, Val]) -> bool:
+            return not (isinstance(binding[0], FactKey) and binding[0].kind in _FORGETTABLE)
+
+        groups: dict[tuple, list[PathState]] = {}
+        for p in paths:
+            shape = tuple((name, value if value & exact else None) for name, value in p.env)
+            key = (shape, tuple(filter(kept, p.attrs)), p.term, p.ret, _fate_view(p.events))
+            groups.setdefault(key, []).append(p)
+        out = []
+        for (shape, attrs, _, _, _), members in groups.items():
+            first = members[0]
+            env = tuple((name, value if value is not None else frozenset().union(*(m.env[i][1] for m in members)))
+                        for i, (name, value) in enumerate(shape))
+            out.append(_path(env, attrs, first.events, first.term, first.ret))
+        return out
 
     def spend(self, stmt: cst.CSTNode, frame: Frame) -> None:
         """The step budget ran out at `stmt`: the exploration stops there and says so."""
