@@ -24,14 +24,12 @@ ROOM_REUSED = ("a second KV receiver or sender is built for a room whose transfe
 def reentry_premise(ctx: ScanContext, state: str) -> Premise | None:
     """The premise of a crash on `state` in a queue the pack says holds nothing yet, while a
     later queue of the pack holds memory: `state` is one the drain does not test (a catch-all
-    reaches it) and not the failure the drain aborts on."""
+    reaches it, so not the failure the drain aborts on)."""
     pack = ctx.pack
     queue = pack.queue
     if pack.held_in(queue) or not any(pack.held_in(name) for name in pack.queues if name != queue):
         return None
     paths = ctx.queue.paths.get(state, [])
-    if any(e.kind is EventKind.ABORT for p in paths for e in p.events):
-        return None
     if any(e.kind is EventKind.CHECK and e.detail == "T" for p in paths for e in p.events):
         return None  # the drain tests for the state by name: it expects it here
     why = [Evidence(site.path, site.line, f"premise: {site.function} brings a request into {queue}; "

@@ -73,6 +73,15 @@ def flag_states(func: ast.AST, flag: str, members: tuple[str, ...]) -> dict[str,
     return states
 
 
+def _tested_then_aborted(events) -> bool:
+    tested = False
+    for e in events:
+        tested = tested or (e.kind is EventKind.CHECK and e.detail == "T")
+        if tested and e.kind is EventKind.ABORT:
+            return True
+    return False
+
+
 def _self_refs(node: ast.AST) -> set[str]:
     """The `self.<name>` the code refers to (called, or handed to a thread as its target)."""
     return {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
@@ -235,9 +244,9 @@ class PrefillMixin:
         guards = skip_guards(drain.func.node, drain.poll_line, lists, reads_status)
         if not guards:
             return []
-        # The states the drain fails a request on (an abort on their paths): what must be seen.
-        failing = [s for s in ctx.domain.members
-                   if any(e.kind is EventKind.ABORT for p in ctx.queue.paths.get(s, []) for e in p.events)]
+        # The states the drain fails a request on: a branch that tests for the state is taken and
+        # an abort follows on its path. What the skipped poll would have seen.
+        failing = [s for s in ctx.domain.members if any(_tested_then_aborted(p.events) for p in ctx.queue.paths.get(s, []))]
         functions = [drain.func.node] + [f.node for f, _, _, _ in drain.then]
         findings = []
         for guard in guards:
