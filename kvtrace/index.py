@@ -255,8 +255,8 @@ class Index:
     def _mentions(self, func: FuncRef, name: str) -> bool:
         """Whether the function's lines (its decorators' included, as ast.walk visits them) hold `name`."""
         key = (func.path, name)
-        lines = self._name_lines.get(key, False)
-        if lines is False:
+        lines = self._name_lines.get(key)
+        if lines is None:
             # The parser normalizes identifiers (NFKC): a line outside ASCII may spell it otherwise.
             lines = self._name_lines[key] = [at for at, line in enumerate(func.module.lines, 1)
                                              if name in line or not line.isascii()]
