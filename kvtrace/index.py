@@ -308,3 +308,20 @@ def _c3_or(fallback: list[ClassInfo], index: Index, cls: ClassInfo) -> list[Clas
 
     lin = linearize(cls, 0)
     return lin if lin is not None else fallback
+
+
+def functions_given_self(index: Index, classes: list[ClassInfo]) -> list[tuple[FuncRef, str]]:
+    """(module function, its parameter that receives the object) for calls `f(..., self, ...)`
+    in the classes' methods."""
+    found: list[tuple[FuncRef, str]] = []
+    for cls in classes:
+        for method in cls.methods.values():
+            for node in index.calls_in(method):
+                if not isinstance(node.func, ast.Name):
+                    continue
+                at = next((i for i, a in enumerate(node.args) if isinstance(a, ast.Name) and a.id == "self"), None)
+                func = index.resolve_function(node.func.id, method.path) if at is not None else None
+                params = [a.arg for a in func.node.args.posonlyargs + func.node.args.args] if func is not None else []
+                if func is not None and at is not None and at < len(params):
+                    found.append((func, params[at]))
+    return found
