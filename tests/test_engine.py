@@ -55,9 +55,9 @@ def explore_with(body: str, params: dict[str, Val] | None = None, state: str | N
     params = params or {}
     text = HEADER + f"def f({', '.join(params)}):\n" + "".join(f"    {line}\n" for line in body.splitlines()) + module
     data = text.encode()
-    module = parse_module(SourceFile("m.py", data, hashlib.sha256(data).hexdigest()))
-    assert module is not None
-    index = Index([module])
+    parsed_module = parse_module(SourceFile("m.py", data, hashlib.sha256(data).hexdigest()))
+    assert parsed_module is not None
+    index = Index([parsed_module])
     func = index.functions["f"][0]
     parsed = index.cst(func)
     assert parsed is not None
@@ -225,9 +225,11 @@ def test_a_clock_reading_grows_and_a_comparison_with_it_is_a_timeout() -> None:
 # --- a construct the engine has no handler for --------------------------------------------
 
 def _statement_kinds(base: type) -> set[type]:
-    found, todo = set(), [base]
+    found: set[type] = set()
+    todo: list[type] = [base]
     while todo:
-        for sub in todo.pop().__subclasses__():
+        subclasses: list[type] = todo.pop().__subclasses__()
+        for sub in subclasses:
             todo.append(sub)
             # (libcst's dataclass decorator leaves the undecorated class among the subclasses.)
             if not inspect.isabstract(sub) and getattr(cst, sub.__name__, None) is sub:
