@@ -69,6 +69,9 @@ SCHEMA: dict[str, dict[str, tuple[str, Any]]] = {
         "base": (STR, ""),
         "update_method": (STR, "update_status"),
         "check_method": (STR, "check_status"),
+        # The manager's mode on this pack's side as its constructor tests it (`DECODE`): the
+        # threads it starts only for another mode do not run here.
+        "side": (STR, ""),
     },
 }
 
@@ -102,6 +105,7 @@ class Pack:
     manager_base: str = ""
     update_method: str = "update_status"
     check_method: str = "check_status"
+    manager_side: str = ""
     clock_calls: tuple[str, ...] = ("time.time", "time.monotonic", "time.perf_counter")
     # The queues the user named (--queue), each judged even if not found; empty: the pack's own
     # choice. The others are still analysed, as what their drains do bears on these.
@@ -334,6 +338,7 @@ def _from_dict(data: dict[str, dict[str, Any]], source: str, path: Path | None) 
         manager_base=manager["base"],
         update_method=manager["update_method"],
         check_method=manager["check_method"],
+        manager_side=manager["side"],
         path=path,
     )
 
