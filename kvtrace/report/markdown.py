@@ -20,6 +20,7 @@ from kvtrace.report.bugreport import code_link, environment_lines, excerpt_detai
 from kvtrace.report.diagram import diagrams, drawn_queue, mermaid, mermaid_legend
 from kvtrace.report.links import Permalinks, permalinks
 from kvtrace.report.mdtext import cell, code, html, prose
+from kvtrace.report.places import Places
 from kvtrace.report.verdicts import (Grid, by_severity, gap_text, summary_line, unknown_returns, verdict_grids,
                                      way_out_text)
 
@@ -34,7 +35,11 @@ def render(reports: list[Report], detail: str = "summary") -> str:
 
 def _report(report: Report, detail: str, budget: int | None) -> str:
     links = permalinks(report)
-    drawn = diagrams(report)
+    drawn = diagrams(report)  # from the report's own paths (the queue graph's), labels name files only
+    places = Places(report)
+    if links is not None:
+        links.shown = places.shown()  # a path shown from the working directory links to its upstream line
+    report = places.localized(report)  # every path as it opens from where the reader stands
     pinning = [d for d in drawn if d.pinned]
     out: list[str] = [f"# {prose(title_line(report))}", ""]
     out += _answer(report)
@@ -125,8 +130,9 @@ def _what_pins(report: Report, pinning: list, links: Permalinks | None) -> list[
     for f in errors:
         if f.backend not in named:
             out += _finding_entry(report, f, links, evidence=True, excerpt=True)
+    shown = {b.name: b for b in report.backends}
     for diagram in pinning:
-        b = diagram.backend
+        b = shown.get(diagram.backend.name, diagram.backend)  # the backend with its paths as shown
         poll = f" at {code_link(b.poll.path, b.poll.line, links)}" if b.poll else ""
         queue = drawn_queue(report)
         of = f" in {code(queue.name)}" if queue is not None and len(report.queues) > 1 else ""

@@ -22,6 +22,7 @@ from kvtrace.baseline import counts_against
 from kvtrace.model import Backend, Evidence, Gap, Report, SourceFile
 from kvtrace.report import modes_line, state_fate_lines
 from kvtrace.report.excerpt import without_annotation
+from kvtrace.report.places import Places
 from kvtrace.safe_text import inert, plain
 from kvtrace.report.verdicts import (
     NOT_CHECKED,
@@ -43,7 +44,9 @@ GAPS_UP_FRONT = 5  # more than this are counted up front and all listed at the e
 
 
 def render(report: Report, console: Console, show_map: bool = True) -> None:
-    report = inert(report)  # names and notes come from the scanned tree: no control character reaches the terminal
+    # Paths as they open from the working directory; names and notes come from the scanned tree:
+    # no control character reaches the terminal.
+    report = inert(Places(report).localized(report))
     files = {f.path: f for f in report.files}
     _header(report, console)
     _gaps(report.gaps[:GAPS_UP_FRONT], console, more=len(report.gaps) - GAPS_UP_FRONT)
