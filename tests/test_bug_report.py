@@ -283,7 +283,9 @@ def test_markdown_bug_report_fits_an_issue(tmp_path: Path, version: str) -> None
     for name in pinning:
         assert f"### {name} pins " in answer
     for f in errors:
-        assert f"- **{f.rule}** (error) [`{f.path}:{f.line}`](https://github.com/sgl-project/sglang/blob/v{version}/python/sglang/{f.path}#L{f.line})" in answer
+        # Shown as it opens from the working directory, linked to the release's own path.
+        assert (f"- **{f.rule}** (error) [`site-packages/sglang/{f.path}:{f.line}`]"
+                f"(https://github.com/sgl-project/sglang/blob/v{version}/python/sglang/{f.path}#L{f.line})") in answer
     # Every path:line links to the release's tag.
     spans = re.findall(r"(\[?)`[^`\n]+:\d+`(\]?)", md)
     assert spans and all(opened and closed for opened, closed in spans)
