@@ -18,7 +18,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import re
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path, PurePosixPath
 from typing import Any, TypeVar
 
@@ -34,9 +34,11 @@ _SKIPPED_FIELDS = frozenset({"data", "graph", "target", "root", "host_facts"})
 class Places:
     """Maps a report's target-relative paths to what a person opens from the working directory."""
 
-    def __init__(self, report: Report, cwd: Path | None = None) -> None:
+    def __init__(self, report: Report, cwd: Path | None = None, extra: Iterable[str] = ()) -> None:
+        """`extra`: more target-relative paths the report's parts name (a module read beside the
+        scanned files, such as the settings registry a timeout's default is declared in)."""
         self.prefix = _prefix(report, cwd or Path.cwd())
-        known = {f.path for f in report.files}
+        known = {f.path for f in report.files} | {p for p in extra if not p.startswith("/")}
         if report.version is not None:
             known.add(report.version.path)
         self.known = frozenset(p for p in known if p)
