@@ -640,7 +640,12 @@ def diff(
     level, source = _fail_on_source(settings, overrides)
     outcome = diffs.verdict(result, level, source)
     if output_format is DiffFormat.text:
-        text = diffs.render_text(result, base, head, outcome)
+        from kvtrace.report import plain_width
+
+        # Folded like scan's text: to the terminal's width, or the one a pipe is read in.
+        width = os.get_terminal_size(1).columns if sys.stdout.isatty() and "COLUMNS" not in os.environ \
+            else plain_width(piped=True)
+        text = diffs.render_text(result, base, head, outcome, width=width)
     elif output_format is DiffFormat.json:
         text = diffs.to_json(result, base, head, level, outcome)
     elif output_format is DiffFormat.markdown:
