@@ -8,14 +8,16 @@ import ast
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from kvtrace.flow import MANAGER, TABLE, Config, CstBody, Event, Explorer, Frame, PathLimit, PathState, function_body
+from kvtrace.effects import SENDER_EFFECTS
+from kvtrace.flow import MANAGER, TABLE, Event, Explorer, Options, PathLimit, PathState
 from kvtrace.gaps import Cut
 from kvtrace.index import ClassInfo, FuncRef, Index
+from kvtrace.managers import ManagerFacts, backend_folder, manager_facts
 from kvtrace.model import Backend, EventKind, Evidence, ManagerRef, PollRef, StateVerdict, TimeoutCheck, WayOut
 from kvtrace.packs import Pack, matches
 from kvtrace.parse import parents as _parents
 from kvtrace.parse import walk
-from kvtrace.syntax import dotted, self_attr
+from kvtrace.syntax import dotted, enum_member, self_attr
 from kvtrace.states import ABSENT, NONE, OTHER, Domain, Val
 
 # Per manager model: function name -> (caller, call) for calls of self.<name>(...) in scope.
@@ -30,13 +32,7 @@ class SenderAnalysis:
     raise_sites: list[tuple[str, int, str]] = field(default_factory=list)  # (path, line, function) poll() raises at
     # (path, line, function) where poll() reads the table for an absent room and raises (KeyError)
     absent_raise_sites: list[tuple[str, int, str]] = field(default_factory=list)
-
-
-def backend_name(path: str, root: str) -> str:
-    """The backend's folder below the package root (`nixl/conn.py` -> `nixl`)."""
-    rel = path[len(root) + 1 :] if root and path.startswith(root + "/") else path
-    parts = rel.split("/")
-    return parts[0] if len(parts) > 1 else parts[0].removesuffix(".py")
+    manager: ManagerFacts | None = None  # the manager the sender works with (ScanModel.managers groups them)
 
 
 def is_abstract(func: FuncRef) -> bool:
@@ -66,8 +62,8 @@ def analyse_backends(index: Index, pack: Pack, domain: Domain, root: str, proble
             continue
         # An intermediate class that a sender of the same backend builds on is not a backend
         # of its own: the class that extends it is what the backend creates.
-        folder = backend_name(cls.path, root)
-        if any(other is not cls and backend_name(other.path, root) == folder and cls in index.mro(other)[1:]
+        folder = backend_folder(cls.path, root)
+        if any(other is not cls and backend_folder(other.path, root) == folder and cls in index.mro(other)[1:]
                for other in senders):
             continue
         try:
@@ -90,6 +86,7 @@ def sender_classes(index: Index, pack: Pack) -> list[ClassInfo]:
 class ManagerModel:
     cls: ClassInfo
     ref: ManagerRef
+    facts: ManagerFacts
     attrs: frozenset[str]  # sender attributes that hold the manager (`kv_mgr`)
     # The states stored anywhere but in the sender's own constructor (read from the syntax):
     # what the table can be given again once the room has moved on.
@@ -141,8 +138,8 @@ def pair_manager(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, root:
             if found is not None:
                 break
     if found is None:
-        folder = backend_name(cls.path, root)
-        local = [c for c in index.subclasses_of(pack.manager_base) if backend_name(c.path, root) == folder]
+        folder = backend_folder(cls.path, root)
+        local = [c for c in index.subclasses_of(pack.manager_base) if backend_folder(c.path, root) == folder]
         leaves = [c for c in local if not any(o is not c and c in index.mro(o)[1:] for o in local)]
         if len(leaves) == 1:
             found, how = leaves[0], f"folder {folder}"
@@ -160,8 +157,8 @@ def _annotation_name(node: ast.AST | None) -> str:
 
 def _manager_model(index: Index, pack: Pack, members: tuple[str, ...], sender: ClassInfo, manager: ClassInfo,
                    how: str) -> ManagerModel:
-    check = index.find_method(manager, pack.check_method)
-    table = _table_of(check) if check is not None else None
+    facts = manager_facts(index, manager, pack.check_method, pack.update_method)
+    check, update, table = facts.check, facts.update, facts.table
     functions = [f for c in index.mro(manager) + index.mro(sender) for f in c.methods.values()]
     # Module functions the sender hands itself to (`_abort_transfer(self)`) act as its methods.
     self_names = {id(f.node): "self" for f in functions}
@@ -169,7 +166,6 @@ def _manager_model(index: Index, pack: Pack, members: tuple[str, ...], sender: C
         if id(func.node) not in self_names:
             functions.append(func)
             self_names[id(func.node)] = name
-    update = index.find_method(manager, pack.update_method)
     holds: set[str] = set()
     unknown: list[str] = []
     clears: list[Evidence] = []
@@ -249,7 +245,7 @@ def _manager_model(index: Index, pack: Pack, members: tuple[str, ...], sender: C
     ref = ManagerRef(manager.name, manager.path, manager.line, how, table,
                      tuple(sorted(holds)), tuple(dict.fromkeys(unknown)), tuple(sorted(set(clears), key=lambda e: (e.path, e.line))),
                      runs, tuple(dict.fromkeys(clear_methods)))
-    return ManagerModel(manager, ref, frozenset(attrs), frozenset(later))
+    return ManagerModel(manager, ref, facts, frozenset(attrs), frozenset(later))
 
 
 _STORES_AND_CALLS = (ast.Call, ast.Delete, ast.Assign)  # what the manager model reads in a function
@@ -257,17 +253,6 @@ _STORES_AND_CALLS = (ast.Call, ast.Delete, ast.Assign)  # what the manager model
 
 def _ends_with(node: ast.AST, attr: str) -> bool:
     return isinstance(node, ast.Attribute) and node.attr == attr
-
-
-def _table_of(check: FuncRef) -> str | None:
-    """The attribute check_status reads with the room: `self.X[room]` or `self.X.get(room, ...)`."""
-    for node in walk(check.node):
-        if isinstance(node, ast.Subscript) and isinstance(node.ctx, ast.Load) and isinstance(node.value, ast.Attribute):
-            return node.value.attr
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
-                and isinstance(node.func.value, ast.Attribute):
-            return node.func.value.attr
-    return None
 
 
 def _argument(call: ast.Call, func: FuncRef, param: str) -> ast.expr | None:
@@ -361,7 +346,7 @@ def _member_tokens(value: ast.AST, members: tuple[str, ...]) -> set[str] | None:
 
 def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, root: str,
                    manager: ManagerModel | None = None, problems: list[str] | None = None) -> SenderAnalysis:
-    name = backend_name(cls.path, root)
+    name = backend_folder(cls.path, root)
     poll = index.find_method(cls, pack.poll_method)
     abort = index.find_method(cls, pack.abort_method)
     notes: list[str] = []
@@ -371,7 +356,7 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
         notes.append(f"no concrete {pack.poll_method}() in {cls.name} or its bases")
         backend = Backend(name, cls.name, cls.path, cls.line, None, [], False, None, [], notes,
                           manager=manager.ref if manager else None)
-        return SenderAnalysis(backend, cls, None)
+        return SenderAnalysis(backend, cls, None, manager=manager.facts if manager else None)
     has_abort = abort is not None and not is_abstract(abort)
     if not has_abort:
         notes.append(f"no concrete {pack.abort_method}(): an abort cannot reach poll()")
@@ -386,7 +371,8 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
                             f"the {name} backend is not analysed")
         return SenderAnalysis(Backend(name, cls.name, cls.path, cls.line, ref, [], False, None, [], notes,
                                       [f"{pack.poll_method}() could not be parsed"],
-                                      manager.ref if manager else None), cls, poll)
+                                      manager.ref if manager else None), cls, poll,
+                              manager=manager.facts if manager else None)
     # What abort() writes on the sender: the attributes poll() would have to read.
     abort_writes: dict[str, Evidence] = {}
     if has_abort:
@@ -514,7 +500,7 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
         unborn=runner.unborn,
         left_by=left_by,
     )
-    return SenderAnalysis(backend, cls, poll, sorted(raise_sites), sorted(absent_raises))
+    return SenderAnalysis(backend, cls, poll, sorted(raise_sites), sorted(absent_raises), manager.facts if manager else None)
 
 
 def _left_by_methods(runner: "_Runner", index: Index, pack: Pack, cls: ClassInfo, poll: FuncRef,
@@ -634,7 +620,7 @@ def _reachable_table(runner: "_Runner", index: Index, sender: ClassInfo, manager
     init = index.find_method(sender, "__init__")
     if init is None:
         return None
-    config = runner.config()
+    options = runner.options()
     reached: set[str] = set()
     frontier: list[str] = []
     by_entries: set[str] = set()  # what a run other than the sender's constructor stores
@@ -662,12 +648,10 @@ def _reachable_table(runner: "_Runner", index: Index, sender: ClassInfo, manager
         parsed = index.cst(func)
         if parsed is None:
             raise _Unknown(func.qualname)
-        explorer = Explorer(replace(config, clock_far=clock_far, truncated=[], unparsed=set(), max_paths=REACH_PATHS, give_up=True))
-        explorer.stack.append(id(func.node))
+        explorer = Explorer(replace(options, clock_far=clock_far, max_paths=REACH_PATHS, give_up=True))
         attrs = ((TABLE, frozenset({start})),)
-        ends = explorer.run_block(function_body(parsed.node), [PathState(attrs=attrs)],
-                                  Frame(func, CstBody(parsed.node, parsed.line), cls, prefix))
-        if explorer.c.truncated or explorer.c.unparsed:
+        ends, log = explorer.explore_function(func, parsed, cls, [PathState(attrs=attrs)], prefix)
+        if log.truncated or log.unparsed:
             raise _Unknown(func.qualname)
         if cls is runner.cls and prefix == "":  # what runner.run would do for the sender's own method
             runner.seed(func, attrs, clock_far, ends)
@@ -879,27 +863,24 @@ class _Runner:
                 if e.kind == EventKind.TIMEOUT:
                     self.timeout_sites.add((e.path, e.line))
 
-    def config(self, clock_far: bool = False, record_writes: bool = False) -> Config:
-        return Config(self.index, self.pack, self.domain, abort_attrs=self.abort_attrs, attr_values=self.attr_values,
-                      manager=self.manager.cls if self.manager else None,
-                      table=self.manager.ref.table if self.manager else None,
-                      manager_attrs=self.manager.attrs if self.manager else frozenset(),
-                      clock_far=clock_far, record_writes=record_writes, manager_relevant=self.relevant, all_facts=True)
+    def options(self, clock_far: bool = False, record_writes: bool = False, record_returns: bool = False) -> Options:
+        return Options(self.index, self.pack, self.domain, abort_attrs=self.abort_attrs, attr_values=self.attr_values,
+                       manager=self.manager.cls if self.manager else None,
+                       table=self.manager.ref.table if self.manager else None,
+                       manager_attrs=self.manager.attrs if self.manager else frozenset(),
+                       clock_far=clock_far, record_writes=record_writes, manager_relevant=self.relevant, all_facts=True,
+                       record_returns=record_returns, effects=SENDER_EFFECTS)
 
     def _run(self, func: FuncRef, attrs, clock_far: bool, record_writes: bool) -> list[PathState]:
         parsed = self.index.cst(func)
         if parsed is None:
             self.unparsed.add(f"{func.path}:{func.line} {func.qualname}()")
             return []
-        config = self.config(clock_far, record_writes)
         # poll() runs mark their return statements: the chain cites the line a state comes from.
-        config.record_returns = func is self.poll
-        explorer = Explorer(config)
-        explorer.stack.append(id(func.node))
-        ends = explorer.run_block(function_body(parsed.node), [PathState(attrs=tuple(sorted(attrs)))],
-                                  Frame(func, CstBody(parsed.node, parsed.line), self.cls))
-        self.truncated.extend(config.truncated)
-        self.unparsed |= config.unparsed
+        explorer = Explorer(self.options(clock_far, record_writes, record_returns=func is self.poll))
+        ends, log = explorer.explore_function(func, parsed, self.cls, [PathState(attrs=tuple(sorted(attrs)))])
+        self.truncated.extend(log.truncated)
+        self.unparsed |= log.unparsed
         self._note_timeouts(ends)
         return ends
 
@@ -1109,15 +1090,10 @@ def _constant_tokens(value: ast.AST, domain: Domain, pack: Pack | None = None) -
             member = domain.member_for_int(value.value)
             return {member} if member else {OTHER}
         return {OTHER}
-    if _is_member(value, domain):
-        return {value.attr}
+    named = enum_member(value, domain.enum)
+    if named is not None and named in domain.members:
+        return {named}
     return set(domain.universe)
-
-
-def _is_member(node: ast.AST, domain: Domain) -> bool:
-    return isinstance(node, ast.Attribute) and node.attr in domain.members and (
-        isinstance(node.value, ast.Name) and node.value.id == domain.enum
-        or isinstance(node.value, ast.Attribute) and node.value.attr == domain.enum)
 
 
 def _is_clock(node: ast.AST, pack: Pack | None) -> bool:

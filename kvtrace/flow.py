@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from operator import attrgetter
-from typing import Callable, Iterable
+from typing import Callable, Iterable, Protocol
 
 import libcst as cst
 
@@ -25,8 +25,8 @@ from kvtrace.index import ClassInfo, FuncRef, Index
 from kvtrace.parse import CstFunction
 from kvtrace.model import SITE_KINDS, EventKind
 from kvtrace.packs import Pack
-from kvtrace.syntax import dotted, self_attr, walk
-from kvtrace.states import ABSENT, FALSE, KEEP, NONE, NOW, OTHER, POLLS, REQ, TRUE, Domain, Val, refine
+from kvtrace.syntax import dotted, enum_member, self_attr, walk
+from kvtrace.states import ABSENT, FALSE, NONE, NOW, OTHER, POLLS, TRUE, Domain, Val, refine
 
 MAX_PATHS = 4096  # per statement; past this the analysis says it is incomplete
 # Path steps (one statement run on one live path) one exploration may take in all, helper runs
@@ -187,9 +187,10 @@ class CstBody:
     line: Callable[[cst.CSTNode], int]
 
 
-@dataclass
-class Config:
-    """What one exploration tracks. `state` is the poll state of this run (drain mode)."""
+@dataclass(frozen=True)
+class Options:
+    """What one exploration tracks: fixed for the run (what it learns is its RunLog). `state` is
+    the poll state of this run (drain mode)."""
 
     index: Index
     pack: Pack
@@ -199,9 +200,6 @@ class Config:
     removal_set: str | None = None  # `self.q = [x for i, x in enumerate(self.q) if i not in S]`: S.add(i) removes
     abort_attrs: frozenset[str] = frozenset()
     attr_values: Callable[[str], Val] | None = None
-    truncated: list[str] = field(default_factory=list)
-    # Functions the analysis had to enter but libcst could not parse: the scan is incomplete.
-    unparsed: set[str] = field(default_factory=set)
     # Sender mode: the manager behind the sender and its status table (an attribute of it).
     manager: ClassInfo | None = None
     table: str | None = None
@@ -217,6 +215,53 @@ class Config:
     give_up: bool = False  # past max_paths raise PathLimit (the question has no answer) instead of truncating
     max_steps: int | None = None  # path steps in all; None: MAX_STEPS
     record_returns: bool = False  # emit a return event at each return (a sender's poll(): the line a state comes from)
+    # What calls do to the request, the queue or the table (kvtrace.effects): the drain loop's or the sender's.
+    effects: Effects = field(kw_only=True)
+
+
+@dataclass(frozen=True)
+class CallSite:
+    """A call on a live path, as the walker's Effects see it: the node, its callee's dotted text
+    ("" when the callee is not a name chain), the arguments' values, and where it is."""
+
+    node: cst.Call
+    callee: str
+    values: list[Val]
+    frame: Frame
+
+    @property
+    def method(self) -> str:
+        return self.callee.rsplit(".", 1)[-1] if self.callee else ""
+
+    @property
+    def receiver(self) -> str:
+        return self.callee.rsplit(".", 1)[0] if "." in self.callee else ""
+
+    def event(self, kind: EventKind, detail: str) -> Event:
+        """An event at this call (its line is read only here: positions cost a libcst pass)."""
+        frame = self.frame
+        return Event(kind, frame.func.path, frame.body.line(self.node), frame.func.qualname, detail)
+
+
+class Effects(Protocol):
+    """The walker's callbacks at a call (see kvtrace.effects): the domain lives there, never here."""
+
+    def on_call(self, run: Explorer, site: CallSite, path: PathState) -> list[tuple[PathState, Val]] | None:
+        """The paths and value of a call that is an effect; None: the walker follows the call."""
+
+    def on_unresolved_call(self, run: Explorer, site: CallSite, path: PathState) -> PathState:
+        """The path before a call the walker can neither enter nor name goes on as unknown."""
+
+
+@dataclass
+class RunLog:
+    """What an exploration learned besides its paths, returned to its caller (never written into
+    its Options): where it cut paths or stopped (`path:line`, or a Cut for the step budget and
+    statements it has no handler for), and the functions it had to enter but libcst could not
+    parse (the scan is then incomplete)."""
+
+    truncated: list[str] = field(default_factory=list)
+    unparsed: set[str] = field(default_factory=set)
 
 
 _CODE = cst.Module(body=[])
@@ -306,8 +351,9 @@ def _without_idle_helpers(events: tuple[Event, ...]) -> tuple[Event, ...]:
 
 
 class Explorer:
-    def __init__(self, config: Config):
-        self.c = config
+    def __init__(self, options: Options):
+        self.c = options
+        self.log = RunLog()
         self.stack: list[int] = []
         self._fact_cache: dict[tuple[int, str], bool] = {}
         # Per Comparison node and object. The node is kept with its key: chained comparisons are
@@ -315,14 +361,22 @@ class Explorer:
         self._comparison_keys: dict[tuple[int, str], tuple[cst.Comparison, str | None]] = {}
         self._discarded: cst.CSTNode | None = None  # the call of an expression statement
         self._read_state = False  # the poll state's value was used (by the helper run in progress)
-        self._unparsed_log: list[str] = []  # every Config.unparsed addition, in order
+        self._unparsed_log: list[str] = []  # every RunLog.unparsed addition, in order
         self._key: tuple | None = None
         self._calls = 0  # helper runs in progress: 0 in the run's own frames (drain loop, its owner's loops)
         self.steps = 0  # path steps taken (see MAX_STEPS)
         self.spent = False  # the step budget ran out: no statement runs any more
-        self.max_steps = config.max_steps if config.max_steps is not None else MAX_STEPS
+        self.max_steps = options.max_steps if options.max_steps is not None else MAX_STEPS
 
     # --- entry points ----------------------------------------------------------------------
+
+    def explore_function(self, func: FuncRef, parsed: CstFunction, cls: ClassInfo | None,
+                         starts: list[PathState], prefix: str = "") -> tuple[list[PathState], RunLog]:
+        """Every path through `func`'s body (its libcst tree `parsed`) from `starts`, `self.` being
+        an object of `cls`; with what the run learned besides (this explorer's log)."""
+        self.stack.append(id(func.node))
+        ends = self.run_block(function_body(parsed.node), starts, Frame(func, CstBody(parsed.node, parsed.line), cls, prefix))
+        return ends, self.log
 
     def run_block(self, stmts: Iterable[cst.CSTNode], paths: list[PathState], frame: Frame) -> list[PathState]:
         # Only the poll state's runs forget what is read no more: a sender's facts outlive the
@@ -346,7 +400,7 @@ class Explorer:
             if len(paths) > self.c.max_paths:
                 if self.c.give_up:
                     raise PathLimit(f"{frame.func.path}:{frame.body.line(stmt)}")
-                self.c.truncated.append(f"{frame.func.path}:{frame.body.line(stmt)}")
+                self.log.truncated.append(f"{frame.func.path}:{frame.body.line(stmt)}")
                 paths = paths[:self.c.max_paths]
         return paths
 
@@ -356,7 +410,7 @@ class Explorer:
         if self.c.give_up:
             raise PathLimit(where)
         self.spent = True
-        self.c.truncated.append(Cut.budget(where, self.max_steps))
+        self.log.truncated.append(Cut.budget(where, self.max_steps))
 
     def forget_dead(self, paths: list[PathState], stmt: cst.CSTNode, frame: Frame) -> list[PathState]:
         """Drop what no later statement can read, so that paths differing only in it merge
@@ -464,7 +518,7 @@ class Explorer:
         # call: they are carried through unchanged). The drain loop is explored once per state
         # and calls the same helpers with the same arguments on many paths: each such run is
         # done once per scan (per state only when the poll value was read during it).
-        key = (self._config_key(), id(func.node), id(cls), prefix, self_name, env, path.attrs, tuple(self.stack))
+        key = (self._options_key(), id(func.node), id(cls), prefix, self_name, env, path.attrs, tuple(self.stack))
         memo = self.c.index.call_memo
         known = memo.get((key, None))
         if known is None and self.c.state is not None:
@@ -473,7 +527,7 @@ class Explorer:
             known = self._run_call(func, cst_func, cls, env, path, prefix, self_name)
             memo[(key, self.c.state if known.read_state else None)] = known
         else:
-            self.c.truncated.extend(known.truncated)
+            self.log.truncated.extend(known.truncated)
             for where in known.unparsed:
                 self._unparsed(where)
             if known.clears_discarded:
@@ -489,7 +543,7 @@ class Explorer:
                   path: PathState, prefix: str, self_name: str) -> "_CallRun":
         frame = Frame(func, CstBody(cst_func.node, cst_func.line), cls, prefix, self_name)
         start = PathState(env=env, attrs=path.attrs, events=path.events)
-        truncated, unparsed = len(self.c.truncated), len(self._unparsed_log)
+        truncated, unparsed = len(self.log.truncated), len(self._unparsed_log)
         read_before, self._read_state = self._read_state, False
         # The caller's discarded call is never a node of the callee: a marker stands for it, so
         # the run shows whether the callee cleared it (as an expression statement does).
@@ -511,21 +565,21 @@ class Explorer:
                 results.append((end.attrs, end.events[skip:], "raise", EMPTY))
             else:
                 results.append((end.attrs, end.events[skip:], None, end.ret if end.ret is not None else frozenset({NONE})))
-        return _CallRun(tuple(results), tuple(self.c.truncated[truncated:]), tuple(self._unparsed_log[unparsed:]),
+        return _CallRun(tuple(results), tuple(self.log.truncated[truncated:]), tuple(self._unparsed_log[unparsed:]),
                         cleared, read)
 
     def _unparsed(self, where: str) -> None:
-        self.c.unparsed.add(where)
+        self.log.unparsed.add(where)
         self._unparsed_log.append(where)
 
-    def _config_key(self) -> tuple:
-        """Everything the exploration reads from its Config but the poll state's value (so a
-        field added to Config is part of the key without anyone remembering to add it). Objects
+    def _options_key(self) -> tuple:
+        """Everything the exploration reads from its Options but the poll state's value (so a
+        field added to Options is part of the key without anyone remembering to add it). Objects
         are taken by identity and kept alive by the memo, so that their ids stay theirs."""
         if self._key is None:
             parts: list = [self.c.state is None]
             alive = self.c.index.call_memo.setdefault("alive", [])
-            for name in _CONFIG_FIELDS:
+            for name in _OPTION_FIELDS:
                 value = getattr(self.c, name)
                 if isinstance(value, (str, bool, int, frozenset, type(None))):
                     parts.append(value)
@@ -552,7 +606,7 @@ class Explorer:
     def unmodelled(self, node: cst.CSTNode, paths: list[PathState], frame: Frame) -> list[PathState]:
         """A statement kind the tables below do not know: the paths go on as if it did nothing,
         and the run says where it could not follow the code (the scan is incomplete)."""
-        self.c.truncated.append(Cut.unmodelled(f"{frame.func.path}:{frame.body.line(node)}", type(node).__name__))
+        self.log.truncated.append(Cut.unmodelled(f"{frame.func.path}:{frame.body.line(node)}", type(node).__name__))
         return paths
 
     def simple_line(self, node: cst.SimpleStatementLine, paths: list[PathState], frame: Frame) -> list[PathState]:
@@ -578,7 +632,7 @@ class Explorer:
         if handler is None:
             if not paths:
                 return paths
-            self.c.truncated.append(Cut.unmodelled(f"{frame.func.path}:{frame.body.line(node)}", type(node).__name__))
+            self.log.truncated.append(Cut.unmodelled(f"{frame.func.path}:{frame.body.line(node)}", type(node).__name__))
             return merge(paths)
         out: list[PathState] = []
         for path in paths:
@@ -1307,37 +1361,10 @@ class Explorer:
     def call_with(self, node: cst.Call, callee: str, values: list[Val], p: PathState, frame: Frame,
                   fn: str, here: str) -> list[tuple[PathState, Val]]:
         d = self.c.domain
-
-        def line() -> int:  # positions cost a libcst pass over the function: only when needed
-            return frame.body.line(node)
-
-        method = callee.rsplit(".", 1)[-1] if callee else ""
-        receiver = callee.rsplit(".", 1)[0] if "." in callee else ""
-        # The request, or a part of it (`decode_req.req`: the queue entry wraps the request).
-        has_req = any(REQ in v for v in values) or any(
-            isinstance(a.value, cst.Attribute) and isinstance(a.value.value, cst.Name)
-            and REQ in (p.get(a.value.value.value) or ()) for a in node.args)
-        if method == "add" and receiver and receiver == self.c.removal_set:
-            # The request's index joins the set the queue is filtered by: it leaves the queue.
-            return [(p.emit(Event(EventKind.DONE, here, line(), fn, receiver)), frozenset({NONE}))]
-        if method in ("append", "extend", "insert", "appendleft") and receiver and has_req:
-            recv_value = p.get(receiver) if "." not in receiver else None
-            if receiver.endswith(f"self.{self.c.queue_attr}") or (recv_value is not None and KEEP in recv_value):
-                return [(p.emit(Event(EventKind.KEEP, here, line(), fn, receiver)), frozenset({NONE}))]
-            kind = EventKind.DONE if "." not in receiver else EventKind.REQUEUE
-            return [(p.emit(Event(kind, here, line(), fn, receiver)), frozenset({NONE}))]
-        if callee and self.c.pack.is_release(callee):
-            return [(p.emit(Event(EventKind.RELEASE, here, line(), fn, callee)), d.universe)]
-        if callee and self.c.pack.is_log(callee):
-            return [(p.emit(Event(EventKind.LOG, here, line(), fn, callee)), frozenset({NONE}))]
-        if callee and self.c.pack.is_abort(callee):
-            return [(p.emit(Event(EventKind.ABORT, here, line(), fn, callee)), d.universe)]
-        if callee and self.c.pack.is_metric(callee):
-            return [(p.emit(Event(EventKind.METRIC, here, line(), fn, callee)), d.universe)]
-        if callee and self.c.pack.is_answer(callee):
-            return [(p.emit(Event(EventKind.ANSWER, here, line(), fn, callee)), d.universe)]
-        if callee and self.c.pack.is_clock_call(callee):
-            return [(p, frozenset({NOW}))]
+        site = CallSite(node, callee, values, frame)
+        effect = self.c.effects.on_call(self, site, p)
+        if effect is not None:
+            return effect
         if callee == "bool" and len(values) == 1 and not node.args[0].star:
             value = values[0]
             exact = value and not value - {TRUE, FALSE, NONE}
@@ -1348,17 +1375,11 @@ class Explorer:
             return [(p, frozenset(truths))]
         if callee in ("max", "min") and len(values) >= 2 and not any(a.star for a in node.args):
             return [(p, self.extreme(callee, values))]
-        if callee and self.c.state is not None and self.c.pack.is_poll_call(callee):
-            return [(p.emit(Event(EventKind.POLL, here, line(), fn, callee)), self.poll_value())]
         target = self.resolve_call(node, callee, frame, p)
         if target is None:
-            if self.c.table is not None and method == self.c.pack.update_method:
-                # A status update on an object kvtrace cannot tie to the manager: what it
-                # stores is not followed (a reachability question must not rely on this path).
-                p = p.emit(Event(EventKind.TABLE_UNKNOWN, here, line(), fn, callee))
-            return self.opaque_call(node, callee, p, frame)
+            return self.opaque_call(node, callee, self.c.effects.on_unresolved_call(self, site, p), frame)
         args = self.bind_args(target.func, node, values, target.drop_first)
-        p = p.emit(Event(EventKind.HELPER, here, line(), fn, target.func.qualname))
+        p = p.emit(site.event(EventKind.HELPER, target.func.qualname))
         self_name = target.self_name
         if target.self_param is not None:
             params = [a.arg for a in target.func.node.args.posonlyargs + target.func.node.args.args]
@@ -1538,10 +1559,9 @@ def ast_constant(value: ast.expr, domain: Domain) -> Val | None:
             member = domain.member_for_int(value.value)
             return frozenset({member}) if member else frozenset({OTHER})
         return frozenset({OTHER})
-    if isinstance(value, ast.Attribute) and value.attr in domain.members and (
-            isinstance(value.value, ast.Name) and value.value.id == domain.enum
-            or isinstance(value.value, ast.Attribute) and value.value.attr == domain.enum):
-        return frozenset({value.attr})
+    named = enum_member(value, domain.enum)
+    if named is not None and named in domain.members:
+        return frozenset({named})
     if isinstance(value, (ast.Tuple, ast.List, ast.Set)):
         return union_of(ast_constant(e, domain) for e in value.elts)
     if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in ("frozenset", "set", "tuple", "list") \
@@ -1666,9 +1686,9 @@ def _product(values: list[Val]):
     return itertools.product(*[sorted(v) for v in values])
 
 
-# Config fields a helper call's run can depend on (the state's value is handled apart; the
-# index is the memo's owner; truncated and unparsed are what a run reports, replayed on a hit).
-_CONFIG_FIELDS = tuple(f.name for f in fields(Config) if f.name not in ("index", "state", "truncated", "unparsed"))
+# Options a helper call's run can depend on (the state's value is handled apart; the index is
+# the memo's owner). What a run reports (its RunLog) is replayed on a memo hit.
+_OPTION_FIELDS = tuple(f.name for f in fields(Options) if f.name not in ("index", "state"))
 _OUTER = cst.Name("_")  # stands for the caller's discarded call during a callee's run
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING
 
-from kvtrace.model import Gap, Report, SourceFile
+from kvtrace.model import Gap, GapKind, Report, SourceFile
 
 if TYPE_CHECKING:
     from kvtrace.index import ClassInfo, Index
@@ -64,7 +64,7 @@ def _folder_below(path: str, root: str) -> str | None:
 
 
 def find_gaps(report: Report, enum_path: str | None = None, index: Index | None = None) -> list[Gap]:
-    gaps = [Gap("file", f.path, file_reason(f)) for f in report.files if f.status != "ok"]
+    gaps = [Gap(GapKind.FILE, f.path, file_reason(f)) for f in report.files if f.status != "ok"]
     checked = {b.name for b in report.backends}
     enum_folder = _folder_below(enum_path, report.root) if enum_path else None
     missed: dict[str, list[SourceFile]] = {}
@@ -75,13 +75,13 @@ def find_gaps(report: Report, enum_path: str | None = None, index: Index | None 
     for folder, unread in sorted(missed.items()):
         listed = ", ".join(f.path for f in unread)
         if folder in checked:
-            gaps.append(Gap("backend", folder, f"checked without {listed} (not analysed)"))
+            gaps.append(Gap(GapKind.BACKEND, folder, f"checked without {listed} (not analysed)", partial=True))
         else:
-            gaps.append(Gap("backend", folder, f"not checked: {listed} could not be analysed"))
+            gaps.append(Gap(GapKind.BACKEND, folder, f"not checked: {listed} could not be analysed"))
     if index is not None:
-        told = {g.subject for g in gaps if g.kind == "backend"} | checked
+        told = {g.subject for g in gaps if g.kind is GapKind.BACKEND} | checked
         gaps.extend(_hidden_by_unread_bases(index, report.root, report.files, told))
-    gaps.extend(Gap("analysis", "scan", problem) for problem in report.problems)
+    gaps.extend(Gap(GapKind.ANALYSIS, "scan", problem) for problem in report.problems)
     return gaps
 
 
@@ -105,7 +105,7 @@ def _hidden_by_unread_bases(index: Index, root: str, files: list[SourceFile], to
                 found[folder] = (f"not checked: {cls.name} ({cls.path}:{cls.line}) builds on {base} "
                                  f"from {path}, which could not be analysed")
                 break
-    return [Gap("backend", folder, reason) for folder, reason in sorted(found.items())]
+    return [Gap(GapKind.BACKEND, folder, reason) for folder, reason in sorted(found.items())]
 
 
 def _unread_source(cls: ClassInfo, base: str, unread: list[str]) -> tuple[str, str] | None:

@@ -14,8 +14,10 @@ from typing import TYPE_CHECKING, NamedTuple
 
 import libcst as cst
 
-from kvtrace.flow import NOT_SITES, Config, CstBody, Event, Explorer, Frame, PathState, ast_constant
+from kvtrace.effects import QUEUE_EFFECTS
+from kvtrace.flow import NOT_SITES, CstBody, Event, Explorer, Frame, Options, PathState, ast_constant
 from kvtrace.index import ClassInfo, FuncRef, Index
+from kvtrace.managers import ManagerFacts
 from kvtrace.model import OUTCOME_ORDER, Backend, EventKind, Evidence, ModeFate, Outcome, Site, StateFate, StateVerdict
 from kvtrace.packs import Pack, matches
 from kvtrace.parse import walk as walk_ast
@@ -245,6 +247,17 @@ class ScanModel:
     queue: QueueAnalysis
     senders: list[SenderAnalysis]
     domain: Domain
+
+    @property
+    def managers(self) -> list[ManagerFacts]:
+        """One ManagerFacts per manager a sender works with, naming the backends that use it."""
+        found: dict[tuple[str, int], ManagerFacts] = {}
+        for sender in self.senders:
+            if sender.manager is not None:
+                key = (sender.manager.cls.path, sender.manager.cls.line)
+                known = found.get(key, sender.manager)
+                found[key] = replace(known, backends=known.backends + (sender.backend.name,))
+        return list(found.values())
 
     def fate(self, state: str) -> list[Outcome]:
         return self.queue.fate(state)
@@ -712,9 +725,8 @@ def _explore_mode(index: Index, list_pack: Pack, domain: Domain, drain: Drain, b
     parameters bound."""
     paths: dict[str, list[QueuePath]] = {}
     for state in domain.members:
-        config = Config(index, list_pack, domain, state=state, queue_attr=list_pack.queue, removal_set=drain.removal_set,
-                        guards=guards)
-        explorer = Explorer(config)
+        explorer = Explorer(Options(index, list_pack, domain, state=state, queue_attr=list_pack.queue,
+                                    removal_set=drain.removal_set, guards=guards, effects=QUEUE_EFFECTS))
         env = {name: frozenset({state}) if role == "@state" else frozenset({role}) for name, role in drain.initial.items()}
         env.update({name: value for name, value in bindings.items() if name not in env})
         start = PathState(env=tuple(sorted(env.items())))
@@ -730,8 +742,8 @@ def _explore_mode(index: Index, list_pack: Pack, domain: Domain, drain: Drain, b
             explorer.stack.pop()
             ends = [end for end in ends if end.term == "raise"] + [
                 replace(end, term=None) if end.term in ("continue", "break") else end for end in after]
-        truncated.extend(config.truncated)
-        unparsed.extend(f"{u}()" for u in config.unparsed)
+        truncated.extend(explorer.log.truncated)
+        unparsed.extend(f"{u}()" for u in explorer.log.unparsed)
         state_paths = []
         for end in ends:
             events = list(end.events)

@@ -325,18 +325,32 @@ class Finding:
     # errors counts only what needs no premise.
     premise: str | None = None
     role: str | None = None  # what the finding is about beyond rule/backend/state (kvtrace.baseline.assign_roles)
+    # A manager rule's finding in a method several backends' managers run: those backends (the grid
+    # rows it belongs in, from kvtrace.managers.ManagerFacts); empty: `backend`, or none known.
+    backends: tuple[str, ...] = ()
+
+
+class GapKind(str, Enum):
+    """What a gap is about (its text is the reports' `kind`)."""
+
+    # Printed and formatted as its text on every Python (enum.StrEnum is 3.11+).
+    __str__ = str.__str__
+    __format__ = str.__format__
+
+    FILE = "file"  # not read or not parsed
+    BACKEND = "backend"  # not checked, or checked without one of its files (Gap.partial)
+    ANALYSIS = "analysis"  # a part of the analysis was cut or failed
 
 
 @dataclass(frozen=True)
 class Gap:
-    """Something the scan could not analyse; any gap makes the report INCOMPLETE.
+    """Something the scan could not analyse; any gap makes the report INCOMPLETE. `reason` is
+    for people; what a writer tells apart is in the typed fields."""
 
-    kind: "file" (not read or not parsed), "backend" (not checked, or checked without one of
-    its files) or "analysis" (a part of the analysis was cut or failed)."""
-
-    kind: str
+    kind: GapKind
     subject: str
     reason: str
+    partial: bool = False  # a backend gap: checked, but without what `reason` names (else not checked at all)
 
 
 @dataclass(frozen=True)

@@ -212,7 +212,7 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
     finally:
         claims.close()
     if mine is not None and from_child is not None:
-        senders = _senders_in(from_child, index, in_scope, before, sender_problems) + mine
+        senders = _senders_in(from_child, index, pack, in_scope, before, sender_problems) + mine
         order = {id(c): i for i, c in enumerate(sender_classes(index, pack))}
         senders.sort(key=lambda s: order[id(s.cls)])
     else:  # one process (or the child failed: everything is done here)
@@ -284,16 +284,18 @@ def _senders_out(index: Index, pack: Pack, domain: Domain, root: str, files: lis
     problems: list[str] = []
     senders = analyse_backends(index, pack, domain, root, problems, take)
     found = [((s.cls.path, s.cls.line), s.backend, (s.poll.path, s.poll.line) if s.poll else None, s.raise_sites,
-              s.absent_raise_sites) for s in senders]
+              s.absent_raise_sites, (s.manager.cls.path, s.manager.cls.line) if s.manager else None) for s in senders]
     changed = {f.path: (f.status, f.error) for f in files if (f.status, f.error) != before[f.path]}
     return pickle.dumps((found, problems, changed), protocol=pickle.HIGHEST_PROTOCOL)
 
 
-def _senders_in(data: bytes, index: Index, files: list[SourceFile], before: dict[str, tuple[str, str | None]],
-                problems: list[str]) -> list[SenderAnalysis]:
-    """In the parent: the child's senders on the parent's own classes and functions, with
-    everything else as one process would have left it (senders first, then the queue)."""
+def _senders_in(data: bytes, index: Index, pack: Pack, files: list[SourceFile],
+                before: dict[str, tuple[str, str | None]], problems: list[str]) -> list[SenderAnalysis]:
+    """In the parent: the child's senders on the parent's own classes and functions (their
+    managers' facts read again from the parent's index), with everything else as one process
+    would have left it (senders first, then the queue)."""
     from kvtrace.backends import SenderAnalysis
+    from kvtrace.managers import manager_facts
 
     found, child_problems, changed = pickle.loads(data)
     mine = {f.path: (f.status, f.error) for f in files if (f.status, f.error) != before[f.path]}
@@ -303,8 +305,9 @@ def _senders_in(data: bytes, index: Index, files: list[SourceFile], before: dict
     problems.extend(child_problems)
     classes = {(c.path, c.line): c for infos in index.classes.values() for c in infos}
     methods = {(f.path, f.line): f for c in classes.values() for f in c.methods.values()}
-    return [SenderAnalysis(backend, classes[cls], methods[poll] if poll else None, raise_sites, absent)
-            for cls, backend, poll, raise_sites, absent in found]
+    return [SenderAnalysis(backend, classes[cls], methods[poll] if poll else None, raise_sites, absent,
+                           manager_facts(index, classes[manager], pack.check_method, pack.update_method) if manager else None)
+            for cls, backend, poll, raise_sites, absent, manager in found]
 
 
 def _enum_unreadable_message(target: str, pack: Pack, files: list[SourceFile]) -> str:

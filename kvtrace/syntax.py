@@ -103,3 +103,11 @@ def mentions_attr(node: Node, attr: str) -> bool:
         return any(isinstance(n, ast.Attribute) and n.attr == attr for n in _ast_walk(node))
     cst = _cst()
     return any(isinstance(n, cst.Attribute) and n.attr.value == attr for n in walk(node))
+
+
+def enum_member(node: ast.AST, enum: str) -> str | None:
+    """The member `X` of `<enum>.X` or `<module>.<enum>.X`; None for anything else."""
+    if isinstance(node, ast.Attribute) and (isinstance(node.value, ast.Name) and node.value.id == enum
+                                            or isinstance(node.value, ast.Attribute) and node.value.attr == enum):
+        return node.attr
+    return None

@@ -5,7 +5,8 @@ import ast
 from kvtrace.model import Evidence, Finding
 from kvtrace.rules.base import Rule, Sample, ScanContext
 from kvtrace.syntax import self_attr
-from kvtrace.rules.manager_model import manager_methods, member
+from kvtrace.syntax import enum_member
+from kvtrace.rules.manager_model import manager_methods
 from kvtrace.rules.samples import MANAGED_SENDER, STANDARD_BRANCHES, drain, manager
 
 
@@ -47,22 +48,22 @@ class AbsentRoomDefault(Rule):
     def check(self, ctx: ScanContext) -> list[Finding]:
         findings = []
         enum, waiting = ctx.pack.enum, set(ctx.domain.non_terminal)
-        for m in manager_methods(ctx.index, ctx.pack.check_method):
+        for m in manager_methods(ctx.index, ctx.pack.check_method, ctx.model.managers):
             for node in ast.walk(m.func.node):
                 state = line = None
                 if isinstance(node, ast.Return) and isinstance(node.value, ast.Call) \
                         and isinstance(node.value.func, ast.Attribute) and node.value.func.attr == "get" \
                         and self_attr(node.value.func.value) is not None and len(node.value.args) == 2:
-                    state, line = member(node.value.args[1], enum), node.lineno
+                    state, line = enum_member(node.value.args[1], enum), node.lineno
                 elif isinstance(node, ast.If) and isinstance(node.test, ast.Compare) \
                         and isinstance(node.test.ops[0], ast.NotIn) and isinstance(node.test.left, ast.Name) \
                         and node.test.left.id == m.room and node.body and isinstance(node.body[0], ast.Return) \
                         and node.body[0].value is not None:
-                    state, line = member(node.body[0].value, enum), node.body[0].lineno
+                    state, line = enum_member(node.body[0].value, enum), node.body[0].lineno
                 if state in waiting and line is not None:
                     message = (f"{m.cls.name}.{m.func.name}() answers {state} for a room it does not know: a room "
                                f"that was cleared (or whose update was dropped) reads as waiting for ever")
                     evidence = [Evidence(m.func.path, m.func.line, f"{m.cls.name}.{m.func.name}()"),
                                 Evidence(m.func.path, line, f"absent room -> {state}")]
-                    findings.append(self.finding(message, m.func.path, line, None, state, evidence))
+                    findings.append(self.finding(message, m.func.path, line, None, state, evidence, backends=m.backends))
         return findings

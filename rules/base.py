@@ -68,12 +68,13 @@ class Rule:
         return cls.docs().splitlines()[0] if cls.__doc__ else cls.name
 
     def finding(self, message: str, path: str, line: int, backend: str | None, state: str | None,
-                evidence: list[Evidence], premise: str | None = None) -> Finding:
+                evidence: list[Evidence], premise: str | None = None, backends: tuple[str, ...] = ()) -> Finding:
         """A finding that rests on a premise says so and is at most a warning: a gate on
-        errors counts only the findings that need none."""
+        errors counts only the findings that need none. `backends`: the grid rows of a finding
+        that names no one backend (a manager method several backends run)."""
         severity = "warning" if premise is not None and self.severity == "error" else self.severity
         return Finding(self.name, severity, message, path, line, backend, state, evidence, code=self.code,
-                       premise=premise)
+                       premise=premise, backends=backends)
 
 
 def drain_evidence(ctx: ScanContext) -> list[Evidence]:

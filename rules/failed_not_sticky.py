@@ -4,7 +4,8 @@ import ast
 
 from kvtrace.model import Evidence, Finding
 from kvtrace.rules.base import Rule, Sample, ScanContext
-from kvtrace.rules.manager_model import manager_methods, member, reads_slot, slot_aliases, stores
+from kvtrace.syntax import enum_member
+from kvtrace.rules.manager_model import manager_methods, reads_slot, slot_aliases, stores
 from kvtrace.rules.samples import MANAGED_SENDER, STANDARD_BRANCHES, drain, manager
 
 
@@ -63,13 +64,13 @@ class FailedNotSticky(Rule):
                 any(v is not None and v < values[failed] for v in values.values()):
             return []  # max() keeps Failed only if some member is smaller: not this defect
         findings = []
-        for m in manager_methods(ctx.index, ctx.pack.update_method):
+        for m in manager_methods(ctx.index, ctx.pack.update_method, ctx.model.managers):
             if m.table is None:
                 continue
             aliases = slot_aliases(m.func.node, m.table, m.room)
             guarded = any(isinstance(n, ast.Compare) and len(n.ops) == 1
                           and any(reads_slot(side, m.table, m.room, aliases) for side in (n.left, n.comparators[0]))
-                          and any(member(side, ctx.pack.enum) == failed for side in (n.left, n.comparators[0]))
+                          and any(enum_member(side, ctx.pack.enum) == failed for side in (n.left, n.comparators[0]))
                           for n in ast.walk(m.func.node))
             if guarded:
                 continue
@@ -81,6 +82,6 @@ class FailedNotSticky(Rule):
                                f"smallest {ctx.pack.enum}: a later update replaces {failed} in self.{m.table}")
                     evidence = [Evidence(m.func.path, m.func.line, f"{m.cls.name}.{m.func.name}()"),
                                 Evidence(m.func.path, store.lineno, f"max() merge: {failed} is not kept")]
-                    findings.append(self.finding(message, m.func.path, store.lineno, None, failed, evidence))
+                    findings.append(self.finding(message, m.func.path, store.lineno, None, failed, evidence, backends=m.backends))
                     break
         return findings

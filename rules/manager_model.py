@@ -1,18 +1,21 @@
-"""What the manager rules read: each transfer manager's status-table methods, from the syntax.
+"""What the manager rules read: each class's own check or update method, with the status table
+and room of kvtrace.managers (the one definition the engine and the sender analysis use too) and
+the backends whose manager runs that method (ScanModel.managers), so a finding names its rows.
 
-A manager is a class in the scanned package that defines the pack's check and update methods
-(`check_status`, `update_status`). Its status table is the `self.<attr>` dict those methods
-index by their room parameter. This is a syntactic reading of two methods, not the executed
-model of the senders (kvtrace.backends); it is what the manager rules need to point at a line.
+A manager method here is any class in the scanned package defining the pack's check or update
+method (`check_status`, `update_status`), paired with a sender or not: the rules point at its
+lines.
 """
 
 from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
+from typing import Sequence
 
-from kvtrace.syntax import self_attr
 from kvtrace.index import ClassInfo, FuncRef, Index
+from kvtrace.managers import ManagerFacts, room_of, table_of
+from kvtrace.syntax import self_attr
 
 
 @dataclass(frozen=True)
@@ -21,33 +24,22 @@ class ManagerMethod:
     func: FuncRef
     room: str  # the parameter that keys the table
     table: str | None  # self.<table>[room] / self.<table>.get(room, ...)
+    backends: tuple[str, ...] = ()  # the backends whose manager runs this method (none: no sender's)
 
 
-def manager_methods(index: Index, method: str) -> list[ManagerMethod]:
+def manager_methods(index: Index, method: str, managers: Sequence[ManagerFacts] = ()) -> list[ManagerMethod]:
     found = []
     for infos in index.classes.values():
         for cls in infos:
             func = cls.methods.get(method)
             if func is None or not index.in_root(func.path):
                 continue
-            args = [a.arg for a in func.node.args.args]
-            if len(args) < 2:
+            room = room_of(func)
+            if room is None:
                 continue
-            room = args[1]
-            found.append(ManagerMethod(cls, func, room, _table(func.node, room)))
+            backends = tuple(b for m in managers if m.runs(func) for b in m.backends)
+            found.append(ManagerMethod(cls, func, room, table_of(func, room), backends))
     return sorted(found, key=lambda m: (m.func.path, m.func.line))
-
-
-def _table(func: ast.AST, room: str) -> str | None:
-    for node in ast.walk(func):
-        if isinstance(node, ast.Subscript) and isinstance(node.slice, ast.Name) and node.slice.id == room:
-            if (attr := self_attr(node.value)) is not None:
-                return attr
-        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in ("get", "pop") \
-                and node.args and isinstance(node.args[0], ast.Name) and node.args[0].id == room:
-            if (attr := self_attr(node.func.value)) is not None:
-                return attr
-    return None
 
 
 def reads_slot(node: ast.AST, table: str, room: str, aliases: set[str]) -> bool:
@@ -77,8 +69,3 @@ def stores(func: ast.AST, table: str, room: str) -> list[ast.Assign]:
         and t.slice.id == room for t in node.targets)]
 
 
-def member(node: ast.AST, enum: str) -> str | None:
-    if isinstance(node, ast.Attribute) and (isinstance(node.value, ast.Name) and node.value.id == enum
-                                            or isinstance(node.value, ast.Attribute) and node.value.attr == enum):
-        return node.attr
-    return None

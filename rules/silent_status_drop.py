@@ -6,7 +6,8 @@ from kvtrace.model import Evidence, Finding
 from kvtrace.parse import walk
 from kvtrace.rules.base import Rule, Sample, ScanContext
 from kvtrace.syntax import self_attr
-from kvtrace.rules.manager_model import ManagerMethod, manager_methods, member, slot_aliases
+from kvtrace.syntax import enum_member
+from kvtrace.rules.manager_model import ManagerMethod, manager_methods, slot_aliases
 from kvtrace.rules.samples import MANAGED_SENDER, STANDARD_BRANCHES, drain, manager
 
 
@@ -74,7 +75,7 @@ class SilentStatusDrop(Rule):
         failed = next((t for t in ctx.domain.terminal if t == "Failed"), None) or (ctx.domain.terminal or (None,))[0]
         if failed is None:
             return []
-        for m in manager_methods(ctx.index, ctx.pack.update_method):
+        for m in manager_methods(ctx.index, ctx.pack.update_method, ctx.model.managers):
             if m.table is None:
                 continue
             args = [a.arg for a in m.func.node.args.args]
@@ -95,7 +96,8 @@ class SilentStatusDrop(Rule):
                 evidence = [Evidence(m.func.path, m.func.line, f"{m.cls.name}.{m.func.name}()"),
                             Evidence(m.func.path, node.lineno, f"absent room: no store of {failed}")]
                 evidence += [Evidence(p, l, f"note: abort guarded by `if room in ...{m.table}`") for p, l in guards]
-                findings.append(self.finding(message, m.func.path, node.lineno, None, failed, evidence))
+                findings.append(self.finding(message, m.func.path, node.lineno, None, failed, evidence,
+                                             backends=m.backends))
                 break
         return findings
 
@@ -119,11 +121,11 @@ def _decide(test: ast.expr, status: str | None, value: str, enum: str) -> bool |
     """The test's truth with `status` == value, or None when it does not depend on it alone."""
     if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.left, ast.Name) and test.left.id == status:
         op, right = test.ops[0], test.comparators[0]
-        if isinstance(op, (ast.Eq, ast.NotEq, ast.Is, ast.IsNot)) and member(right, enum):
-            same = member(right, enum) == value
+        if isinstance(op, (ast.Eq, ast.NotEq, ast.Is, ast.IsNot)) and enum_member(right, enum):
+            same = enum_member(right, enum) == value
             return same if isinstance(op, (ast.Eq, ast.Is)) else not same
         if isinstance(op, (ast.In, ast.NotIn)) and isinstance(right, (ast.Tuple, ast.List, ast.Set)):
-            names = [member(e, enum) for e in right.elts]
+            names = [enum_member(e, enum) for e in right.elts]
             if all(names):
                 return (value in names) == isinstance(op, ast.In)
     return None
@@ -163,6 +165,6 @@ def _guarded_callers(ctx: ScanContext, m: ManagerMethod, failed: str) -> list[tu
                 for inner in (n for stmt in node.body for n in walk(stmt)):
                     if isinstance(inner, ast.Call) and isinstance(inner.func, ast.Attribute) \
                             and inner.func.attr == m.func.name \
-                            and any(member(a, ctx.pack.enum) == failed for a in inner.args):
+                            and any(enum_member(a, ctx.pack.enum) == failed for a in inner.args):
                         found.append((module.source.path, node.lineno))
     return sorted(set(found))

@@ -4,6 +4,7 @@ construct it has no handler for."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import inspect
 import json
@@ -16,13 +17,18 @@ import libcst as cst
 import pytest
 
 from kvtrace import flow
-from kvtrace.flow import Config, CstBody, Explorer, Frame, PathLimit, PathState, function_body
+from kvtrace.flow import CallSite, Explorer, Options, PathLimit, PathState, RunLog
+from kvtrace.effects import QUEUE_EFFECTS, SENDER_EFFECTS, CallEffect, QueueEffects
 from kvtrace.gaps import Cut
 from kvtrace.index import Index
-from kvtrace.model import EventKind, SourceFile
+from kvtrace.managers import manager_facts
+from kvtrace.model import EventKind, Gap, GapKind, SourceFile
 from kvtrace.packs import load_pack
 from kvtrace.parse import parse_module
+from kvtrace.report.verdicts import gap_text
+from kvtrace.rules.manager_model import manager_methods
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain
+from kvtrace import scan
 from kvtrace.scan import scan_path
 from kvtrace.states import OTHER, Domain, Val
 from tests.property import _support, gen, oracle
@@ -36,12 +42,12 @@ HEADER = "from enum import IntEnum\n\n\nclass KVPoll(IntEnum):\n    Failed = 0\n
 
 
 def explore(body: str, params: dict[str, Val] | None = None, state: str | None = "Success", module: str = "",
-            **config: object) -> tuple[list[PathState], Config]:
+            **config: object) -> tuple[list[PathState], RunLog]:
     """Every path through `def f(<params>):` + `body` (indented 4 spaces), run in drain mode for
     `state` (None: sender mode), from the given parameter values; `module`: more of the module
     (functions f calls), after f."""
     ends, explorer = explore_with(body, params, state, module, **config)
-    return ends, explorer.c
+    return ends, explorer.log
 
 
 def explore_with(body: str, params: dict[str, Val] | None = None, state: str | None = "Success", module: str = "",
@@ -55,11 +61,11 @@ def explore_with(body: str, params: dict[str, Val] | None = None, state: str | N
     func = index.functions["f"][0]
     parsed = index.cst(func)
     assert parsed is not None
-    settings = Config(index, PACK, DOMAIN, state=state, queue_attr=PACK.queue, **config)  # type: ignore[arg-type]
-    explorer = Explorer(settings)
-    explorer.stack.append(id(func.node))
-    ends = explorer.run_block(function_body(parsed.node), [PathState(env=tuple(sorted(params.items())))],
-                              Frame(func, CstBody(parsed.node, parsed.line), None))
+    # A drain loop's run for a poll state; a sender's run for none.
+    effects = config.pop("effects", QUEUE_EFFECTS if state is not None else SENDER_EFFECTS)
+    options = Options(index, PACK, DOMAIN, state=state, queue_attr=PACK.queue, effects=effects, **config)  # type: ignore[arg-type]
+    explorer = Explorer(options)
+    ends, _ = explorer.explore_function(func, parsed, None, [PathState(env=tuple(sorted(params.items())))])
     return ends, explorer
 
 
@@ -129,10 +135,10 @@ def test_try_handler_runs_after_a_raise_in_the_body() -> None:
 def test_try_star_is_followed_like_try() -> None:
     plain, _ = explore("try:\n    if p == KVPoll.Success:\n        raise ValueError()\n    return p\n"
                        "except ValueError:\n    return 'one'\nfinally:\n    x = 0", {"p": POLL})
-    star, settings = explore("try:\n    if p == KVPoll.Success:\n        raise ValueError()\n    return p\n"
+    star, log = explore("try:\n    if p == KVPoll.Success:\n        raise ValueError()\n    return p\n"
                              "except* ValueError:\n    return 'one'\nfinally:\n    x = 0", {"p": POLL})
     assert returns(star) == returns(plain) == {frozenset({"WaitingForInput"}), frozenset({OTHER})}
-    assert settings.truncated == []
+    assert log.truncated == []
 
 
 def test_nested_def_and_class_are_not_run() -> None:
@@ -141,8 +147,8 @@ def test_nested_def_and_class_are_not_run() -> None:
 
 
 def test_no_effect_statements_leave_the_path_as_it_was() -> None:
-    ends, settings = explore("pass\nimport os\nfrom os import path\nglobal G\nreturn p", {"p": POLL})
-    assert returns(ends) == {POLL} and settings.truncated == []
+    ends, log = explore("pass\nimport os\nfrom os import path\nglobal G\nreturn p", {"p": POLL})
+    assert returns(ends) == {POLL} and log.truncated == []
 
 
 def test_continue_and_break_end_the_iteration() -> None:
@@ -239,9 +245,9 @@ def test_every_libcst_statement_kind_has_a_handler() -> None:
 
 def test_a_statement_kind_without_a_handler_is_a_gap(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(flow._STATEMENT_HANDLERS, cst.While)
-    ends, settings = explore("while p:\n    return 'one'\nreturn p", {"p": POLL})
+    ends, log = explore("while p:\n    return 'one'\nreturn p", {"p": POLL})
     assert returns(ends) == {POLL}  # the loop is passed over...
-    [cut] = settings.truncated  # ...and the run says where, and what it could not follow
+    [cut] = log.truncated  # ...and the run says where, and what it could not follow
     assert isinstance(cut, Cut) and cut.kind == "unmodelled" and cut.where == "m.py:13"
     assert str(cut) == "m.py:13 (While statement not modelled)"
     # A run's cuts cross the scan's fork as themselves.
@@ -249,10 +255,45 @@ def test_a_statement_kind_without_a_handler_is_a_gap(monkeypatch: pytest.MonkeyP
     assert isinstance(again, Cut) and (again.kind, again.where, again) == (cut.kind, cut.where, cut)
 
 
+def test_options_are_frozen_and_each_run_returns_what_it_learned(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delitem(flow._SMALL_HANDLERS, cst.Raise)
+    _, explorer = explore_with("raise ValueError()")
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        explorer.c.max_paths = 1  # type: ignore[misc]
+    # The gap is in the run's log, not in its options: a second run on the same options starts clean.
+    assert [str(t) for t in explorer.log.truncated] == ["m.py:13 (Raise statement not modelled)"]
+    assert not hasattr(explorer.c, "truncated")
+    assert Explorer(explorer.c).log == RunLog()
+
+
+class _Tick(QueueEffects):
+    """The drain loop's effects and one more: `tick()` is a metric."""
+
+    def tick(self, run: Explorer, site: CallSite, path: PathState) -> list[tuple[PathState, Val]] | None:
+        if site.callee != "tick":
+            return None
+        return [(path.emit(site.event(EventKind.METRIC, "tick")), frozenset({"None"}))]
+
+    CALLS: tuple[CallEffect, ...] = QueueEffects.CALLS + (tick,)
+
+
+def test_an_effect_is_a_callback_the_walker_calls() -> None:
+    body = "tick()\nx = sender.poll()\ndone.append(r)\nreturn x"
+    params = {"r": frozenset({"@req"}), "done": frozenset({OTHER}), "sender": frozenset({OTHER})}
+    ends, _ = explore(body, params, effects=_Tick())
+    [end] = ends
+    assert [(e.kind, e.detail) for e in end.events] == [
+        (EventKind.METRIC, "tick"), (EventKind.POLL, "sender.poll"), (EventKind.DONE, "done")]
+    assert returns(ends) == {frozenset({"Success"})}
+    # The sender's effects know no queue and no poll of a state: the same calls are unknown calls.
+    ends, _ = explore(body, params, state=None)
+    assert all(not e.events for e in ends)
+
+
 def test_a_small_statement_kind_without_a_handler_is_a_gap(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delitem(flow._SMALL_HANDLERS, cst.Raise)
-    _, settings = explore("raise ValueError()")
-    assert [str(t) for t in settings.truncated] == ["m.py:13 (Raise statement not modelled)"]
+    _, log = explore("raise ValueError()")
+    assert [str(t) for t in log.truncated] == ["m.py:13 (Raise statement not modelled)"]
 
 
 def test_an_unmodelled_construct_in_the_drain_makes_the_scan_incomplete(tmp_path: Path,
@@ -315,10 +356,10 @@ def test_a_fact_read_again_is_kept() -> None:
 
 
 def test_a_local_read_later_is_kept() -> None:
-    ends, settings = explore("x = KVPoll.Failed\n" + flag_ifs(20) + "if req.b:\n    x = KVPoll.Success\n"
+    ends, log = explore("x = KVPoll.Failed\n" + flag_ifs(20) + "if req.b:\n    x = KVPoll.Success\n"
                              + flag_ifs(20, flag="c") + "return x", {"req": frozenset({"@req"})})
     assert returns(ends) == {frozenset({"Failed"}), frozenset({"Success"})}
-    assert settings.truncated == []
+    assert log.truncated == []
 
 
 # The decode prealloc loop's shape (issue 22): a request goes through many allocation helpers,
@@ -332,9 +373,9 @@ def budget_calls(count: int) -> str:
 
 
 def test_helpers_entered_that_did_nothing_do_not_multiply_paths_past_the_limit() -> None:
-    ends, settings = explore(budget_calls(12), {"req": frozenset({"@req"})}, module=IDLE_HELPERS, max_paths=64)
+    ends, log = explore(budget_calls(12), {"req": frozenset({"@req"})}, module=IDLE_HELPERS, max_paths=64)
     # 2 * 2**12 paths differ only in whether each run of budget() entered tail(): one per value of x.
-    assert settings.truncated == []
+    assert log.truncated == []
     assert returns(ends) == {frozenset({"Failed"}), frozenset({"Success"})}
     assert len(ends) == 2
     # Below the limit every path, and every helper entry on it, is kept (each is a line of a finding).
@@ -344,9 +385,9 @@ def test_helpers_entered_that_did_nothing_do_not_multiply_paths_past_the_limit()
 
 def test_a_helper_that_does_something_keeps_its_paths_apart() -> None:
     body = "budget(req)\n" * 8 + "return p"
-    ends, settings = explore(body, {"req": frozenset({"@req"}), "p": POLL}, module=LOGGING_HELPER, max_paths=64)
+    ends, log = explore(body, {"req": frozenset({"@req"}), "p": POLL}, module=LOGGING_HELPER, max_paths=64)
     # Each run logs or not: 2**8 distinct paths, none merged, so the limit is reached and said.
-    assert settings.truncated and all(not isinstance(t, Cut) for t in settings.truncated)
+    assert log.truncated and all(not isinstance(t, Cut) for t in log.truncated)
     assert len(ends) <= 64
 
 
@@ -354,15 +395,15 @@ def test_a_helper_that_does_something_keeps_its_paths_apart() -> None:
 def test_a_fact_read_no_more_is_forgotten(test: str) -> None:
     """Tested twice (so remembered), then never again: paths that differ only in it are one."""
     body = f"if {test}:\n    a = 1\nif {test}:\n    b = 1\n" + flag_ifs(6) + "return p"
-    ends, settings = explore(body, {**REQ, "p": POLL})
-    assert returns(ends) == {POLL} and settings.truncated == []
+    ends, log = explore(body, {**REQ, "p": POLL})
+    assert returns(ends) == {POLL} and log.truncated == []
     assert len(ends) == 1
 
 
 def test_the_step_budget_ends_the_run_with_a_gap() -> None:
-    ends, settings = explore("x = KVPoll.Failed\nif req.b:\n    x = KVPoll.Success\n" + flag_ifs(100) + "return x",
+    ends, log = explore("x = KVPoll.Failed\nif req.b:\n    x = KVPoll.Success\n" + flag_ifs(100) + "return x",
                              {"req": frozenset({"@req"})}, max_steps=60)
-    [cut] = settings.truncated
+    [cut] = log.truncated
     assert isinstance(cut, Cut) and cut.kind == "budget"
     # 1 + 1 + 1 steps for the first three statements, then 2 paths (x differs): 4 per `if` (2 for
     # the `if`, 2 for `axN = 1` in its body): the 15th `if` (line 16 + 2 * 14) is past 60.
@@ -473,3 +514,60 @@ class OkKVSender(BaseKVSender):
     report = scan_path(write_tree(tmp_path, {"disaggregation/prefill.py": source, "disaggregation/ok/conn.py": sender}))
     assert any("disaggregation/ok/conn.py:6 (With statement not modelled)" in p and "ok backend" in p
                for p in report.problems), report.problems
+
+
+# --- one model of the manager --------------------------------------------------------------
+
+@pytest.mark.parametrize("fork", [False, True])
+def test_manager_rules_name_the_backends_whose_manager_runs_the_method(fork: bool, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A manager rule's finding carries the backends from the one ManagerFacts model (the report
+    places it by them, not by folder): a method in the shared base belongs to every backend whose
+    manager inherits it, one in a backend's own manager to that backend only. The same when the
+    senders are analysed in a forked child (their managers' facts cross back)."""
+    monkeypatch.setattr(scan, "PARALLEL_MIN_BYTES", 0 if fork else 10**12)
+    report = scan_path(Path(__file__).resolve().parent.parent / "examples" / "manager-shapes")
+    rows = {(f.rule, f.path): f.backends for f in report.findings if f.backend is None and f.queue is None}
+    everyone = ("ascend", "mooncake", "mori", "nixl")
+    assert rows == {("silent-status-drop", "disaggregation/common/conn.py"): everyone,
+                    ("failed-not-sticky", "disaggregation/common/conn.py"): everyone,
+                    ("absent-room-default", "disaggregation/nixl/conn.py"): ("nixl",)}
+
+
+def test_the_status_table_has_one_definition() -> None:
+    """The engine's table (Options.table, from the sender analysis) and the rules' table are the
+    same reading of the check method: `self.X` indexed by its room parameter, not the first
+    subscript it meets."""
+    source = ("class M:\n    def check_status(self, room):\n        seen = self.history[0]\n"
+              "        return self.request_status.get(room, None)\n")
+    data = source.encode()
+    module = parse_module(SourceFile("m.py", data, hashlib.sha256(data).hexdigest()))
+    assert module is not None
+    index = Index([module])
+    [cls] = index.classes["M"]
+    facts = manager_facts(index, cls, "check_status", "update_status")
+    assert (facts.room, facts.table, facts.update) == ("room", "request_status", None)
+    [method] = manager_methods(index, "check_status", [facts])
+    assert method.table == facts.table and method.backends == ()
+
+
+# --- problems as records ---------------------------------------------------------------------
+
+def test_the_report_tells_gaps_apart_by_their_fields_not_their_prose() -> None:
+    """A backend checked without one of its files and one not checked at all differ in
+    `Gap.partial`; the summary reads that, whatever the reason's words."""
+    gaps = [Gap(GapKind.BACKEND, "nixl", "checked without nixl/conn.py (not analysed)", partial=True),
+            Gap(GapKind.BACKEND, "mori", "mori/conn.py could not be analysed"),
+            Gap(GapKind.FILE, "nixl/conn.py", "syntax error"), Gap(GapKind.ANALYSIS, "scan", "path limit reached")]
+    assert gap_text(gaps) == ("1 file not analysed, backend mori not checked, backend nixl checked in part, "
+                              "1 analysis problem")
+    assert json.loads(json.dumps([g.kind for g in gaps])) == ["backend", "backend", "file", "analysis"]
+    assert f"{gaps[0].kind}" == "backend"
+
+
+def test_find_gaps_marks_a_backend_checked_without_a_file_as_partial(tmp_path: Path) -> None:
+    write_tree(tmp_path, {"disaggregation/prefill.py": drain(STANDARD_BRANCHES)})
+    (tmp_path / "disaggregation" / "nixl").mkdir()
+    (tmp_path / "disaggregation" / "nixl" / "broken.py").write_text("def f(:\n")
+    report = scan_path(tmp_path)
+    [gap] = [g for g in report.gaps if g.kind is GapKind.BACKEND]
+    assert (gap.subject, gap.partial) == ("nixl", False)

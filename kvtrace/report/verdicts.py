@@ -7,7 +7,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from kvtrace.baseline import counts_against, mark, tally
-from kvtrace.model import Backend, Evidence, Finding, Gap, QueueReport, Report, StateVerdict, WayOut
+from kvtrace.model import Backend, Evidence, Finding, Gap, GapKind, QueueReport, Report, StateVerdict, WayOut
 
 OK = "ok"
 NOT_RETURNED = "-"
@@ -93,6 +93,8 @@ def _concerns(finding: Finding, backend: Backend) -> bool:
     rule = find_rule(finding.rule)
     if rule is None or rule.per_queue:
         return True
+    if finding.backends:  # the backends whose manager runs the method (kvtrace.managers)
+        return backend.name in finding.backends
     if backend.manager is not None and f"{finding.path}:{finding.function}" in backend.manager.runs:
         return True  # in a manager method this backend inherits (common/conn.py)
     folder = finding.path.rpartition("/")[0]
@@ -328,17 +330,17 @@ def _plural(n: int, word: str) -> str:
 
 def gap_text(gaps: list[Gap], more: int = 0) -> str:
     """`2 files not analysed, backend nixl not checked, 1 analysis problem`."""
-    files = sum(1 for g in gaps if g.kind == "file")
+    files = sum(1 for g in gaps if g.kind is GapKind.FILE)
     parts = []
     if files:
         parts.append(f"{_plural(files, 'file')} not analysed")
-    unchecked = [g.subject for g in gaps if g.kind == "backend" and g.reason.startswith("not checked")]
-    partial = [g.subject for g in gaps if g.kind == "backend" and not g.reason.startswith("not checked")]
+    unchecked = [g.subject for g in gaps if g.kind is GapKind.BACKEND and not g.partial]
+    partial = [g.subject for g in gaps if g.kind is GapKind.BACKEND and g.partial]
     if unchecked:
         parts.append(f"backend{'s' if len(unchecked) > 1 else ''} {', '.join(unchecked)} not checked")
     if partial:
         parts.append(f"backend{'s' if len(partial) > 1 else ''} {', '.join(partial)} checked in part")
-    problems = sum(1 for g in gaps if g.kind == "analysis")
+    problems = sum(1 for g in gaps if g.kind is GapKind.ANALYSIS)
     if problems:
         parts.append(_plural(problems, "analysis problem"))
     if more > 0:

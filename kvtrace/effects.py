@@ -1,0 +1,111 @@
+"""What calls do, beyond what the path walker follows: the domain's side of the flow engine.
+
+The walker (`flow.Explorer`) evaluates Python: names, conditions, helper calls. It never names a
+queue, a request or a pack; at each call it asks its `Effects` (given in its Options, as
+Semgrep's dataflow engine takes a record of callbacks) whether the call is an effect: a request
+leaving or staying in the queue, a release, an abort, a poll. The drain loop and the sender are
+two implementations. A new effect is one method here and one entry in its class's `CALLS`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import libcst as cst
+
+from kvtrace.flow import CallSite, Explorer, PathState
+from kvtrace.model import EventKind
+from kvtrace.states import KEEP, NONE, NOW, REQ, Val
+
+Answer = list[tuple[PathState, Val]]
+# An effect: (the Effects object, the walker, the call, the path) -> the paths and value, or None
+# when the call is not this effect.
+CallEffect = Callable[[Any, Explorer, CallSite, PathState], "Answer | None"]
+
+
+class PackEffects:
+    """The calls the pack names, in both runs: a release, a log line, an abort, a metric, an
+    answer to the client, a clock read."""
+
+    CALLS: tuple[CallEffect, ...] = ()
+
+    def on_call(self, run: Explorer, site: CallSite, path: PathState) -> Answer | None:
+        for effect in self.CALLS:
+            found = effect(self, run, site, path)
+            if found is not None:
+                return found
+        return None
+
+    def on_unresolved_call(self, run: Explorer, site: CallSite, path: PathState) -> PathState:
+        """A call the walker can neither enter nor name: the path as it goes on."""
+        return path
+
+    def pack_call(self, run: Explorer, site: CallSite, path: PathState) -> Answer | None:
+        pack, callee = run.c.pack, site.callee
+        if not callee:
+            return None
+        for named, kind, value in ((pack.is_release, EventKind.RELEASE, None), (pack.is_log, EventKind.LOG, _NONE),
+                                   (pack.is_abort, EventKind.ABORT, None), (pack.is_metric, EventKind.METRIC, None),
+                                   (pack.is_answer, EventKind.ANSWER, None)):
+            if named(callee):
+                return [(path.emit(site.event(kind, callee)), value if value is not None else run.c.domain.universe)]
+        return None
+
+    def clock_read(self, run: Explorer, site: CallSite, path: PathState) -> Answer | None:
+        if site.callee and run.c.pack.is_clock_call(site.callee):
+            return [(path, frozenset({NOW}))]
+        return None
+
+
+class QueueEffects(PackEffects):
+    """The drain loop's run for one poll state: where the request goes (kept in the queue, done,
+    requeued elsewhere, removed by index) and the poll that gives this run's state."""
+
+    def removal(self, run: Explorer, site: CallSite, path: PathState) -> Answer | None:
+        if site.method == "add" and site.receiver and site.receiver == run.c.removal_set:
+            # The request's index joins the set the queue is filtered by: it leaves the queue.
+            return [(path.emit(site.event(EventKind.DONE, site.receiver)), _NONE)]
+        return None
+
+    def queue_entry(self, run: Explorer, site: CallSite, path: PathState) -> Answer | None:
+        receiver, node = site.receiver, site.node
+        if site.method not in ("append", "extend", "insert", "appendleft") or not receiver:
+            return None
+        # The request, or a part of it (`decode_req.req`: the queue entry wraps the request).
+        has_req = any(REQ in v for v in site.values) or any(
+            isinstance(a.value, cst.Attribute) and isinstance(a.value.value, cst.Name)
+            and REQ in (path.get(a.value.value.value) or ()) for a in node.args)
+        if not has_req:
+            return None
+        recv_value = path.get(receiver) if "." not in receiver else None
+        if receiver.endswith(f"self.{run.c.queue_attr}") or (recv_value is not None and KEEP in recv_value):
+            return [(path.emit(site.event(EventKind.KEEP, receiver)), _NONE)]
+        kind = EventKind.DONE if "." not in receiver else EventKind.REQUEUE
+        return [(path.emit(site.event(kind, receiver)), _NONE)]
+
+    def poll(self, run: Explorer, site: CallSite, path: PathState) -> Answer | None:
+        if site.callee and run.c.state is not None and run.c.pack.is_poll_call(site.callee):
+            return [(path.emit(site.event(EventKind.POLL, site.callee)), run.poll_value())]
+        return None
+
+    CALLS: tuple[CallEffect, ...] = (removal, queue_entry, PackEffects.pack_call, PackEffects.clock_read, poll)
+
+
+class SenderEffects(PackEffects):
+    """A sender's and its manager's methods: the pack's calls, and status updates kvtrace cannot
+    tie to the manager (the manager's table itself is read and written by the walker's table
+    handlers, on `Options.table`)."""
+
+    def on_unresolved_call(self, run: Explorer, site: CallSite, path: PathState) -> PathState:
+        if run.c.table is not None and site.method == run.c.pack.update_method:
+            # A status update on an object kvtrace cannot tie to the manager: what it
+            # stores is not followed (a reachability question must not rely on this path).
+            return path.emit(site.event(EventKind.TABLE_UNKNOWN, site.callee))
+        return path
+
+    CALLS: tuple[CallEffect, ...] = (PackEffects.pack_call, PackEffects.clock_read)
+
+
+_NONE: Val = frozenset({NONE})
+QUEUE_EFFECTS = QueueEffects()
+SENDER_EFFECTS = SenderEffects()
