@@ -7,6 +7,7 @@ next to each expectation); kvtrace's own scan of either tree is not the referenc
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -24,8 +25,10 @@ GIT = ["git", "-c", "user.name=kvtrace tests", "-c", "user.email=tests@kvtrace.i
 
 
 def kvtrace(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    # As in a file or a CI log: no COLUMNS (a test runner may export one), so text rows are unfolded.
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     return subprocess.run([sys.executable, "-m", "kvtrace", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, env=env)
 
 
 def keys(items: list[dict]) -> set[tuple[str, str | None, str | None]]:
@@ -304,8 +307,6 @@ def test_diff_bad_baseline_is_one_line_before_any_scan(repo: Path, tmp_path: Pat
 def test_diff_text_folds_to_the_terminal_width(repo: Path) -> None:
     """Before: `kvtrace diff` text was never folded (rows of 200 characters at 80 columns), while
     scan's text folds to the terminal's width. Folded at spaces: every path:line stays whole."""
-    import os
-
     from kvtrace.diff import fold
 
     def run(columns: str | None) -> subprocess.CompletedProcess[str]:
