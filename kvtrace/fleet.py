@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import re
-import socket
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -373,6 +371,8 @@ def run_fleet(targets: list[str], options: FleetOptions, log: Log | None = None,
 
     if len(targets) == 1:
         return [one(targets[0])]
+    from concurrent.futures import ThreadPoolExecutor  # here: a one-target run (the warm rescan) never needs it
+
     from kvtrace.parse import shared_parses
 
     # Identical trees are analysed once (memo above); files identical across different trees are parsed once.
@@ -384,7 +384,11 @@ def _host_label(target: str) -> str:
     from kvtrace.target import SshTarget, parse_target
 
     parsed = parse_target(target)
-    return parsed.label if isinstance(parsed, SshTarget) else socket.gethostname()
+    if isinstance(parsed, SshTarget):
+        return parsed.label
+    import socket
+
+    return socket.gethostname()
 
 
 def _remember(found: dict[str, Any], then: Callable[[Any, FetchResult], None],

@@ -5,7 +5,6 @@ target -> fetch -> parse -> index -> graph -> checks -> report
 
 from __future__ import annotations
 
-import pickle
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -286,6 +285,8 @@ def _senders_out(index: Index, pack: Pack, domain: Domain, root: str, files: lis
     found = [((s.cls.path, s.cls.line), s.backend, (s.poll.path, s.poll.line) if s.poll else None, s.raise_sites,
               s.absent_raise_sites, (s.manager.cls.path, s.manager.cls.line) if s.manager else None) for s in senders]
     changed = {f.path: (f.status, f.error) for f in files if (f.status, f.error) != before[f.path]}
+    import pickle
+
     return pickle.dumps((found, problems, changed), protocol=pickle.HIGHEST_PROTOCOL)
 
 
@@ -296,6 +297,8 @@ def _senders_in(data: bytes, index: Index, pack: Pack, files: list[SourceFile],
     would have left it (senders first, then the queue)."""
     from kvtrace.backends import SenderAnalysis
     from kvtrace.managers import manager_facts
+
+    import pickle
 
     found, child_problems, changed = pickle.loads(data)
     mine = {f.path: (f.status, f.error) for f in files if (f.status, f.error) != before[f.path]}

@@ -14,7 +14,6 @@ from __future__ import annotations
 import fnmatch
 import re
 from dataclasses import dataclass, field, replace
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -155,6 +154,11 @@ def matches(text: str, patterns: tuple[str, ...]) -> bool:
 
 
 def _bundled() -> Any:
+    here = Path(__file__).parent
+    if here.is_dir():  # an installed or checked-out package: no importlib.resources (and zipfile) to import
+        return here
+    from importlib import resources
+
     return resources.files("kvtrace.packs")
 
 
