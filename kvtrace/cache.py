@@ -218,7 +218,8 @@ class Cache:
         except UnsafeCacheDir as exc:
             if str(self.dir) not in _WARNED:
                 _WARNED.add(str(self.dir))
-                log.warning("warning: %s; results are neither cached nor reused", exc)
+                # Shown under -q too: a refused folder is a setup problem the user must hear of.
+                log.warning("warning: %s; results are neither cached nor reused", exc, extra={"loud": True})
             return None
         except (InputError, OSError):
             return None  # not a folder, read-only or full

@@ -7,6 +7,7 @@ next to each expectation); kvtrace's own scan of either tree is not the referenc
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -24,8 +25,10 @@ GIT = ["git", "-c", "user.name=kvtrace tests", "-c", "user.email=tests@kvtrace.i
 
 
 def kvtrace(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    # As in a file or a CI log: no COLUMNS (a test runner may export one), so text rows are unfolded.
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     return subprocess.run([sys.executable, "-m", "kvtrace", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, env=env)
 
 
 def keys(items: list[dict]) -> set[tuple[str, str | None, str | None]]:
@@ -313,3 +316,28 @@ def test_diff_bad_baseline_is_one_line_before_any_scan(repo: Path, tmp_path: Pat
                      cwd=repo)
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert result.stderr.startswith(f"kvtrace: error: baseline {tmp_path / 'none.json'}: ")
+
+
+def test_diff_text_folds_to_the_terminal_width(repo: Path) -> None:
+    """Before: `kvtrace diff` text was never folded (rows of 200 characters at 80 columns), while
+    scan's text folds to the terminal's width. Folded at spaces: every path:line stays whole."""
+    from kvtrace.diff import fold
+
+    def run(columns: str | None) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | ({"COLUMNS": columns} if columns else {})
+        return subprocess.run([sys.executable, "-m", "kvtrace", "diff", "HEAD~1", "HEAD", "--path", "python/sglang"],
+                              cwd=repo, capture_output=True, text=True, timeout=300, env=env)
+
+    wide = run(None)  # a file or a CI log: one greppable row each
+    narrow = run("80")
+    assert wide.returncode == narrow.returncode == 1, narrow.stderr
+    assert max(len(row) for row in wide.stdout.splitlines()) > 80
+    rows = narrow.stdout.splitlines()
+    # Wider only where one word is (a qualified name of 74 characters under its indent).
+    assert all(len(row) <= 80 or len(row.split()) == 1 for row in rows), [row for row in rows if len(row) > 80]
+    # The same words in the same order: each path:line of the wide text is whole in the narrow one.
+    assert narrow.stdout.split() == wide.stdout.split()
+    assert [word for word in narrow.stdout.split() if re.match(r"srt/disaggregation/\S+\.py:\d+", word)]
+    # A continuation hangs under its row; a word wider than the line is kept whole.
+    assert fold("  + a b c", 5) == "  + a\n    b\n    c"
+    assert fold("x " + "p" * 12 + " y", 6) == "x\n  " + "p" * 12 + "\n  y"

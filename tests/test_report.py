@@ -22,7 +22,7 @@ from kvtrace.scan import scan_path
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 SARIF_SCHEMA = json.loads((Path(__file__).parent / "data" / "sarif-schema-2.1.0.json").read_text())
-PATH_LINE = re.compile(r"(?<![\w/.-])([\w.-]+(?:/[\w.-]+)*\.py):(\d+)")
+PATH_LINE = re.compile(r"(?<![\w/.-])(/?[\w.-]+(?:/[\w.-]+)*\.py):(\d+)")
 
 
 def kvtrace(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -38,12 +38,14 @@ def terminal_report(tree: Path, width: int = 80) -> str:
 
 
 def assert_paths_resolve(text: str, base: Path) -> None:
-    """Every `path:line` token is whole: the file exists below `base` and has that line."""
+    """Every `path:line` token is whole and opens from the working directory: the file is one
+    below `base` (the scanned tree) and has that line."""
     tokens = PATH_LINE.findall(text)
     assert tokens
     for path, line in tokens:
-        file = base / path
-        assert file.is_file(), f"{path}:{line} is not a file below {base} (a folded path?)"
+        file = Path(path)
+        assert file.is_file(), f"{path}:{line} does not open from {Path.cwd()} (a folded path?)"
+        assert file.resolve().is_relative_to(base.resolve()), f"{path}:{line} is not below {base}"
         assert 1 <= int(line) <= len(file.read_text(encoding="utf-8").splitlines()), f"{path}:{line}"
 
 

@@ -9,6 +9,8 @@ checkout; kvtrace.report.links), else to the excerpt on this page.
 
 from __future__ import annotations
 
+import re
+
 from html import escape
 
 from kvtrace import __version__
@@ -263,7 +265,7 @@ def _report(report: Report, out: list[str]) -> None:
         for s in queue.sites:
             note = f" [{escape(s.note)}]" if s.note else ""
             out.append(f'<tr><td>{escape(s.kind)}</td><td><a href="{escape(page.href(s.path, s.line))}">'
-                       f"<code>{escape(s.path)}:{s.line}</code></a></td><td><code>{escape(s.function)}</code></td>"
+                       f"<code>{_breakable(s.path, '/')}:{s.line}</code></a></td><td><code>{_breakable(s.function)}</code></td>"
                        f"<td>{escape(', '.join(s.states))}{note}</td></tr>")
         out.append("</table>")
         modes = modes_line(queue)
@@ -279,6 +281,12 @@ def _report(report: Report, out: list[str]) -> None:
         rows = "".join(f'<span class="hl">{escape(f"{n:5d} | {t}")}</span>' if n == line else escape(f"{n:5d} | {t}") + "\n"
                        for n, t in _excerpt(report, path, line))
         out.append(f'<div class="source" id="{_anchor(path, line)}"><code>{escape(path)}:{line}</code><pre>{rows}</pre></div>')
+
+
+def _breakable(name: str, after: str = ".") -> str:
+    """A qualified name (a path: `after="/"`) that may wrap after each `after` (between its parts,
+    never inside one), so a table of long names fits the page instead of widening it past the window."""
+    return "<wbr>".join(escape(part) for part in re.split(f"(?<={re.escape(after)})", name))
 
 
 def render(reports: list[Report]) -> str:
