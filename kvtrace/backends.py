@@ -11,17 +11,22 @@ from dataclasses import dataclass, field, replace
 from kvtrace.effects import SENDER_EFFECTS
 from kvtrace.flow import MANAGER, TABLE, Event, Explorer, Options, PathLimit, PathState
 from kvtrace.gaps import Cut
-from kvtrace.index import ClassInfo, FuncRef, Index
-from kvtrace.managers import ManagerFacts, backend_folder, manager_facts
-from kvtrace.model import Backend, EventKind, Evidence, ManagerRef, PollRef, StateVerdict, TimeoutCheck, WayOut
+from kvtrace.index import ClassInfo, FuncRef, Index, functions_given_self
+from kvtrace.managers import (
+    ManagerFacts,
+    ManagerModel,
+    backend_folder,
+    class_mappings,
+    ends_with_attr,
+    narrowed_by_guard,
+    pair_manager,
+)
+from kvtrace.model import Backend, EventKind, Evidence, PollRef, StateVerdict, TimeoutCheck, WayOut
 from kvtrace.packs import Pack, matches
 from kvtrace.parse import parents as _parents
-from kvtrace.parse import walk
 from kvtrace.syntax import dotted, enum_member, self_attr
 from kvtrace.states import ABSENT, NONE, OTHER, Domain, Val
 
-# Per manager model: function name -> (caller, call) for calls of self.<name>(...) in scope.
-CallSites = dict[str, list[tuple[FuncRef, ast.Call]]]
 
 
 @dataclass
@@ -56,7 +61,7 @@ def analyse_backends(index: Index, pack: Pack, domain: Domain, root: str, proble
     analyses the i-th sender class (kvtrace.scan shares them with a forked child); None: all."""
     results = []
     senders = sender_classes(index, pack)
-    mappings = _class_mappings(index)
+    mappings = class_mappings(index)
     for position, cls in enumerate(senders):
         if take is not None and not take(position):
             continue
@@ -77,268 +82,6 @@ def analyse_backends(index: Index, pack: Pack, domain: Domain, root: str, proble
 def sender_classes(index: Index, pack: Pack) -> list[ClassInfo]:
     """Every class built on the pack's sender base (intermediate ones included), in (path, line) order."""
     return [c for c in index.subclasses_of(pack.sender_base) if not matches(c.name, pack.exclude_classes)]
-
-
-# --- pairing a sender with its manager ---------------------------------------------------------
-
-
-@dataclass
-class ManagerModel:
-    cls: ClassInfo
-    ref: ManagerRef
-    facts: ManagerFacts
-    attrs: frozenset[str]  # sender attributes that hold the manager (`kv_mgr`)
-    # The states stored anywhere but in the sender's own constructor (read from the syntax):
-    # what the table can be given again once the room has moved on.
-    later: frozenset[str] = frozenset()
-
-
-def _class_mappings(index: Index) -> list[tuple[set[str], str, int]]:
-    """Dict literals whose values are class names (`{KVClassType.SENDER: NixlKVSender, ...}`)."""
-    found = []
-    for module in index.modules.values():
-        for node in walk(module.tree):
-            if isinstance(node, ast.Dict):
-                names = {v.id for v in node.values if isinstance(v, ast.Name) and v.id in index.classes}
-                if len(names) >= 2:
-                    found.append((names, module.source.path, node.lineno))
-    return found
-
-
-def _is_manager(index: Index, pack: Pack, cls: ClassInfo) -> bool:
-    return any(c.name == pack.manager_base for c in index.mro(cls)[1:])
-
-
-def pair_manager(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, root: str,
-                 mappings: list[tuple[set[str], str, int]]) -> ManagerModel | None:
-    """The manager a sender works with: from a backend -> classes dict that names the sender,
-    else the sender's __init__ parameter annotation (through the MRO, as super().__init__
-    passes it on), else the one manager class of the sender's folder."""
-    if not pack.manager_base:
-        return None
-    found: ClassInfo | None = None
-    how = ""
-    for names, path, line in mappings:
-        if cls.name in names:
-            candidates = [c for n in names if (c := index.resolve_class(n, near=path)) is not None and _is_manager(index, pack, c)]
-            if len(candidates) == 1:
-                found, how = candidates[0], f"mapping at {path}:{line}"
-                break
-    if found is None:
-        for c in index.mro(cls):
-            init = c.methods.get("__init__")
-            if init is None:
-                continue
-            for arg in init.node.args.args + init.node.args.kwonlyargs:
-                name = _annotation_name(arg.annotation)
-                target = index.resolve_class(name, near=init.path) if name else None
-                if target is not None and _is_manager(index, pack, target):
-                    found, how = target, f"annotation at {init.path}:{init.line}"
-                    break
-            if found is not None:
-                break
-    if found is None:
-        folder = backend_folder(cls.path, root)
-        local = [c for c in index.subclasses_of(pack.manager_base) if backend_folder(c.path, root) == folder]
-        leaves = [c for c in local if not any(o is not c and c in index.mro(o)[1:] for o in local)]
-        if len(leaves) == 1:
-            found, how = leaves[0], f"folder {folder}"
-    if found is None:
-        return None
-    return _manager_model(index, pack, domain.members, cls, found, how)
-
-
-def _annotation_name(node: ast.AST | None) -> str:
-    if isinstance(node, ast.Constant) and isinstance(node.value, str):
-        return node.value.strip("'\"").rsplit(".", 1)[-1]
-    text = dotted(node) if node is not None else ""
-    return text.rsplit(".", 1)[-1] if text else ""
-
-
-def _manager_model(index: Index, pack: Pack, members: tuple[str, ...], sender: ClassInfo, manager: ClassInfo,
-                   how: str) -> ManagerModel:
-    facts = manager_facts(index, manager, pack.check_method, pack.update_method)
-    check, update, table = facts.check, facts.update, facts.table
-    functions = [f for c in index.mro(manager) + index.mro(sender) for f in c.methods.values()]
-    # Module functions the sender hands itself to (`_abort_transfer(self)`) act as its methods.
-    self_names = {id(f.node): "self" for f in functions}
-    for func, name in _functions_given_self(index, index.mro(sender)):
-        if id(func.node) not in self_names:
-            functions.append(func)
-            self_names[id(func.node)] = name
-    holds: set[str] = set()
-    unknown: list[str] = []
-    clears: list[Evidence] = []
-    clear_methods: list[str] = []
-    attrs: set[str] = set()
-    call_sites: CallSites = {}
-    for func in functions:
-        for node in index.calls_in(func):
-            callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
-            if callee:
-                call_sites.setdefault(callee, []).append((func, node))
-    later: set[str] = set()  # what is stored by a function other than the sender's __init__
-    sender_mro = index.mro(sender)
-
-    def constructor(func: FuncRef) -> bool:
-        return func.name == "__init__" and func.owner in sender_mro
-
-    passed: set[str] = set()  # what the update method's callers pass as the status
-    passed_unknown = False
-    in_update: list[tuple[ast.Assign, FuncRef, dict[int, ast.AST]]] = []
-    for func in functions:
-        for node in index.nodes_in(func, _STORES_AND_CALLS):
-            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
-                recv = node.func.value
-                if node.func.attr in (pack.check_method, pack.update_method) and isinstance(recv, ast.Attribute) \
-                        and isinstance(recv.value, ast.Name) and recv.value.id == self_names[id(func.node)] \
-                        and (func.owner is None or func.owner in index.mro(sender)):
-                    attrs.add(recv.attr)
-                if node.func.attr == pack.update_method:
-                    status = node.args[1] if len(node.args) > 1 else next(
-                        (k.value for k in node.keywords if k.arg == "status"), None)
-                    if status is not None:
-                        before = len(unknown)
-                        given: set[str] = set()
-                        _collect(status, func, _parents(func.node), node, given, unknown, update, members, call_sites)
-                        passed |= given
-                        if not constructor(func):
-                            later.update(given)
-                        passed_unknown = passed_unknown or len(unknown) > before
-                if table and node.func.attr == "setdefault" and _ends_with(recv, table) and len(node.args) > 1:
-                    given = set()
-                    _collect(node.args[1], func, _parents(func.node), node, given, unknown, update, members, call_sites)
-                    holds |= given
-                    if not constructor(func):
-                        later.update(given)
-                if table and node.func.attr == "pop" and _ends_with(recv, table):
-                    clears.append(Evidence(func.path, node.lineno, f"{func.qualname}() pops the room from {table}"))
-                    clear_methods.append(func.qualname)
-            elif isinstance(node, ast.Delete) and table:
-                for t in node.targets:
-                    if isinstance(t, ast.Subscript) and _ends_with(t.value, table):
-                        clears.append(Evidence(func.path, node.lineno, f"{func.qualname}() deletes the room from {table}"))
-                        clear_methods.append(func.qualname)
-            elif isinstance(node, ast.Assign) and table:
-                for t in node.targets:
-                    if isinstance(t, ast.Subscript) and _ends_with(t.value, table):
-                        if update is not None and func.name == update.name:
-                            in_update.append((node, func, _parents(func.node)))
-                        else:
-                            given = set()
-                            _collect(node.value, func, _parents(func.node), node, given, unknown, update, members, call_sites)
-                            holds |= given
-                            if not constructor(func):
-                                later.update(given)
-    holds |= passed
-    # A store of the update method under `if status == X` happens only if some caller passes X.
-    for node, func, parents in in_update:
-        params = [a.arg for a in func.node.args.posonlyargs + func.node.args.args][1:]
-        narrowed = _narrowed_by_guard(params[1], node, parents, members) if len(params) > 1 else None
-        if narrowed is not None and not passed_unknown and not narrowed & passed:
-            continue
-        given = set()
-        _collect(node.value, func, parents, node, given, unknown, update, members, call_sites)
-        holds |= given
-        later.update(given)
-    runs = tuple(f"{f.path}:{f.qualname}" for f in (check, update) if f is not None)
-    ref = ManagerRef(manager.name, manager.path, manager.line, how, table,
-                     tuple(sorted(holds)), tuple(dict.fromkeys(unknown)), tuple(sorted(set(clears), key=lambda e: (e.path, e.line))),
-                     runs, tuple(dict.fromkeys(clear_methods)))
-    return ManagerModel(manager, ref, facts, frozenset(attrs), frozenset(later))
-
-
-_STORES_AND_CALLS = (ast.Call, ast.Delete, ast.Assign)  # what the manager model reads in a function
-
-
-def _ends_with(node: ast.AST, attr: str) -> bool:
-    return isinstance(node, ast.Attribute) and node.attr == attr
-
-
-def _argument(call: ast.Call, func: FuncRef, param: str) -> ast.expr | None:
-    for keyword in call.keywords:
-        if keyword.arg == param:
-            return keyword.value
-    params = [a.arg for a in func.node.args.posonlyargs + func.node.args.args]
-    if func.owner is not None and params:
-        params = params[1:]
-    if param in params and params.index(param) < len(call.args):
-        arg = call.args[params.index(param)]
-        return None if isinstance(arg, ast.Starred) else arg
-    return None
-
-
-def _collect(value: ast.expr, func: FuncRef, parents: dict[int, ast.AST], site: ast.AST, holds: set[str],
-             unknown: list[str], update: FuncRef | None, members: tuple[str, ...], call_sites: CallSites,
-             depth: int = 0) -> None:
-    """The states a stored value can be: constants, both arms of `a if c else b`, max/min of
-    stored values, a local assigned constants, a name narrowed by an enclosing `if name == X`;
-    a parameter of the update method is what its call sites pass (collected there)."""
-    const = _member_tokens(value, members)
-    if const is not None:
-        holds.update(const)
-        return
-    if isinstance(value, ast.IfExp):
-        for arm in (value.body, value.orelse):
-            _collect(arm, func, parents, site, holds, unknown, update, members, call_sites, depth)
-        return
-    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in ("max", "min"):
-        for arg in value.args:  # max(old, new) is one of them: a stored value or a new one
-            if not isinstance(arg, (ast.Subscript, ast.Call)):
-                _collect(arg, func, parents, site, holds, unknown, update, members, call_sites, depth)
-        return
-    if isinstance(value, ast.Name) and depth < 3:
-        params = {a.arg for a in func.node.args.posonlyargs + func.node.args.args + func.node.args.kwonlyargs}
-        narrowed = _narrowed_by_guard(value.id, site, parents, members)
-        if narrowed is not None:
-            holds.update(narrowed)
-            return
-        if value.id in params:
-            if update is not None and func.name == update.name:
-                return  # the update method's own parameter: its call sites say what it holds
-            sites = call_sites.get(func.name, [])
-            bound = [(arg, caller, call) for caller, call in sites if (arg := _argument(call, func, value.id)) is not None]
-            if not bound:
-                unknown.append(f"{func.path}:{site.lineno} {func.qualname}() stores its parameter {value.id}")
-            for arg, caller, call in bound:  # a helper's parameter: what its callers pass
-                _collect(arg, caller, _parents(caller.node), call, holds, unknown, update, members, call_sites,
-                         depth + 1)
-            return
-        sources = [n.value for n in walk(func.node) if isinstance(n, ast.Assign)
-                   and any(isinstance(t, ast.Name) and t.id == value.id for t in n.targets)]
-        if sources:
-            for source in sources:
-                _collect(source, func, parents, site, holds, unknown, update, members, call_sites, depth + 1)
-            return
-    if isinstance(value, (ast.Subscript, ast.Call)) and isinstance(getattr(value, "func", None), ast.Attribute) \
-            and value.func.attr == "get":
-        return  # a value read back from a table: nothing new
-    unknown.append(f"{func.path}:{getattr(site, 'lineno', func.line)} {func.qualname}() stores {ast.unparse(value)[:60]}")
-
-
-def _narrowed_by_guard(name: str, site: ast.AST, parents: dict[int, ast.AST], members: tuple[str, ...]) -> set[str] | None:
-    node = site
-    while id(node) in parents:
-        parent = parents[id(node)]
-        if isinstance(parent, ast.If) and node in parent.body:
-            test = parent.test
-            if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.left, ast.Name) \
-                    and test.left.id == name and isinstance(test.ops[0], (ast.Eq, ast.Is, ast.In)):
-                tokens = _member_tokens(test.comparators[0], members)
-                if tokens is not None:
-                    return tokens
-        node = parent
-    return None
-
-
-def _member_tokens(value: ast.AST, members: tuple[str, ...]) -> set[str] | None:
-    if isinstance(value, ast.Attribute) and value.attr in members:
-        return {value.attr}
-    if isinstance(value, (ast.Tuple, ast.List, ast.Set)):
-        parts = [_member_tokens(e, members) for e in value.elts]
-        if all(p is not None for p in parts):
-            return set().union(*parts)
-    return None
 
 
 # --- a sender, executed abstractly ---------------------------------------------------------------
@@ -716,9 +459,9 @@ def _stores_into(node: ast.AST, update: str, table: str | None) -> bool:
     """`x.update_status(...)`, `x.<table>[k] = v` / `del`, `x.<table>.pop|setdefault|...(...)`."""
     if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
         return node.func.attr == update or node.func.attr in ("pop", "setdefault", "update", "clear", "__setitem__") \
-            and _ends_with(node.func.value, table or "")
+            and ends_with_attr(node.func.value, table or "")
     return isinstance(node, ast.Subscript) and isinstance(node.ctx, (ast.Store, ast.Del)) \
-        and _ends_with(node.value, table or "")
+        and ends_with_attr(node.value, table or "")
 
 
 REACH_RUNS = 48  # past this many runs (or REACH_PATHS paths at a statement) the table's
@@ -1009,7 +752,7 @@ def _assigned_in_class(index: Index, cls: ClassInfo, domain: Domain, pack: Pack 
                         and node.value.id not in ("None", "True", "False"):
                     # `if status in (Success, Failed): self.conclude_state = status`
                     parents = parents if parents is not None else _parents(func.node)
-                    narrowed = _narrowed_by_guard(node.value.id, node, parents, domain.members)
+                    narrowed = narrowed_by_guard(node.value.id, node, parents, domain.members)
                     if narrowed is not None:
                         for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
                             if self_attr(t) is not None:
@@ -1041,23 +784,6 @@ def _attribute_values(index: Index, domain: Domain, cls: ClassInfo, attr: str, p
     return frozenset(values) if found else domain.universe
 
 
-def _functions_given_self(index: Index, classes: list[ClassInfo]) -> list[tuple[FuncRef, str]]:
-    """(module function, its parameter that receives the object) for calls `f(..., self, ...)`
-    in the classes' methods."""
-    found = []
-    for cls in classes:
-        for method in cls.methods.values():
-            for node in index.calls_in(method):
-                if not isinstance(node.func, ast.Name):
-                    continue
-                at = next((i for i, a in enumerate(node.args) if isinstance(a, ast.Name) and a.id == "self"), None)
-                func = index.resolve_function(node.func.id, method.path) if at is not None else None
-                params = [a.arg for a in func.node.args.posonlyargs + func.node.args.args] if func is not None else []
-                if at is not None and at < len(params):
-                    found.append((func, params[at]))
-    return found
-
-
 def _assigned_by_functions(index: Index, cls: ClassInfo, domain: Domain, pack: Pack | None) -> dict[str, set[str]]:
     """<attr> -> values that module functions called with `self` (`_conclude(self)`) assign to
     the parameter's attribute (`sender.conclude_state = ...`)."""
@@ -1066,7 +792,7 @@ def _assigned_by_functions(index: Index, cls: ClassInfo, domain: Domain, pack: P
         return index.derived[key]
     table: dict[str, set[str]] = {}
     index.derived[key] = table
-    for func, param in _functions_given_self(index, [cls]):
+    for func, param in functions_given_self(index, [cls]):
         for inner in index.nodes_in(func, _ASSIGNS):
             if isinstance(inner, (ast.Assign, ast.AnnAssign)) and inner.value is not None:
                 for t in inner.targets if isinstance(inner, ast.Assign) else [inner.target]:

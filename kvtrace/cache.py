@@ -37,7 +37,6 @@ import importlib.util
 import logging
 import os
 import re
-import secrets
 import stat
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -99,10 +98,29 @@ def code_digest() -> str:
         spec = importlib.util.find_spec("kvtrace.rules")
         rules = [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
         for folder in [package, *rules]:
-            for path in sorted(folder.rglob("*.py")) + sorted(folder.rglob("*.toml")):
-                digest.update(str(path.relative_to(folder)).encode() + b"\0" + path.read_bytes())
+            for suffix in (".py", ".toml"):
+                for relative in _code_files(str(folder), suffix):
+                    with open(os.path.join(folder, relative), "rb") as code:
+                        digest.update(relative.encode() + b"\0" + code.read())
         _CODE_DIGEST = digest.hexdigest()
     return _CODE_DIGEST
+
+
+def _code_files(folder: str, suffix: str) -> list[str]:
+    """The files named *suffix below `folder` (links to folders not entered), relative to it,
+    in path order: what sorted(Path(folder).rglob("*" + suffix)) lists, at a fraction of
+    pathlib's cost (it was a third of a cached rescan's own work)."""
+    found: list[tuple[str, ...]] = []
+    pending: list[tuple[str, ...]] = [()]
+    while pending:
+        parts = pending.pop()
+        with os.scandir(os.path.join(folder, *parts)) as listing:
+            for entry in listing:
+                if entry.is_dir(follow_symlinks=False):
+                    pending.append((*parts, entry.name))
+                elif entry.name.endswith(suffix):
+                    found.append((*parts, entry.name))
+    return ["/".join(parts) for parts in sorted(found)]
 
 
 def pack_digest(pack: object) -> str:
@@ -200,7 +218,8 @@ class Cache:
         except UnsafeCacheDir as exc:
             if str(self.dir) not in _WARNED:
                 _WARNED.add(str(self.dir))
-                log.warning("warning: %s; results are neither cached nor reused", exc)
+                # Shown under -q too: a refused folder is a setup problem the user must hear of.
+                log.warning("warning: %s; results are neither cached nor reused", exc, extra={"loud": True})
             return None
         except (InputError, OSError):
             return None  # not a folder, read-only or full
@@ -265,7 +284,7 @@ class Cache:
         fd = self._usable_dir(create=True)
         if fd is None:
             return
-        temp = f".kvtrace-tmp-{secrets.token_hex(16)}"
+        temp = f".kvtrace-tmp-{os.urandom(16).hex()}"
         try:
             blob = MAGIC + hashlib.sha256(payload).hexdigest().encode() + b"\n" + payload
             handle = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | getattr(os, "O_CLOEXEC", 0),

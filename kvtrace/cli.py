@@ -57,6 +57,12 @@ class FailOn(str, Enum):
     never = "never"
 
 
+class Role(str, Enum):
+    """What a host serves: each role's bundled pack names every queue a request waits in there."""
+    prefill = "prefill"
+    decode = "decode"
+
+
 class Detail(str, Enum):
     summary = "summary"
     full = "full"
@@ -220,6 +226,12 @@ def scan(
         help="Write the report to FILE (checked before scanning).")] = None,
     rules: Annotated[Optional[str], typer.Option("--rules", metavar="PACK|FILE",
         help="Rules pack: a bundled name or a TOML file.")] = None,
+    role: Annotated[Optional[Role], typer.Option("--role",
+        help="The host's role: every queue of a prefill server (bootstrap, inflight; the default) or of a "
+             "decode server (prealloc, transfer), one grid per queue.")] = None,
+    queue: Annotated[Optional[list[str]], typer.Option("--queue", metavar="NAME",
+        help="Only these queues, e.g. disagg_prefill_bootstrap_queue (repeatable or comma-separated); "
+             "a decode queue alone picks the decode pack.")] = None,
     scan_all: Annotated[bool, typer.Option("--all",
         help="When a TARGET holds several packages (versions side by side), scan each as its own report.")] = False,
     no_map: Annotated[bool, typer.Option("--no-map",
@@ -285,8 +297,8 @@ def scan(
     from kvtrace import baseline as baselines
     from kvtrace.cache import Cache
     from kvtrace.config import Overrides
-    from kvtrace.fleet import FleetOptions, Progress, read_hosts_file, render_summary, run_fleet, summarise, worst_exit
-    from kvtrace.packs import load_pack
+    from kvtrace.fleet import FleetOptions, Progress, read_hosts_file, render_summary, run_fleet, summaries, worst_exit
+    from kvtrace.packs import load_pack, pack_for, select_queues
 
     if verbose and quiet:
         raise _fail("--verbose and --quiet cannot be used together")
@@ -309,7 +321,11 @@ def scan(
             if path is not None:
                 check_output_path(path, option)
         settings = {target: _settings(target, overrides) for target in wanted}
-        packs = {target: load_pack(s.pack) for target, s in settings.items()}
+        queues = list(_names(queue))
+        # --role wins over [tool.kvtrace] pack, and conflicts only with --rules.
+        packs = {target: select_queues(load_pack(pack_for(rules if role else s.pack, role.value if role else None,
+                                                          queues)), queues)
+                 for target, s in settings.items()}
         baseline_prints = {t: baselines.load(Path(s.baseline)) for t, s in settings.items() if s.baseline}
         if metrics is not None:
             from kvtrace.metrics import parse_metrics_url
@@ -405,7 +421,8 @@ def scan(
         if output_format is OutputFormat.text and not quiet:
             report_failures(results, gate_levels)
         if not quiet and (fleet or metrics is not None):
-            summary = render_summary([summarise(r) for r in results])
+            summary = render_summary([s for r in results  # one per report: --all names each package
+                                      for s in summaries(r, _fail_on_source(settings.get(r.target), overrides)[0])])
             if output_format is OutputFormat.text and output is None:
                 typer.echo("\n" + summary, nl=False)
             else:
@@ -426,6 +443,7 @@ def _fail_on_source(settings, overrides) -> tuple[str, str]:
 
 def report_failures(results, gate_levels: dict[str, tuple[str, str]]) -> None:
     """The text report's tally counts everything; this line says what failed the run."""
+    from kvtrace.fleet import report_label
     from kvtrace.gate import verdict_line
 
     for r in results:
@@ -434,7 +452,7 @@ def report_failures(results, gate_levels: dict[str, tuple[str, str]]) -> None:
         for report in r.reports:
             line = verdict_line(report.findings, *gate_levels[report.target])
             if line.startswith("failed"):
-                typer.echo(plain(f"kvtrace: {report.target}: {line}"), err=True)
+                typer.echo(plain(f"kvtrace: {report_label(report, r.reports)}: {line}"), err=True)
 
 
 def _names(values: list[str] | None) -> tuple[str, ...]:
@@ -486,15 +504,19 @@ def warn_unknown_backends(reports: list[Report], settings: dict, overrides) -> N
 
 def report_gaps(reports: list[Report], quiet: bool) -> None:
     """Incomplete is loud: one stderr line per thing not analysed (one line in all with -q)."""
+    from kvtrace.fleet import report_label
+
     for report in reports:
         if not report.gaps:
             continue
+        label = report_label(report, reports)  # --all: which package
         if quiet:
-            typer.echo(plain(f"kvtrace: INCOMPLETE: {report.target}: {len(report.gaps)} thing(s) not analysed "
+            count = len(report.gaps)
+            typer.echo(plain(f"kvtrace: INCOMPLETE: {label}: {count} thing{'s' if count != 1 else ''} not analysed "
                              "(see the report)"), err=True)
             continue
         for gap in report.gaps:
-            typer.echo(plain(f"kvtrace: incomplete: {report.target}: {gap_line(gap)}"), err=True)
+            typer.echo(plain(f"kvtrace: incomplete: {label}: {gap_line(gap)}"), err=True)
 
 
 def gap_line(gap) -> str:
@@ -550,7 +572,7 @@ def _write(reports: list[Report], fmt: OutputFormat, output: Path | None, no_map
 def setup_logging(verbose: bool, quiet: bool) -> None:
     """-v: steps and timings; -q: errors only. Rich on a terminal; plain unwrapped lines when
     stderr is redirected (a CI log), so no line is folded."""
-    level = logging.DEBUG if verbose else logging.ERROR if quiet else logging.WARNING
+    level = logging.DEBUG if verbose else logging.WARNING
     log.handlers.clear()
     log.propagate = False
     if sys.stderr.isatty():
@@ -563,6 +585,8 @@ def setup_logging(verbose: bool, quiet: bool) -> None:
     else:
         handler = logging.StreamHandler(sys.stderr)
         handler.setFormatter(logging.Formatter("kvtrace: %(message)s"))
+    if quiet:  # errors, and the warnings that stay loud (`extra={"loud": True}`: a refused cache folder)
+        handler.addFilter(lambda record: record.levelno >= logging.ERROR or getattr(record, "loud", False))
     handler.addFilter(_SafeRecord())
     log.addHandler(handler)
     log.setLevel(level)
@@ -640,7 +664,12 @@ def diff(
     level, source = _fail_on_source(settings, overrides)
     outcome = diffs.verdict(result, level, source)
     if output_format is DiffFormat.text:
-        text = diffs.render_text(result, base, head, outcome)
+        from kvtrace.report import plain_width
+
+        # Folded like scan's text: to the terminal's width, or the one a pipe is read in.
+        width = os.get_terminal_size(1).columns if sys.stdout.isatty() and "COLUMNS" not in os.environ \
+            else plain_width(piped=True)
+        text = diffs.render_text(result, base, head, outcome, width=width)
     elif output_format is DiffFormat.json:
         text = diffs.to_json(result, base, head, level, outcome)
     elif output_format is DiffFormat.markdown:

@@ -12,6 +12,7 @@ and reported when the states reaching them moved.
 from __future__ import annotations
 
 import json
+import re
 import tempfile
 from collections import Counter
 from contextlib import ExitStack
@@ -245,7 +246,9 @@ def _tally(diff: Diff) -> str:
             f"{len(diff.unchanged)} unchanged")
 
 
-def render_text(diff: Diff, base_label: str, head_label: str, outcome: str | None = None) -> str:
+def render_text(diff: Diff, base_label: str, head_label: str, outcome: str | None = None, width: int = 1000) -> str:
+    """`width`: the terminal's (scan's text folds the same way); rows wider are folded at spaces,
+    continued under their own text, so a path or a name is never cut."""
     out = [f"kvtrace diff {base_label} -> {head_label}"]
     out.append(f"\nadded ({len(diff.added)})")
     for f in diff.added:
@@ -269,7 +272,26 @@ def render_text(diff: Diff, base_label: str, head_label: str, outcome: str | Non
     out.append(f"\n{_tally(diff)}" + (f"; {outcome}" if outcome else ""))
     # Names, notes and messages come from the two trees: no control character or newline of
     # theirs reaches the terminal or forges a line (each row's own leading blank line is ours).
-    return "\n".join(("\n" + plain(row[1:])) if row.startswith("\n") else plain(row) for row in out) + "\n"
+    return "\n".join(("\n" + fold(plain(row[1:]), width)) if row.startswith("\n") else fold(plain(row), width)
+                     for row in out) + "\n"
+
+
+def fold(row: str, width: int) -> str:
+    """A row wrapped at spaces to `width`, each continuation indented two more than the row; a
+    word wider than the line stays whole on its own line (a path is never cut)."""
+    if len(row) <= width:
+        return row
+    lead = row[: len(row) - len(row.lstrip(" "))]
+    lines: list[str] = []
+    line = lead
+    for gap, word in re.findall(r"( *)(\S+)", row[len(lead):]):
+        if line.strip() and len(line) + len(gap) + len(word) > width:
+            lines.append(line)
+            line = lead + "  " + word
+        else:
+            line += gap + word
+    lines.append(line)
+    return "\n".join(lines)
 
 
 def _site_label(c: SiteChange) -> str:

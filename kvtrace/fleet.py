@@ -13,12 +13,10 @@ from __future__ import annotations
 
 import hashlib
 import re
-import socket
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -373,6 +371,8 @@ def run_fleet(targets: list[str], options: FleetOptions, log: Log | None = None,
 
     if len(targets) == 1:
         return [one(targets[0])]
+    from concurrent.futures import ThreadPoolExecutor  # here: a one-target run (the warm rescan) never needs it
+
     from kvtrace.parse import shared_parses
 
     # Identical trees are analysed once (memo above); files identical across different trees are parsed once.
@@ -384,7 +384,11 @@ def _host_label(target: str) -> str:
     from kvtrace.target import SshTarget, parse_target
 
     parsed = parse_target(target)
-    return parsed.label if isinstance(parsed, SshTarget) else socket.gethostname()
+    if isinstance(parsed, SshTarget):
+        return parsed.label
+    import socket
+
+    return socket.gethostname()
 
 
 def _remember(found: dict[str, Any], then: Callable[[Any, FetchResult], None],
@@ -434,20 +438,41 @@ def verdicts_of(findings: Iterable[dict[str, Any]]) -> list[str]:
         subject = f.get("backend") or "queue"
         what = f"{subject} can pin {f.get('state')}" if f.get("rule") == "pinned-state" and f.get("backend") \
             else subject + (f" {f.get('state')}" if f.get("state") else "")
+        if f.get("premise"):  # a finding that holds only under a premise says which, as the report does
+            what += f" only if {f.get('premise')}"
         line = f"{f.get('severity')}[{f.get('rule')}] {what} ({f.get('path')}:{f.get('line')})"
         if line not in lines:
             lines.append(line)
     return lines
 
 
+def report_label(report: Report, reports: Iterable[Report]) -> str:
+    """The target, and the package when the run has several reports of that target (--all): each
+    line about a report says which one it is."""
+    twins = sum(1 for other in reports if other.target == report.target)
+    return f"{report.target} (package {report.root or '.'})" if twins > 1 else report.target
+
+
 def summarise(result: HostResult) -> HostSummary:
+    return summaries(result)[0]
+
+
+def summaries(result: HostResult, fail_on: str = DEFAULT_FAIL_ON) -> list[HostSummary]:
+    """One summary per report of the target: --all scans several packages under it, each named,
+    each with its own exit code at `fail_on`."""
     if result.report is None:
-        return HostSummary(result.target, result.exit_code, error=result.error)
-    findings = [{"rule": f.rule, "severity": f.severity, "backend": f.backend, "state": f.state, "path": f.path,
-                 "line": f.line} for f in result.report.findings]
+        return [HostSummary(result.target, result.exit_code, error=result.error)]
+    out = []
     gauges = result.metrics.summary() if result.metrics is not None else []
-    return HostSummary(result.target, result.exit_code, None, result.sglang_version, result.tree,
-                       verdicts_of(findings), gauges)
+    for report in result.reports:
+        findings = [{"rule": f.rule, "severity": f.severity, "backend": f.backend, "state": f.state, "path": f.path,
+                     "line": f.line, "premise": f.premise} for f in report.findings]
+        version = result.sglang_version if report is result.report else \
+            (report.version.version if report.version else None)
+        code = result.exit_code if len(result.reports) == 1 else exit_code_for(report, fail_on)
+        out.append(HostSummary(report_label(report, result.reports), code, None, version,
+                               tree_digest_of(report), verdicts_of(findings), gauges if report is result.report else []))
+    return out
 
 
 def render_summary(hosts: list[HostSummary]) -> str:

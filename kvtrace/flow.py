@@ -26,7 +26,7 @@ from kvtrace.parse import CstFunction
 from kvtrace.model import SITE_KINDS, EventKind
 from kvtrace.packs import Pack
 from kvtrace.syntax import dotted, enum_member, self_attr, walk
-from kvtrace.states import ABSENT, FALSE, NONE, NOW, OTHER, POLLS, TRUE, Domain, Val, refine
+from kvtrace.states import ABSENT, FALSE, NONE, NOW, OTHER, POLLS, ROLES, TRUE, Domain, Val, refine
 
 MAX_PATHS = 4096  # per statement; past this the analysis says it is incomplete
 # Path steps (one statement run on one live path) one exploration may take in all, helper runs
@@ -310,6 +310,23 @@ def widen(paths: list[PathState]) -> list[PathState]:
     return list(_first_by(paths, lambda p: (p.env, p.attrs, p.term, p.ret, _without_idle_helpers(p.events))))
 
 
+def fold(paths: list[PathState]) -> list[PathState]:
+    """Still past the path limit after widen(): paths that agree on all a fate, a map row or a
+    rule reads of their events are one, the first. What is read is the sequence of release-map
+    sites with their details (the queue graph and its edges), the set of event kinds (outcome,
+    whether a path logs, answers or counts) and the last mode guard (where a path that skips the
+    poll waits). Events outside that (which log line, which idle helper, the order of logs) give
+    paths with the same future and the same reading; the first path stands for them and its
+    events are the ones a finding shows."""
+    return list(_first_by(paths, lambda p: (p.env, p.attrs, p.term, p.ret, _fate_view(p.events))))
+
+
+def _fate_view(events: tuple[Event, ...]) -> tuple:
+    sites = tuple((e.kind, e.path, e.line, e.detail) for e in events if e.kind not in NOT_SITES)
+    guard = next(((e.path, e.line, e.detail) for e in reversed(events) if e.kind is EventKind.GUARD), None)
+    return sites, frozenset(e.kind for e in events), guard
+
+
 def _first_by(paths: list[PathState], key: Callable[[PathState], tuple]) -> Iterable[PathState]:
     seen: set[tuple] = set()
     for path in paths:
@@ -397,12 +414,44 @@ class Explorer:
             paths = merge(paths)
             if len(paths) > self.c.max_paths:
                 paths = widen(paths)
+            # A drain run's paths end in fates and map rows (what fold keeps); a sender's facts
+            # outlive its run (poll() again after abort()), so only a drain run folds them.
+            if forget and len(paths) > self.c.max_paths:
+                paths = fold(paths)
+            if forget and len(paths) > self.c.max_paths:
+                paths = self.coarsen(paths)
             if len(paths) > self.c.max_paths:
                 if self.c.give_up:
                     raise PathLimit(f"{frame.func.path}:{frame.body.line(stmt)}")
                 self.log.truncated.append(f"{frame.func.path}:{frame.body.line(stmt)}")
                 paths = paths[:self.c.max_paths]
         return paths
+
+    def coarsen(self, paths: list[PathState]) -> list[PathState]:
+        """The last step before paths are cut: forget what the path's tests found about attribute
+        chains and comparisons (facts), and join the values of locals that hold neither a role
+        (the request, a keep list), the clock nor the poll state of this run: paths equal but
+        for those become one whose locals hold the union of their values (the join of abstract
+        interpretation). A later test then goes both ways where it went one way on each: more
+        paths are possible and none is lost, where cutting would lose some and leave the scan
+        incomplete. Object attributes and the status table are kept."""
+        exact = ROLES | {NOW, ABSENT} | ({self.c.state} if self.c.state else set())
+
+        def kept(binding: tuple[str, Val]) -> bool:
+            return not (isinstance(binding[0], FactKey) and binding[0].kind in _FORGETTABLE)
+
+        groups: dict[tuple, list[PathState]] = {}
+        for p in paths:
+            shape = tuple((name, value if value & exact else None) for name, value in p.env)
+            key = (shape, tuple(filter(kept, p.attrs)), p.term, p.ret, _fate_view(p.events))
+            groups.setdefault(key, []).append(p)
+        out = []
+        for (shape, attrs, _, _, _), members in groups.items():
+            first = members[0]
+            env = tuple((name, value if value is not None else frozenset().union(*(m.env[i][1] for m in members)))
+                        for i, (name, value) in enumerate(shape))
+            out.append(_path(env, attrs, first.events, first.term, first.ret))
+        return out
 
     def spend(self, stmt: cst.CSTNode, frame: Frame) -> None:
         """The step budget ran out at `stmt`: the exploration stops there and says so."""

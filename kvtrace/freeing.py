@@ -2,6 +2,12 @@
 abort() (when poll() reads what abort() writes), a timeout (which environment variable sets it
 and its default, read from the scanned code), or nothing short of a restart; each with lines.
 
+abort() frees a request only if something calls it for a request in this queue: the scheduler's
+abort path (an abort request from the client, or its disconnect) loops over the queue and calls
+the sender's abort(). Such a loop is looked for in every file scanned: a `for` over the queue
+whose body calls `abort()` on the loop's request (`req.disagg_kv_sender.abort()`). When none is
+in view, abort() cannot free the request, and the report says so.
+
 A timeout's variable is found from the code, not from a list of names: the names compared at
 the timeout check (`elapsed < self.kv_mgr.bootstrap_timeout`) are followed to the assignment
 that gives them a value, and that value to an environment read: a call with an upper-case name
@@ -17,7 +23,7 @@ import keyword
 import re
 from dataclasses import dataclass, field
 
-from kvtrace.model import Backend, Evidence, Report, TimeoutCheck, WayOut
+from kvtrace.model import Backend, Evidence, Report, SourceFile, TimeoutCheck, WayOut
 
 ENV_NAME = re.compile(r"^[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+$")
 NAME = re.compile(r"[A-Za-z_]\w*")
@@ -40,16 +46,30 @@ class Freeing:
     evidence: list[Evidence] = field(default_factory=list)
 
 
-def what_frees(report: Report, backend: Backend) -> list[Freeing]:
-    """One entry per non-terminal state the backend's poll() can return."""
+def what_frees(report: Report, backend: Backend, abort_method: str = "abort") -> list[Freeing]:
+    """One entry per non-terminal state the backend's poll() can return. `abort_method`: the
+    sender's method that cancels a transfer (the rules pack's `abort_method`)."""
     found = []
+    callers = scheduler_aborts(report, abort_method)
+    queues = " and ".join(q.name for q in report.queues) or "the queue"
     for state, verdict in backend.verdicts.items():
         timeouts = [t for t in backend.timeouts if state in t.covers]
         parts: list[str] = []
         evidence: list[Evidence] = []
         poll = backend.poll
-        if verdict.way_out is WayOut.ABORT or (backend.reads_abort_state and verdict.way_out is not WayOut.NONE):
-            parts.append(f"aborting the request frees it (poll() reads {backend.abort_state}, which abort() writes)")
+        abort_frees = verdict.way_out is WayOut.ABORT or (backend.reads_abort_state and verdict.way_out is not WayOut.NONE)
+        reads = f"poll() reads {backend.abort_state}, which abort() writes" if backend.abort_state else \
+            "poll() reads what abort() writes"
+        if abort_frees and callers:
+            parts.append(f"aborting the request frees it ({reads}); "
+                         f"the scheduler does: {_callers_text(callers, abort_method)}")
+            if poll is not None:
+                evidence.append(Evidence(poll.path, poll.line, f"{backend.sender}.poll() reads {backend.abort_state}"))
+            evidence += callers
+        elif abort_frees:
+            parts.append(f"abort() would end it ({reads}), but "
+                         f"nothing in the scanned code calls {abort_method}() for a request in {queues}, so abort "
+                         f"cannot free it{_scope_hint(report)}")
             if poll is not None:
                 evidence.append(Evidence(poll.path, poll.line, f"{backend.sender}.poll() reads {backend.abort_state}"))
         for t in timeouts:
@@ -63,18 +83,115 @@ def what_frees(report: Report, backend: Backend) -> list[Freeing]:
                 if setting.declared_at is not None:
                     evidence.append(setting.declared_at)
             evidence.append(Evidence(t.path, t.line, f"timeout check covering {state}"))
+        if abort_frees and not callers and not timeouts and verdict.way_out is not WayOut.NONE:
+            parts.append("no timeout covers it either, so the request stays until the server restarts")
         if verdict.way_out is WayOut.NONE:
-            how, text = "nothing", ("nothing in this release frees it: abort() does not end it and no timeout "
-                                    "covers it, so the request stays until the server restarts")
-            evidence += list(verdict.chain[:3])
+            called = f" ({_callers_text(callers, abort_method)}, to no effect)" if callers else \
+                f" (nothing in the scanned code calls {abort_method}() for a request in {queues} either)"
+            how, text = "nothing", ("nothing in this release frees it: abort() does not end it" + called +
+                                    " and no timeout covers it, so the request stays until the server restarts")
+            evidence += list(verdict.chain[:3]) + callers[:1]
         elif verdict.way_out is WayOut.UNKNOWN and not parts:
             how, text = "unknown", f"not decided: {verdict.how}"
         else:
             how = "timeout" if timeouts and verdict.way_out is WayOut.TIMEOUT else "abort" \
                 if verdict.way_out is WayOut.ABORT else verdict.way_out.value
+            if how == "abort" and not callers:  # abort() would end it, but nothing calls it
+                how = "timeout" if timeouts else "nothing"
             text = "; ".join(parts) or verdict.how
         found.append(Freeing(state, how, text, evidence))
     return found
+
+
+def _callers_text(callers: list[Evidence], abort_method: str) -> str:
+    """`Scheduler.abort_request() calls abort() for it at managers/scheduler.py:3841`."""
+    first = callers[0]
+    function = first.note.split(" calls ", 1)[0]
+    more = f" and {len(callers) - 1} more place{'s' if len(callers) > 2 else ''}" if len(callers) > 1 else ""
+    return f"{function} calls {abort_method}() for it at {first.path}:{first.line}{more}"
+
+
+def _scope_hint(report: Report) -> str:
+    """When only the disaggregation folder was scanned, the scheduler's abort path was not in view."""
+    root = report.root.rstrip("/")
+    if root and all(f.path.startswith(root + "/") for f in report.files):
+        return " (the scheduler's files were not scanned: scan the whole srt package to see its abort path)"
+    return ""
+
+
+# (path, sha256, queues, method) -> the calls found: a report is rendered once per backend.
+_ABORT_CALLS: dict[tuple[str, str, tuple[str, ...], str], list[Evidence]] = {}
+
+
+def scheduler_aborts(report: Report, abort_method: str = "abort") -> list[Evidence]:
+    """Each call of `abort_method()` on the sender of a request taken from one of the report's
+    queues, in any file scanned: `for req in self.<queue>: ... req.<sender>.abort()`, with the
+    function it is in. The sender is what the request holds itself (`req.<attr>`), not
+    something further down (`req.time_stats.trace_ctx.abort(...)` in the drain is a trace's)."""
+    queues = tuple(q.name for q in report.queues)
+    found: list[Evidence] = []
+    if not queues:
+        return found
+    for source in report.files:
+        text = source.text if source.status == "ok" else None
+        if not text or f".{abort_method}(" not in text or not any(q in text for q in queues):
+            continue
+        key = (source.path, source.sha256, queues, abort_method)
+        if key not in _ABORT_CALLS:
+            _ABORT_CALLS[key] = _abort_calls(source, text, queues, abort_method)
+        found += _ABORT_CALLS[key]
+    return found
+
+
+def _abort_calls(source: SourceFile, text: str, queues: tuple[str, ...], abort_method: str) -> list[Evidence]:
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return []  # the scan reports the file that does not parse
+    found: list[Evidence] = []
+
+    def visit(node: ast.AST, scope: list[str]) -> None:
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                visit(child, [*scope, child.name])
+                continue
+            if isinstance(child, (ast.For, ast.AsyncFor)):
+                queue = _iterated_queue(child.iter, queues)
+                names = {n.id for n in ast.walk(child.target) if isinstance(n, ast.Name)}  # `i, req` too
+                if queue is not None:
+                    for call in _calls_on(child.body, names, abort_method):
+                        where = ".".join(scope) or "module level"
+                        found.append(Evidence(source.path, call.lineno,
+                                              f"{where}() calls {ast.unparse(call)} on a request of {queue} "
+                                              f"(loop at line {child.lineno})"))
+            visit(child, scope)
+
+    visit(tree, [])
+    return found
+
+
+def _iterated_queue(node: ast.expr, queues: tuple[str, ...]) -> str | None:
+    """The queue a loop iterates: `self.<queue>` or `self.<queue>.queue` (a queue object's list),
+    also through a call that passes it on (`enumerate(self.<queue>)`, `list(...)`)."""
+    while isinstance(node, ast.Call) and node.args:
+        node = node.args[0]
+    names: list[str] = []
+    while isinstance(node, ast.Attribute):
+        names.append(node.attr)
+        node = node.value
+    return next((q for q in queues if q in names[:2]), None)
+
+
+def _calls_on(body: list[ast.stmt], names: set[str], method: str) -> list[ast.Call]:
+    """Calls `<name>.<attr>.<method>()` in `body`: the method of what the request holds."""
+    calls = []
+    for statement in body:
+        for node in ast.walk(statement):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == method:
+                holder = node.func.value
+                if isinstance(holder, ast.Attribute) and isinstance(holder.value, ast.Name) and holder.value.id in names:
+                    calls.append(node)
+    return calls
 
 
 def _source_lines(report: Report, path: str) -> list[str]:

@@ -20,6 +20,7 @@ from kvtrace.index import ClassInfo, FuncRef, Index
 from kvtrace.managers import ManagerFacts
 from kvtrace.model import OUTCOME_ORDER, Backend, EventKind, Evidence, ModeFate, Outcome, Site, StateFate, StateVerdict
 from kvtrace.packs import Pack, matches
+from kvtrace.parse import ParsedModule
 from kvtrace.parse import walk as walk_ast
 from kvtrace.syntax import dotted, mentions_attr, walk
 from kvtrace.states import KEEP, POLLS, REQ, Domain, Val
@@ -198,7 +199,7 @@ class QueueAnalysis:
                     s for _, _, edge in self.graph.in_edges(node) for s in edge["states"]}
                 note = data["detail"] if kind is not EventKind.CHECK else ""
                 sites.append(Site(kind, data["path"], data["line"], data["function"],
-                                  tuple(sorted(reached, key=order.get)), note))
+                                  tuple(sorted(reached, key=lambda s: order.get(s, -1))), note))
         unique = {(s.kind, s.path, s.line): s for s in sites}
         if len(self.modes) > 1:  # a site only some modes reach says which (the PP branch's checks)
             reached_in = [{(e.path, e.line) for paths in by_state.values() for qp in paths for e in qp.events}
@@ -223,10 +224,10 @@ class QueueAnalysis:
                     evidence.setdefault((e.path, e.line), note)
                 if self.drain is not None and outcome is Outcome.DROPPED:
                     # Nothing marks where a dropped request goes: point at the loop it falls out of.
-                    evidence[(self.drain.func.path, self.loop_line())] = \
+                    evidence[(self.drain.func.path, self.drain.body.line(self.drain.loop))] = \
                         "dropped: no keep, done, release or abort on this path"
             fate = self.fate(state) if self.drain is not None else []
-            states[state] = StateFate(fate, [Evidence(p, l, n) for (p, l), n in sorted(evidence.items())],
+            states[state] = StateFate(fate, [Evidence(p, line, n) for (p, line), n in sorted(evidence.items())],
                                       self.mode_fates(state) if self.drain is not None else [])
         return states
 
@@ -317,7 +318,7 @@ def mode_fate(mode: Mode, state_paths: list[QueuePath]) -> ModeFate:
         rest.add(outcome)
     outcomes = {o for _, o in state_paths}
     return ModeFate(mode.label, [o for o in OUTCOME_ORDER if o in outcomes], [o for o in OUTCOME_ORDER if o in rest],
-                    [Evidence(p, l, n) for (p, l), n in sorted(waits.items())])
+                    [Evidence(p, line, n) for (p, line), n in sorted(waits.items())])
 
 
 def find_modes(index: Index, func: FuncRef, domain: Domain, unseen_out: list[str] | None = None) -> tuple[list[Mode], list[str]]:
@@ -347,7 +348,7 @@ def find_modes(index: Index, func: FuncRef, domain: Domain, unseen_out: list[str
         if caller is func:
             continue
         starred = any(isinstance(a, ast.Starred) for a in call.args) or any(k.arg is None for k in call.keywords)
-        given = []
+        given: list[tuple[str, Val | None] | None] = []
         for p in params:
             keyword = next((k.value for k in call.keywords if k.arg == p), None)
             at = positional.index(p) if p in positional else None
@@ -360,8 +361,8 @@ def find_modes(index: Index, func: FuncRef, domain: Domain, unseen_out: list[str
             if value is not None and value == default_of[p]:
                 given.append(None)  # passes the default itself
             else:
-                shown = ast.unparse(keyword) if keyword is not None else "*args"
-                given.append((shown if value is not None else "", value))
+                written = ast.unparse(keyword) if keyword is not None else "*args"
+                given.append((written if value is not None else "", value))
         sites.setdefault(tuple(given), []).append(
             Evidence(caller.path, call.lineno, f"{caller.qualname} calls {func.name}"))
     if not sites:
@@ -388,15 +389,18 @@ def find_modes(index: Index, func: FuncRef, domain: Domain, unseen_out: list[str
     defaulted = {p for key in keys for p, g in zip(params, key) if g is None}
     modes: dict[tuple, Mode] = {}
     for key in keys:
-        bindings, passed, shown = [], [], []
+        bindings: list[tuple[str, Val]] = []
+        passed: list[str] = []
+        shown: list[str] = []
         for p, g in zip(params, key):
+            default = default_of[p]
             if g is None:
-                bindings.append((p, default_of[p] if default_of[p] is not None else universe))
+                bindings.append((p, default if default is not None else universe))
                 continue
             passed.append(p)
-            text, value = g
-            if value is None:
-                value = universe - default_of[p] if p in defaulted and default_of[p] is not None else universe
+            text, given_value = g
+            value = given_value if given_value is not None else (
+                universe - default if p in defaulted and default is not None else universe)
             bindings.append((p, value))
             shown.append(f"{p}={text}" if text else f"{p} passed")
         if key in unseen:
@@ -542,7 +546,7 @@ def _build_drain(index: Index, pack: Pack, func: FuncRef, keep: str, removal: st
                         and any(isinstance(n, ast.For) for n in walk_ast(helper.node)):
                     unparsed.append(_unparsed_name(helper))  # it may be the pass that polls
                 polled = _queue_loop(index, pack, helper) if helper is not None and helper is not func else None
-                if polled is not None and any(role == "@state" for role in polled[2].values()):
+                if helper is not None and polled is not None and any(role == "@state" for role in polled[2].values()):
                     then = _own_loops(pack, owner_func, owner_body)
                     func, (loop, body, initial, poll_line) = helper, polled
                     break
@@ -601,7 +605,7 @@ def _queue_loop(index: Index, pack: Pack, func: FuncRef) -> tuple[cst.For, CstBo
         initial = dict(base)
         _bind_loop_target(loop.target, loop.iter, pack.queue, poll_vars, initial)
         choices.append((loop, initial))
-    loop, initial = next(((l, i) for l, i in choices if "@state" in i.values()), choices[0])
+    loop, initial = next(((c, i) for c, i in choices if "@state" in i.values()), choices[0])
     return loop, body, initial, poll_line
 
 
@@ -693,12 +697,12 @@ def analyse_queue(index: Index, pack: Pack, domain: Domain) -> QueueAnalysis:
             for drain in drains:
                 drain.list_attr = attr
     if not drains:
-        unseen = [] if index.root or _assigned_in_tree(index, pack.queue) else [
+        unseen: list[str] = [] if index.root or _assigned_in_tree(index, pack.queue) else [
             f"self.{pack.queue} is bound outside the scanned folder (nothing here assigns it), so the object that "
             f"drains it is not seen; scan the folder that holds the scheduler"]
         return QueueAnalysis(None, graph, {}, static, unparsed=sorted(set(unparsed)), unseen_callers=unseen)
     drain = drains[0]
-    unseen: list[str] = []
+    unseen = []
     modes, truncated = find_modes(index, drain.func, domain, unseen)
     guards = frozenset(name for mode in modes for name, _ in mode.bindings)
     mode_paths = [_explore_mode(index, list_pack, domain, drain, dict(mode.bindings), guards, truncated, unparsed)
@@ -783,7 +787,7 @@ def _held_sites(index: Index, list_pack: Pack, cls: ClassInfo, methods: list[Fun
 
 def _add_paths(graph: StateGraph, state: str, state_paths: list[QueuePath]) -> None:
     for events, outcome in state_paths:
-        previous = ROOT
+        previous: tuple = ROOT
         for e in events:
             if e.kind in NOT_SITES:
                 continue
@@ -860,7 +864,7 @@ def static_sites(index: Index, pack: Pack) -> list[Site]:
     return sorted(sites, key=lambda s: (s.path, s.line, s.kind))
 
 
-def _source(module, node: ast.AST) -> str:
+def _source(module: ParsedModule, node: ast.stmt | ast.expr) -> str:
     return "\n".join(module.lines[node.lineno - 1 : (node.end_lineno or node.lineno)])
 
 

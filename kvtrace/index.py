@@ -255,8 +255,8 @@ class Index:
     def _mentions(self, func: FuncRef, name: str) -> bool:
         """Whether the function's lines (its decorators' included, as ast.walk visits them) hold `name`."""
         key = (func.path, name)
-        lines = self._name_lines.get(key, False)
-        if lines is False:
+        lines = self._name_lines.get(key)
+        if lines is None:
             # The parser normalizes identifiers (NFKC): a line outside ASCII may spell it otherwise.
             lines = self._name_lines[key] = [at for at, line in enumerate(func.module.lines, 1)
                                              if name in line or not line.isascii()]
@@ -308,3 +308,20 @@ def _c3_or(fallback: list[ClassInfo], index: Index, cls: ClassInfo) -> list[Clas
 
     lin = linearize(cls, 0)
     return lin if lin is not None else fallback
+
+
+def functions_given_self(index: Index, classes: list[ClassInfo]) -> list[tuple[FuncRef, str]]:
+    """(module function, its parameter that receives the object) for calls `f(..., self, ...)`
+    in the classes' methods."""
+    found: list[tuple[FuncRef, str]] = []
+    for cls in classes:
+        for method in cls.methods.values():
+            for node in index.calls_in(method):
+                if not isinstance(node.func, ast.Name):
+                    continue
+                at = next((i for i, a in enumerate(node.args) if isinstance(a, ast.Name) and a.id == "self"), None)
+                func = index.resolve_function(node.func.id, method.path) if at is not None else None
+                params = [a.arg for a in func.node.args.posonlyargs + func.node.args.args] if func is not None else []
+                if func is not None and at is not None and at < len(params):
+                    found.append((func, params[at]))
+    return found

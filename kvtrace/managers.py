@@ -8,10 +8,18 @@ folder a file is in (the enum member an expression names is kvtrace.syntax.enum_
 from __future__ import annotations
 
 import ast
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from kvtrace.index import ClassInfo, FuncRef, Index
-from kvtrace.syntax import self_attr
+from kvtrace.index import ClassInfo, FuncRef, Index, functions_given_self
+from kvtrace.model import Evidence, ManagerRef
+from kvtrace.packs import Pack
+from kvtrace.parse import parents as _parents
+from kvtrace.parse import walk
+from kvtrace.states import Domain
+from kvtrace.syntax import dotted, self_attr
+
+# Per manager model: function name -> (caller, call) for calls of self.<name>(...) in scope.
+CallSites = dict[str, list[tuple[FuncRef, ast.Call]]]
 
 
 def backend_folder(path: str, root: str) -> str:
@@ -70,3 +78,293 @@ def manager_facts(index: Index, cls: ClassInfo, check_method: str, update_method
     update = index.find_method(cls, update_method)
     room = room_of(check) if check is not None else None
     return ManagerFacts(cls, check, update, room, table_of(check, room) if check is not None else None, backends)
+
+
+# --- pairing a sender with its manager ---------------------------------------------------------
+
+
+@dataclass
+class ManagerModel:
+    cls: ClassInfo
+    ref: ManagerRef
+    facts: ManagerFacts
+    attrs: frozenset[str]  # sender attributes that hold the manager (`kv_mgr`)
+    # The states stored anywhere but in the sender's own constructor (read from the syntax):
+    # what the table can be given again once the room has moved on.
+    later: frozenset[str] = frozenset()
+
+
+def class_mappings(index: Index) -> list[tuple[set[str], str, int]]:
+    """Dict literals whose values are class names (`{KVClassType.SENDER: NixlKVSender, ...}`)."""
+    found = []
+    for module in index.modules.values():
+        for node in walk(module.tree):
+            if isinstance(node, ast.Dict):
+                names = {v.id for v in node.values if isinstance(v, ast.Name) and v.id in index.classes}
+                if len(names) >= 2:
+                    found.append((names, module.source.path, node.lineno))
+    return found
+
+
+def _is_manager(index: Index, pack: Pack, cls: ClassInfo) -> bool:
+    return any(c.name == pack.manager_base for c in index.mro(cls)[1:])
+
+
+def pair_manager(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, root: str,
+                 mappings: list[tuple[set[str], str, int]]) -> ManagerModel | None:
+    """The manager a sender works with: from a backend -> classes dict that names the sender,
+    else the sender's __init__ parameter annotation (through the MRO, as super().__init__
+    passes it on), else the one manager class of the sender's folder."""
+    if not pack.manager_base:
+        return None
+    found: ClassInfo | None = None
+    how = ""
+    for names, path, line in mappings:
+        if cls.name in names:
+            candidates = [c for n in names if (c := index.resolve_class(n, near=path)) is not None and _is_manager(index, pack, c)]
+            if len(candidates) == 1:
+                found, how = candidates[0], f"mapping at {path}:{line}"
+                break
+    if found is None:
+        for c in index.mro(cls):
+            init = c.methods.get("__init__")
+            if init is None:
+                continue
+            for arg in init.node.args.args + init.node.args.kwonlyargs:
+                name = _annotation_name(arg.annotation)
+                target = index.resolve_class(name, near=init.path) if name else None
+                if target is not None and _is_manager(index, pack, target):
+                    found, how = target, f"annotation at {init.path}:{init.line}"
+                    break
+            if found is not None:
+                break
+    if found is None:
+        folder = backend_folder(cls.path, root)
+        local = [c for c in index.subclasses_of(pack.manager_base) if backend_folder(c.path, root) == folder]
+        leaves = [c for c in local if not any(o is not c and c in index.mro(o)[1:] for o in local)]
+        if len(leaves) == 1:
+            found, how = leaves[0], f"folder {folder}"
+    if found is None:
+        return None
+    return _manager_model(index, pack, domain.members, cls, found, how)
+
+
+def _annotation_name(node: ast.AST | None) -> str:
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return node.value.strip("'\"").rsplit(".", 1)[-1]
+    text = dotted(node) if node is not None else ""
+    return text.rsplit(".", 1)[-1] if text else ""
+
+
+def _manager_model(index: Index, pack: Pack, members: tuple[str, ...], sender: ClassInfo, manager: ClassInfo,
+                   how: str) -> ManagerModel:
+    facts = manager_facts(index, manager, pack.check_method, pack.update_method)
+    check, update, table = facts.check, facts.update, facts.table
+    functions = [f for c in index.mro(manager) + index.mro(sender) for f in c.methods.values()]
+    # Module functions the sender hands itself to (`_abort_transfer(self)`) act as its methods.
+    self_names = {id(f.node): "self" for f in functions}
+    for func, name in functions_given_self(index, index.mro(sender)):
+        if id(func.node) not in self_names:
+            functions.append(func)
+            self_names[id(func.node)] = name
+    call_sites: CallSites = {}
+    for func in functions:
+        for node in index.calls_in(func):
+            callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
+            if callee:
+                call_sites.setdefault(callee, []).append((func, node))
+    reader = _StoreReader(pack, members, index.mro(sender), update, table, self_names, call_sites)
+    for func in functions:
+        for node in index.nodes_in(func, _STORES_AND_CALLS):
+            if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+                reader.read_call(node, node.func, func)
+            elif isinstance(node, ast.Delete) and table:
+                reader.read_delete(node, func, table)
+            elif isinstance(node, ast.Assign) and table:
+                reader.read_assign(node, func, table)
+    reader.holds |= reader.passed
+    # A store of the update method under `if status == X` happens only if some caller passes X.
+    for store, func, parents in reader.in_update:
+        params = [a.arg for a in func.node.args.posonlyargs + func.node.args.args][1:]
+        narrowed = narrowed_by_guard(params[1], store, parents, members) if len(params) > 1 else None
+        if narrowed is not None and not reader.passed_unknown and not narrowed & reader.passed:
+            continue
+        given = reader.collect(store.value, func, parents, store)
+        reader.holds |= given
+        reader.later.update(given)
+    runs = tuple(f"{f.path}:{f.qualname}" for f in (check, update) if f is not None)
+    ref = ManagerRef(manager.name, manager.path, manager.line, how, table,
+                     tuple(sorted(reader.holds)), tuple(dict.fromkeys(reader.unknown)),
+                     tuple(sorted(set(reader.clears), key=lambda e: (e.path, e.line))),
+                     runs, tuple(dict.fromkeys(reader.clear_methods)))
+    return ManagerModel(manager, ref, facts, frozenset(reader.attrs), frozenset(reader.later))
+
+
+@dataclass
+class _StoreReader:
+    """One pass over a manager's and its sender's calls, deletes and assignments: what they
+    store into the status table, pass to the update method as the status, and clear."""
+
+    pack: Pack
+    members: tuple[str, ...]
+    sender_mro: list[ClassInfo]
+    update: FuncRef | None
+    table: str | None
+    self_names: dict[int, str]
+    call_sites: CallSites
+    holds: set[str] = field(default_factory=set)
+    unknown: list[str] = field(default_factory=list)
+    clears: list[Evidence] = field(default_factory=list)
+    clear_methods: list[str] = field(default_factory=list)
+    attrs: set[str] = field(default_factory=set)  # sender attributes that hold the manager
+    later: set[str] = field(default_factory=set)  # what is stored by a function other than the sender's __init__
+    passed: set[str] = field(default_factory=set)  # what the update method's callers pass as the status
+    passed_unknown: bool = False
+    in_update: list[tuple[ast.Assign, FuncRef, dict[int, ast.AST]]] = field(default_factory=list)
+
+    def constructor(self, func: FuncRef) -> bool:
+        return func.name == "__init__" and func.owner in self.sender_mro
+
+    def collect(self, value: ast.expr, func: FuncRef, parents: dict[int, ast.AST], site: ast.stmt | ast.expr) -> set[str]:
+        given: set[str] = set()
+        _collect(value, func, parents, site, given, self.unknown, self.update, self.members, self.call_sites)
+        return given
+
+    def stored(self, given: set[str], func: FuncRef) -> None:
+        self.holds |= given
+        if not self.constructor(func):
+            self.later.update(given)
+
+    def read_call(self, node: ast.Call, called: ast.Attribute, func: FuncRef) -> None:
+        pack, table = self.pack, self.table
+        recv = called.value
+        if called.attr in (pack.check_method, pack.update_method) and isinstance(recv, ast.Attribute) \
+                and isinstance(recv.value, ast.Name) and recv.value.id == self.self_names[id(func.node)] \
+                and (func.owner is None or func.owner in self.sender_mro):
+            self.attrs.add(recv.attr)
+        if called.attr == pack.update_method:
+            status = node.args[1] if len(node.args) > 1 else next(
+                (k.value for k in node.keywords if k.arg == "status"), None)
+            if status is not None:
+                before = len(self.unknown)
+                given = self.collect(status, func, _parents(func.node), node)
+                self.passed |= given
+                if not self.constructor(func):
+                    self.later.update(given)
+                self.passed_unknown = self.passed_unknown or len(self.unknown) > before
+        if table and called.attr == "setdefault" and ends_with_attr(recv, table) and len(node.args) > 1:
+            self.stored(self.collect(node.args[1], func, _parents(func.node), node), func)
+        if table and called.attr == "pop" and ends_with_attr(recv, table):
+            self.clears.append(Evidence(func.path, node.lineno, f"{func.qualname}() pops the room from {table}"))
+            self.clear_methods.append(func.qualname)
+
+    def read_delete(self, node: ast.Delete, func: FuncRef, table: str) -> None:
+        for t in node.targets:
+            if isinstance(t, ast.Subscript) and ends_with_attr(t.value, table):
+                self.clears.append(Evidence(func.path, node.lineno, f"{func.qualname}() deletes the room from {table}"))
+                self.clear_methods.append(func.qualname)
+
+    def read_assign(self, node: ast.Assign, func: FuncRef, table: str) -> None:
+        for t in node.targets:
+            if isinstance(t, ast.Subscript) and ends_with_attr(t.value, table):
+                if self.update is not None and func.name == self.update.name:
+                    self.in_update.append((node, func, _parents(func.node)))
+                else:
+                    self.stored(self.collect(node.value, func, _parents(func.node), node), func)
+
+
+_STORES_AND_CALLS = (ast.Call, ast.Delete, ast.Assign)  # what the manager model reads in a function
+
+
+def ends_with_attr(node: ast.AST, attr: str) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == attr
+
+
+def _argument(call: ast.Call, func: FuncRef, param: str) -> ast.expr | None:
+    for keyword in call.keywords:
+        if keyword.arg == param:
+            return keyword.value
+    params = [a.arg for a in func.node.args.posonlyargs + func.node.args.args]
+    if func.owner is not None and params:
+        params = params[1:]
+    if param in params and params.index(param) < len(call.args):
+        arg = call.args[params.index(param)]
+        return None if isinstance(arg, ast.Starred) else arg
+    return None
+
+
+def _collect(value: ast.expr, func: FuncRef, parents: dict[int, ast.AST], site: ast.stmt | ast.expr, holds: set[str],
+             unknown: list[str], update: FuncRef | None, members: tuple[str, ...], call_sites: CallSites,
+             depth: int = 0) -> None:
+    """The states a stored value can be: constants, both arms of `a if c else b`, max/min of
+    stored values, a local assigned constants, a name narrowed by an enclosing `if name == X`;
+    a parameter of the update method is what its call sites pass (collected there)."""
+    const = _member_tokens(value, members)
+    if const is not None:
+        holds.update(const)
+        return
+    if isinstance(value, ast.IfExp):
+        for arm in (value.body, value.orelse):
+            _collect(arm, func, parents, site, holds, unknown, update, members, call_sites, depth)
+        return
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in ("max", "min"):
+        for arg in value.args:  # max(old, new) is one of them: a stored value or a new one
+            if not isinstance(arg, (ast.Subscript, ast.Call)):
+                _collect(arg, func, parents, site, holds, unknown, update, members, call_sites, depth)
+        return
+    if isinstance(value, ast.Name) and depth < 3:
+        params = {a.arg for a in func.node.args.posonlyargs + func.node.args.args + func.node.args.kwonlyargs}
+        narrowed = narrowed_by_guard(value.id, site, parents, members)
+        if narrowed is not None:
+            holds.update(narrowed)
+            return
+        if value.id in params:
+            if update is not None and func.name == update.name:
+                return  # the update method's own parameter: its call sites say what it holds
+            sites = call_sites.get(func.name, [])
+            bound: list[tuple[ast.expr, FuncRef, ast.Call]] = []
+            for caller, call in sites:
+                passed = _argument(call, func, value.id)
+                if passed is not None:
+                    bound.append((passed, caller, call))
+            if not bound:
+                unknown.append(f"{func.path}:{site.lineno} {func.qualname}() stores its parameter {value.id}")
+            for given, caller, call in bound:  # a helper's parameter: what its callers pass
+                _collect(given, caller, _parents(caller.node), call, holds, unknown, update, members, call_sites,
+                         depth + 1)
+            return
+        sources = [n.value for n in walk(func.node) if isinstance(n, ast.Assign)
+                   and any(isinstance(t, ast.Name) and t.id == value.id for t in n.targets)]
+        if sources:
+            for source in sources:
+                _collect(source, func, parents, site, holds, unknown, update, members, call_sites, depth + 1)
+            return
+    called = getattr(value, "func", None)
+    if isinstance(value, (ast.Subscript, ast.Call)) and isinstance(called, ast.Attribute) and called.attr == "get":
+        return  # a value read back from a table: nothing new
+    unknown.append(f"{func.path}:{getattr(site, 'lineno', func.line)} {func.qualname}() stores {ast.unparse(value)[:60]}")
+
+
+def narrowed_by_guard(name: str, site: ast.AST, parents: dict[int, ast.AST], members: tuple[str, ...]) -> set[str] | None:
+    node = site
+    while id(node) in parents:
+        parent = parents[id(node)]
+        if isinstance(parent, ast.If) and node in parent.body:
+            test = parent.test
+            if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.left, ast.Name) \
+                    and test.left.id == name and isinstance(test.ops[0], (ast.Eq, ast.Is, ast.In)):
+                tokens = _member_tokens(test.comparators[0], members)
+                if tokens is not None:
+                    return tokens
+        node = parent
+    return None
+
+
+def _member_tokens(value: ast.AST, members: tuple[str, ...]) -> set[str] | None:
+    if isinstance(value, ast.Attribute) and value.attr in members:
+        return {value.attr}
+    if isinstance(value, (ast.Tuple, ast.List, ast.Set)):
+        parts = [_member_tokens(e, members) for e in value.elts]
+        if all(p is not None for p in parts):
+            return set[str]().union(*(p for p in parts if p is not None))
+    return None

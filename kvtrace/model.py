@@ -23,8 +23,11 @@ class TextEnum(str, Enum):
     JSON, sorting, hashing), so reports stay byte-identical to plain strings while code names
     its values and a typo fails at import."""
 
-    __str__ = str.__str__
-    __format__ = str.__format__
+    def __str__(self) -> str:
+        return str.__str__(self)
+
+    def __format__(self, format_spec: str) -> str:
+        return str.__format__(self, format_spec)
 
     def __repr__(self) -> str:
         return repr(self.value)
@@ -331,12 +334,8 @@ class Finding:
     backends: tuple[str, ...] = ()
 
 
-class GapKind(str, Enum):
+class GapKind(TextEnum):
     """What a gap is about (its text is the reports' `kind`)."""
-
-    # Printed and formatted as its text on every Python (enum.StrEnum is 3.11+).
-    __str__ = str.__str__
-    __format__ = str.__format__
 
     FILE = "file"  # not read or not parsed
     BACKEND = "backend"  # not checked, or checked without one of its files (Gap.partial)

@@ -158,6 +158,29 @@ def count_nodes(tree: ast.AST) -> int:
 
 _WALKED = "_kvtrace_walk"  # attribute of a node: its descendants in ast.walk order
 
+# Per node class, the fields that can hold nodes, in `_fields` order, and whether each is a list,
+# read from the class's ASDL signature (`Name(identifier id, expr_context ctx)`); None for a class
+# whose signature does not match its `_fields` (walked field by field, as ast.walk does). Fields
+# of ASDL's builtin types (names, strings, numbers, constants) never hold a node.
+_CHILD_FIELDS: dict[type, tuple[tuple[str, bool], ...] | None] = {}
+_ASDL_BUILTINS = frozenset({"identifier", "string", "int", "constant", "object"})
+
+
+def _child_fields(cls: type) -> tuple[tuple[str, bool], ...] | None:
+    fields: tuple[str, ...] = getattr(cls, "_fields", ())
+    doc = cls.__doc__ or ""
+    found: tuple[tuple[str, bool], ...] | None = ()
+    if fields:
+        inner = doc[doc.find("(") + 1 : -1] if doc.endswith(")") and "(" in doc else ""
+        parts = [part.split() for part in inner.split(", ")]
+        if [p[1] if len(p) == 2 else None for p in parts] != list(fields):
+            found = None
+        else:
+            found = tuple((name, kind.endswith("*")) for kind, name in parts
+                          if kind.rstrip("*?") not in _ASDL_BUILTINS)
+    _CHILD_FIELDS[cls] = found
+    return found
+
 
 def walk(node: ast.AST) -> list[ast.AST]:
     """`list(ast.walk(node))`, same order (breadth first), computed once per node and kept on
@@ -165,19 +188,28 @@ def walk(node: ast.AST) -> list[ast.AST]:
     `ast.walk`'s generators cost ~3x this loop. The trees are never changed after parsing."""
     below = node.__dict__.get(_WALKED)
     if below is None:
-        below = []
-        node_type = ast.AST
         todo = [node]
-        at = 0
-        while at < len(todo):
-            current = todo[at]
-            at += 1
-            for name in current._fields:
+        append, extend = todo.append, todo.extend
+        child_fields = _CHILD_FIELDS
+        node_type = ast.AST
+        for current in todo:  # a list grown while iterated: breadth first
+            cls = type(current)
+            spec = child_fields[cls] if cls in child_fields else _child_fields(cls)
+            if spec is None:
+                for name in current._fields:
+                    value = getattr(current, name, None)
+                    if isinstance(value, list):
+                        extend([item for item in value if isinstance(item, node_type)])
+                    elif isinstance(value, node_type):
+                        append(value)
+                continue
+            for name, many in spec:
                 value = getattr(current, name, None)
-                if isinstance(value, list):
-                    todo.extend([item for item in value if isinstance(item, node_type)])
-                elif isinstance(value, node_type):
-                    todo.append(value)
+                if many:
+                    if value:  # a node list holds nodes, or None where ASDL allows it (`{**d}`'s key)
+                        extend(value if None not in value else [item for item in value if item is not None])
+                elif value is not None:
+                    append(value)
         below = todo[1:]  # without the node itself: a list holding its owner would be a cycle
         setattr(node, _WALKED, below)
     return [node, *below]

@@ -11,6 +11,7 @@ from kvtrace.rules.poll_raises import PollRaises
 from kvtrace.rules.release_leak import ReleaseLeak
 from kvtrace.rules.silent_status_drop import SilentStatusDrop
 from kvtrace.rules.silent_wait import SilentWait
+from kvtrace.rules.skip_poll import SkipPoll
 from kvtrace.rules.state_crash import StateCrash
 from kvtrace.rules.undrained_queue import UndrainedQueue
 from kvtrace.rules.unhandled_state import UnhandledState
@@ -20,7 +21,7 @@ from kvtrace.rules.unused_suppression import UnusedSuppression
 # (kvtrace.suppress).
 ALL_RULES: list[type[Rule]] = sorted(
     [PinnedState, DroppedState, UndrainedQueue, UnhandledState, SilentWait, ReleaseLeak, PollRaises,
-     AbortIgnored, NoTimeout, SilentStatusDrop, AbsentRoomDefault, FailedNotSticky, StateCrash, UnusedSuppression],
+     AbortIgnored, NoTimeout, SilentStatusDrop, AbsentRoomDefault, FailedNotSticky, StateCrash, SkipPoll, UnusedSuppression],
     key=lambda rule: rule.code,
 )
 

@@ -5,7 +5,7 @@ convention), and a check over the analysed scan."""
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
 from kvtrace.model import EventKind, Evidence, Finding, Site
@@ -28,6 +28,9 @@ class ScanContext:
     index: Index
     model: ScanModel
     entries: list[Site]
+    # The pack's other queues (the same host's): a request waits in one of them at a time, so what
+    # their drains do to a sender acts on another request than one queued here.
+    others: list[QueueAnalysis] = field(default_factory=list)
 
     @property
     def queue(self) -> QueueAnalysis:

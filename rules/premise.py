@@ -35,6 +35,11 @@ def state_premise(ctx: ScanContext, backend: Backend, state: str) -> Premise | N
     """A state the backend's poll() returns only from the status table, that only its sender's
     constructor stores there, reaches this queue's drain only with a second sender for the room:
     a request enters the queue only once its poll moved past it (the pack's `entered_past`)."""
+    if state in ctx.pack.reached_later(ctx.pack.queue):
+        at = backend.poll or backend
+        return Premise(SHARED_ROOM, [Evidence(at.path, at.line, f"premise: a request leaves {ctx.pack.queue} before its "
+                                              f"KV is sent, and its own sender reaches {state} only after that, so "
+                                              f"{state} seen here is another request's, for the same room")])
     where = backend.constructor_only.get(state)
     if where is None or state not in ctx.pack.left_before(ctx.pack.queue):
         return None
@@ -110,6 +115,9 @@ def crash_premise(ctx: ScanContext, state: str) -> Premise | None:
     """A crash on `state` rests on a premise when every backend that returns it does so only
     under that premise (and none returns values kvtrace cannot read)."""
     by = ctx.model.returning(state)
+    if by and state in ctx.pack.reached_later(ctx.pack.queue):  # whichever backend returns it, only later
+        found = [state_premise(ctx, b, state) for b in (ctx.model.backend(name) for name in by) if b is not None]
+        return Premise(SHARED_ROOM, list(dict.fromkeys(e for p in found if p is not None for e in p.why)))
     if not by or any(s.backend.returns_unknown for s in ctx.senders):
         return None
     found = [state_premise(ctx, backend, state) for backend in (ctx.model.backend(name) for name in by)
@@ -140,18 +148,24 @@ def _polled_attributes(ctx: ScanContext) -> set[str]:
     for node in ast.walk(drain.func.node):
         if isinstance(node, ast.stmt) and node.lineno <= drain.poll_line <= (node.end_lineno or node.lineno) \
                 and not isinstance(node, (ast.For, ast.While, ast.If, ast.With, ast.Try, ast.FunctionDef)):
+            # A request's attribute (`req.x`, `self.queue[i].x`), not the drain's own (`self.queue`).
             found |= {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
-                      and isinstance(n.value, ast.Name)}
+                      and (isinstance(n.value, ast.Subscript)
+                           or isinstance(n.value, ast.Name) and n.value.id != "self")}
     return found - {ctx.pack.queue}
 
 
 def _drain_functions(ctx: ScanContext) -> set[str]:
-    """The drain function and every function its paths go through (its helpers)."""
-    drain = ctx.queue.drain
-    names = {drain.func.qualname} if drain is not None else set()
-    for paths in ctx.queue.paths.values():
-        for path in paths:
-            names.update(e.function for e in path.events if e.function)
+    """The drain function and every function its paths go through (its helpers), of this queue
+    and of the pack's other queues: a request is queued in one at a time, so a call there on a
+    sender is this request's as it concludes, or another request's."""
+    names: set[str] = set()
+    for queue in [ctx.queue, *ctx.others]:
+        if queue.drain is not None:
+            names.add(queue.drain.func.qualname)
+        for paths in queue.paths.values():
+            for path in paths:
+                names.update(e.function for e in path.events if e.function)
     return names
 
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 from kvtrace.model import EventKind, Evidence, Finding, Outcome
 from kvtrace.rules.base import Rule, Sample, ScanContext, drain_evidence, path_evidence
 from kvtrace.rules.premise import clause, crash_premise, joined, unseen_caller_premise
+from kvtrace.rules.reentry_premise import reentry_premise
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain, sender
 
 # The standard chain, but Bootstrapping (which the sender below returns while it handshakes)
@@ -126,7 +127,7 @@ class StateCrash(Rule):
             by = ctx.model.returning(state)
             maybe = [s.backend.name for s in ctx.senders if s.backend.returns_unknown and s.backend.name not in by]
             sites = crash_sites(ctx, state)
-            shared = crash_premise(ctx, state) if sites else None
+            shared = (crash_premise(ctx, state) or reentry_premise(ctx, state)) if sites else None
             for (path, line), modes in sites.items():
                 premise = joined(shared, unseen_caller_premise(
                     ctx, [m for m in queue.modes if m.label in [x for x, _, _ in modes]]))

@@ -79,10 +79,11 @@ def test_markdown_bug_report(checkout: tuple[Path, str]) -> None:
     # The finding links to the committed line, and its code is folded underneath.
     poll = next(n for n, text in enumerate((EXAMPLES / "nixl-pin" / NIXL).read_text().splitlines(), 1)
                 if "def poll(self)" in text and "pinned-state[nixl" in text)
-    link = (f"[`srt/{NIXL}:{poll}`](https://github.com/example-org/sglang-fork/blob/{commit}/"
+    # Shown as it opens from the working directory (the checkout's root), linked to the commit.
+    link = (f"[`python/sglang/srt/{NIXL}:{poll}`](https://github.com/example-org/sglang-fork/blob/{commit}/"
             f"python/sglang/srt/{NIXL}#L{poll})")
     assert link in md
-    block = re.search(rf"<details><summary>srt/disaggregation/nixl/conn\.py:{poll}</summary>\n\n *```python\n(.*?)\n *```",
+    block = re.search(rf"<details><summary>python/sglang/srt/disaggregation/nixl/conn\.py:{poll}</summary>\n\n *```python\n(.*?)\n *```",
                       md, re.S)
     assert block and f"> {poll} |     def poll(self) -> KVPoll:" in block.group(1)
     assert len(block.group(1).splitlines()) == 7  # three lines either side
@@ -283,7 +284,9 @@ def test_markdown_bug_report_fits_an_issue(tmp_path: Path, version: str) -> None
     for name in pinning:
         assert f"### {name} pins " in answer
     for f in errors:
-        assert f"- **{f.rule}** (error) [`{f.path}:{f.line}`](https://github.com/sgl-project/sglang/blob/v{version}/python/sglang/{f.path}#L{f.line})" in answer
+        # Shown as it opens from the working directory, linked to the release's own path.
+        assert (f"- **{f.rule}** (error) [`site-packages/sglang/{f.path}:{f.line}`]"
+                f"(https://github.com/sgl-project/sglang/blob/v{version}/python/sglang/{f.path}#L{f.line})") in answer
     # Every path:line links to the release's tag.
     spans = re.findall(r"(\[?)`[^`\n]+:\d+`(\]?)", md)
     assert spans and all(opened and closed for opened, closed in spans)

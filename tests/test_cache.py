@@ -201,3 +201,23 @@ def test_the_suite_does_not_use_the_real_user_cache() -> None:
 
     assert Cache().dir != Path(user_cache_dir("kvtrace", appauthor=False))
     assert os.environ["KVTRACE_CACHE_DIR"] == str(Cache().dir)
+
+
+def test_code_files_are_what_rglob_lists(tmp_path: Path) -> None:
+    """The code digest's listing (os.scandir) is sorted(rglob) of kvtrace's own folders and of a
+    tree with names whose string order differs from path order ("a-b.py" / "a/b.py")."""
+    import kvtrace
+    from kvtrace.cache import _code_files
+
+    for name in ("a-b.py", "a/b.py", "a/c/d.py", "a.py", "b.toml", "a/x.toml", ".hidden/e.py", "A.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x = 1\n")
+    (tmp_path / "z").mkdir()
+    (tmp_path / "z" / "loop").symlink_to(tmp_path, target_is_directory=True)  # a link to a folder: not entered
+    package = Path(kvtrace.__file__).parent
+    for folder in (tmp_path, package):
+        for suffix in (".py", ".toml"):
+            listed = [p.relative_to(folder).as_posix() for p in sorted(folder.rglob("*" + suffix))
+                      if not any(part == "loop" for part in p.relative_to(folder).parts)]
+            assert _code_files(str(folder), suffix) == listed
+    assert _code_files(str(tmp_path), ".py") == [".hidden/e.py", "A.py", "a/b.py", "a/c/d.py", "a-b.py", "a.py"]

@@ -14,6 +14,16 @@ DECODE = "sglang/srt/disaggregation/decode.py"
 D = "sglang/srt/disaggregation"
 
 
+_SCANS: dict[str, Report] = {}
+
+
+def decode_scan(version: str) -> Report:
+    """The decode pack on a release's `srt/` (where the scheduler binds the queues), once per run."""
+    if version not in _SCANS:
+        _SCANS[version] = scan_path(sglang_tree(version) / "sglang" / "srt", load_pack("sglang-decode"))
+    return _SCANS[version]
+
+
 @pytest.fixture(scope="module")
 def report() -> Report:
     return scan_path(sglang_tree("0.5.2"), load_pack("sglang-decode"))
@@ -90,7 +100,7 @@ def test_prealloc_queue_mapped_by_hand(report: Report) -> None:
 
 def test_decode_findings(report: Report) -> None:
     found = {(f.rule, f.path, f.line, f.backend, f.state) for f in report.findings
-             if f.rule in ("pinned-state", "unhandled-state", "release-leak", "dropped-state", "state-crash")}
+             if f.rule in ("pinned-state", "unhandled-state", "release-leak", "dropped-state", "state-crash", "skip-poll")}
     assert found == {
         # NixlKVReceiver.poll() (nixl/conn.py:650): `if not self.started_transfer: return
         # WaitingForInput`, then WaitingForInput until check_transfer_done; conclude_state is
@@ -103,9 +113,14 @@ def test_decode_findings(report: Report) -> None:
         # No receiver returns Transferring: a catch-all no backend is seen to reach.
         ("unhandled-state", DECODE, 342, None, "Transferring"),
         # Every receiver's poll() returns Success, and every path of the prealloc queue's drain
-        # that tests it ends in that raise (kvtrace does not know that the scheduler only
-        # preallocates before the transfer can end: see the README's limits).
+        # that tests it ends in that raise; a warning: see test_prealloc_crash_names_its_premise.
         ("state-crash", DECODE, 342, None, "Success"),
+        # `if all(decode_req.waiting_for_input for decode_req in self.queue): return` (315),
+        # before the poll (318): mooncake's heartbeat_checker thread (conn.py:901, decode side)
+        # calls _handle_node_failure, which stores Failed for every room of a lost prefill node
+        # (1099); while all queued requests wait for memory nothing polls (sglang#37483).
+        ("skip-poll", DECODE, 315, "mooncake", "Failed"),
+        ("skip-poll", DECODE, 315, "ascend", "Failed"),
     }
     # The prealloc queue keeps WaitingForInput only until pop_preallocated moves it on: no pin there.
     assert not any(f.rule == "pinned-state" and "prealloc" in f.message for f in report.findings)
@@ -116,7 +131,180 @@ def test_decode_pack_completes_without_a_path_limit(version: str) -> None:
     """Issue 22: pop_preallocated's prealloc loop (decode.py 868-1060 in 0.5.14) runs each
     request through allocation helpers that enter other helpers or not and do nothing to it,
     after a poll pass and an abort pass: their combinations passed the per-statement limit,
-    and the scan was incomplete with every state of both queues `kept, leaves, raises`."""
+    and the scan was incomplete with every state of both queues `kept, leaves, raises`.
+    (0.5.23 still passes the limit in pop_preallocated after widen, fold and coarsen: not listed.)"""
     scanned = scan_path(sglang_tree(version) / "sglang" / "srt", load_pack("sglang-decode"))
     assert not [p for p in scanned.problems if "path limit" in p or "cut short" in p], scanned.problems
     assert {q.name for q in scanned.queues} == {"disagg_decode_prealloc_queue", "disagg_decode_transfer_queue"}
+
+
+def test_prealloc_crash_names_its_premise(report: Report) -> None:
+    """Issue 22: the prealloc loop's `raise ValueError` (342) on Success is reached only through a
+    room whose transfer already ran, since a request in the prealloc queue holds no KV memory
+    yet: a retracted request re-added (scheduler.py:1783 update_running_batch ->
+    _extend_requests_to_queue (1351) -> DecodePreallocQueue.add (256), which builds a new
+    receiver for the old room; sglang#6857) or two requests sharing a bootstrap_room
+    (sglang#40125). The finding is a warning that names those entries."""
+    crash = next(f for f in report.findings if f.rule == "state-crash" and f.state == "Success")
+    assert crash.severity == "warning"
+    assert crash.premise is not None and "re-enters the queue" in crash.premise and "share a bootstrap_room" in crash.premise
+    lines = {(e.path, e.line) for e in crash.evidence if e.note.startswith("premise:")}
+    assert {(DECODE, 256), ("sglang/srt/managers/scheduler.py", 1351),
+            ("sglang/srt/managers/scheduler.py", 1783)} <= lines, lines
+
+
+def test_skip_poll_names_the_thread_that_stores_failed(report: Report) -> None:
+    found = next(f for f in report.findings if f.rule == "skip-poll" and f.backend == "mooncake")
+    assert found.severity == "warning"
+    assert (f"{D}/mooncake/conn.py", 1099) in {(e.path, e.line) for e in found.evidence}
+    assert "_handle_node_failure" in found.message
+
+
+# --- 0.4.8: both queues read by hand (line numbers of that release) --------------------------
+
+SCHED = "sglang/srt/managers/scheduler.py"
+
+
+def _srt(path: str) -> str:
+    return f"disaggregation/{path}" if not path.startswith("managers/") else path
+
+
+def _queue(report: Report, name: str):
+    return next(q for q in report.queues if q.name == name)
+
+
+def _sites(report: Report, name: str) -> set[tuple[str, str, int, tuple[str, ...]]]:
+    return {(s.kind, s.path, s.line, s.states) for s in _queue(report, name).sites}
+
+
+def test_0_4_8_prealloc_queue_mapped_by_hand() -> None:
+    """`_update_handshake_waiters` (302): `if all(decode_req.waiting_for_input ...): return`
+    (306), `polls = poll_and_all_reduce(...)` (309), loop (313): Bootstrapping `pass` (314),
+    WaitingForInput sets the flag (316-317), Failed prepare_abort (318, 325), `else: raise
+    ValueError` (330-331). Requests enter through DecodePreallocQueue.add's
+    `self.queue.append(DecodeRequest(...))` (247), called from scheduler.py 1181/1192."""
+    report = decode_scan("0.4.8")
+    q = _queue(report, "disagg_decode_prealloc_queue")
+    assert (q.drain.path, q.drain.line) == (_srt("decode.py"), 313)
+    fates = {state: fate.fate for state, fate in q.states.items()}
+    # Transferring and Success reach only the raise; the others go on to pop_preallocated's
+    # own loops, which may keep, move on or (an assert on the metadata buffer) raise.
+    assert fates["Transferring"] == fates["Success"] == ["raises"]
+    for state in ("Failed", "Bootstrapping", "WaitingForInput"):
+        assert fates[state] == ["kept", "leaves", "raises"], state
+    expected = {
+        ("entry", _srt("decode.py"), 247, ()),
+        ("entry", SCHED[len("sglang/srt/"):], 1192, ()),
+        ("poll", _srt("decode.py"), 309, ()),
+        ("check", _srt("decode.py"), 314, ("Bootstrapping",)),
+        ("check", _srt("decode.py"), 316, ("WaitingForInput",)),
+        ("check", _srt("decode.py"), 318, ("Failed",)),
+        ("abort", _srt("decode.py"), 325, ("Failed",)),
+        ("raise", _srt("decode.py"), 331, ("Transferring", "Success")),
+    }
+    assert expected <= _sites(report, "disagg_decode_prealloc_queue"), expected - _sites(report, "disagg_decode_prealloc_queue")
+
+
+def test_0_4_8_transfer_queue_mapped_by_hand() -> None:
+    """`pop_transferred` (548): polls (551), loop (557): Failed prepare_abort (565),
+    cache_finished_req (574), indices_to_remove.add (575); Success (577) ...
+    indices_to_remove.add (612); the three waiting states `pass` (613-618); `else: raise`
+    (620); the removed indices' metadata buffers freed (625), `self.queue = [...]` (627)."""
+    report = decode_scan("0.4.8")
+    q = _queue(report, "disagg_decode_transfer_queue")
+    assert (q.drain.path, q.drain.line) == (_srt("decode.py"), 557)
+    assert {state: fate.fate for state, fate in q.states.items()} == {
+        "Failed": ["leaves"], "Success": ["leaves"], "Bootstrapping": ["kept"], "WaitingForInput": ["kept"],
+        "Transferring": ["kept"]}
+    expected = {
+        ("entry", _srt("decode.py"), 543, ()),  # add: self.queue.append(decode_req)
+        ("entry", _srt("decode.py"), 857, ()),  # process_decode_queue: ...transfer_queue.extend(req_conns)
+        ("poll", _srt("decode.py"), 551, ()),
+        ("check", _srt("decode.py"), 558, ("Failed",)),
+        ("abort", _srt("decode.py"), 565, ("Failed",)),
+        ("release", _srt("decode.py"), 574, ("Failed",)),
+        ("done", _srt("decode.py"), 575, ("Failed",)),
+        ("check", _srt("decode.py"), 577, ("Success",)),
+        ("done", _srt("decode.py"), 612, ("Success",)),
+        ("release", _srt("decode.py"), 625, ("Failed", "Success")),
+        ("reassign", _srt("decode.py"), 627, ()),
+    }
+    assert expected <= _sites(report, "disagg_decode_transfer_queue"), expected - _sites(report, "disagg_decode_transfer_queue")
+
+
+# Every error and every decode-only verdict of the three releases read by hand:
+# (version, rule, backend, state, path, line, severity, why, upstream).
+HAND_READ = [
+    # 0.4.8 ---------------------------------------------------------------------------------
+    ("0.4.8", "skip-poll", "mooncake", "Failed", "decode.py", 306, "warning",
+     "heartbeat_checker -> _handle_node_failure stores Failed (mooncake/conn.py:666); the return at 306 skips the poll",
+     "sglang#37483 (fixed 0.5.20)"),
+    ("0.4.8", "state-crash", None, "Success", "decode.py", 331, "warning",
+     "raise ValueError in the handshake loop; Success needs a room whose transfer already ran (retracted requests "
+     "go to retracted_queue since 0.4.8, so two requests sharing a room remain)", "sglang#6857, sglang#40125"),
+    ("0.4.8", "state-crash", None, "Transferring", "decode.py", 331, "warning",
+     "same raise; mooncake's poll() returns a value kvtrace cannot read", "sglang#40125"),
+    ("0.4.8", "pinned-state", "fake", "WaitingForInput", "fake/conn.py", 69, "error",
+     "FakeKVReceiver.poll returns WaitingForInput until init(); no abort, no deadline (a test backend)", "none (by design)"),
+    ("0.4.8", "pinned-state", "mooncake", "Bootstrapping", "mooncake/conn.py", 991, "error",
+     "MooncakeKVReceiver.poll reads the table; the decode side has no bootstrap timeout",
+     "sglang#30769 (decode-side bootstrap timeout for mooncake, open)"),
+    ("0.4.8", "poll-raises", "mooncake", None, "mooncake/conn.py", 585, "error",
+     "check_status indexes request_status[room]: a room cleared before the poll raises KeyError", "sglang#40125"),
+    # 0.5.2 ----------------------------------------------------------------------------------
+    ("0.5.2", "skip-poll", "mooncake", "Failed", "decode.py", 315, "warning",
+     "heartbeat_checker -> _handle_node_failure stores Failed (mooncake/conn.py:1099)", "sglang#37483 (fixed 0.5.20)"),
+    ("0.5.2", "skip-poll", "ascend", "Failed", "decode.py", 315, "warning",
+     "ascend's receiver is mooncake's: the same thread", "sglang#37483 (fixed 0.5.20)"),
+    ("0.5.2", "state-crash", None, "Success", "decode.py", 342, "warning",
+     "raise ValueError; Success only through a reused room", "sglang#6857, sglang#40125"),
+    # 0.5.9 ----------------------------------------------------------------------------------
+    ("0.5.9", "skip-poll", "mooncake", "Failed", "decode.py", 436, "warning",
+     "heartbeat thread -> _handle_node_failure stores Failed; return at 436 before the poll (439)", "sglang#37483"),
+    ("0.5.9", "skip-poll", "nixl", "Failed", "decode.py", 436, "warning",
+     "NixlKVManager._handle_node_failure stores Failed for a lost prefill node", "sglang#37483"),
+    ("0.5.9", "skip-poll", "mori", "Failed", "decode.py", 436, "warning",
+     "MoriKVManager's decode thread stores Failed", "sglang#37483"),
+    ("0.5.9", "state-crash", None, "Success", "decode.py", 466, "warning",
+     "raise ValueError after the PP consensus guard; Success only through a reused room", "sglang#6857, sglang#40125"),
+    ("0.5.9", "state-crash", None, "Transferring", "decode.py", 466, "warning",
+     "mori's poll() returns Transferring; the same raise, the same premise", "sglang#40125"),
+    # NixlKVReceiver.poll (1044): `if not self.started_transfer: return WaitingForInput` before
+    # any deadline; waiting_timeout counts only from init(), which the prealloc drain calls only
+    # once memory is reserved: while allocation is blocked nothing frees it.
+    ("0.5.9", "pinned-state", "nixl", "WaitingForInput", "nixl/conn.py", 1044, "error",
+     "no deadline before init(); the timeout starts at init_time", "sglang#21477 (decode timeout not triggered before init, closed unmerged)"),
+    ("0.5.9", "pinned-state", "fake", "WaitingForInput", "fake/conn.py", 86, "error",
+     "FakeKVReceiver: WaitingForInput until init(), no abort (a test backend)", "none (by design)"),
+    ("0.5.9", "poll-raises", "mooncake", None, "mooncake/conn.py", 1099, "error",
+     "check_status: `return self.request_status[bootstrap_room]`, a KeyError once the room is cleared", "sglang#40125"),
+    ("0.5.9", "poll-raises", "mori", None, "mori/conn.py", 297, "error",
+     "the same indexing in MoriKVManager.check_status", "sglang#40125"),
+]
+
+
+@pytest.mark.parametrize("row", HAND_READ, ids=lambda r: f"{r[0]}-{r[1]}-{r[2]}-{r[3]}")
+def test_decode_verdicts_read_by_hand(row: tuple) -> None:
+    version, rule, backend, state, path, line, severity, why, upstream = row
+    report = decode_scan(version)
+    found = [f for f in report.findings if (f.rule, f.backend, f.state, f.path, f.line) ==
+             (rule, backend, state, _srt(path), line)]
+    assert found, f"{version}: {rule} {backend} {state} at {path}:{line} not reported ({why}; {upstream})"
+    assert severity in {f.severity for f in found}, (why, [f.severity for f in found])
+
+
+@pytest.mark.parametrize(("version", "reported"), [("0.5.19", True), ("0.5.20", False)])
+def test_skip_poll_before_and_after_its_fix(version: str, reported: bool) -> None:
+    """sglang#37483: 0.5.19's `_update_handshake_waiters` returns before polling when
+    `self.pp_size <= 1 and all(decode_req.waiting_for_input ...) and not any(
+    decode_req.kv_receiver.conclude_state == KVPoll.Failed ...)` (872): the receiver's own
+    abort is seen, a Failed stored by the manager's heartbeat thread (_handle_node_failure) is
+    not. 0.5.20 removed the early return: it always polls."""
+    report = decode_scan(version)
+    found = [f for f in report.findings if f.rule == "skip-poll"]
+    if reported:
+        assert {(f.path, f.line) for f in found} == {(_srt("decode.py"), 872)}
+        assert "mooncake" in {f.backend for f in found}
+        assert all(f.state == "Failed" and f.severity == "warning" for f in found)
+    else:
+        assert found == []

@@ -7,6 +7,7 @@ next to each expectation); kvtrace's own scan of either tree is not the referenc
 from __future__ import annotations
 
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -24,8 +25,10 @@ GIT = ["git", "-c", "user.name=kvtrace tests", "-c", "user.email=tests@kvtrace.i
 
 
 def kvtrace(*args: str, cwd: Path = ROOT) -> subprocess.CompletedProcess[str]:
+    # As in a file or a CI log: no COLUMNS (a test runner may export one), so text rows are unfolded.
+    env = {k: v for k, v in os.environ.items() if k != "COLUMNS"}
     return subprocess.run([sys.executable, "-m", "kvtrace", *args], cwd=cwd, capture_output=True, text=True,
-                          timeout=300)
+                          timeout=300, env=env)
 
 
 def keys(items: list[dict]) -> set[tuple[str, str | None, str | None]]:
@@ -50,6 +53,12 @@ def test_diff_of_two_sglang_releases() -> None:
         # a pin: no path that tests it keeps it, in either mode.)
         ("state-crash", None, "Bootstrapping"),
         ("state-crash", None, "WaitingForInput"),
+        # The bootstrap queue (judged by default since issue 22): 0.5.2's PP assert there
+        # (prefill.py:226) also meets Success, a warning resting on a shared room; NIXL's poll()
+        # (598) returns check_status() until has_sent, with no clock and no abort(): Bootstrapping
+        # pinned. 0.4.6.post5's NixlKVSender.poll() answered WaitingForInput before the send.
+        ("state-crash", None, "Success"),
+        ("pinned-state", "nixl", "Bootstrapping"),
     }
     assert keys(data["fixed"]) == {
         # 0.4.6.post5 MooncakeKVSender.poll() was `return self.kv_mgr.check_status(...)` with no
@@ -58,6 +67,9 @@ def test_diff_of_two_sglang_releases() -> None:
         ("pinned-state", "mooncake", "WaitingForInput"),
         # 0.5.2 ends the chain with `else: assert False, f"Unexpected polling state {poll=}"`.
         ("dropped-state", None, "Bootstrapping"),
+        # The bootstrap queue: 0.4.6.post5's poll() read no clock; 0.5.2's checks the bootstrap
+        # timeout while Bootstrapping (sglang#6685).
+        ("pinned-state", "mooncake", "Bootstrapping"),
     }
     assert keys(data["unchanged"]) == {
         # FakeKVSender.poll(): `if self.has_sent is False: return KVPoll.WaitingForInput` in both.
@@ -78,8 +90,11 @@ def test_diff_of_releases_that_fix_everything_exits_0() -> None:
     # 0.5.2's pins were fake WaitingForInput and nixl WaitingForInput; its crashes (the asserts at
     # prefill.py:506 and :532) became a warning-and-keep and a RuntimeError that only some
     # Bootstrapping paths reach (others are kept or requeued by the pending-bootstrap branch).
-    assert "fixed (5)" in result.stdout and "added (0)" in result.stdout
-    assert "0 added, 5 fixed, 0 moved, 0 unchanged" in result.stdout
+    # The bootstrap queue adds 3 fixed (nixl Bootstrapping pinned, the PP assert's Bootstrapping
+    # and Success) and 2 added warnings (0.5.23's RuntimeError on Transferring and Success there,
+    # which rest on a shared room): no error added.
+    assert "fixed (8)" in result.stdout and "added (2)" in result.stdout
+    assert "2 added, 8 fixed, 0 moved, 0 unchanged" in result.stdout
 
 
 @pytest.fixture
@@ -186,7 +201,9 @@ def test_poll_moved_into_a_base_class_reads_as_moved() -> None:
     text = kvtrace("diff", str(sglang_tree("0.5.22")), str(sglang_tree("0.5.23")))
     assert "\nmoved (8)\n" in text.stdout
     assert "(NixlKVSender.poll -> CommonKVSender.poll)" in text.stdout
-    assert text.stdout.rstrip().endswith("0 added, 4 fixed, 8 moved, 8 unchanged; "
+    # The bootstrap queue's copies of the guarded KeyError are fixed too (6), and its premise
+    # warnings unchanged (11).
+    assert text.stdout.rstrip().endswith("0 added, 6 fixed, 8 moved, 11 unchanged; "
                                          "passed: no error added (--fail-on error, the default)")
 
 
@@ -208,7 +225,8 @@ def test_baseline_of_one_release_used_on_the_next_reports_only_what_changed(tmp_
     assert used.returncode == 0, used.stderr
     findings = json.loads(used.stdout)["reports"][0]["findings"]
     assert findings and {f["baseline"] for f in findings} == {"unchanged"}
-    gone = 4 + len(KNOWN_MISS_0_5_23)  # nixl's two fixes and the guarded KeyError on ascend and mooncake
+    # nixl's two fixes, and the guarded KeyError on ascend and mooncake in both prefill queues
+    gone = 6 + 2 * len(KNOWN_MISS_0_5_23)
     assert f"baseline: {len(findings)} unchanged, 0 new, {gone} no longer found" in used.stderr
 
     old = json.loads(baseline.read_text())
@@ -301,3 +319,28 @@ def test_diff_bad_baseline_is_one_line_before_any_scan(repo: Path, tmp_path: Pat
                      cwd=repo)
     assert result.returncode == 2 and result.stderr.count("\n") == 1, result.stderr
     assert result.stderr.startswith(f"kvtrace: error: baseline {tmp_path / 'none.json'}: ")
+
+
+def test_diff_text_folds_to_the_terminal_width(repo: Path) -> None:
+    """Before: `kvtrace diff` text was never folded (rows of 200 characters at 80 columns), while
+    scan's text folds to the terminal's width. Folded at spaces: every path:line stays whole."""
+    from kvtrace.diff import fold
+
+    def run(columns: str | None) -> subprocess.CompletedProcess[str]:
+        env = {k: v for k, v in os.environ.items() if k != "COLUMNS"} | ({"COLUMNS": columns} if columns else {})
+        return subprocess.run([sys.executable, "-m", "kvtrace", "diff", "HEAD~1", "HEAD", "--path", "python/sglang"],
+                              cwd=repo, capture_output=True, text=True, timeout=300, env=env)
+
+    wide = run(None)  # a file or a CI log: one greppable row each
+    narrow = run("80")
+    assert wide.returncode == narrow.returncode == 1, narrow.stderr
+    assert max(len(row) for row in wide.stdout.splitlines()) > 80
+    rows = narrow.stdout.splitlines()
+    # Wider only where one word is (a qualified name of 74 characters under its indent).
+    assert all(len(row) <= 80 or len(row.split()) == 1 for row in rows), [row for row in rows if len(row) > 80]
+    # The same words in the same order: each path:line of the wide text is whole in the narrow one.
+    assert narrow.stdout.split() == wide.stdout.split()
+    assert [word for word in narrow.stdout.split() if re.match(r"srt/disaggregation/\S+\.py:\d+", word)]
+    # A continuation hangs under its row; a word wider than the line is kept whole.
+    assert fold("  + a b c", 5) == "  + a\n    b\n    c"
+    assert fold("x " + "p" * 12 + " y", 6) == "x\n  " + "p" * 12 + "\n  y"

@@ -379,3 +379,39 @@ def test_bug_report_mermaid_renders_on_real_releases(browser, tmp_path: Path, ve
         assert not any("…" in t for t in texts)
         if version != "0.4.8":
             assert any("waits: req.rid not in rids_to_check" in t for t in texts), texts
+
+
+FIT_JS = """
+const de = document.documentElement;
+return {
+  scroll: [de.scrollWidth, de.clientWidth],
+  nodes: Array.from(document.querySelectorAll('g.node')).map(g => [g.dataset.label,
+    Array.from(g.querySelectorAll('text:not(.code)')).map(t => t.textContent)]),
+};
+"""
+
+
+@pytest.mark.parametrize("version", ["0.4.8", "0.5.14", "0.5.23"])
+def test_page_fits_1280_pixels_and_labels_break_between_words(browser, tmp_path: Path, version: str) -> None:
+    """Before: at 1280 px the release map's table (long method names and paths that could not
+    wrap) gave 0.5.14 and 0.5.23 a page-level horizontal scrollbar (1305 and 1562 px of 1265),
+    and a 0.5.23 helper's label was broken inside a word ("optimistic_release_and_requeu" / "e()")."""
+    page = tmp_path / f"sglang-{version}.html"
+    result = kvtrace("scan", str(sglang_tree(version)), "-f", "html", "-o", str(page))
+    assert result.returncode in (0, 1) and page.stat().st_size > 10_000, result.stderr
+    browser.set_window_size(1280, 900)
+    try:
+        open_page(browser, page)
+        shown = browser.execute_script(FIT_JS)
+        shots = Path(os.environ.get("KVTRACE_SCREENSHOTS", tmp_path))
+        browser.save_screenshot(str(shots / f"page-1280-{version}.png"))
+    finally:
+        browser.set_window_size(1400, 1800)
+    width, room = shown["scroll"]
+    assert width <= room, (version, width, room)
+    assert shown["nodes"]
+    for label, lines in shown["nodes"]:
+        assert "".join(lines).replace(" ", "") == label.replace(" ", ""), (label, lines)  # whole, in order
+        for before, after in zip(lines, lines[1:]):
+            # A line ends where a word ends, or between the parts of a name (after _ . / or ().
+            assert f"{before} {after}" in label or before[-1] in "_./(", (version, label, lines)

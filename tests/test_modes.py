@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+import pytest
 
 from kvtrace.report import render_plain
 from kvtrace.report.json import to_json_dict
@@ -107,7 +108,7 @@ def test_no_caller_passes_the_parameter_so_its_branches_are_dead(tmp_path: Path)
     assert {s: [str(o) for o in f.fate] for s, f in queue.states.items()}["Success"] == ["leaves"]
 
 
-def test_callers_that_differ_give_one_mode_each(tmp_path: Path) -> None:
+def test_callers_that_differ_give_one_mode_each(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     report = scan_path(write(tmp_path, DRAIN + CALLERS, STUCK_SENDER))
     queue = report.queues[0]
     # The positional and the keyword caller bind alike: one mode.
@@ -135,6 +136,7 @@ def test_callers_that_differ_give_one_mode_each(tmp_path: Path) -> None:
     waiting = next(f for f in pins if f.state == "WaitingForInput")
     assert "in every mode of the drain" in waiting.message
 
+    monkeypatch.chdir(report.target)  # the text shows paths from the working directory: here, the report's own
     text = render_plain([report])
     assert f"modes: rids_to_check=None (called so at disaggregation/prefill.py:35)" in text
     assert ("rids_to_check passed: waits while rids_to_check is not None and req.rid not in rids_to_check "

@@ -92,3 +92,35 @@ def test_files_that_fit_alone_but_not_together_are_counted(lines: int) -> None:
     held = sum(count_nodes(m.tree) for m in kept)
     assert 0 < held <= 400_000
     assert len(kept) == 400_000 // (3 * lines + 1)
+
+
+def _ast_walk_order(tree: ast.AST) -> list[ast.AST]:
+    return list(ast.walk(tree))
+
+
+def test_walk_is_ast_walk_in_the_same_order() -> None:
+    """kvtrace.parse.walk (read from each class's ASDL fields) visits what `ast.walk` visits, the
+    same objects in the same order: every snippet, every example and a real release's package."""
+    from kvtrace.parse import walk
+
+    from tests.sglang_wheels import sglang_tree
+
+    texts = [s for s in SNIPPETS if s] + ["{**a, 'b': c, **d}\n", "match x:\n case C(a, b=1, *_): pass\n"
+                                         "global g\nnonlocal_ = 1\n", "x = f(*a, k=1, **b)[1:2, ::3]\n"]
+    texts += [p.read_text() for p in sorted(EXAMPLES.rglob("*.py"))]
+    release = sglang_tree("0.5.23") / "sglang" / "srt" / "disaggregation"
+    texts += [p.read_text() for p in sorted(release.rglob("*.py"))]
+    nodes = 0
+    for text in texts:
+        try:
+            tree = ast.parse(text)
+        except SyntaxError:  # the bound's snippets include code ast refuses
+            continue
+        expected = _ast_walk_order(tree)
+        got = walk(tree)
+        assert len(got) == len(expected) and all(a is b for a, b in zip(got, expected)), text[:80]
+        nodes += len(got)
+    assert nodes > 100_000  # the release was walked, not only the snippets
+    # A hand-built tree (fields missing or not nodes) is walked as ast.walk walks it.
+    odd = ast.Module(body=[ast.Expr(value=ast.Name(id="a"))])
+    assert [type(n) for n in walk(odd)] == [type(n) for n in ast.walk(odd)]

@@ -22,7 +22,7 @@ from kvtrace.scan import scan_path
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
 SARIF_SCHEMA = json.loads((Path(__file__).parent / "data" / "sarif-schema-2.1.0.json").read_text())
-PATH_LINE = re.compile(r"(?<![\w/.-])([\w.-]+(?:/[\w.-]+)*\.py):(\d+)")
+PATH_LINE = re.compile(r"(?<![\w/.-])(/?[\w.-]+(?:/[\w.-]+)*\.py):(\d+)")
 
 
 def kvtrace(*args: str, cwd: Path = ROOT, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
@@ -38,12 +38,14 @@ def terminal_report(tree: Path, width: int = 80) -> str:
 
 
 def assert_paths_resolve(text: str, base: Path) -> None:
-    """Every `path:line` token is whole: the file exists below `base` and has that line."""
+    """Every `path:line` token is whole and opens from the working directory: the file is one
+    below `base` (the scanned tree) and has that line."""
     tokens = PATH_LINE.findall(text)
     assert tokens
     for path, line in tokens:
-        file = base / path
-        assert file.is_file(), f"{path}:{line} is not a file below {base} (a folded path?)"
+        file = Path(path)
+        assert file.is_file(), f"{path}:{line} does not open from {Path.cwd()} (a folded path?)"
+        assert file.resolve().is_relative_to(base.resolve()), f"{path}:{line} is not below {base}"
         assert 1 <= int(line) <= len(file.read_text(encoding="utf-8").splitlines()), f"{path}:{line}"
 
 
@@ -360,10 +362,12 @@ def test_at_80_by_50_the_answer_is_on_screen_when_the_scan_ends() -> None:
     assert len(out) > 50  # the full report does not fit one screen
     last_screen = "\n".join(out[-49:])  # 50 rows, one for the next prompt
     # Folded at 80 columns: the summary is the last lines after the grid's legend.
-    summary = " ".join(last_screen[last_screen.rindex("\n8 warnings"):].split())
-    assert summary == ("8 warnings: nixl pins WaitingForInput only if two requests share a"
+    summary = " ".join(last_screen[last_screen.rindex("\n12 warnings"):].split())
+    assert summary == ("12 warnings: nixl pins WaitingForInput only if two requests share a"
                        " bootstrap_room · 10 notes")
+    # Both queues of the prefill host: each grid on the last screen.
     assert "Verdicts for disagg_prefill_inflight_queue" in last_screen
+    assert "Verdicts for disagg_prefill_bootstrap_queue" in last_screen
     assert re.search(r"^nixl +\S+ +\S+ +KVT001~ ", last_screen, re.M)
     assert "~: a warning, it holds only if two requests share a bootstrap_room" in last_screen
     assert max(len(line) for line in out) <= 80

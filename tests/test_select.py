@@ -75,3 +75,27 @@ def test_renamed_package_folder_is_read_whole(tmp_path: Path) -> None:
     full = fetch_local(tmp_path)
     assert [(f.path, f.sha256) for f in by_cli.files] == [(f.path, f.sha256) for f in full.files]
     assert "other.py" in {f.path for f in by_cli.files}
+
+
+def test_target_named_like_the_package_is_read_once(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`scan .../disaggregation`: the target is the package, so every file is read, in one pass
+    (not a filtered pass and then a whole one), and the files are what a plain read gives."""
+    import shutil
+
+    import kvtrace.fetch.local
+
+    shutil.copytree(EXAMPLES / "nixl-pin" / "disaggregation", tmp_path / "disaggregation")
+    (tmp_path / "disaggregation" / "unrelated.py").write_text("def g():\n    return 1\n")
+    reads: list[Path] = []
+    real = kvtrace.fetch.local.fetch_local
+
+    def counted(root: Path, *args: object, **kwargs: object) -> object:
+        reads.append(root)
+        return real(root, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(kvtrace.fetch.local, "fetch_local", counted)
+    by_cli = fetch_target(str(tmp_path / "disaggregation") + "/", FetchLimits(), pack=load_pack())
+    assert len(reads) == 1
+    full = real(tmp_path / "disaggregation")
+    assert [(f.path, f.sha256) for f in by_cli.files] == [(f.path, f.sha256) for f in full.files]
+    assert "unrelated.py" in {f.path for f in by_cli.files}

@@ -137,7 +137,9 @@ def test_release_map_reads_at_80_columns() -> None:
             shown = " ".join(lines[at:at + 3])
             assert all(s in shown for s in site.states), (site, shown)
         # A mode's fate that wraps hangs under its own column, never at the state column.
-        poll_states = text[text.index("\nPoll states\n"):text.index("\nBackends\n")].splitlines()
+        start = text.index("\nPoll states\n")  # the first queue's (the bootstrap queue's follows, own modes)
+        end = min(i for i in (text.find("\nRelease map: ", start), text.index("\nBackends\n")) if i > 0)
+        poll_states = text[start:end].splitlines()
         column = 2 + max(len(s) for s in states) + 2
         for i, line in enumerate(poll_states):
             if "rids_to_check passed:" in line:

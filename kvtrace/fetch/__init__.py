@@ -15,7 +15,7 @@ def fetch_target(text: str, limits: FetchLimits, ssh: dict[str, Any] | None = No
     """`after_fetch(client, result)` runs on the open SSH connection of a remote target. With
     the rules `pack`, only the files its scan reads are kept (fetch/select.py), whatever the
     route, and a remote one moves only those."""
-    from kvtrace.fetch.select import Wanted, narrow, package_roots
+    from kvtrace.fetch.select import Wanted, named_folders, narrow, package_roots
 
     wanted = Wanted.from_pack(pack) if pack is not None else None
     from kvtrace.target import SshTarget, parse_target
@@ -34,7 +34,9 @@ def fetch_target(text: str, limits: FetchLimits, ssh: dict[str, Any] | None = No
             return result
     from kvtrace.fetch.local import fetch_local
 
-    if wanted is None:
+    if wanted is None or "" in named_folders([], wanted.package_dir, text):
+        # A target named like the package folder is the package (or, with no enum in it, read whole
+        # for the error): `narrow` would keep every file, so the tree is read once, whole.
         return fetch_local(Path(text), limits)
     if not wanted.searchable:
         return narrow(fetch_local(Path(text), limits), wanted)

@@ -14,13 +14,14 @@ from __future__ import annotations
 import fnmatch
 import re
 from dataclasses import dataclass, field, replace
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from kvtrace.errors import InputError
 
 DEFAULT_PACK = "sglang-prefill"
+# The bundled pack of each server role: a role's pack names every queue a request waits in there.
+ROLE_PACKS = {"prefill": "sglang-prefill", "decode": "sglang-decode"}
 
 STR, STRS, TABLE_OF_STRS = "a string", "a list of strings", "a table of lists of strings"
 
@@ -38,6 +39,10 @@ SCHEMA: dict[str, dict[str, tuple[str, Any]]] = {
         # queue keeps it while its poll says so). Such a state seen again at this queue's drain
         # needs the status table to go back: a verdict resting on that says so (a premise).
         "entered_past": (TABLE_OF_STRS, {}),
+        # queue -> poll states a request's sender reaches only once its KV is sent, which happens
+        # after it left the queue. Such a state seen at this queue's drain is another request's,
+        # for the same room: a verdict resting on that says so (a premise).
+        "reached_after": (TABLE_OF_STRS, {}),
     },
     "enum": {"name": (STR, None), "terminal": (STRS, None)},
     "effects": {
@@ -64,6 +69,9 @@ SCHEMA: dict[str, dict[str, tuple[str, Any]]] = {
         "base": (STR, ""),
         "update_method": (STR, "update_status"),
         "check_method": (STR, "check_status"),
+        # The manager's mode on this pack's side as its constructor tests it (`DECODE`): the
+        # threads it starts only for another mode do not run here.
+        "side": (STR, ""),
     },
 }
 
@@ -93,10 +101,15 @@ class Pack:
     resources: tuple[tuple[str, tuple[str, ...]], ...] = ()
     holds: tuple[tuple[str, tuple[str, ...]], ...] = ()
     entered_past: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    reached_after: tuple[tuple[str, tuple[str, ...]], ...] = ()
     manager_base: str = ""
     update_method: str = "update_status"
     check_method: str = "check_status"
+    manager_side: str = ""
     clock_calls: tuple[str, ...] = ("time.time", "time.monotonic", "time.perf_counter")
+    # The queues the user named (--queue), each judged even if not found; empty: the pack's own
+    # choice. The others are still analysed, as what their drains do bears on these.
+    only: tuple[str, ...] = ()
     path: Path | None = field(default=None, compare=False)  # the TOML file, None when bundled
 
     def for_queue(self, queue: str) -> "Pack":
@@ -128,6 +141,10 @@ class Pack:
         """The poll states a request has left before it enters `queue` (none unless the pack says)."""
         return next((states for name, states in self.entered_past if name == queue), ())
 
+    def reached_later(self, queue: str) -> tuple[str, ...]:
+        """The poll states a request's sender reaches only after it left `queue` (none unless the pack says)."""
+        return next((states for name, states in self.reached_after if name == queue), ())
+
     def resource_of(self, callee: str) -> str | None:
         """The named resource a release call gives back, if the pack names one."""
         return next((name for name, patterns in self.resources if matches(callee, patterns)), None)
@@ -155,6 +172,11 @@ def matches(text: str, patterns: tuple[str, ...]) -> bool:
 
 
 def _bundled() -> Any:
+    here = Path(__file__).parent
+    if here.is_dir():  # an installed or checked-out package: no importlib.resources (and zipfile) to import
+        return here
+    from importlib import resources
+
     return resources.files("kvtrace.packs")
 
 
@@ -262,9 +284,10 @@ def validate(data: dict[str, Any], text: str, source: str) -> dict[str, dict[str
         if name not in queues_of(checked) or unknown:
             raise fail(key_line(text, "queue", "holds"), f"[queue] holds: {name!r} must be a queue of this pack "
                        f"and {unknown or held} resources of [effects.resources]")
-    for name in checked["queue"]["entered_past"]:
-        if name not in queues_of(checked):
-            raise fail(key_line(text, "queue", "entered_past"), f"[queue] entered_past: {name!r} must be a queue of this pack")
+    for key in ("entered_past", "reached_after"):
+        for name in checked["queue"][key]:
+            if name not in queues_of(checked):
+                raise fail(key_line(text, "queue", key), f"[queue] {key}: {name!r} must be a queue of this pack")
     if not checked["enum"]["terminal"]:
         raise fail(key_line(text, "enum", "terminal"), "[enum] terminal must name at least one member")
     return checked
@@ -311,11 +334,50 @@ def _from_dict(data: dict[str, dict[str, Any]], source: str, path: Path | None) 
         resources=owned,
         holds=tuple((name, tuple(held)) for name, held in queue["holds"].items()),
         entered_past=tuple((name, tuple(states)) for name, states in queue["entered_past"].items()),
+        reached_after=tuple((name, tuple(states)) for name, states in queue["reached_after"].items()),
         manager_base=manager["base"],
         update_method=manager["update_method"],
         check_method=manager["check_method"],
+        manager_side=manager["side"],
         path=path,
     )
+
+
+def bundled_pack_of(queues: list[str]) -> str | None:
+    """The one bundled pack that names every queue in `queues`, if there is one."""
+    holders = [name for name in available_packs() if set(queues) <= set(load_pack(name).queues)]
+    return holders[0] if len(holders) == 1 else None
+
+
+def pack_for(pack: str | None, role: str | None, queues: list[str]) -> str | None:
+    """The pack a scan uses: the one given (--rules or [tool.kvtrace] pack); else the role's; else,
+    when queues are named, the bundled pack that holds them (`--queue disagg_decode_transfer_queue`
+    alone scans the decode side); else None (the default pack)."""
+    if role is not None:
+        if role not in ROLE_PACKS:
+            raise InputError(f"--role must be one of {', '.join(ROLE_PACKS)} (got {role!r})")
+        if pack is not None and pack != ROLE_PACKS[role]:
+            raise InputError(f"--role {role} scans the bundled pack {ROLE_PACKS[role]}, but the pack {pack} "
+                             f"is also given: give one of them")
+        return ROLE_PACKS[role]
+    if pack is None and queues and not set(queues) <= set(load_pack(DEFAULT_PACK).queues):
+        return bundled_pack_of(queues) or DEFAULT_PACK  # none holds them all: select_queues says which
+    return pack
+
+
+def select_queues(pack: Pack, queues: list[str]) -> Pack:
+    """The pack that judges only the named queues, in the pack's order (all of them when none is named).
+    A name the pack does not hold is an input error that lists the pack's queues and, when a
+    bundled pack holds it, which one."""
+    if not queues:
+        return pack
+    unknown = [name for name in dict.fromkeys(queues) if name not in pack.queues]
+    if unknown:
+        elsewhere = {name: holder for name in unknown if (holder := bundled_pack_of([name])) is not None}
+        hint = "".join(f"; {name} is in the pack {holder}" for name, holder in elsewhere.items())
+        raise InputError(f"--queue {', '.join(unknown)}: not a queue of the pack {pack.name} "
+                         f"(its queues: {', '.join(pack.queues)}){hint}; one scan reads one pack")
+    return replace(pack, only=tuple(name for name in pack.queues if name in queues))
 
 
 @dataclass(frozen=True)

@@ -12,27 +12,21 @@ the summary, not listed; findings in the baseline are listed, marked, and do not
 from __future__ import annotations
 
 from collections.abc import Mapping
-from pathlib import Path
 
 from kvtrace.baseline import tally
 from kvtrace.gate import DEFAULT_FAIL_ON, counted, verdict_line
 from kvtrace.model import Finding, Report
-from kvtrace.report.github import cwd_path
+from kvtrace.report.places import Places
 from kvtrace.safe_text import plain
 
 
-def openable(report: Report, path: str) -> str:
-    """Relative to the working directory when under it, else absolute (never a `../../` climb)."""
-    relative = cwd_path(report, path)
-    if relative.startswith("../") and Path(report.target).exists():
-        return str((Path.cwd() / relative).resolve())
-    return relative
-
-
-def finding_line(report: Report, finding: Finding) -> str:
+def finding_line(report: Report, finding: Finding, places: Places | None = None) -> str:
+    """`places`: paths relative to the working directory when under it, else absolute (never a
+    `../../` climb); a remote file as host:path."""
+    places = places or Places(report)
     mark = " [in baseline]" if finding.baseline == "unchanged" else ""
-    message = " ".join(finding.message.split())
-    return plain(f"{openable(report, finding.path)}:{finding.line}:1: {finding.code} [{finding.severity}]{mark} {message}")
+    message = " ".join(places.text(finding.message).split())
+    return plain(f"{places.path(finding.path)}:{finding.line}:1: {finding.code} [{finding.severity}]{mark} {message}")
 
 
 def render(reports: list[Report], fail_on: Mapping[str, tuple[str, str]] | None = None) -> str:
@@ -41,8 +35,10 @@ def render(reports: list[Report], fail_on: Mapping[str, tuple[str, str]] | None 
     for report in reports:
         level, source = (fail_on or {}).get(report.target, (DEFAULT_FAIL_ON, f"--fail-on {DEFAULT_FAIL_ON}"))
         shown = [f for f in report.findings if not f.suppressed]
-        lines += [finding_line(report, f) for f in shown]
-        lines += [plain(f"{report.target}: INCOMPLETE: {gap.subject}: {gap.reason}") for gap in report.gaps]
+        places = Places(report)
+        lines += [finding_line(report, f, places) for f in shown]
+        lines += [plain(f"{report.target}: INCOMPLETE: {places.text(gap.subject)}: {places.text(gap.reason)}")
+                  for gap in report.gaps]
         total = f"{len(shown)} finding{'s' if len(shown) != 1 else ''}" + (f" ({counted(shown)})" if shown else "")
         extra = tally(report.findings)
         verdict = verdict_line(report.findings, level, source, incomplete=report.incomplete)

@@ -9,6 +9,8 @@ the sender's way out (poll() reading the state abort() writes, timeout checks) o
 
 from __future__ import annotations
 
+import re
+
 from dataclasses import dataclass
 
 import networkx as nx
@@ -179,10 +181,35 @@ def backend_diagram(report: Report, backend: Backend) -> Diagram:
 
 
 def wrap_text(text: str, width: int) -> list[str]:
-    """Lines of at most `width` characters, broken at spaces (or inside a longer word): never cut."""
-    import textwrap
+    """Lines of at most `width` characters, broken at spaces; a longer word (a helper's name such
+    as `optimistic_release_and_requeue()`) is broken after one of `_ . / (`, between the parts of
+    its name, and only a part longer than the line inside it: never cut."""
+    lines: list[str] = []
+    line = ""
+    for word in text.split():
+        for i, piece in enumerate(_name_parts(word, width)):
+            glue = "" if i or not line else " "  # the parts of one word join without a space
+            if line and len(line) + len(glue) + len(piece) > width:
+                lines.append(line)
+                line = piece
+            else:
+                line += glue + piece
+    return lines + [line] if line or not lines else lines
 
-    return textwrap.wrap(text, width, break_long_words=True, break_on_hyphens=False) or [""]
+
+def _name_parts(word: str, width: int) -> list[str]:
+    if len(word) <= width:
+        return [word]
+    parts: list[str] = []
+    for part in re.split(r"(?<=[_./(])", word):
+        while len(part) > width:  # no boundary inside: the part itself is broken
+            parts.append(part[:width])
+            part = part[width:]
+        if parts and len(parts[-1]) + len(part) <= width:
+            parts[-1] += part
+        elif part:
+            parts.append(part)
+    return parts
 
 
 def node_lines(report: Report, data: dict) -> list[tuple[str, str]]:

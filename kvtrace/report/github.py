@@ -2,7 +2,8 @@
 which GitHub shows as an annotation on the pull request's diff.
 
 Paths are made relative to the working directory (the repository root in a workflow), since the
-runner resolves `file=` from there. Findings silenced in the code are left out; findings in the
+runner resolves `file=` from there; a path named in a message is shown as it opens from there
+too (kvtrace.report.places). Findings silenced in the code are left out; findings in the
 baseline become `notice` annotations, so they are visible but not alarming.
 """
 
@@ -13,6 +14,7 @@ from collections.abc import Mapping
 from pathlib import Path
 
 from kvtrace.model import Finding, Report
+from kvtrace.report.places import Places
 from kvtrace.safe_text import plain
 
 LEVEL = {"error": "error", "warning": "warning", "note": "notice"}
@@ -36,14 +38,16 @@ def _property(text: str) -> str:
     return _data(text).replace(":", "%3A").replace(",", "%2C")
 
 
-def annotation(report: Report, finding: Finding) -> str:
+def annotation(report: Report, finding: Finding, places: Places | None = None) -> str:
+    """`places`: how paths open from the working directory (the message's paths are shown so)."""
+    places = places or Places(report)
     level = "notice" if finding.baseline == "unchanged" else LEVEL.get(finding.severity, "warning")
     where = " / ".join(part for part in (finding.backend, finding.state) if part)
     title = f"kvtrace {finding.rule}" + (f" ({where})" if where else "")
     if finding.baseline == "unchanged":
         title += " [in baseline]"
     props = f"file={_property(cwd_path(report, finding.path))},line={finding.line},title={_property(title)}"
-    return f"::{level} {props}::{_data(finding.message)}"
+    return f"::{level} {props}::{_data(places.text(finding.message))}"
 
 
 def render(reports: list[Report], fail_on: Mapping[str, tuple[str, str]] | None = None) -> str:
@@ -54,9 +58,10 @@ def render(reports: list[Report], fail_on: Mapping[str, tuple[str, str]] | None 
     for report in reports:
         level, source = (fail_on or {}).get(report.target, (DEFAULT_FAIL_ON, f"--fail-on {DEFAULT_FAIL_ON}"))
         shown = [f for f in report.findings if not f.suppressed]
-        lines += [annotation(report, f) for f in shown]
+        places = Places(report)
+        lines += [annotation(report, f, places) for f in shown]
         for problem in report.problems:
-            lines.append(f"::warning title=kvtrace incomplete scan::{_data(f'{report.target}: {problem}')}")
+            lines.append(f"::warning title=kvtrace incomplete scan::{_data(f'{report.target}: {places.text(problem)}')}")
         for f in report.files:
             if f.status != "ok":
                 lines.append(f"::warning file={_property(cwd_path(report, f.path))},title=kvtrace could not analyse"

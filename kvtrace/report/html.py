@@ -9,6 +9,8 @@ checkout; kvtrace.report.links), else to the excerpt on this page.
 
 from __future__ import annotations
 
+import re
+
 from html import escape
 
 from kvtrace import __version__
@@ -248,6 +250,7 @@ def _report(report: Report, out: list[str]) -> None:
         tag = mark(f)
         out.append(f'<div class="finding" data-rule="{escape(f.rule)}"><p><b>{escape(f.severity)}[{escape(f.rule)}]</b> '
                    f'<a href="{escape(page.href(f.path, f.line))}"><code>{escape(f.path)}:{f.line}</code></a>'
+                   + (f" in <code>{escape(f.queue)}</code>" if f.queue and len(report.queues) > 1 else "")
                    + (f" <i>({escape(tag)})</i>" if tag else "") + f"<br>{escape(f.message)}</p>")
         out.append(f"<pre>{escape(page.code(f.path, f.line))}</pre>")
         if f.evidence:
@@ -263,7 +266,7 @@ def _report(report: Report, out: list[str]) -> None:
             note = f" [{escape(s.note)}]" if s.note else ""
             note += f" (only when {escape(s.mode)})" if s.mode else ""
             out.append(f'<tr><td>{escape(s.kind)}</td><td><a href="{escape(page.href(s.path, s.line))}">'
-                       f"<code>{escape(s.path)}:{s.line}</code></a></td><td><code>{escape(s.function)}</code></td>"
+                       f"<code>{_breakable(s.path, '/')}:{s.line}</code></a></td><td><code>{_breakable(s.function)}</code></td>"
                        f"<td>{escape(', '.join(s.states))}{note}</td></tr>")
         out.append("</table>")
         modes = modes_line(queue)
@@ -279,6 +282,12 @@ def _report(report: Report, out: list[str]) -> None:
         rows = "".join(f'<span class="hl">{escape(f"{n:5d} | {t}")}</span>' if n == line else escape(f"{n:5d} | {t}") + "\n"
                        for n, t in _excerpt(report, path, line))
         out.append(f'<div class="source" id="{_anchor(path, line)}"><code>{escape(path)}:{line}</code><pre>{rows}</pre></div>')
+
+
+def _breakable(name: str, after: str = ".") -> str:
+    """A qualified name (a path: `after="/"`) that may wrap after each `after` (between its parts,
+    never inside one), so a table of long names fits the page instead of widening it past the window."""
+    return "<wbr>".join(escape(part) for part in re.split(f"(?<={re.escape(after)})", name))
 
 
 def render(reports: list[Report]) -> str:

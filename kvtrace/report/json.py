@@ -95,6 +95,7 @@ def to_json_dict(report: Report) -> dict[str, Any]:
                 "line": f.line,
                 "backend": f.backend,
                 "state": f.state,
+                "queue": f.queue,
                 "evidence": _evidence(f.evidence),
                 "premise": f.premise,
                 **finding_marks(f),

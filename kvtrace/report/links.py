@@ -31,8 +31,10 @@ RELEASE = re.compile(r"^\d+(?:\.\d+)*(?:(?:a|b|rc)\d+)?(?:\.post\d+)?$")
 class Permalinks:
     bases: dict[str, str] = field(default_factory=dict)  # report path -> URL of that file
     default: str | None = None  # prefix for every path (an installed release's tag)
+    shown: dict[str, str] = field(default_factory=dict)  # a path as shown to the reader -> report path
 
     def url(self, path: str, line: int) -> str | None:
+        path = self.shown.get(path, path)
         base = self.bases.get(path) or (f"{self.default}{path}" if self.default is not None else None)
         if base is None:
             return None

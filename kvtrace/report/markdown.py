@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import re
 
-from kvtrace.freeing import what_frees
+from kvtrace.freeing import Freeing, what_frees
 from kvtrace.model import Report
 from kvtrace.report import modes_line, state_fate_lines
 from kvtrace.report.bugreport import code_link, environment_lines, excerpt_details
 from kvtrace.report.diagram import diagrams, drawn_queue, mermaid, mermaid_legend
 from kvtrace.report.links import Permalinks, permalinks
 from kvtrace.report.mdtext import cell, code, html, prose
+from kvtrace.report.places import Places
 from kvtrace.report.verdicts import (Grid, by_severity, gap_text, summary_line, unknown_returns, verdict_grids,
                                      way_out_text)
 
@@ -34,11 +35,16 @@ def render(reports: list[Report], detail: str = "summary") -> str:
 
 def _report(report: Report, detail: str, budget: int | None) -> str:
     links = permalinks(report)
-    drawn = diagrams(report)
+    drawn = diagrams(report)  # from the report's own paths (the queue graph's), labels name files only
+    frees = {d.backend.name: what_frees(report, d.backend) for d in drawn if d.pinned}
+    places = Places(report, extra=(e.path for found in frees.values() for f in found for e in f.evidence))
+    if links is not None:
+        links.shown = places.shown()  # a path shown from the working directory links to its upstream line
+    report, frees = places.localized((report, frees))  # every path as it opens from where the reader stands
     pinning = [d for d in drawn if d.pinned]
     out: list[str] = [f"# {prose(title_line(report))}", ""]
     out += _answer(report)
-    out += _what_pins(report, pinning, links)
+    out += _what_pins(report, pinning, frees, links)
     out += _other_findings(report, links)
     out += ["## Environment", "", *environment_lines(report), ""]
     folded = _folded_sections(report, [d for d in drawn if not d.pinned] if pinning else drawn, links, detail)
@@ -107,7 +113,8 @@ def _grid(grid: Grid) -> list[str]:
 
 
 def _finding_entry(report: Report, f, links: Permalinks | None, evidence: bool, excerpt: bool) -> list[str]:
-    out = [f"- **{prose(f.rule)}** ({prose(f.severity)}) {code_link(f.path, f.line, links)}: {prose(f.message)}"]
+    of = f" in {code(f.queue)}" if f.queue and len(report.queues) > 1 else ""
+    out = [f"- **{prose(f.rule)}** ({prose(f.severity)}){of} {code_link(f.path, f.line, links)}: {prose(f.message)}"]
     if evidence:
         out += [f"  - {code_link(e.path, e.line, links)} {prose(e.note)}" for e in f.evidence]
     if excerpt:
@@ -115,7 +122,7 @@ def _finding_entry(report: Report, f, links: Permalinks | None, evidence: bool, 
     return out
 
 
-def _what_pins(report: Report, pinning: list, links: Permalinks | None) -> list[str]:
+def _what_pins(report: Report, pinning: list, frees: dict[str, list[Freeing]], links: Permalinks | None) -> list[str]:
     """Each error with its chain and code; per backend that pins, its way out and one diagram."""
     errors = [f for f in by_severity(report.findings) if f.severity == "error"]
     if not errors and not pinning:
@@ -125,15 +132,17 @@ def _what_pins(report: Report, pinning: list, links: Permalinks | None) -> list[
     for f in errors:
         if f.backend not in named:
             out += _finding_entry(report, f, links, evidence=True, excerpt=True)
+    shown = {b.name: b for b in report.backends}
     for diagram in pinning:
-        b = diagram.backend
+        b = shown.get(diagram.backend.name, diagram.backend)  # the backend with its paths as shown
         poll = f" at {code_link(b.poll.path, b.poll.line, links)}" if b.poll else ""
         queue = drawn_queue(report)
         of = f" in {code(queue.name)}" if queue is not None and len(report.queues) > 1 else ""
         out += [f"### {prose(b.name)} pins {prose(', '.join(diagram.pinned))}{of}", "",
                 f"{code(b.sender + '.poll()')}{poll}. What frees each state it can return and keep:", ""]
-        for freeing in what_frees(report, b):
-            where = ", ".join(code_link(e.path, e.line, links) for e in freeing.evidence[:3])
+        for freeing in frees.get(b.name, []):
+            cited = [e for e in freeing.evidence if f"{e.path}:{e.line}" not in freeing.text]  # not twice
+            where = ", ".join(code_link(e.path, e.line, links) for e in cited[:3])
             out.append(f"- {prose(freeing.state)}: {prose(freeing.text)}" + (f" ({where})" if where else ""))
         out.append("")
         for f in errors:

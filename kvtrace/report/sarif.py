@@ -140,7 +140,7 @@ def to_sarif(reports: list[Report], root: Path | None = None) -> dict[str, Any]:
                 "locations": [locate(f.path, f.line)],
                 "partialFingerprints": {"kvtrace/v1": f"{f.rule}:{f.backend or '-'}:{f.state or '-'}",
                                         SARIF_KEY: str(fingerprint(f))},
-                "properties": {"rule": f.rule, "backend": f.backend, "state": f.state, "function": f.function,
+                "properties": {"rule": f.rule, "backend": f.backend, "state": f.state, "queue": f.queue, "function": f.function,
                                "premise": f.premise},
                 **_located_marks(f, locate),
             }

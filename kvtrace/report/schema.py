@@ -245,6 +245,8 @@ REPORT_SCHEMA: dict[str, Any] = {
                     "line": {"type": "integer", "minimum": 1},
                     "backend": {"type": ["string", "null"]},
                     "state": {"type": ["string", "null"]},
+                    "queue": {"type": ["string", "null"],
+                              "description": "the queue whose drain the finding is about (null: the backends alone)"},
                     "evidence": {"type": "array", "items": _EVIDENCE},
                     "premise": {"type": ["string", "null"],
                                 "description": "what the finding rests on (e.g. two requests share a bootstrap_room); "

@@ -19,9 +19,11 @@ from rich.text import Text
 
 from kvtrace import __version__
 from kvtrace.baseline import counts_against
+from kvtrace.freeing import Freeing, what_frees
 from kvtrace.model import Backend, Evidence, Gap, Report, SourceFile
 from kvtrace.report import modes_line, state_fate_lines
 from kvtrace.report.excerpt import without_annotation
+from kvtrace.report.places import Places
 from kvtrace.safe_text import inert, plain
 from kvtrace.report.verdicts import (
     NOT_CHECKED,
@@ -43,7 +45,12 @@ GAPS_UP_FRONT = 5  # more than this are counted up front and all listed at the e
 
 
 def render(report: Report, console: Console, show_map: bool = True) -> None:
-    report = inert(report)  # names and notes come from the scanned tree: no control character reaches the terminal
+    shown = finding_groups(report)
+    frees = {b.name: what_frees(report, b) for b in report.backends if b.name in shown}
+    # Paths as they open from the working directory; names and notes come from the scanned tree:
+    # no control character reaches the terminal.
+    places = Places(report, extra=(e.path for found in frees.values() for f in found for e in f.evidence))
+    report, frees = inert(places.localized((report, frees)))
     files = {f.path: f for f in report.files}
     _header(report, console)
     _gaps(report.gaps[:GAPS_UP_FRONT], console, more=len(report.gaps) - GAPS_UP_FRONT)
@@ -52,7 +59,7 @@ def render(report: Report, console: Console, show_map: bool = True) -> None:
     groups = finding_groups(report)
     for backend, items in groups.items():
         console.print()
-        _backend_findings(report, backend, items, files, console)
+        _backend_findings(report, backend, items, files, frees.get(backend or ""), console)
     console.print()
     summary = summary_line(report)
     style = "bold red" if any(f.severity == "error" and counts_against(f) for f in report.findings) else "bold green"
@@ -187,7 +194,7 @@ def legend_lines(items: list[str], width: int) -> list[str]:
 
 
 def _backend_findings(report: Report, backend: str | None, groups, files: dict[str, SourceFile],
-                      console: Console) -> None:
+                      frees: list[Freeing] | None, console: Console) -> None:
     info = next((b for b in report.backends if b.name == backend), None)
     console.print(Text(backend_label(backend, info), style="bold"))
     shown: set[tuple[str, int]] = set()
@@ -195,6 +202,8 @@ def _backend_findings(report: Report, backend: str | None, groups, files: dict[s
         head = Text.assemble(
             (f"{group.severity}[{group.rule}]", SEVERITY_STYLE.get(group.severity, "")),
             " at ", (f"{group.path}:{group.line}", "bold"))
+        if group.queue and len(report.queues) > 1:  # several grids: say which queue's drain it is about
+            head.append(f" in {group.queue}")
         if group.mark:
             head.append(f" ({group.mark})", "dim")
         console.print(Padding(head, (0, 0, 0, 2)))
@@ -207,17 +216,17 @@ def _backend_findings(report: Report, backend: str | None, groups, files: dict[s
             console.print(Padding(excerpt, (0, 0, 0, 2)))
         if group.evidence:
             console.print(Padding(_evidence_table(group.evidence, console.width - 4), (0, 0, 0, 4)))
-    if info is not None:
-        _what_frees(report, info, console)
+    if frees:
+        _what_frees(frees, console)
 
 
-def _what_frees(report: Report, backend: Backend, console: Console) -> None:
-    """For each non-terminal state the backend's poll() returns: abort, a timeout (its variable
-    and default) or a restart, so that the engineer on call knows what to do now."""
-    from kvtrace.freeing import what_frees
-
-    for freeing in what_frees(report, backend):
-        where = "; ".join(f"{e.path}:{e.line}" for e in freeing.evidence[:3])
+def _what_frees(frees: list[Freeing], console: Console) -> None:
+    """For each non-terminal state the backend's poll() returns: abort (and whether the scheduler
+    calls it), a timeout (its variable and default) or a restart, so that the engineer on call
+    knows what to do now."""
+    for freeing in frees:
+        cited = [e for e in freeing.evidence if f"{e.path}:{e.line}" not in freeing.text]  # not twice
+        where = "; ".join(f"{e.path}:{e.line}" for e in cited[:3])
         line = Text.assemble(("what frees ", "bold"), (freeing.state, "bold"), ": ", freeing.text)
         if where:
             line.append(f" ({where})", "dim")

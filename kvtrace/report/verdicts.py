@@ -86,22 +86,13 @@ def _concerns(finding: Finding, backend: Backend) -> bool:
     """Whether a finding that names no backend belongs in this backend's row. A queue rule's is
     about the drain loop, which every backend meets; a backend rule's (a manager method whose
     backend the rule did not name) belongs to the backends whose manager runs that method
-    (inherited from a shared base) or whose sender or manager lives in the finding's folder,
-    never to every row."""
+    (`Finding.backends`, from kvtrace.managers), never to every row nor to a folder's."""
     from kvtrace.rules import find_rule
 
     rule = find_rule(finding.rule)
     if rule is None or rule.per_queue:
         return True
-    if finding.backends:  # the backends whose manager runs the method (kvtrace.managers)
-        return backend.name in finding.backends
-    if backend.manager is not None and f"{finding.path}:{finding.function}" in backend.manager.runs:
-        return True  # in a manager method this backend inherits (common/conn.py)
-    folder = finding.path.rpartition("/")[0]
-    homes = {backend.path.rpartition("/")[0]}
-    if backend.manager is not None:
-        homes.add(backend.manager.path.rpartition("/")[0])
-    return folder in homes
+    return backend.name in finding.backends
 
 
 def _of_queue(finding: Finding, queue: QueueReport | None) -> bool:
@@ -244,6 +235,7 @@ class FindingGroup:
     line: int
     backend: str | None
     mark: str = ""  # why it does not fail the scan (suppressed, in baseline) or that it is new
+    queue: str | None = None  # the queue whose drain it is about (None: the backends alone)
     states: list[str] = field(default_factory=list)
     findings: list[Finding] = field(default_factory=list)
 
@@ -262,8 +254,8 @@ def finding_groups(report: Report) -> dict[str | None, list[FindingGroup]]:
     backend_order = {b.name: i for i, b in enumerate(report.backends)}
     groups: dict[tuple, FindingGroup] = {}
     for f in report.findings:
-        key = (f.backend, f.rule, f.path, f.line, mark(f))
-        group = groups.setdefault(key, FindingGroup(f.rule, f.severity, f.path, f.line, f.backend, mark(f)))
+        key = (f.backend, f.rule, f.path, f.line, mark(f), f.queue)
+        group = groups.setdefault(key, FindingGroup(f.rule, f.severity, f.path, f.line, f.backend, mark(f), f.queue))
         group.findings.append(f)
         if f.state and f.state not in group.states:
             group.states.append(f.state)

@@ -1,0 +1,264 @@
+"""The stages of one scan, in the order `kvtrace.scan.scan_fetched` calls them, each a function
+with a typed result:
+
+    target -> fetch -> parse -> index -> graph -> checks -> report
+
+- target: what the user named, resolved by `kvtrace.target` (a folder, an installed package, a
+  host:path).
+- fetch: `kvtrace.fetch` reads the files (local, or a fixed read-only fetch over SSH) into a
+  `FetchResult`; nothing after it touches the file system or the network.
+- parse (`parse`): the package folder is located and its files chosen and parsed (`kvtrace.parse`).
+- index (`index`): classes, functions and calls (`kvtrace.index.Index`) and the poll enum.
+- graph (`graph`): the queue analysis (`kvtrace.graph`: the drain loop explored per poll state by
+  the flow engine, `kvtrace.flow` with the queue's `kvtrace.effects`) and the sender analysis
+  (`kvtrace.backends`, with each manager's `kvtrace.managers.ManagerFacts`), beside each other.
+- checks (`checks`): the rules (`rules/`) read one `ScanModel` per queue and give findings.
+- report (`report`): the `Report` every writer in `kvtrace.report` reads, with its gaps.
+"""
+
+from __future__ import annotations
+
+import pickle
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+from kvtrace.backends import SenderAnalysis, analyse_backends, sender_classes
+from kvtrace.beside import Beside, Claims
+from kvtrace.config import Settings
+from kvtrace.errors import AmbiguousTarget, InputError
+from kvtrace.gaps import Cut, find_gaps
+from kvtrace.graph import QueueAnalysis, ScanModel, StateGraph, analyse_queue, find_enum, static_sites
+from kvtrace.index import Index
+from kvtrace.managers import manager_facts
+from kvtrace.model import EventKind, Evidence, FetchResult, Filters, Finding, ModeInfo, QueueReport, Report, SourceFile
+from kvtrace.packs import Pack
+from kvtrace.parse import ParsedModule, parse_modules
+from kvtrace.states import Domain
+
+
+@dataclass
+class Parsed:
+    """The located package (`root`), the files in scope and their modules."""
+
+    root: str
+    files: list[SourceFile]
+    modules: list[ParsedModule]
+
+
+@dataclass
+class Indexed:
+    index: Index
+    domain: Domain
+    enum: Evidence  # where the poll enum is defined
+
+
+@dataclass
+class Analysed:
+    """Each queue's analysis (with what could not be analysed in it) and the senders."""
+
+    queues: list[tuple[QueueAnalysis, list[str]]]
+    senders: list[SenderAnalysis]
+    problems: list[str]
+
+
+@dataclass
+class Checked:
+    findings: list[Finding]
+    queue_reports: list[QueueReport]
+    problems: list[str]
+    last_graph: dict  # the last queue's graph, as plain data
+
+
+def parse(fetched: FetchResult, pack: Pack, root: str | None) -> Parsed:
+    from kvtrace.scan import _in_scope, locate_packages, package_scope
+
+    files = fetched.files
+    if not files:
+        raise InputError(f"{fetched.target}: no .py files found")
+    candidates = locate_packages(files, pack, fetched.target)
+    if root is None:
+        if len(candidates) > 1:
+            raise AmbiguousTarget(fetched.target, candidates)
+        root = candidates[0]
+    in_scope = _in_scope(files, pack, root, package_scope(root, candidates))
+    return Parsed(root, in_scope, parse_modules(in_scope))
+
+
+def index(parsed: Parsed, pack: Pack, target: str) -> Indexed:
+    from kvtrace.scan import _enum_unreadable_message
+
+    index = Index(parsed.modules, parsed.root)
+    enum = find_enum(index, pack)
+    if enum is None:
+        raise InputError(_enum_unreadable_message(target, pack, parsed.files))
+    domain, enum_evidence = enum
+    return Indexed(index, domain, enum_evidence)
+
+
+def graph(parsed: Parsed, indexed: Indexed, pack: Pack, beside: type[Beside] = Beside,
+          parallel_min_bytes: int = 0) -> Analysed:
+    """The queues' and the senders' analyses; the senders in a forked child (`beside`) when the
+    files in scope hold at least `parallel_min_bytes`."""
+    index, domain, root, in_scope = indexed.index, indexed.domain, parsed.root, parsed.files
+    queue_names = pack.queues or (pack.queue,)
+    # The senders are analysed beside the queue (kvtrace.beside) when the work is worth a fork:
+    # the child takes them in order, the parent the ones it has not started once the queue is done.
+    big = sum(len(f.data) for f in in_scope) >= parallel_min_bytes
+    before = {f.path: (f.status, f.error) for f in in_scope}
+    claims = Claims(len(sender_classes(index, pack)))
+    try:
+        with beside(lambda: _senders_out(index, pack, domain, root, in_scope, before, claims.claim), big) as child:
+            queues: list[tuple[QueueAnalysis, list[str]]] = []
+            for name in queue_names:
+                queue_pack = pack.for_queue(name)
+                try:
+                    queues.append((analyse_queue(index, queue_pack, domain), []))
+                except RecursionError:
+                    # Pathologically nested code: say so rather than guess (the scan is marked incomplete).
+                    queues.append((QueueAnalysis(None, StateGraph(), {}, static_sites(index, queue_pack)),
+                                   [f"the drain loop of {name} is nested too deeply to analyse"]))
+            sender_problems: list[str] = []
+            mine = analyse_backends(index, pack, domain, root, sender_problems, claims.claim) if child.forked else None
+            from_child = child.result()
+    finally:
+        claims.close()
+    if mine is not None and from_child is not None:
+        senders = _senders_in(from_child, index, pack, in_scope, before, sender_problems) + mine
+        order = {id(c): i for i, c in enumerate(sender_classes(index, pack))}
+        senders.sort(key=lambda s: order[id(s.cls)])
+    else:  # one process (or the child failed: everything is done here)
+        sender_problems = []
+        senders = analyse_backends(index, pack, domain, root, sender_problems)
+    return Analysed(queues, senders, sorted(sender_problems))  # the same order whichever process met them
+
+
+def _judged(pack: Pack, names: tuple[str, ...], queues: list[tuple[QueueAnalysis, list[str]]],
+            in_scope: list[SourceFile]) -> list[tuple[str, tuple[QueueAnalysis, list[str]]]]:
+    """The queues to judge: the ones named with --queue; else the pack's, but one this code neither
+    fills nor drains, that no file kvtrace read (parsed or not) names, with no caller out of view,
+    is not in it (a tree that models only some of a role's queues): nothing to judge and nothing
+    left unread. One is always kept, so a tree with none still says its queue is neither filled
+    nor drained."""
+    pairs = list(zip(names, queues))
+    if pack.only:
+        return [pair for pair in pairs if pair[0] in pack.only]
+    if any(f.status in ("too-large", "unreadable", "skipped") for f in in_scope):
+        return pairs  # a file whose bytes were not read may hold it
+    unanalysed = [f.data for f in in_scope if f.status != "ok"]
+
+    def present(name: str, queue: QueueAnalysis, problems: list[str]) -> bool:
+        return bool(queue.drain is not None or queue.unparsed or queue.unseen_callers or problems
+                    or any(s.kind is EventKind.ENTRY for s in queue.static_sites)
+                    or any(name.encode() in data for data in unanalysed))
+    return [pair for pair in pairs if present(pair[0], *pair[1])] or pairs[:1]
+
+
+def checks(parsed: Parsed, indexed: Indexed, analysed: Analysed, pack: Pack, settings: Settings) -> Checked:
+    from kvtrace.rules import ALL_RULES, ScanContext
+    from kvtrace.rules.unused_suppression import UnusedSuppression
+    from kvtrace.suppress import silence
+
+    index, domain, senders, in_scope = indexed.index, indexed.domain, analysed.senders, parsed.files
+    queue_names = pack.queues or (pack.queue,)
+    problems: list[str] = []
+    findings = []
+    queue_reports = []
+    rules = [rule for rule in ALL_RULES if settings.wants_rule(rule.name, rule.code)]
+    # A pack may name several queues (decode: prealloc and transfer); each is its own graph,
+    # the backends are shared. Rules about the backends alone run once.
+    for number, (name, (queue, queue_problems)) in enumerate(_judged(pack, queue_names, analysed.queues, in_scope)):
+        queue_pack = pack.for_queue(name)
+        problems.extend(queue_problems)
+        entries = [s for s in queue.static_sites if s.kind is EventKind.ENTRY]
+        model = ScanModel(queue, senders, domain)
+        ctx = ScanContext(queue_pack, domain, index, model, entries,
+                          [other for other, _ in analysed.queues if other is not queue])
+        for rule in rules:
+            if rule.per_queue or number == 0:
+                for f in rule().check(ctx):
+                    if settings.wants_backend(f.backend):
+                        f.queue = name if rule.per_queue else None  # one verdict grid per queue
+                        findings.append(f)
+        if queue.unparsed:
+            # Never a silent skip, nor a confident "undrained": the scan is incomplete (exit 3).
+            problems.append(f"could not be parsed with libcst, so the analysis of {name} is incomplete: "
+                            + ", ".join(queue.unparsed))
+        elif queue.drain is None and not entries and not queue.unseen_callers:
+            unread = [f.path for f in in_scope if f.status != "ok"]
+            cause = f" (files not analysed: {', '.join(unread[:3])}{' ...' if len(unread) > 3 else ''})" if unread else ""
+            problems.append(f"self.{name} is neither filled nor drained in the analysed files{cause}")
+        problems.extend(queue.unseen_callers)
+        limits = [t for t in queue.truncated if not isinstance(t, Cut)]
+        if limits:
+            problems.append("path limit reached (results may be incomplete) at " + ", ".join(limits))
+        problems.extend(f"analysis cut short (results may be incomplete) at {t}" for t in queue.truncated if isinstance(t, Cut))
+        queue_reports.append(_queue_report(queue_pack, model))
+    findings = silence(findings, index.modules, report_unused=UnusedSuppression in rules)
+    findings.sort(key=lambda f: (f.path, f.line, f.rule, f.backend or "", f.state or ""))
+    # Plain lists: reports go into the cache as JSON, without the analysis' types.
+    last_graph = {**queue.graph.as_data(), "queue": name}  # the last queue's graph, named
+    return Checked(findings, queue_reports, problems, last_graph)
+
+
+def report(fetched: FetchResult, parsed: Parsed, indexed: Indexed, analysed: Analysed, checked: Checked,
+           settings: Settings) -> Report:
+    from kvtrace.baseline import assign_roles
+    from kvtrace.scan import detect_version
+
+    senders = analysed.senders
+    report = Report(
+        target=fetched.target,
+        files=parsed.files,
+        queues=checked.queue_reports,
+        backends=[s.backend for s in senders if settings.wants_backend(s.backend.name)],
+        findings=checked.findings,
+        root=parsed.root,
+        enum=indexed.enum,
+        problems=analysed.problems + checked.problems + list(fetched.notes),
+        version=detect_version(fetched.files, parsed.root, fetched.target),
+        graph=checked.last_graph,
+    )
+    report.gaps = find_gaps(report, indexed.enum.path, indexed.index)
+    assign_roles(report)  # before caching: the fingerprints' site roles come from the release map
+    found = {s.backend.name for s in senders}
+    report.filters = Filters(settings.source, settings.select, settings.ignore,
+                             tuple(sorted(found & set(settings.ignore_backends))),
+                             tuple(sorted(set(settings.ignore_backends) - found)))
+    return report
+
+
+def _senders_out(index: Index, pack: Pack, domain: Domain, root: str, files: list[SourceFile],
+                 before: Mapping[str, tuple[str, str | None]], take: Callable[[int], bool]) -> bytes:
+    """In the child: analyse the senders it claims; send the reports, the problems met and the
+    files whose status changed (a function too deep for libcst marks its file), never the trees."""
+
+    problems: list[str] = []
+    senders = analyse_backends(index, pack, domain, root, problems, take)
+    found = [((s.cls.path, s.cls.line), s.backend, (s.poll.path, s.poll.line) if s.poll else None, s.raise_sites,
+              s.absent_raise_sites, (s.manager.cls.path, s.manager.cls.line) if s.manager else None) for s in senders]
+    changed = {f.path: (f.status, f.error) for f in files if (f.status, f.error) != before[f.path]}
+    return pickle.dumps((found, problems, changed), protocol=pickle.HIGHEST_PROTOCOL)
+
+
+def _senders_in(data: bytes, index: Index, pack: Pack, files: list[SourceFile],
+                before: Mapping[str, tuple[str, str | None]], problems: list[str]) -> list[SenderAnalysis]:
+    """In the parent: the child's senders on the parent's own classes and functions (their
+    managers' facts read again from the parent's index), with everything else as one process
+    would have left it (senders first, then the queue)."""
+
+    found, child_problems, changed = pickle.loads(data)
+    mine = {f.path: (f.status, f.error) for f in files if (f.status, f.error) != before[f.path]}
+    by_path = {f.path: f for f in files}
+    for path, (status, error) in {**changed, **mine}.items():
+        by_path[path].status, by_path[path].error = status, error
+    problems.extend(child_problems)
+    classes = {(c.path, c.line): c for infos in index.classes.values() for c in infos}
+    methods = {(f.path, f.line): f for c in classes.values() for f in c.methods.values()}
+    return [SenderAnalysis(backend, classes[cls], methods[poll] if poll else None, raise_sites, absent,
+                           manager_facts(index, classes[manager], pack.check_method, pack.update_method) if manager else None)
+            for cls, backend, poll, raise_sites, absent, manager in found]
+
+
+def _queue_report(pack: Pack, model: ScanModel) -> QueueReport:
+    modes = [ModeInfo(m.label, m.passed, m.callers) for m in model.queue.modes]
+    return QueueReport(pack.queue, model.queue.drain_ref(), model.release_map(), model.state_fates(), modes)

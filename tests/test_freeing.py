@@ -1,0 +1,102 @@
+"""What frees each state says whether anything in view calls the backend's abort() for a
+request in the queue: the scheduler's abort path (a loop over the queue calling the request's
+sender's abort()), with its line, or that nothing does, in which case abort cannot free it."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from kvtrace.freeing import scheduler_aborts, what_frees
+from kvtrace.scan import scan_path
+
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
+
+# The scheduler's abort path in our own words: a loop over the inflight queue (through
+# enumerate) that calls the request's sender's abort(), guarded as SGLang guards it.
+SCHEDULER = '''
+class Scheduler:
+    def abort_request(self, recv_req):
+        for i, req in enumerate(self.disagg_prefill_inflight_queue):
+            if recv_req.abort_all or req.rid.startswith(recv_req.rid):
+                if hasattr(req.disagg_kv_sender, "abort"):
+                    req.disagg_kv_sender.abort()
+
+    def not_an_abort_path(self):
+        for req in self.waiting_queue:
+            req.disagg_kv_sender.abort()
+        for req in self.disagg_prefill_inflight_queue:
+            req.abort()
+'''
+
+
+def _tree(tmp_path: Path, scheduler: bool) -> Path:
+    tree = tmp_path / "srt"
+    shutil.copytree(EXAMPLES / "nixl-pin", tree)
+    if scheduler:
+        (tree / "managers" / "scheduler.py").write_text(SCHEDULER)
+    return tree
+
+
+def test_the_scheduler_abort_path_is_named_with_its_line(tmp_path: Path) -> None:
+    tree = _tree(tmp_path, scheduler=True)
+    report = scan_path(tree)
+    calls = scheduler_aborts(report)
+    # Only the loop over the queue that aborts the request's sender; not another queue's loop,
+    # nor an abort() of the request object itself.
+    assert [(c.path, c.line) for c in calls] == [("managers/scheduler.py", 7)]
+    assert "req.disagg_kv_sender.abort()" in (tree / calls[0].path).read_text().splitlines()[calls[0].line - 1]
+    assert calls[0].note.startswith("Scheduler.abort_request() calls req.disagg_kv_sender.abort()")
+    mooncake = next(b for b in report.backends if b.name == "mooncake")
+    frees = {f.state: f for f in what_frees(report, mooncake)}
+    boot = frees["Bootstrapping"]
+    assert boot.how == "abort"
+    assert "the scheduler does: Scheduler.abort_request() calls abort() for it at managers/scheduler.py:7" in boot.text
+    assert calls[0] in boot.evidence
+    nixl = next(b for b in report.backends if b.name == "nixl")
+    pinned = {f.state for f in report.findings if f.rule == "pinned-state" and f.backend == "nixl"}
+    assert pinned
+    for freeing in what_frees(report, nixl):
+        if freeing.state in pinned:  # abort() is called, and does not end the state
+            assert freeing.how == "nothing"
+            assert "Scheduler.abort_request() calls abort() for it at managers/scheduler.py:7, to no effect" in freeing.text
+
+
+def test_without_a_caller_abort_cannot_free_it(tmp_path: Path) -> None:
+    report = scan_path(_tree(tmp_path, scheduler=False))
+    assert scheduler_aborts(report) == []
+    mooncake = next(b for b in report.backends if b.name == "mooncake")
+    for freeing in what_frees(report, mooncake):
+        if "abort() would end it" in freeing.text:
+            assert "nothing in the scanned code calls abort() for a request in disagg_prefill_inflight_queue, " \
+                   "so abort cannot free it" in freeing.text
+            assert freeing.how in ("timeout", "nothing")
+            if freeing.how == "nothing":
+                assert "until the server restarts" in freeing.text
+
+
+@pytest.mark.parametrize(("version", "line"), [("0.4.8", None), ("0.5.2", 2376), ("0.5.14", 3841), ("0.5.23", 5758)])
+def test_real_releases(version: str, line: int | None) -> None:
+    """0.4.8's Scheduler.abort_request does not touch the inflight queue; from 0.5.2 it loops
+    over it (`for i, req in enumerate(self.disagg_prefill_inflight_queue)` in 0.5.2) and calls
+    `req.disagg_kv_sender.abort()`."""
+    from tests.sglang_wheels import sglang_tree
+
+    tree = sglang_tree(version) / "sglang" / "srt"
+    report = scan_path(tree)
+    calls = scheduler_aborts(report)
+    if line is None:
+        assert calls == []
+        assert "def abort_request" in (tree / "managers" / "scheduler.py").read_text()
+        text = " ".join(f.text for b in report.backends for f in what_frees(report, b))
+        assert "nothing in the scanned code calls abort() for a request in disagg_prefill_inflight_queue" in text
+        return
+    assert [(c.path, c.line) for c in calls] == [("managers/scheduler.py", line)]
+    source = (tree / "managers" / "scheduler.py").read_text().splitlines()
+    assert source[line - 1].strip() == "req.disagg_kv_sender.abort()"
+    loop = int(calls[0].note.rsplit("loop at line ", 1)[1].rstrip(")"))
+    assert "disagg_prefill_inflight_queue" in source[loop - 1] and source[loop - 1].lstrip().startswith("for ")
+    enclosing = next(source[n] for n in range(loop - 1, -1, -1) if source[n].lstrip().startswith("def "))
+    assert enclosing.lstrip().startswith("def abort_request(")
