@@ -163,6 +163,7 @@ def checks(parsed: Parsed, indexed: Indexed, analysed: Analysed, pack: Pack, set
     problems: list[str] = []
     findings = []
     queue_reports = []
+    graphs = []
     rules = [rule for rule in ALL_RULES if settings.wants_rule(rule.name, rule.code)]
     # A pack may name several queues (decode: prealloc and transfer); each is its own graph,
     # the backends are shared. Rules about the backends alone run once.
@@ -193,11 +194,15 @@ def checks(parsed: Parsed, indexed: Indexed, analysed: Analysed, pack: Pack, set
             problems.append("path limit reached (results may be incomplete) at " + ", ".join(limits))
         problems.extend(f"analysis cut short (results may be incomplete) at {t}" for t in queue.truncated if isinstance(t, Cut))
         queue_reports.append(_queue_report(queue_pack, model))
+        graphs.append((name, queue))
     findings = silence(findings, index.modules, report_unused=UnusedSuppression in rules)
     findings.sort(key=lambda f: (f.path, f.line, f.rule, f.backend or "", f.state or ""))
     # Plain lists: reports go into the cache as JSON, without the analysis' types.
-    last_graph = {**queue.graph.as_data(), "queue": name}  # the last queue's graph, named
-    return Checked(findings, queue_reports, problems, last_graph)
+    # The report carries one queue's graph (its diagrams): the first queue (in the pack's order)
+    # where a state is pinned, else the first, so the pictures show the answer.
+    pinned = {f.queue for f in findings if f.rule == "pinned-state"}
+    name, queue = next(((n, q) for n, q in graphs if n in pinned), graphs[0] if graphs else (name, queue))
+    return Checked(findings, queue_reports, problems, {**queue.graph.as_data(), "queue": name})
 
 
 def report(fetched: FetchResult, parsed: Parsed, indexed: Indexed, analysed: Analysed, checked: Checked,

@@ -263,7 +263,8 @@ def test_html_answer_first_and_edge_labels_apart(browser, tmp_path: Path, versio
     assert headline == summary_line(report) and "finding(s)" not in headline
     grid = verdict_grid(report)
     shown = browser.execute_script("""
-      return Array.from(document.querySelectorAll('table.grid tr[data-backend]')).map(r =>
+      // The first grid is the first queue's, as verdict_grid(report) gives it.
+      return Array.from(document.querySelector('table.grid').querySelectorAll('tr[data-backend]')).map(r =>
         [r.dataset.backend, Array.from(r.querySelectorAll('td')).map(c => [c.dataset.state, c.textContent])]);""")
     assert {b: dict(cells) for b, cells in shown} == {
         b: {s: grid.cells[b, s][0] for s in grid.states} for b in grid.backends}

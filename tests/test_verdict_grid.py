@@ -116,10 +116,11 @@ def test_markdown_lists_findings_errors_first() -> None:
     assert listed[0] == ("pinned-state", "error")
 
 
-def test_release_map_reads_at_80_columns() -> None:
+def test_release_map_reads_at_80_columns(monkeypatch: pytest.MonkeyPatch) -> None:
     """Before, at 80 columns on 0.5.14 and 0.5.23: state cells cut to "Faile…", "Boots…" beside a
     long path, "(after the loop)]" one word per line, mode lines without a hanging indent."""
     for version in ("0.5.14", "0.5.23"):
+        monkeypatch.chdir(sglang_tree(version))  # paths print as they open from here: the sites' own
         report = scan_path(sglang_tree(version))
         text = render_plain([report], width=80, show_map=True)
         assert all(len(line) <= 80 for line in text.splitlines())
