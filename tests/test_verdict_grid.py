@@ -9,6 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from kvtrace.packs import load_pack
 from kvtrace.report import render_plain
 from kvtrace.report.text import legend_lines
