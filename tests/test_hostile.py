@@ -153,7 +153,9 @@ def test_a_backend_folder_linked_from_outside_is_a_gap_not_a_missing_backend(tre
     assert "INCOMPLETE" in result.stdout and "5 of 6 files analysed" in result.stdout
     code, data = scan_json(tree)
     assert code == 3 and data["complete"] is False
-    assert {(g["kind"], g["subject"]) for g in data["gaps"]} == {("file", "disaggregation/nixl/"), ("backend", "nixl")}
+    # The pack's second queue is named nowhere in what was read, and an unread file may hold it.
+    assert {(g["kind"], g["subject"]) for g in data["gaps"]} == {("file", "disaggregation/nixl/"), ("backend", "nixl"),
+                                                                  ("analysis", "scan")}
     assert str(tmp_path / "outside") in data["gaps"][0]["reason"]
 
 
@@ -162,7 +164,7 @@ def test_a_file_linked_from_outside_is_a_gap(tree: Path, tmp_path: Path) -> None
     code, data = scan_json(tree, "-v")
     assert code == 3
     assert {(g["kind"], g["subject"]) for g in data["gaps"]} == {("file", "disaggregation/nixl/conn.py"),
-                                                                  ("backend", "nixl")}
+                                                                  ("backend", "nixl"), ("analysis", "scan")}
 
 
 def test_links_inside_the_tree(tree: Path) -> None:
