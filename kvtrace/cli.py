@@ -418,7 +418,7 @@ def scan(
             for r in results:
                 if r.metrics is not None and (r.metrics.error or not r.metrics.gauges):
                     typer.echo(plain(f"kvtrace: metrics: {r.target}: {r.metrics.summary()[0]}"), err=True)
-        if output_format is OutputFormat.text and not quiet:
+        if not quiet:  # every format: with stdout in a file, stderr is where the verdict shows
             report_failures(results, gate_levels)
         if not quiet and (fleet or metrics is not None):
             summary = render_summary([s for r in results  # one per report: --all names each package
@@ -442,9 +442,12 @@ def _fail_on_source(settings, overrides) -> tuple[str, str]:
 
 
 def report_failures(results, gate_levels: dict[str, tuple[str, str]]) -> None:
-    """The text report's tally counts everything; this line says what failed the run."""
+    """One stderr line per report that fails the run: what failed it, what else was reported,
+    and the exit code. The text report's tally counts everything; a JSON or SARIF report on
+    stdout goes to a file or a pipe, and this line is then all the person running it sees."""
+    from kvtrace.baseline import counts_against
     from kvtrace.fleet import report_label
-    from kvtrace.gate import verdict_line
+    from kvtrace.gate import counted, failing, verdict_line
 
     for r in results:
         if r.exit_code != EXIT_FINDINGS:
@@ -452,7 +455,11 @@ def report_failures(results, gate_levels: dict[str, tuple[str, str]]) -> None:
         for report in r.reports:
             line = verdict_line(report.findings, *gate_levels[report.target])
             if line.startswith("failed"):
-                typer.echo(plain(f"kvtrace: {report_label(report, r.reports)}: {line}"), err=True)
+                failed = {id(f) for f in failing(report.findings, gate_levels[report.target][0])}
+                rest = counted(f for f in report.findings if counts_against(f) and id(f) not in failed)
+                also = f"; also {rest}" if rest else ""
+                typer.echo(plain(f"kvtrace: {report_label(report, r.reports)}: {line}{also}; exit {EXIT_FINDINGS}"),
+                           err=True)
 
 
 def _names(values: list[str] | None) -> tuple[str, ...]:
@@ -505,6 +512,7 @@ def warn_unknown_backends(reports: list[Report], settings: dict, overrides) -> N
 def report_gaps(reports: list[Report], quiet: bool) -> None:
     """Incomplete is loud: one stderr line per thing not analysed (one line in all with -q)."""
     from kvtrace.fleet import report_label
+    from kvtrace.report.places import Places
 
     for report in reports:
         if not report.gaps:
@@ -515,16 +523,20 @@ def report_gaps(reports: list[Report], quiet: bool) -> None:
             typer.echo(plain(f"kvtrace: INCOMPLETE: {label}: {count} thing{'s' if count != 1 else ''} not analysed "
                              "(see the report)"), err=True)
             continue
+        places = Places(report)  # paths that open from here, as in the text report
         for gap in report.gaps:
-            typer.echo(plain(f"kvtrace: incomplete: {label}: {gap_line(gap)}"), err=True)
+            typer.echo(plain(f"kvtrace: incomplete: {label}: {gap_line(gap, places)}"), err=True)
 
 
-def gap_line(gap) -> str:
+def gap_line(gap, places=None) -> str:
+    """One thing not analysed; with `places` (kvtrace.report.places) its paths open from here."""
+    shown = places.path if places is not None else str
+    reason = places.text(gap.reason) if places is not None else gap.reason
     if gap.kind == "file":
-        return f"{gap.subject} not analysed ({gap.reason})"
+        return f"{shown(gap.subject)} not analysed ({reason})"
     if gap.kind == "backend":
-        return f"backend {gap.subject} {gap.reason}"
-    return gap.reason
+        return f"backend {gap.subject} {reason}"
+    return reason
 
 
 def _write(reports: list[Report], fmt: OutputFormat, output: Path | None, no_map: bool,
@@ -659,23 +671,30 @@ def diff(
             prints = baselines.load(Path(settings.baseline))
     except KvtraceError as exc:
         raise _fail(str(exc))
-    head_folder = trees["head"] if Path(head).is_dir() else repo / (path or "")
     result = diffs.compare(reports["base"], reports["head"], prints)
     level, source = _fail_on_source(settings, overrides)
     outcome = diffs.verdict(result, level, source)
+    if output_format is not DiffFormat.json:  # people's formats: paths that open from here
+        from kvtrace.report.places import Places
+
+        # A folder's files are where they are; a revision's are shown at their place in the checkout.
+        folders = {side: trees[side] if Path(spec).is_dir() else repo / (path or "")
+                   for side, spec in (("base", base), ("head", head))}
+        shown = diffs.localized(result, Places(reports["base"], folder=folders["base"]),
+                                Places(reports["head"], folder=folders["head"]))
     if output_format is DiffFormat.text:
         from kvtrace.report import plain_width
 
         # Folded like scan's text: to the terminal's width, or the one a pipe is read in.
         width = os.get_terminal_size(1).columns if sys.stdout.isatty() and "COLUMNS" not in os.environ \
             else plain_width(piped=True)
-        text = diffs.render_text(result, base, head, outcome, width=width)
+        text = diffs.render_text(shown, base, head, outcome, width=width)
     elif output_format is DiffFormat.json:
         text = diffs.to_json(result, base, head, level, outcome)
     elif output_format is DiffFormat.markdown:
-        text = diffs.render_markdown(result, base, head, outcome)
+        text = diffs.render_markdown(shown, base, head, outcome)
     else:
-        text = diffs.render_github(result, outcome, lambda p: Path(os.path.relpath(head_folder / p)).as_posix())
+        text = diffs.render_github(shown, outcome)
     sys.stdout.write(text)
     if result.incomplete:
         typer.echo("kvtrace: the scan of BASE or HEAD is incomplete (see the report)", err=True)

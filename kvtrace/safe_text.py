@@ -15,6 +15,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import re
+from collections.abc import Callable
 from typing import Any, TypeVar
 
 from rich.markup import escape
@@ -51,12 +52,20 @@ def inert(value: T) -> T:
     nothing to escape are returned as they are (no copy), so the cost is one walk. Private
     fields (a source file's cached text) are left alone: excerpts escape their lines one by one,
     so line numbers stay Python's."""
-    return _inert(value, {})
+    return rewrite_strings(value, lambda text: plain(text) if needs_escaping(text) else text, _SKIPPED_FIELDS)
 
 
-def _inert(value: Any, memo: dict[int, Any]) -> Any:
+def rewrite_strings(value: T, rewrite: Callable[[str], str], skipped: frozenset[str] = frozenset()) -> T:
+    """A copy of `value` (any nesting of dataclasses, lists, tuples, namedtuples, sets and dicts)
+    with `rewrite` applied to every string in it. Only what changed is copied: an object whose
+    strings all come back as the same objects is returned as it is. Private fields and the
+    dataclass fields named in `skipped` are left alone; a shared object is rewritten once."""
+    return _walk(value, rewrite, skipped, {})
+
+
+def _walk(value: Any, rewrite: Callable[[str], str], skipped: frozenset[str], memo: dict[int, Any]) -> Any:
     if isinstance(value, str):
-        return plain(value) if needs_escaping(value) else value
+        return rewrite(value)
     if value is None or isinstance(value, (int, float, bytes, bool)):
         return value
     key = id(value)
@@ -64,21 +73,21 @@ def _inert(value: Any, memo: dict[int, Any]) -> Any:
         return memo[key]
     result = value
     if isinstance(value, (list, tuple, set, frozenset)):
-        items = [_inert(item, memo) for item in value]
+        items = [_walk(item, rewrite, skipped, memo) for item in value]
         if any(new is not old for new, old in zip(items, value)):
             result = type(value)(items) if not isinstance(value, tuple) or type(value) is tuple \
                 else type(value)(*items)  # a namedtuple takes its fields as arguments
     elif isinstance(value, dict):
-        pairs = [(_inert(k, memo), _inert(v, memo)) for k, v in value.items()]
+        pairs = [(_walk(k, rewrite, skipped, memo), _walk(v, rewrite, skipped, memo)) for k, v in value.items()]
         if any(nk is not k or nv is not v for (nk, nv), (k, v) in zip(pairs, value.items())):
             result = type(value)(pairs) if type(value) is dict else dict(pairs)
     elif dataclasses.is_dataclass(value) and not isinstance(value, type):
         changed = {}
         for f in dataclasses.fields(value):
-            if f.name.startswith("_") or f.name in _SKIPPED_FIELDS:
+            if f.name.startswith("_") or f.name in skipped:
                 continue
             old = getattr(value, f.name)
-            new = _inert(old, memo)
+            new = _walk(old, rewrite, skipped, memo)
             if new is not old:
                 changed[f.name] = new
         if changed:

@@ -79,7 +79,43 @@ def test_diff_of_two_sglang_releases() -> None:
     }
     # The lines moved (the nixl poll() is at 450 in 0.4.6.post5, 598 in 0.5.2): matched anyway.
     assert {f["line"] for f in data["unchanged"] if f["backend"] == "nixl"} == {598}
-    assert data["fates"]["Bootstrapping"] == {"base": ["dropped"], "head": ["kept", "raises"]}
+    inflight, bootstrap = data["fates"]["disagg_prefill_inflight_queue"], data["fates"]["disagg_prefill_bootstrap_queue"]
+    assert inflight["Bootstrapping"] == {"base": ["dropped"], "head": ["kept", "raises"]}
+    # Every judged queue's fates and map rows, not only the first queue's: on the bootstrap queue
+    # 0.5.2's PP assert (prefill.py:226) raises Bootstrapping, which 0.4.6.post5 only kept.
+    assert bootstrap["Bootstrapping"] == {"base": ["kept"], "head": ["kept", "raises"]}
+    assert {s["queue"] for s in data["sites"]} == {"disagg_prefill_inflight_queue", "disagg_prefill_bootstrap_queue"}
+    assert any(s["queue"] == "disagg_prefill_bootstrap_queue" and s["kind"] == "raise" and s["head_line"] == 226
+               and s["path"].endswith("disaggregation/prefill.py") for s in data["sites"])
+
+
+def test_diff_text_names_the_queue_and_its_paths_open_from_the_working_directory() -> None:
+    """Before: diff text printed `disaggregation/prefill.py:226` (relative to a tree, opening from
+    nowhere), did not say which queue a finding was in (the same backend and state in both prefill
+    queues read as one finding printed twice), and its map and fates held only the first queue.
+    Run from the folder above both trees: BASE's rows open in BASE, HEAD's in HEAD."""
+    old, new = sglang_tree("0.4.6.post5"), sglang_tree("0.5.2")
+    here = Path(os.path.commonpath([old, new]))
+    result = kvtrace("diff", str(old), str(new), "--select", "pinned-state,dropped-state,state-crash", cwd=here)
+    assert result.returncode == 1, result.stderr
+    text = result.stdout
+    rows = re.findall(r"^  ([-+=]) (\w+)\[([\w-]+)\] (.*?)  (\S+\.py):(\d+)$", text, re.M)
+    assert rows
+    for mark, _, _, where, path, line in rows:
+        tree = old if mark == "-" else new  # fixed: BASE's code; added, unchanged: HEAD's
+        assert not Path(path).is_absolute() and (here / path).resolve().is_relative_to(tree.resolve()), path
+        assert int(line) <= len((here / path).read_text().splitlines())
+        assert where.endswith(("in disagg_prefill_inflight_queue", "in disagg_prefill_bootstrap_queue")), where
+    # Each evidence and map row opens from here too, none relative to a tree.
+    for path, line in re.findall(r"(\S+\.py):(\d+)", text):
+        assert (here / path).is_file() and int(line) <= len((here / path).read_text().splitlines()), path
+    assert "  - error[pinned-state] mooncake Bootstrapping in disagg_prefill_bootstrap_queue  " \
+        f"{next(old.rglob('mooncake/conn.py')).relative_to(here)}:498" in text
+    fates = text.split("\nfates\n")[1]
+    assert "  disagg_prefill_bootstrap_queue\n    ~ Failed: leaves -> kept, leaves\n" \
+        "    ~ Bootstrapping: kept -> kept, raises\n" in fates
+    release_map = text.split("\nrelease map: ")[1].split("\nfates\n")[0]
+    assert "\n  disagg_prefill_inflight_queue\n" in release_map and "\n  disagg_prefill_bootstrap_queue\n" in release_map
 
 
 def test_diff_of_releases_that_fix_everything_exits_0() -> None:

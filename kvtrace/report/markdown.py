@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from kvtrace.freeing import Freeing, what_frees
+from kvtrace.freeing import Freeing, scheduler_aborts, what_frees
 from kvtrace.model import Report
 from kvtrace.report import modes_line, state_fate_lines
 from kvtrace.report.bugreport import code_link, environment_lines, excerpt_details
@@ -215,11 +215,12 @@ def _map(queue, links: Permalinks | None) -> list[str]:
 def _backends(report: Report, links: Permalinks | None) -> list[str]:
     out = ["| backend | sender | poll() | returns | reads abort state | timeouts | way out |",
            "|---|---|---|---|---|---|---|"]
+    abort_called = bool(scheduler_aborts(report))
     for b in report.backends:
         poll = cell(code_link(b.poll.path, b.poll.line, links)) if b.poll else "-"
         timeouts = "; ".join(f"{code_link(t.path, t.line, links)} {prose(', '.join(t.covers))}" for t in b.timeouts) or "none"
         returns = "<br>".join([prose(", ".join(b.returns)) or "-"] + [prose(u) for u in unknown_returns(b)])
-        ways = "<br>".join(prose(f"{state}: {way_out_text(v)}") for state, v in b.verdicts.items()) or "-"
+        ways = "<br>".join(prose(f"{state}: {way_out_text(v, abort_called)}") for state, v in b.verdicts.items()) or "-"
         out.append(f"| {cell(prose(b.name))} | {cell(code(b.sender))} | {poll} | {cell(returns)} | "
                    f"{'yes' if b.reads_abort_state else 'no'} | {cell(timeouts)} | {cell(ways)} |")
     return out

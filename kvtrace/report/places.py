@@ -15,14 +15,13 @@ path: a token is replaced only when it is one of those paths, whole (not part of
 
 from __future__ import annotations
 
-import copy
-import dataclasses
 import re
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
-from typing import Any, TypeVar
+from typing import TypeVar
 
 from kvtrace.model import Report
+from kvtrace.safe_text import rewrite_strings
 
 T = TypeVar("T")
 
@@ -34,10 +33,14 @@ _SKIPPED_FIELDS = frozenset({"data", "graph", "target", "root", "host_facts"})
 class Places:
     """Maps a report's target-relative paths to what a person opens from the working directory."""
 
-    def __init__(self, report: Report, cwd: Path | None = None, extra: Iterable[str] = ()) -> None:
+    def __init__(self, report: Report, cwd: Path | None = None, extra: Iterable[str] = (),
+                 folder: Path | None = None) -> None:
         """`extra`: more target-relative paths the report's parts name (a module read beside the
-        scanned files, such as the settings registry a timeout's default is declared in)."""
-        self.prefix = _prefix(report, cwd or Path.cwd())
+        scanned files, such as the settings registry a timeout's default is declared in).
+        `folder`: where the report's paths are, when its target does not say (a git revision
+        `kvtrace diff` read into a temporary folder is shown at its place in the checkout)."""
+        here = cwd or Path.cwd()
+        self.prefix = _folder_prefix(folder, here) if folder is not None else _prefix(report, here)
         known = {f.path for f in report.files} | {p for p in extra if not p.startswith("/")}
         if report.version is not None:
             known.add(report.version.path)
@@ -75,7 +78,7 @@ class Places:
         it opens from here. The target, the package root and raw data keep the report's form."""
         if self._pattern is None:
             return value
-        return _walk(value, self.text, {})
+        return rewrite_strings(value, self.text, _SKIPPED_FIELDS)
 
 
 def _join(prefix: str, path: str) -> str:
@@ -99,48 +102,18 @@ def _prefix(report: Report, cwd: Path) -> str:
         return f"{target.display}:" + ("" if folder in ("", ".") else folder.rstrip("/") + "/")
     if not isinstance(target, LocalTarget) or not target.path.exists():
         return ""
-    base = (target.path.parent if target.path.is_file() else target.path).resolve()
+    return _folder_prefix(target.path.parent if target.path.is_file() else target.path, cwd)
+
+
+def _folder_prefix(folder: Path, cwd: Path) -> str:
+    """What goes before a path in `folder`: relative to `cwd` when under it, else absolute."""
+    base = folder.resolve()
     here = cwd.resolve()
     if base == here:
         return ""
     if base.is_relative_to(here):
         return base.relative_to(here).as_posix() + "/"
     return base.as_posix() + "/" if base.as_posix() != "/" else "/"
-
-
-def _walk(value: Any, rewrite: Callable[[str], str], memo: dict[int, Any]) -> Any:
-    if isinstance(value, str):
-        return rewrite(value)
-    if value is None or isinstance(value, (int, float, bytes, bool)):
-        return value
-    key = id(value)
-    if key in memo:
-        return memo[key]
-    result = value
-    if isinstance(value, (list, tuple, set, frozenset)):
-        items = [_walk(item, rewrite, memo) for item in value]
-        if any(new is not old for new, old in zip(items, value)):
-            result = type(value)(items) if not isinstance(value, tuple) or type(value) is tuple \
-                else type(value)(*items)  # a namedtuple takes its fields as arguments
-    elif isinstance(value, dict):
-        pairs = [(_walk(k, rewrite, memo), _walk(v, rewrite, memo)) for k, v in value.items()]
-        if any(nk is not k or nv is not v for (nk, nv), (k, v) in zip(pairs, value.items())):
-            result = type(value)(pairs) if type(value) is dict else dict(pairs)
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        changed = {}
-        for f in dataclasses.fields(value):
-            if f.name.startswith("_") or f.name in _SKIPPED_FIELDS:
-                continue
-            old = getattr(value, f.name)
-            new = _walk(old, rewrite, memo)
-            if new is not old:
-                changed[f.name] = new
-        if changed:
-            result = copy.copy(value)
-            for name, new in changed.items():
-                object.__setattr__(result, name, new)  # frozen dataclasses too: this is a private copy
-    memo[key] = result
-    return result
 
 
 def openable(report: Report, path: str, cwd: Path | None = None) -> str:

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from kvtrace import __version__
 from kvtrace.baseline import counts_against
-from kvtrace.freeing import Freeing, what_frees
+from kvtrace.freeing import Freeing, scheduler_aborts, what_frees
 from kvtrace.model import Backend, Evidence, Gap, Report, SourceFile
 from kvtrace.report import modes_line, state_fate_lines
 from kvtrace.report.excerpt import without_annotation
@@ -319,8 +319,9 @@ def _details(report: Report, console: Console) -> None:
     if report.backends:
         console.print()
         console.print(Text("Backends", style="bold"))
+        abort_called = bool(scheduler_aborts(report))
         for b in report.backends:
-            console.print(Padding(_backend_detail(b), (0, 0, 0, 2)))
+            console.print(Padding(_backend_detail(b, abort_called), (0, 0, 0, 2)))
 
 
 def _map_table(sites: list, path_width: int, width: int) -> Table:
@@ -367,7 +368,7 @@ def _literal(text: str) -> Text:
     return Text("\n".join(plain(line) for line in text.split("\n")))
 
 
-def _backend_detail(b: Backend) -> Group:
+def _backend_detail(b: Backend, abort_called: bool = True) -> Group:
     rows = Table.grid(padding=(0, 2))
     rows.add_column(no_wrap=True, style="dim")
     rows.add_column()
@@ -382,7 +383,7 @@ def _backend_detail(b: Backend) -> Group:
     timeouts = [f"{t.path}:{t.line} covers {', '.join(t.covers) or 'no state'}" for t in b.timeouts]
     rows.add_row("timeouts", _literal("\n".join(timeouts) or "none"))
     for state, verdict in b.verdicts.items():
-        rows.add_row("way out", _literal(f"{state}: {way_out_text(verdict)}"))
+        rows.add_row("way out", _literal(f"{state}: {way_out_text(verdict, abort_called)}"))
     for note in b.notes:
         rows.add_row("note", _literal(note))
     return Group(Text(b.name, style="bold"), Padding(rows, (0, 0, 0, 2)))

@@ -28,9 +28,17 @@ WAY_OUT_TEXT = {WayOut.ABORT: "abort() then poll() ends it", WayOut.TIMEOUT: "a 
                 WayOut.NONE: "none (pinned)"}
 
 
-def way_out_text(verdict: StateVerdict) -> str:
+# abort() ends the state, but no scheduler loop over the queue calls it (kvtrace.freeing): the
+# same fact "what frees" states, so the two never read as a contradiction.
+ABORT_UNCALLED = "abort() then poll() would end it, but nothing in the scanned code calls abort()"
+
+
+def way_out_text(verdict: StateVerdict, abort_called: bool = True) -> str:
     """One state's way out in a few words (JSON `verdicts` has the full `how` and chain); an
-    undecided one says why."""
+    undecided one says why. `abort_called`: whether the scheduler calls the sender's abort() for
+    a request in the queue (kvtrace.freeing.scheduler_aborts)."""
+    if verdict.way_out is WayOut.ABORT and not abort_called:
+        return ABORT_UNCALLED
     text = WAY_OUT_TEXT.get(verdict.way_out) or verdict.how
     if verdict.chain and verdict.way_out is WayOut.NONE:  # the chain opens with the return that yields it
         text += f", returned at {verdict.chain[0].path}:{verdict.chain[0].line}"
