@@ -4,6 +4,7 @@ and the one-line account of what was not analysed. Generic over rules, states an
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 
 from kvtrace.baseline import counts_against, mark, tally
@@ -125,6 +126,11 @@ def rules_left_out(report: Report) -> list[str]:
     return left_out
 
 
+# The grid's last column when a backend has an error about no one state (poll() raises, whatever
+# it was asked): without it such an error is in the summary but nowhere in the grid.
+BACKEND_WIDE = "any state"
+BACKEND_WIDE_LEGEND = "any state: a finding about the backend, not one state (worst shown)"
+
 # After a cell's rule: the finding holds only under a premise (two requests share a room, ...).
 CONDITIONAL = "~"
 
@@ -189,6 +195,13 @@ def verdict_grid(report: Report, short: bool = False, queue: QueueReport | None 
             else:
                 cells[row, state] = (OK, None)
             used.add(cells[row, state][0])
+    wide = _backend_wide(report, queue, short)
+    if wide:
+        for backend in report.backends:
+            row = f"{backend.name}*" if backend.name in partial else backend.name
+            cells[row, BACKEND_WIDE] = wide.get(backend.name, ("", None))
+            used.add(cells[row, BACKEND_WIDE][0])
+        states = [*states, BACKEND_WIDE]
     for name in unchecked_backends(report):
         rows.append(name)
         for state in states:
@@ -196,7 +209,24 @@ def verdict_grid(report: Report, short: bool = False, queue: QueueReport | None 
         used.add(NOT_CHECKED)
         why.add("unchecked")
     name = queue.name if queue is not None else "the queue"
-    return Grid(name, states, rows, cells, _legend(report, used, bool(partial), short, why))
+    legend = _legend(report, used, bool(partial), short, why) + ([BACKEND_WIDE_LEGEND] if wide else [])
+    return Grid(name, states, rows, cells, legend)
+
+
+def _backend_wide(report: Report, queue: QueueReport | None, short: bool) -> dict[str, tuple[str, str | None]]:
+    """backend -> the cell for its worst finding about no one state (poll-raises, abort-ignored),
+    when some backend has such an error in this queue; else nothing (no column)."""
+    worst: dict[str, Finding] = {}
+    for f in report.findings:
+        if f.state or not f.backend or f.suppressed or not _of_queue(f, queue):
+            continue
+        rank = (SEVERITY_ORDER.get(f.severity, 3), f.rule)
+        if f.backend not in worst or rank < (SEVERITY_ORDER.get(worst[f.backend].severity, 3), worst[f.backend].rule):
+            worst[f.backend] = f
+    if not any(f.severity == "error" for f in worst.values()):
+        return {}
+    return {backend: (rule_label(f, short) + (CONDITIONAL if f.premise else ""), f.severity)
+            for backend, f in worst.items()}
 
 
 def verdict_grids(report: Report, short: bool = False) -> list[Grid]:
@@ -209,7 +239,7 @@ def verdict_grids(report: Report, short: bool = False) -> list[Grid]:
 def _legend(report: Report, used: set[str], partial: bool, short: bool, why: set[str]) -> list[str]:
     parts = []
     if short:
-        labels = {rule_label(f, True): f.rule for f in report.findings if f.state}
+        labels = {rule_label(f, True): f.rule for f in report.findings if f.state or f.backend}
         parts += [f"{label}: {rule}" for label, rule in sorted(labels.items())
                   if label in used or label + CONDITIONAL in used]
     if OK in used:
@@ -284,14 +314,37 @@ def _join(states: list[str]) -> str:
     return states[0] if len(states) == 1 else ", ".join(states[:-1]) + " and " + states[-1]
 
 
+_WORD = re.compile(r"(\w+)")
+
+
+def merged_by_position(texts: list[tuple[str, str]]) -> str | None:
+    """One text for several (text, state) pairs whose words differ only where each holds its own
+    state, at the same positions in all: there the states are listed, the rest is kept as it is
+    (a state named in the shared part stays as written). None when they differ anywhere else."""
+    if len(texts) < 2:
+        return texts[0][0] if texts else None
+    split = [_WORD.split(text) for text, _ in texts]
+    if len({len(words) for words in split}) != 1:
+        return None
+    states = [state for _, state in texts]
+    listed = _join(states)
+    merged = []
+    for words in zip(*split):
+        if len(set(words)) == 1:
+            merged.append(words[0])
+        elif list(words) == states:
+            merged.append(listed)
+        else:
+            return None
+    return "".join(merged)
+
+
 def merged_message(findings: list[Finding]) -> str:
     """One message for several states when the messages differ only by the state's name."""
     if len(findings) == 1 or any(not f.state for f in findings):
         return findings[0].message if len(findings) == 1 else "\n".join(f.message for f in findings)
-    templates = {f.message.replace(f.state or "", "\0") for f in findings}
-    if len(templates) == 1:
-        return templates.pop().replace("\0", _join([f.state or "" for f in findings]))
-    return "\n".join(f.message for f in findings)
+    merged = merged_by_position([(f.message, f.state or "") for f in findings])
+    return merged if merged is not None else "\n".join(f.message for f in findings)
 
 
 def merged_evidence(findings: list[Finding]) -> list[Evidence]:
@@ -305,10 +358,10 @@ def merged_evidence(findings: list[Finding]) -> list[Evidence]:
                 notes.append((f.state, e.note))
     merged: list[Evidence] = []
     for (path, line), notes in rows.items():
-        states = [s for s, _ in notes if s]
-        templates = {note.replace(state, "\0") if state else note for state, note in notes}
-        if len(notes) > 1 and len(states) == len(notes) and len(templates) == 1:
-            merged.append(Evidence(path, line, templates.pop().replace("\0", _join(states))))
+        together = merged_by_position([(note, state) for state, note in notes if state]) \
+            if len(notes) > 1 and all(state for state, _ in notes) else None
+        if together is not None:
+            merged.append(Evidence(path, line, together))
         else:
             merged.extend(Evidence(path, line, note) for _, note in notes)
     return merged
