@@ -376,7 +376,9 @@ def test_diff_text_folds_to_the_terminal_width(repo: Path) -> None:
     assert all(len(row) <= 80 or len(row.split()) == 1 for row in rows), [row for row in rows if len(row) > 80]
     # The same words in the same order: each path:line of the wide text is whole in the narrow one.
     assert narrow.stdout.split() == wide.stdout.split()
-    assert [word for word in narrow.stdout.split() if re.match(r"srt/disaggregation/\S+\.py:\d+", word)]
+    # Paths open from the checkout's root, where the command ran (the revisions' files are there).
+    places = [word for word in narrow.stdout.split() if re.match(r"python/sglang/srt/disaggregation/\S+\.py:\d+", word)]
+    assert places and all((repo / word.split(":")[0]).is_file() for word in places)
     # A continuation hangs under its row; a word wider than the line is kept whole.
     assert fold("  + a b c", 5) == "  + a\n    b\n    c"
     assert fold("x " + "p" * 12 + " y", 6) == "x\n  " + "p" * 12 + "\n  y"

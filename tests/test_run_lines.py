@@ -64,9 +64,11 @@ def test_a_refused_cache_folder_is_heard_under_quiet(tmp_path: Path) -> None:
     assert result.returncode == 1
     [line] = result.stderr.splitlines()
     assert line.startswith("kvtrace: warning: cache directory") and "neither cached nor reused" in line
-    # Without -q, the same one line (said once, not twice).
+    # Without -q, the same one line (said once, not twice), and the verdict line of a failing scan.
     loud = kvtrace("scan", "examples/nixl-pin", "-f", "json", env={"KVTRACE_CACHE_DIR": str(hostile)})
-    assert loud.returncode == 1 and loud.stderr.splitlines() == [line]
+    assert loud.returncode == 1 and loud.stderr.splitlines() == [
+        line, "kvtrace: examples/nixl-pin: failed: 2 errors (--fail-on error, the default); also 5 warnings, 7 notes; "
+              "exit 1"]
 
 
 def test_incomplete_under_quiet_agrees_in_number(tmp_path: Path) -> None:

@@ -119,14 +119,15 @@ def _gaps(gaps: list[Gap], console: Console, more: int, heading: bool = True) ->
 
 
 def _grid_width(grid, by_state: bool) -> int:
+    """The printed width: columns two spaces apart, no padding at the edges (pad_edge=False)."""
     def width(values: list[str], head: str) -> int:
         return max([len(head)] + [len(v) for v in values]) + 2
 
     if by_state:  # one column per state
         return width(grid.backends, "backend") + sum(
-            width([grid.cells[b, s][0] for b in grid.backends], s) for s in grid.states)
+            width([grid.cells[b, s][0] for b in grid.backends], s) for s in grid.states) - 2
     return width(grid.states, "state") + sum(
-        width([grid.cells[b, s][0] for s in grid.states], b) for b in grid.backends)
+        width([grid.cells[b, s][0] for s in grid.states], b) for b in grid.backends) - 2
 
 
 def _grid(report: Report, console: Console) -> None:
