@@ -31,7 +31,7 @@ WAY_OUT_TEXT = {WayOut.ABORT: "abort() then poll() ends it", WayOut.TIMEOUT: "a 
 
 # abort() ends the state, but no scheduler loop over the queue calls it (kvtrace.freeing): the
 # same fact "what frees" states, so the two never read as a contradiction.
-ABORT_UNCALLED = "abort() then poll() would end it, but nothing in the scanned code calls abort()"
+ABORT_UNCALLED = "abort() would end it, but nothing scanned calls abort()"
 
 
 def way_out_text(verdict: StateVerdict, abort_called: bool = True) -> str:
