@@ -116,6 +116,13 @@ def test_diff_text_names_the_queue_and_its_paths_open_from_the_working_directory
         "    ~ Bootstrapping: kept -> kept, raises\n" in fates
     release_map = text.split("\nrelease map: ")[1].split("\nfates\n")[0]
     assert "\n  disagg_prefill_inflight_queue\n" in release_map and "\n  disagg_prefill_bootstrap_queue\n" in release_map
+    # The pull-request comment names the queue too, and its paths open from here.
+    markdown = kvtrace("diff", str(old), str(new), "--select", "pinned-state,dropped-state,state-crash", "-f",
+                       "markdown", cwd=here).stdout
+    assert "| severity | rule | backend | state | queue | was at |" in markdown
+    assert " Bootstrapping in disagg_prefill_bootstrap_queue — <code>" in markdown
+    for path, line in re.findall(r"`(\S+\.py):(\d+)`", markdown):
+        assert (here / path).is_file(), path
 
 
 def test_diff_of_releases_that_fix_everything_exits_0() -> None:
