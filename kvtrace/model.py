@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 import tokenize
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, Literal
 
@@ -143,6 +143,24 @@ class SourceFile:
     def lines(self) -> list[str]:
         """The text's lines, numbered as Python and every report numbers them ([] if unreadable)."""
         return source_lines(self.text or "")
+
+
+@dataclass(frozen=True)
+class FileMark:
+    """What the analysis learned about a file after parsing it (libcst was not handed a function
+    nested too deep): a record the pipeline collects and applies once, never a change the engine
+    makes to a SourceFile."""
+
+    path: str
+    status: FileStatus
+    error: str
+
+
+def with_marks(files: list[SourceFile], marks: list[FileMark]) -> list[SourceFile]:
+    """The files as the marks leave them (a later mark for the same path wins), each marked one a
+    new record: the fetched files stay as they were read."""
+    last = {m.path: m for m in marks}
+    return [replace(f, status=last[f.path].status, error=last[f.path].error) if f.path in last else f for f in files]
 
 
 @dataclass
@@ -306,6 +324,29 @@ class Backend:
 
     def way_out(self, state: str) -> StateVerdict | None:
         return self.verdicts.get(state)
+
+
+@dataclass
+class SenderRecord:
+    """One sender's analysis as data: its class, poll() and manager named by (path, line), which
+    the parent resolves on its own index (what crosses from the forked child, kvtrace.pipeline)."""
+
+    cls: tuple[str, int]
+    backend: Backend
+    poll: tuple[str, int] | None
+    raise_sites: list[tuple[str, int, str]]
+    absent_raise_sites: list[tuple[str, int, str]]
+    manager: tuple[str, int] | None
+
+
+@dataclass
+class SendersResult:
+    """What the forked child returns, as JSON (kvtrace.cachecodec): its senders, the problems it
+    met and what it learned about files. Data only: loading it runs no code."""
+
+    senders: list[SenderRecord]
+    problems: list[str]
+    marks: list[FileMark]
 
 
 @dataclass

@@ -22,7 +22,7 @@ from kvtrace.model import (
 )
 from kvtrace.packs import Pack, load_pack
 
-# Trees smaller than this are analysed in one process: a fork and its pickles cost ~10 ms, the
+# Trees smaller than this are analysed in one process: a fork and its JSON result cost ~10 ms, the
 # senders of a small tree less. SGLang's disaggregation/ is 0.8-1.5 MB.
 PARALLEL_MIN_BYTES = 200_000
 
