@@ -233,7 +233,7 @@ def report(fetched: FetchResult, parsed: Parsed, indexed: Indexed, analysed: Ana
     senders = analysed.senders
     report = Report(
         target=fetched.target,
-        files=analysed.files,
+        files=with_marks(analysed.files, indexed.index.marks),  # and any mark found after the graph stage
         queues=checked.queue_reports,
         backends=[s.backend for s in senders if settings.wants_backend(s.backend.name)],
         findings=checked.findings,
