@@ -111,7 +111,8 @@ def decode_record(payload: bytes, cls: type[T]) -> T:
         data = json.loads(payload.decode("utf-8", "surrogatepass"))
     except (UnicodeDecodeError, RecursionError) as exc:
         raise CacheFormatError(str(exc)) from None
-    return typing.cast(T, _decoder(cls)(data))
+    decode = _decoder(typing.cast(Any, cls))  # a class: hashable, as the cache of decoders needs
+    return typing.cast(T, decode(data))
 
 
 def _fail(expected: str, value: Any) -> CacheFormatError:
