@@ -124,20 +124,34 @@ class SourceFile:
     status: FileStatus = "ok"
     error: str | None = None
     _text: str | None = field(default=None, repr=False)
+    _undecodable: str | None = field(default=None, repr=False, compare=False)  # why the bytes do not decode
 
     @property
     def text(self) -> str | None:
-        """The decoded text, or None when the bytes are not UTF-8 (status says so)."""
-        if self._text is None and self.status != "not-utf8":
+        """The decoded text, or None when the bytes do not decode (`undecodable` says why). Reading
+        it changes no status: the parse stage records such a file as not-utf8."""
+        if self._text is None and self._undecodable is None:
             try:
                 # Python's own rule (PEP 263): UTF-8, a BOM, or a `coding:` cookie in line 1 or 2.
                 encoding, _ = tokenize.detect_encoding(io.BytesIO(self.data).readline)
                 self._text = self.data.decode(encoding)
             except (UnicodeDecodeError, SyntaxError, LookupError) as exc:
-                self.status = "not-utf8"
                 where = f"byte {exc.start} ({exc.reason})" if isinstance(exc, UnicodeDecodeError) else str(exc)
-                self.error = f"not UTF-8 and no usable coding cookie: {where}"
+                self._undecodable = f"not UTF-8 and no usable coding cookie: {where}"
         return self._text
+
+    @property
+    def undecodable(self) -> str | None:
+        """Why the bytes do not decode as Python source, or None when they do."""
+        return self._undecodable if self.text is None else None
+
+    @property
+    def as_read(self) -> tuple[FileStatus, str | None]:
+        """The status and error, counting bytes that do not decode as not-utf8 even before the
+        parse stage has recorded it."""
+        if self.status == "ok" and self.text is None:
+            return "not-utf8", self.undecodable
+        return self.status, self.error
 
     @property
     def lines(self) -> list[str]:

@@ -63,7 +63,8 @@ def parse_module(source: SourceFile) -> ParsedModule | None:
     if shared is not None:
         return ParsedModule(source=source, tree=shared[0], lines=shared[1])
     text = source.text
-    if text is None:  # not UTF-8: SourceFile.text already set status and error
+    if text is None:  # the bytes do not decode: recorded here, as a syntax error is
+        source.status, source.error = source.as_read
         return None
     try:
         with warnings.catch_warnings():

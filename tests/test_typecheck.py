@@ -13,7 +13,7 @@ RUFF_CLEAN = ["kvtrace/flow.py", "kvtrace/states.py", "kvtrace/syntax.py", "kvtr
               "kvtrace/managers.py", "kvtrace/pipeline.py", "kvtrace/scan.py", "kvtrace/model.py", "kvtrace/index.py",
               "kvtrace/graph.py", "kvtrace/backends.py", "kvtrace/cachecodec.py", "kvtrace/config.py", "kvtrace/errors.py",
               "kvtrace/narrow.py", "kvtrace/suppress.py", "kvtrace/baseline.py", "rules/manager_model.py", "tests/test_engine.py",
-              "tests/test_typecheck.py", "tests/test_fork_result.py"]
+              "tests/test_typecheck.py", "tests/test_file_records.py"]
 
 
 def _run(*command: str) -> subprocess.CompletedProcess[str]:

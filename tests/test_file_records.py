@@ -1,4 +1,6 @@
-"""What the forked child hands back is data: a SendersResult as JSON (kvtrace.cachecodec), never a
+"""What a scan learns about files is data, never a change made where it was learned. Reading a
+file's text changes nothing; the parse stage records bytes that do not decode. What the forked
+child hands back is data: a SendersResult as JSON (kvtrace.cachecodec), never a
 pickle, and what it learned about files comes back as FileMark records that the pipeline applies
 once, so a file the child could not analyse is reported exactly as one process reports it.
 
@@ -144,3 +146,33 @@ def test_later_marks_win_and_unmarked_files_are_the_same_objects() -> None:
     marked = with_marks(files, marks)
     assert marked[0].status == "skipped" and marked[0].error == "second" and files[0].status == "ok"
     assert marked[1:] == files[1:] and all(a is b for a, b in zip(marked[1:], files[1:]))
+
+
+def test_reading_the_text_changes_no_status_and_parsing_records_it() -> None:
+    import hashlib
+
+    from kvtrace.model import SourceFile
+    from kvtrace.parse import parse_modules
+
+    data = b"# caf\xe9\nx = 1\n"
+    latin = SourceFile("latin.py", data, hashlib.sha256(data).hexdigest())
+    assert latin.text is None and latin.status == "ok" and latin.error is None
+    assert latin.undecodable is not None and latin.undecodable.startswith("not UTF-8")
+    assert latin.as_read == ("not-utf8", latin.undecodable)
+    assert parse_modules([latin]) == []
+    assert (latin.status, latin.error) == ("not-utf8", latin.undecodable)
+
+
+def test_a_package_whose_enum_file_does_not_decode_says_so(tmp_path: Path) -> None:
+    """The no-package message counts a file whose bytes do not decode as not-utf8, though
+    nothing has parsed it yet."""
+    from kvtrace.errors import InputError
+
+    tree = tmp_path / "nixl-pin"
+    shutil.copytree(EXAMPLE, tree)
+    base = tree / "disaggregation" / "base" / "conn.py"
+    base.write_bytes(b"# caf\xe9\n" + base.read_bytes())
+    with pytest.raises(InputError) as raised:
+        scan_path(tree)
+    message = str(raised.value)
+    assert "1 not-utf8" in message and "not UTF-8 and no usable coding cookie" in message, message
