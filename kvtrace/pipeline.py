@@ -82,7 +82,7 @@ class Checked:
     findings: list[Finding]
     queue_reports: list[QueueReport]
     problems: list[str]
-    last_graph: dict  # the last queue's graph, as plain data
+    drawn_graph: dict  # the graph of the queue the diagrams show (the first with a pinned state), as plain data
 
 
 def parse(fetched: FetchResult, pack: Pack, root: str | None) -> Parsed:
@@ -241,7 +241,7 @@ def report(fetched: FetchResult, parsed: Parsed, indexed: Indexed, analysed: Ana
         enum=indexed.enum,
         problems=analysed.problems + checked.problems + list(fetched.notes),
         version=detect_version(fetched.files, parsed.root, fetched.target),
-        graph=checked.last_graph,
+        graph=checked.drawn_graph,
     )
     report.gaps = find_gaps(report, indexed.enum.path, indexed.index)
     assign_roles(report)  # before caching: the fingerprints' site roles come from the release map
