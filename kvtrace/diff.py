@@ -24,7 +24,7 @@ from typing import Any, Callable, Iterable, TypeVar
 
 from kvtrace.baseline import fingerprint
 from kvtrace.safe_text import plain
-from kvtrace.model import FetchLimits, FetchResult, Finding, Report, Site, SourceFile
+from kvtrace.model import FetchLimits, FetchResult, Finding, Outcome, Report, Site, SourceFile
 from kvtrace.report.places import Places
 
 T = TypeVar("T")
@@ -62,7 +62,7 @@ class Diff:
     unchanged: list[Finding] = field(default_factory=list)
     sites: list[SiteChange] = field(default_factory=list)
     # (queue, state) -> (base fate, head fate), for every queue either side judged
-    fates: dict[tuple[str, str], tuple[list[str], list[str]]] = field(default_factory=dict)
+    fates: dict[tuple[str, str], tuple[list[Outcome], list[Outcome]]] = field(default_factory=dict)
 
     @property
     def several_queues(self) -> bool:
@@ -138,7 +138,7 @@ def _described(report: Report) -> list[tuple[Site, tuple[str, ...], str, str]]:
     (queue, kind, file, function, note, the statement's text) and, to tell identical statements
     apart, the code line above it; last, its queue."""
     texts = {f.path: f.lines for f in report.files}
-    rows = []
+    rows: list[tuple[Site, tuple[str, ...], str, str]] = []
     for queue, site in sorted(((q.name, s) for q in report.queues for s in q.sites),
                               key=lambda qs: (qs[0], qs[1].path, qs[1].line, qs[1].kind)):
         lines = texts.get(site.path, [])
@@ -353,7 +353,7 @@ def _site_label(c: SiteChange) -> str:
 
 
 def _finding_json(f: Finding, evidence: bool = False) -> dict[str, Any]:
-    data = {"rule": f.rule, "id": f.code, "severity": f.severity, "queue": f.queue, "backend": f.backend,
+    data: dict[str, Any] = {"rule": f.rule, "id": f.code, "severity": f.severity, "queue": f.queue, "backend": f.backend,
             "state": f.state, "function": f.function, "fingerprint": str(fingerprint(f)), "path": f.path,
             "line": f.line, "message": f.message}
     if evidence:
