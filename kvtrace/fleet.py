@@ -12,6 +12,7 @@ and the others are still scanned.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import threading
 import time
@@ -386,9 +387,8 @@ def _host_label(target: str) -> str:
     parsed = parse_target(target)
     if isinstance(parsed, SshTarget):
         return parsed.label
-    import socket
-
-    return socket.gethostname()
+    # The name gethostname() returns, without importing socket on a local (often cached) scan.
+    return os.uname().nodename
 
 
 def _remember(found: dict[str, Any], then: Callable[[Any, FetchResult], None],
