@@ -50,6 +50,8 @@ def sender_history(ctx: ScanContext, sender: ClassInfo) -> History | None:
     places: list[tuple[FuncRef, str | None]] = []  # (function, the request's name in it, None: any receiver)
     for site in ctx.entries:
         func = _function_at(ctx, site.path, site.line)
+        if func is not None and _holder_method_call(ctx, func, site.line):
+            continue  # the holder's own method (`bootstrap_queue.extend(reqs)`): its appends are entries of their own
         located = _append_at(func.node, site.line) if func is not None else None
         if func is None or located is None:
             return None
@@ -60,6 +62,8 @@ def sender_history(ctx: ScanContext, sender: ClassInfo) -> History | None:
         built.append(Evidence(func.path, at, f"{func.qualname}() builds the request's sender before it appends "
                                              f"it to {ctx.pack.queue} (line {site.line})"))
         places.append((func, None))
+    if not built:
+        return None
     functions = {f.qualname: f for f in ctx.index.all_functions()}
     drained = {drain.func.qualname} | {e.function for paths in ctx.queue.paths.values() for p in paths
                                         for e in p.events if e.function}
@@ -94,6 +98,19 @@ def _built_before(body: list[ast.stmt], line: int, name: str, attrs: set[str]) -
                 and t.value.id == name for t in stmt.targets):
             seen = stmt.lineno
     return seen
+
+
+def _holder_method_call(ctx: ScanContext, func: FuncRef, line: int) -> bool:
+    """Whether the entry at `line` calls a method of the object that holds the queue's list
+    (`self.<queue>.extend(reqs, ...)` on a class that defines `extend`), not a list's append."""
+    drain = ctx.queue.drain
+    if drain is None or not drain.list_attr or drain.cls is None:
+        return False
+    return any(isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.lineno == line
+               and node.func.attr in _APPENDS and isinstance(node.func.value, ast.Attribute)
+               and node.func.value.attr == ctx.pack.queue
+               and ctx.index.find_method(drain.cls, node.func.attr) is not None
+               for node in ast.walk(func.node))
 
 
 def _untied_appends(ctx: ScanContext, list_attr: str | None) -> bool:
