@@ -41,7 +41,15 @@ class History:
 
 def sender_history(ctx: ScanContext, sender: ClassInfo) -> History | None:
     """What can have run on `sender` while its request is in ctx's queue; None when its
-    requests may bring a sender that ran anything before they entered."""
+    requests may bring a sender that ran anything before they entered (once per queue and
+    sender: several rules ask)."""
+    key = ("sender history", ctx.pack.queue, id(ctx.queue), id(sender.node))
+    if key not in ctx.index.derived:
+        ctx.index.derived[key] = _sender_history(ctx, sender)
+    return ctx.index.derived[key]
+
+
+def _sender_history(ctx: ScanContext, sender: ClassInfo) -> History | None:
     drain = ctx.queue.drain
     attrs = _polled_attributes(ctx)
     if drain is None or not attrs or not ctx.entries or _untied_appends(ctx, drain.list_attr):
