@@ -822,9 +822,9 @@ def _attribute_values(index: Index, domain: Domain, cls: ClassInfo, attr: str, p
     if history is not None and found:
         ran: set[str] = set()
         for c in index.mro(cls):
-            for name, assigned in _assigned_by_method(index, c, domain, pack).items():
-                if name in history and attr in assigned:
-                    ran |= assigned[attr]
+            for name, writes in _assigned_by_method(index, c, domain, pack).items():
+                if name in history and attr in writes:
+                    ran |= writes[attr]
             ran |= _assigned_by_functions(index, c, domain, pack).get(attr, set())
         if ran:
             return frozenset(ran)
