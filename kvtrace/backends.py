@@ -90,9 +90,12 @@ def sender_classes(index: Index, pack: Pack) -> list[ClassInfo]:
 
 def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, root: str,
                    manager: ManagerModel | None = None, problems: list[str] | None = None) -> SenderAnalysis:
+    """The sender's backend: run its poll() from each value the status table can hold for the room,
+    then ask of every state it returns whether abort() or the clock ends it. The steps below, in order."""
     name = backend_folder(cls.path, root)
     poll = index.find_method(cls, pack.poll_method)
     abort = index.find_method(cls, pack.abort_method)
+    facts = manager.facts if manager else None
     notes: list[str] = []
     if manager is not None and manager.ref.unknown:
         notes.append(f"{manager.ref.table or 'the status table'} may hold other values: " + "; ".join(manager.ref.unknown[:3]))
@@ -100,9 +103,9 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
         notes.append(f"no concrete {pack.poll_method}() in {cls.name} or its bases")
         backend = Backend(name, cls.name, cls.path, cls.line, None, [], False, None, [], notes,
                           manager=manager.ref if manager else None)
-        return SenderAnalysis(backend, cls, None, manager=manager.facts if manager else None)
-    has_abort = abort is not None and not is_abstract(abort)
-    if not has_abort:
+        return SenderAnalysis(backend, cls, None, manager=facts)
+    concrete_abort = abort if abort is not None and not is_abstract(abort) else None
+    if concrete_abort is None:
         notes.append(f"no concrete {pack.abort_method}(): an abort cannot reach poll()")
     inherited = poll.owner.name if poll.owner is not None and poll.owner is not cls else None
     ref = PollRef(poll.path, poll.line, inherited)
@@ -115,136 +118,201 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
                             f"the {name} backend is not analysed")
         return SenderAnalysis(Backend(name, cls.name, cls.path, cls.line, ref, [], False, None, [], notes,
                                       [f"{pack.poll_method}() could not be parsed"],
-                                      manager.ref if manager else None), cls, poll,
-                              manager=manager.facts if manager else None)
-    # What abort() writes on the sender: the attributes poll() would have to read.
-    abort_writes: dict[str, Evidence] = {}
-    if has_abort:
-        for end in runner.run(abort, (), record_writes=True):
-            for e in end.events:
-                if e.kind == EventKind.ATTR_WRITE and not e.detail.startswith(("@", "?")):
-                    abort_writes.setdefault(e.detail, Evidence(e.path, e.line, f"{e.function}() writes self.{e.detail}"))
+                                      manager.ref if manager else None), cls, poll, manager=facts)
+    abort_writes = _abort_writes(runner, concrete_abort)
     runner.abort_attrs = frozenset(abort_writes)
-    table = manager.ref.table if manager else None
-    configs: list[tuple[str, Val | None]] = []
-    reach: set[str] | None = None
-    if table is not None:
-        # Only states known to be stored: a store kvtrace cannot read is reported, never a pin;
-        # and only those a run of the code can reach from the room's registration.
-        reach = _reachable_table(runner, index, cls, manager)
-        configs = [(f"{table} holds {s} for the room", frozenset({s})) for s in domain.members
-                   if s in manager.ref.holds and (reach is None or s in reach)]
-        unborn = _room_may_be_missing(runner, index.find_method(cls, "__init__"))
-        if (manager.ref.clears or unborn is not None) and (reach is None or ABSENT in reach):
-            configs.append((f"the room is absent from {table}", frozenset({ABSENT})))
-        if unborn is not None:
-            runner.unborn = unborn
-    if not configs:
-        configs = [("", None)]
-    returns: set[str] = set()
-    unknown: list[str] = []
-    unknown_sites: dict[str, list[str]] = {}
-    verdicts: dict[str, StateVerdict] = {}
-    covers: dict[tuple[str, int], set[str]] = {}
-    reads_abort = False
-    raises = False
-    raise_sites: set[tuple[str, int, str]] = set()
-    untabled: set[str] = set()  # states some path returns without reading them from the table
-    absent_raises: set[tuple[str, int, str]] = set()  # reads of an absent room that raise (KeyError)
-    for label, held in configs:
-        attrs = ((TABLE, held),) if held is not None else ()
-        for end in runner.run(poll, attrs):
-            if any(e.kind == EventKind.ABORT_READ for e in end.events):
-                reads_abort = True
-            if end.term == "raise":
-                raises = True
-                raise_sites.update((e.path, e.line, e.function) for e in end.events if e.kind == EventKind.RAISE)
-                absent_raises.update((e.path, e.line, e.function) for e in end.events if e.kind == EventKind.TABLE_RAISE)
-                continue
-            value = end.ret if end.ret is not None else frozenset({NONE})
-            states = domain.states(value)
-            if OTHER in value or not states:
-                if OTHER in value:
-                    site = _return_site(runner, end)
-                    where = f"{site.function}() returns it at {site.path}:{site.line}" if site is not None \
-                        else f"{poll.qualname}() at {poll.path}:{poll.line}"
-                    unknown_sites.setdefault(where, []).append(label)
-                    continue
-            returns |= states
-            from_table = held is not None and any(e.kind == EventKind.TABLE_READ for e in end.events)
-            for state in states:
-                if not (from_table and state in held):
-                    untabled.add(state)
-                if state in domain.terminal:
-                    continue
-                found = runner.way_out(end, abort if has_abort else None, poll, state)
-                for key in found.timeouts:
-                    covers.setdefault(key, set()).add(state)
-                previous = verdicts.get(state)
-                if found.verdict.pinned:
-                    if previous is None or not previous.pinned:
-                        chain = _chain(runner, cls, poll, abort if has_abort else None, abort_writes, manager,
-                                       label, held, end, state, found)
-                        verdicts[state] = StateVerdict(state, WayOut.NONE, found.verdict.how, chain,
-                                                       absent_room=held is not None and ABSENT in held)
-                elif previous is None:
-                    verdicts[state] = found.verdict
-    for where, labels in unknown_sites.items():  # one line per return site, with the table contents it is seen for
-        seen = [label for label in dict.fromkeys(labels) if label]
-        unknown.append(f"a value kvtrace cannot follow: {where}"
-                       + (f" ({'; '.join(seen)})" if seen and len(seen) < len(configs) else ""))
-    for key in runner.timeout_sites:
-        covers.setdefault(key, set())
-    if raises:
+    configs, reach = _table_configs(runner, index, domain, cls, manager)
+    polled = _PolledStates(runner, poll, concrete_abort, abort_writes, configs)
+    polled.run()
+    if polled.raises:
         notes.append("poll() can raise")
-    if runner.truncated:
+    if runner.truncated:  # read before _left_by_methods runs: its own cuts are problems, not notes
         notes.append("path limit reached in " + ", ".join(sorted(set(runner.truncated))))
-    left_by = _left_by_methods(runner, index, pack, cls, poll, verdicts, domain, [h for _, h in configs])
-    if problems is not None:  # code the engine did not follow (a construct, its budget): incomplete
-        problems.extend(f"analysis cut short at {t} (the {name} backend's analysis is incomplete)"
-                        for t in sorted(set(runner.truncated)) if isinstance(t, Cut))
-    if runner.unparsed and problems is not None:
-        problems.extend(f"{u} could not be parsed with libcst (the {name} backend's analysis is incomplete)"
-                        for u in sorted(runner.unparsed))
-    if runner.unparsed:
-        # abort() and what it calls may be what could not be read: neither a pin nor a way out
-        # through abort() is claimed (a gap). A deadline found with the clock alone stands.
-        undecided = f"not decided: {', '.join(sorted(runner.unparsed))} could not be parsed with libcst"
-        verdicts = {s: v if v.way_out is WayOut.TIMEOUT else StateVerdict(s, WayOut.UNKNOWN, undecided, v.chain)
-                    for s, v in verdicts.items()}
+    covers = polled.covers()  # before _left_by_methods, whose runs pass timeout checks of their own
+    left_by = _left_by_methods(runner, index, pack, cls, poll, polled.verdicts, domain, [h for _, h in configs])
+    verdicts = _undecided_if_unparsed(runner, name, polled.verdicts, problems)
     order = {m: i for i, m in enumerate(domain.members)}
-    constructor_only: dict[str, Evidence] = {}
-    init = index.find_method(cls, "__init__")
-    if table is not None and init is not None and manager is not None:
-        # Settled by running the entry points when that could be done, else read from the syntax.
-        again = runner.stored_by_entries if reach is not None and runner.stored_by_entries is not None \
-            else set(manager.later) | set(manager.ref.unknown and domain.members)
-        for state in sorted(returns - untabled - again - set(domain.terminal), key=order.get):
-            if reach is None or state in reach:
-                constructor_only[state] = Evidence(
-                    init.path, init.line, f"only {init.qualname}() stores {state} in {table}: no other run of the "
-                                          f"{name} backend's code puts it back")
-    timeouts = [TimeoutCheck(p, l, tuple(sorted(c, key=order.get))) for (p, l), c in sorted(covers.items())]
+
+    def by_member(state: str) -> int:
+        return order.get(state, len(order))
+
+    constructor_only = _constructor_only(runner, index, domain, cls, manager, name, polled, reach, by_member)
+    timeouts = [TimeoutCheck(p, line, tuple(sorted(c, key=by_member))) for (p, line), c in sorted(covers.items())]
+    unknown = polled.unknown_returns()
+    unreadable_stores = [f"{manager.ref.table} stores a value kvtrace cannot read: {u}" for u in manager.ref.unknown] \
+        if manager else []
     backend = Backend(
         name=name,
         sender=cls.name,
         path=cls.path,
         line=cls.line,
         poll=ref,
-        returns=sorted(returns, key=order.get),
-        reads_abort_state=reads_abort,
+        returns=sorted(polled.returns, key=by_member),
+        reads_abort_state=polled.reads_abort,
         abort_state=", ".join(sorted(abort_writes)) or None,
         timeouts=timeouts,
         notes=notes,
-        returns_unknown=list(dict.fromkeys(unknown + [f"{manager.ref.table} stores a value kvtrace cannot read: {u}"
-                                                      for u in (manager.ref.unknown if manager else ())])),
+        returns_unknown=list(dict.fromkeys(unknown + unreadable_stores)),
         manager=manager.ref if manager else None,
-        verdicts={s: verdicts[s] for s in sorted(verdicts, key=order.get)},
+        verdicts={s: verdicts[s] for s in sorted(verdicts, key=by_member)},
         constructor_only=constructor_only,
         unborn=runner.unborn,
         left_by=left_by,
     )
-    return SenderAnalysis(backend, cls, poll, sorted(raise_sites), sorted(absent_raises), manager.facts if manager else None)
+    return SenderAnalysis(backend, cls, poll, sorted(polled.raise_sites), sorted(polled.absent_raises), facts)
+
+
+def _abort_writes(runner: "_Runner", abort: FuncRef | None) -> dict[str, Evidence]:
+    """What abort() writes on the sender: the attributes poll() would have to read."""
+    writes: dict[str, Evidence] = {}
+    if abort is None:
+        return writes
+    for end in runner.run(abort, (), record_writes=True):
+        for e in end.events:
+            if e.kind == EventKind.ATTR_WRITE and not e.detail.startswith(("@", "?")):
+                writes.setdefault(e.detail, Evidence(e.path, e.line, f"{e.function}() writes self.{e.detail}"))
+    return writes
+
+
+_Config = tuple[str, Val | None]  # (what the table holds for the room, said in words; the table's value or None)
+
+
+def _table_configs(runner: "_Runner", index: Index, domain: Domain, cls: ClassInfo,
+                   manager: ManagerModel | None) -> tuple[list[_Config], set[str] | None]:
+    """The table contents poll() is run from, and what the table can hold when poll() runs (None:
+    not settled). Only states known to be stored: a store kvtrace cannot read is reported, never a
+    pin; and only those a run of the code can reach from the room's registration."""
+    table = manager.ref.table if manager else None
+    if manager is None or table is None:
+        return [("", None)], None
+    reach = _reachable_table(runner, index, cls, manager)
+    configs: list[_Config] = [(f"{table} holds {s} for the room", frozenset({s})) for s in domain.members
+                              if s in manager.ref.holds and (reach is None or s in reach)]
+    unborn = _room_may_be_missing(runner, index.find_method(cls, "__init__"))
+    if (manager.ref.clears or unborn is not None) and (reach is None or ABSENT in reach):
+        configs.append((f"the room is absent from {table}", frozenset({ABSENT})))
+    if unborn is not None:
+        runner.unborn = unborn
+    return configs or [("", None)], reach
+
+
+class _PolledStates:
+    """poll() run from each table content: the states it returns, and for each state that is not
+    terminal, whether abort() or the clock ends it (its verdict, with the chain of a pin)."""
+
+    def __init__(self, runner: "_Runner", poll: FuncRef, abort: FuncRef | None, abort_writes: dict[str, Evidence],
+                 configs: list[_Config]) -> None:
+        self.runner, self.poll, self.abort, self.abort_writes, self.configs = runner, poll, abort, abort_writes, configs
+        self.returns: set[str] = set()
+        self.unknown_sites: dict[str, list[str]] = {}  # where poll() returns a value kvtrace cannot follow -> labels
+        self.verdicts: dict[str, StateVerdict] = {}
+        self.timeout_covers: dict[tuple[str, int], set[str]] = {}  # timeout check -> states it ends
+        self.reads_abort = False
+        self.raises = False
+        self.raise_sites: set[tuple[str, int, str]] = set()
+        self.untabled: set[str] = set()  # states some path returns without reading them from the table
+        self.absent_raises: set[tuple[str, int, str]] = set()  # reads of an absent room that raise (KeyError)
+
+    def run(self) -> None:
+        for label, held in self.configs:
+            attrs = ((TABLE, held),) if held is not None else ()
+            for end in self.runner.run(self.poll, attrs):
+                self._take(label, held, end)
+
+    def _take(self, label: str, held: Val | None, end: PathState) -> None:
+        """One path of poll(): a raise, a value kvtrace cannot follow, or states to judge."""
+        domain = self.runner.domain
+        if any(e.kind == EventKind.ABORT_READ for e in end.events):
+            self.reads_abort = True
+        if end.term == "raise":
+            self.raises = True
+            self.raise_sites.update((e.path, e.line, e.function) for e in end.events if e.kind == EventKind.RAISE)
+            self.absent_raises.update((e.path, e.line, e.function) for e in end.events if e.kind == EventKind.TABLE_RAISE)
+            return
+        value = end.ret if end.ret is not None else frozenset({NONE})
+        states = domain.states(value)
+        if OTHER in value:
+            site = _return_site(self.runner, end)
+            where = f"{site.function}() returns it at {site.path}:{site.line}" if site is not None \
+                else f"{self.poll.qualname}() at {self.poll.path}:{self.poll.line}"
+            self.unknown_sites.setdefault(where, []).append(label)
+            return
+        self.returns |= states
+        from_table = held is not None and any(e.kind == EventKind.TABLE_READ for e in end.events)
+        for state in states:
+            if not (from_table and held is not None and state in held):
+                self.untabled.add(state)
+            if state not in domain.terminal:
+                self._judge(label, held, end, state)
+
+    def _judge(self, label: str, held: Val | None, end: PathState, state: str) -> None:
+        """The state's verdict: the first pin found (with its chain) wins over any way out."""
+        found = self.runner.way_out(end, self.abort, self.poll, state)
+        for key in found.timeouts:
+            self.timeout_covers.setdefault(key, set()).add(state)
+        previous = self.verdicts.get(state)
+        if found.verdict.pinned:
+            if previous is None or not previous.pinned:
+                chain = _chain(self.runner, self.runner.cls, self.poll, self.abort, self.abort_writes, self.runner.manager,
+                               label, held, end, state, found)
+                self.verdicts[state] = StateVerdict(state, WayOut.NONE, found.verdict.how, chain,
+                                                    absent_room=held is not None and ABSENT in held)
+        elif previous is None:
+            self.verdicts[state] = found.verdict
+
+    def unknown_returns(self) -> list[str]:
+        """One line per return site of a value kvtrace cannot follow, with the table contents it is seen for."""
+        lines = []
+        for where, labels in self.unknown_sites.items():
+            seen = [label for label in dict.fromkeys(labels) if label]
+            lines.append(f"a value kvtrace cannot follow: {where}"
+                         + (f" ({'; '.join(seen)})" if seen and len(seen) < len(self.configs) else ""))
+        return lines
+
+    def covers(self) -> dict[tuple[str, int], set[str]]:
+        """Every timeout check the runs passed, with the states it ends (none for some)."""
+        covers = self.timeout_covers
+        for key in self.runner.timeout_sites:
+            covers.setdefault(key, set())
+        return covers
+
+
+def _undecided_if_unparsed(runner: "_Runner", name: str, verdicts: dict[str, StateVerdict],
+                           problems: list[str] | None) -> dict[str, StateVerdict]:
+    """Code the engine did not follow (a construct, its budget, a function libcst could not parse)
+    makes the backend's analysis incomplete. abort() and what it calls may be what could not be
+    read: then neither a pin nor a way out through abort() is claimed (a gap); a deadline found with
+    the clock alone stands."""
+    if problems is not None:
+        problems.extend(f"analysis cut short at {t} (the {name} backend's analysis is incomplete)"
+                        for t in sorted(set(runner.truncated)) if isinstance(t, Cut))
+    if not runner.unparsed:
+        return verdicts
+    if problems is not None:
+        problems.extend(f"{u} could not be parsed with libcst (the {name} backend's analysis is incomplete)"
+                        for u in sorted(runner.unparsed))
+    undecided = f"not decided: {', '.join(sorted(runner.unparsed))} could not be parsed with libcst"
+    return {s: v if v.way_out is WayOut.TIMEOUT else StateVerdict(s, WayOut.UNKNOWN, undecided, v.chain)
+            for s, v in verdicts.items()}
+
+
+def _constructor_only(runner: "_Runner", index: Index, domain: Domain, cls: ClassInfo, manager: ManagerModel | None,
+                      name: str, polled: _PolledStates, reach: set[str] | None,
+                      by_member: Callable[[str], int]) -> dict[str, Evidence]:
+    """The states poll() returns from the table that only the sender's constructor stores. Settled
+    by running the entry points when that could be done, else read from the syntax."""
+    init = index.find_method(cls, "__init__")
+    if manager is None or manager.ref.table is None or init is None:
+        return {}
+    table = manager.ref.table
+    again = runner.stored_by_entries if reach is not None and runner.stored_by_entries is not None \
+        else set(manager.later) | set(manager.ref.unknown and domain.members)
+    found: dict[str, Evidence] = {}
+    for state in sorted(polled.returns - polled.untabled - again - set(domain.terminal), key=by_member):
+        if reach is None or state in reach:
+            found[state] = Evidence(init.path, init.line, f"only {init.qualname}() stores {state} in {table}: no other "
+                                                          f"run of the {name} backend's code puts it back")
+    return found
 
 
 def raise_sites_with_history(index: Index, pack: Pack, domain: Domain, analysis: SenderAnalysis,
@@ -336,16 +404,16 @@ def _entry_points(index: Index, sender: ClassInfo, manager: ManagerModel, update
         for name in names:
             if name in called or name in ("__init__", update) or name.startswith("__"):
                 continue
-            func = index.find_method(owner, name)
-            if func is not None and not is_abstract(func):
-                entries.append((func, owner, prefix))
+            method = index.find_method(owner, name)
+            if method is not None and not is_abstract(method):
+                entries.append((method, owner, prefix))
         # A function nested in a method (a thread target, a callback) runs when whoever got it
         # calls it, on the enclosing method's `self`: it is an entry point of its own. One the
         # method calls by name is run this way too (the method's run does not enter it).
         for name in names:
-            func = index.find_method(owner, name)
-            if func is not None and name != update:
-                entries.extend((nested, owner, prefix) for nested in nested_functions(func, index))
+            method = index.find_method(owner, name)
+            if method is not None and name != update:
+                entries.extend((nested, owner, prefix) for nested in nested_functions(method, index))
     return entries
 
 
@@ -382,13 +450,67 @@ def _reachable_table(runner: "_Runner", index: Index, sender: ClassInfo, manager
     init = index.find_method(sender, "__init__")
     if init is None:
         return None
-    options = runner.options()
-    reached: set[str] = set()
-    frontier: list[str] = []
-    by_entries: set[str] = set()  # what a run other than the sender's constructor stores
-    in_entry = [False]
+    if _stores_out_of_reach(index, sender, manager, runner.pack.update_method):
+        return None
+    reach = _TableReach(runner, index)
+    try:
+        reach.run_all(init, sender, "", ABSENT)
+        reach.in_entry = True
+        entries = [e for e in _entry_points(index, sender, manager, runner.pack.update_method)
+                   if _touches_table(index, e[0], e[2], manager, runner.relevant)]
+        reach.to_fixpoint(entries)
+    except (_Unknown, PathLimit):
+        return None
+    runner.stored_by_entries = reach.by_entries
+    return reach.reached
 
-    def note(ends: list[PathState]) -> None:
+
+class _TableReach:
+    """The fixpoint of _reachable_table: the values reached so far, those not yet run from, and
+    what runs other than the sender's constructor store."""
+
+    def __init__(self, runner: "_Runner", index: Index) -> None:
+        self.runner, self.index = runner, index
+        self.options = runner.options()
+        self.reached: set[str] = set()
+        self.frontier: list[str] = []
+        self.by_entries: set[str] = set()  # what a run other than the sender's constructor stores
+        self.in_entry = False  # running entry points (the constructor has run)
+        self.budget = REACH_RUNS
+
+    def to_fixpoint(self, entries: list[tuple[FuncRef, ClassInfo, str]]) -> None:
+        everything = set(self.runner.domain.members) | {ABSENT}
+        done: set[tuple[int, str]] = set()
+        while self.frontier and not everything <= self.reached:
+            start = self.frontier.pop()
+            for func, cls, prefix in entries:
+                if (id(func.node), start) not in done:
+                    done.add((id(func.node), start))
+                    self.run_all(func, cls, prefix, start)
+
+    def run_all(self, func: FuncRef, cls: ClassInfo, prefix: str, start: str) -> None:
+        self.budget -= 1
+        if self.budget < 0:
+            raise _Unknown("too many runs")
+        ends = self._run(func, cls, prefix, start, False)
+        self._note(ends)
+        if any(e.kind == EventKind.TIMEOUT for end in ends for e in end.events):  # the clock matters here
+            self._note(self._run(func, cls, prefix, start, True))
+
+    def _run(self, func: FuncRef, cls: ClassInfo, prefix: str, start: str, clock_far: bool) -> list[PathState]:
+        parsed = self.index.cst(func)
+        if parsed is None:
+            raise _Unknown(func.qualname)
+        explorer = Explorer(replace(self.options, clock_far=clock_far, max_paths=REACH_PATHS, give_up=True))
+        attrs = ((TABLE, frozenset({start})),)
+        ends, log = explorer.explore_function(func, parsed, cls, [PathState(attrs=attrs)], prefix)
+        if log.truncated or log.unparsed:
+            raise _Unknown(func.qualname)
+        if cls is self.runner.cls and prefix == "":  # what runner.run would do for the sender's own method
+            self.runner.seed(func, attrs, clock_far, ends)
+        return ends
+
+    def _note(self, ends: list[PathState]) -> None:
         for end in ends:
             unknown = next((e for e in end.events if e.kind == EventKind.TABLE_UNKNOWN), None)
             if unknown is not None:
@@ -397,58 +519,14 @@ def _reachable_table(runner: "_Runner", index: Index, sender: ClassInfo, manager
             for e in end.events:
                 if e.kind == EventKind.TABLE_STORE:
                     values.update(v for v in e.detail.split(", ") if v)
-                    if in_entry[0]:
-                        by_entries.update(v for v in e.detail.split(", ") if v)
-            if in_entry[0] and ABSENT in values and ABSENT not in (end.attr(TABLE) or ()) or (
-                    in_entry[0] and any(e.kind == EventKind.TABLE_CLEAR for e in end.events)):
-                by_entries.add(ABSENT)
-            for v in values - reached:
-                reached.add(v)
-                frontier.append(v)
-
-    def run(func: FuncRef, cls: ClassInfo, prefix: str, start: str, clock_far: bool) -> list[PathState]:
-        parsed = index.cst(func)
-        if parsed is None:
-            raise _Unknown(func.qualname)
-        explorer = Explorer(replace(options, clock_far=clock_far, max_paths=REACH_PATHS, give_up=True))
-        attrs = ((TABLE, frozenset({start})),)
-        ends, log = explorer.explore_function(func, parsed, cls, [PathState(attrs=attrs)], prefix)
-        if log.truncated or log.unparsed:
-            raise _Unknown(func.qualname)
-        if cls is runner.cls and prefix == "":  # what runner.run would do for the sender's own method
-            runner.seed(func, attrs, clock_far, ends)
-        return ends
-
-    budget = [REACH_RUNS]
-
-    def run_all(func: FuncRef, cls: ClassInfo, prefix: str, start: str) -> None:
-        budget[0] -= 1
-        if budget[0] < 0:
-            raise _Unknown("too many runs")
-        ends = run(func, cls, prefix, start, False)
-        note(ends)
-        if any(e.kind == EventKind.TIMEOUT for end in ends for e in end.events):  # the clock matters here
-            note(run(func, cls, prefix, start, True))
-
-    everything = set(runner.domain.members) | {ABSENT}
-    if _stores_out_of_reach(index, sender, manager, runner.pack.update_method):
-        return None
-    try:
-        run_all(init, sender, "", ABSENT)
-        in_entry[0] = True
-        entries = [e for e in _entry_points(index, sender, manager, runner.pack.update_method)
-                   if _touches_table(index, e[0], e[2], manager, runner.relevant)]
-        done: set[tuple[int, str]] = set()
-        while frontier and not everything <= reached:
-            start = frontier.pop()
-            for func, cls, prefix in entries:
-                if (id(func.node), start) not in done:
-                    done.add((id(func.node), start))
-                    run_all(func, cls, prefix, start)
-    except (_Unknown, PathLimit):
-        return None
-    runner.stored_by_entries = by_entries
-    return reached
+                    if self.in_entry:
+                        self.by_entries.update(v for v in e.detail.split(", ") if v)
+            if self.in_entry and ABSENT in values and ABSENT not in (end.attr(TABLE) or ()) or (
+                    self.in_entry and any(e.kind == EventKind.TABLE_CLEAR for e in end.events)):
+                self.by_entries.add(ABSENT)
+            for v in values - self.reached:
+                self.reached.add(v)
+                self.frontier.append(v)
 
 
 _HIDING = (ast.Lambda, ast.ClassDef)  # a body no run enters: a callback's, another object's methods
@@ -680,7 +758,7 @@ class _Runner:
                 return _Found(StateVerdict(state, WayOut.ABORT, f"{abort.qualname}() and then {poll.qualname}() returns a terminal state"),
                               timeouts if ok else set(), abort_ends, far)
         if ok and timeouts:
-            where = ", ".join(f"{p}:{l}" for p, l in sorted(timeouts))
+            where = ", ".join(f"{path}:{line}" for path, line in sorted(timeouts))
             return _Found(StateVerdict(state, WayOut.TIMEOUT, f"the timeout check at {where} returns a terminal state"),
                           timeouts, abort_ends, far)
         if ok:  # the state is left on its own once more time passes (a value kvtrace cannot follow)
@@ -717,7 +795,7 @@ def _chain(runner: _Runner, cls: ClassInfo, poll: FuncRef, abort: FuncRef | None
             links.append(runner.unborn)
     timeouts = {(e.path, e.line) for f in found.far_ends for e in f.events if e.kind == EventKind.TIMEOUT}
     if timeouts:
-        links.extend(Evidence(p, l, f"this timeout check does not end {state}") for p, l in sorted(timeouts))
+        links.extend(Evidence(path, line, f"this timeout check does not end {state}") for path, line in sorted(timeouts))
     else:
         links.append(Evidence(poll.path, poll.line, f"no timeout check is reached for {state}"))
     return tuple(dict.fromkeys(links))
@@ -790,8 +868,9 @@ def _assigned_by_method(index: Index, cls: ClassInfo, domain: Domain,
                     narrowed = narrowed_by_guard(node.value.id, node, parents, domain.members)
                     if narrowed is not None:
                         for t in node.targets if isinstance(node, ast.Assign) else [node.target]:
-                            if self_attr(t) is not None:
-                                table.setdefault(t.attr, set()).update(narrowed)
+                            attr = self_attr(t)
+                            if attr is not None:
+                                table.setdefault(attr, set()).update(narrowed)
                         continue
                 if isinstance(node, ast.Assign):
                     targets = node.targets
@@ -800,8 +879,9 @@ def _assigned_by_method(index: Index, cls: ClassInfo, domain: Domain,
                 else:
                     continue
                 for t in targets:
-                    if self_attr(t) is not None:
-                        table.setdefault(t.attr, set()).update(_constant_tokens(node.value, domain, pack))
+                    attr = self_attr(t)
+                    if attr is not None:
+                        table.setdefault(attr, set()).update(_constant_tokens(node.value, domain, pack))
         index.derived[key] = by_method
     return index.derived[key]
 

@@ -7,7 +7,7 @@ the drain loop, and the child sends back its result as bytes through a pipe.
 
 Only where it is safe and pays: Linux, a second CPU, no other thread in the process (a fork
 copies a lock another thread holds in its held state: paramiko's transport and the fleet's
-pool have threads), and work large enough to cover the ~10 ms a fork and the pickles cost. A
+pool have threads), and work large enough to cover the ~10 ms a fork and its JSON result cost. A
 child that fails for any reason yields None and the caller does the work itself, so the result
 never depends on whether the child ran.
 """

@@ -32,6 +32,7 @@ class CacheFormatError(ValueError):
 
 
 Decoder = Callable[[Any], Any]
+T = typing.TypeVar("T")
 
 # Fields left out of the typed walk: the files are stored apart (their bytes are not cached) and
 # these hold free-form plain values.
@@ -97,6 +98,21 @@ def decode_report(payload: bytes) -> tuple[dict[str, Any], Report]:
     if not isinstance(data, dict) or set(data) != {"extra", "report"} or not isinstance(data["extra"], dict):
         raise CacheFormatError("not a cached report")
     return data["extra"], _decoder(Report)(data["report"])
+
+
+def encode_record(record: Any) -> bytes:
+    """Any dataclass of kvtrace.model as JSON (the forked scan's result, kvtrace.pipeline)."""
+    return json.dumps(_encode(record), separators=(",", ":"), ensure_ascii=False).encode("utf-8", "surrogatepass")
+
+
+def decode_record(payload: bytes, cls: type[T]) -> T:
+    """`encode_record`'s bytes back as a `cls`, checked like a cached report."""
+    try:
+        data = json.loads(payload.decode("utf-8", "surrogatepass"))
+    except (UnicodeDecodeError, RecursionError) as exc:
+        raise CacheFormatError(str(exc)) from None
+    decode = _decoder(typing.cast(Any, cls))  # a class: hashable, as the cache of decoders needs
+    return typing.cast(T, decode(data))
 
 
 def _fail(expected: str, value: Any) -> CacheFormatError:

@@ -70,7 +70,7 @@ class StateGraph:
 
     def as_data(self) -> dict[str, list]:
         """Plain lists and strings ({"nodes": [(node, attrs)], "edges": [(a, b, attrs)]}) for the
-        report: it pickles into the cache, and GraphML/DOT writers take only plain values."""
+        report: it goes into the cache as JSON, and GraphML/DOT writers take only plain values."""
         def plain(node: tuple) -> tuple:
             return tuple(str(part) if isinstance(part, str) else part for part in node)
 

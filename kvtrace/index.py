@@ -10,8 +10,9 @@ import ast
 import bisect
 from dataclasses import dataclass, field
 
+from kvtrace.model import FileMark
 from kvtrace.syntax import dotted
-from kvtrace.parse import CstFunction, ParsedModule, parse_function_cst, walk
+from kvtrace.parse import CstFunction, ParsedModule, parse_function_cst, too_deep_for_cst, walk
 
 
 @dataclass(eq=False)
@@ -51,6 +52,7 @@ class Index:
         self.imports: dict[str, dict[str, str]] = {}  # path -> local name -> imported name
         self.constants: dict[str, dict[str, ast.expr]] = {}  # path -> module-level NAME = <expr>
         self._cst: dict[int, CstFunction | None] = {}
+        self.marks: list[FileMark] = []  # files found not analysable while analysing, in the order found
         self._mro: dict[int, list[ClassInfo]] = {}
         # kvtrace.flow's helper-call results for this scan (it lives as long as the trees its keys name).
         self.call_memo: dict = {}
@@ -268,7 +270,11 @@ class Index:
     def cst(self, func: FuncRef) -> CstFunction | None:
         key = id(func.node)
         if key not in self._cst:
-            self._cst[key] = parse_function_cst(func.module, func.node)
+            parsed = parse_function_cst(func.module, func.node)
+            why = too_deep_for_cst(func.node) if parsed is None else None
+            if why is not None:  # the file is not analysed: a mark the pipeline collects (self.marks)
+                self.marks.append(FileMark(func.module.source.path, "skipped", why))
+            self._cst[key] = parsed
         return self._cst[key]
 
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import io
 import tokenize
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 from typing import Any, Literal
 
@@ -124,25 +124,57 @@ class SourceFile:
     status: FileStatus = "ok"
     error: str | None = None
     _text: str | None = field(default=None, repr=False)
+    _undecodable: str | None = field(default=None, repr=False, compare=False)  # why the bytes do not decode
 
     @property
     def text(self) -> str | None:
-        """The decoded text, or None when the bytes are not UTF-8 (status says so)."""
-        if self._text is None and self.status != "not-utf8":
+        """The decoded text, or None when the bytes do not decode (`undecodable` says why). Reading
+        it changes no status: the parse stage records such a file as not-utf8."""
+        if self._text is None and self._undecodable is None:
             try:
                 # Python's own rule (PEP 263): UTF-8, a BOM, or a `coding:` cookie in line 1 or 2.
                 encoding, _ = tokenize.detect_encoding(io.BytesIO(self.data).readline)
                 self._text = self.data.decode(encoding)
             except (UnicodeDecodeError, SyntaxError, LookupError) as exc:
-                self.status = "not-utf8"
                 where = f"byte {exc.start} ({exc.reason})" if isinstance(exc, UnicodeDecodeError) else str(exc)
-                self.error = f"not UTF-8 and no usable coding cookie: {where}"
+                self._undecodable = f"not UTF-8 and no usable coding cookie: {where}"
         return self._text
+
+    @property
+    def undecodable(self) -> str | None:
+        """Why the bytes do not decode as Python source, or None when they do."""
+        return self._undecodable if self.text is None else None
+
+    @property
+    def as_read(self) -> tuple[FileStatus, str | None]:
+        """The status and error, counting bytes that do not decode as not-utf8 even before the
+        parse stage has recorded it."""
+        if self.status == "ok" and self.text is None:
+            return "not-utf8", self.undecodable
+        return self.status, self.error
 
     @property
     def lines(self) -> list[str]:
         """The text's lines, numbered as Python and every report numbers them ([] if unreadable)."""
         return source_lines(self.text or "")
+
+
+@dataclass(frozen=True)
+class FileMark:
+    """What the analysis learned about a file after parsing it (libcst was not handed a function
+    nested too deep): a record the pipeline collects and applies once, never a change the engine
+    makes to a SourceFile."""
+
+    path: str
+    status: FileStatus
+    error: str
+
+
+def with_marks(files: list[SourceFile], marks: list[FileMark]) -> list[SourceFile]:
+    """The files as the marks leave them (a later mark for the same path wins), each marked one a
+    new record: the fetched files stay as they were read."""
+    last = {m.path: m for m in marks}
+    return [replace(f, status=last[f.path].status, error=last[f.path].error) if f.path in last else f for f in files]
 
 
 @dataclass
@@ -306,6 +338,29 @@ class Backend:
 
     def way_out(self, state: str) -> StateVerdict | None:
         return self.verdicts.get(state)
+
+
+@dataclass
+class SenderRecord:
+    """One sender's analysis as data: its class, poll() and manager named by (path, line), which
+    the parent resolves on its own index (what crosses from the forked child, kvtrace.pipeline)."""
+
+    cls: tuple[str, int]
+    backend: Backend
+    poll: tuple[str, int] | None
+    raise_sites: list[tuple[str, int, str]]
+    absent_raise_sites: list[tuple[str, int, str]]
+    manager: tuple[str, int] | None
+
+
+@dataclass
+class SendersResult:
+    """What the forked child returns, as JSON (kvtrace.cachecodec): its senders, the problems it
+    met and what it learned about files. Data only: loading it runs no code."""
+
+    senders: list[SenderRecord]
+    problems: list[str]
+    marks: list[FileMark]
 
 
 @dataclass

@@ -63,7 +63,8 @@ def parse_module(source: SourceFile) -> ParsedModule | None:
     if shared is not None:
         return ParsedModule(source=source, tree=shared[0], lines=shared[1])
     text = source.text
-    if text is None:  # not UTF-8: SourceFile.text already set status and error
+    if text is None:  # the bytes do not decode: recorded here, as a syntax error is
+        source.status, source.error = source.as_read
         return None
     try:
         with warnings.catch_warnings():
@@ -354,16 +355,19 @@ def cst_depth(func: ast.AST) -> int:
     return deepest
 
 
-def parse_function_cst(module: ParsedModule, func: ast.FunctionDef | ast.AsyncFunctionDef) -> CstFunction | None:
-    """Cut the function's lines out of its file, dedent them and parse them with libcst. A
-    function nested beyond MAX_CST_DEPTH is not handed to libcst: the file is marked as not
-    analysed (so the scan says INCOMPLETE) and None is returned."""
+def too_deep_for_cst(func: ast.FunctionDef | ast.AsyncFunctionDef) -> str | None:
+    """Why `func` is not handed to libcst (nested beyond MAX_CST_DEPTH), or None."""
     depth = cst_depth(func)
     if depth > MAX_CST_DEPTH:
-        module.source.status = "skipped"
-        module.source.error = (
-            f"{func.name}() at line {func.lineno} nests {depth} levels deep (over {MAX_CST_DEPTH}); not analysed"
-        )
+        return f"{func.name}() at line {func.lineno} nests {depth} levels deep (over {MAX_CST_DEPTH}); not analysed"
+    return None
+
+
+def parse_function_cst(module: ParsedModule, func: ast.FunctionDef | ast.AsyncFunctionDef) -> CstFunction | None:
+    """Cut the function's lines out of its file, dedent them and parse them with libcst. A
+    function nested beyond MAX_CST_DEPTH is not handed to libcst: None (Index.cst records the
+    file as not analysed, so the scan says INCOMPLETE)."""
+    if too_deep_for_cst(func) is not None:
         return None
     start = min([d.lineno for d in func.decorator_list] + [func.lineno])
     end = func.end_lineno or func.lineno

@@ -18,19 +18,33 @@ with a typed result:
 
 from __future__ import annotations
 
-import pickle
-from collections.abc import Callable, Mapping
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvtrace.backends import SenderAnalysis, analyse_backends, sender_classes
 from kvtrace.beside import Beside, Claims
+from kvtrace.cachecodec import decode_record, encode_record
 from kvtrace.config import Settings
 from kvtrace.errors import AmbiguousTarget, InputError
 from kvtrace.gaps import Cut, find_gaps
 from kvtrace.graph import QueueAnalysis, ScanModel, StateGraph, analyse_queue, find_enum, static_sites
 from kvtrace.index import Index
 from kvtrace.managers import manager_facts
-from kvtrace.model import EventKind, Evidence, FetchResult, Filters, Finding, ModeInfo, QueueReport, Report, SourceFile
+from kvtrace.model import (
+    EventKind,
+    Evidence,
+    FetchResult,
+    FileMark,
+    Filters,
+    Finding,
+    ModeInfo,
+    QueueReport,
+    Report,
+    SenderRecord,
+    SendersResult,
+    SourceFile,
+    with_marks,
+)
 from kvtrace.packs import Pack
 from kvtrace.parse import ParsedModule, parse_modules
 from kvtrace.states import Domain
@@ -54,11 +68,13 @@ class Indexed:
 
 @dataclass
 class Analysed:
-    """Each queue's analysis (with what could not be analysed in it) and the senders."""
+    """Each queue's analysis (with what could not be analysed in it), the senders, and the files in
+    scope as the analysis left them (a file libcst was not handed is marked not analysed)."""
 
     queues: list[tuple[QueueAnalysis, list[str]]]
     senders: list[SenderAnalysis]
     problems: list[str]
+    files: list[SourceFile]
 
 
 @dataclass
@@ -66,7 +82,7 @@ class Checked:
     findings: list[Finding]
     queue_reports: list[QueueReport]
     problems: list[str]
-    last_graph: dict  # the last queue's graph, as plain data
+    drawn_graph: dict  # the graph of the queue the diagrams show (the first with a pinned state), as plain data
 
 
 def parse(fetched: FetchResult, pack: Pack, root: str | None) -> Parsed:
@@ -104,10 +120,9 @@ def graph(parsed: Parsed, indexed: Indexed, pack: Pack, beside: type[Beside] = B
     # The senders are analysed beside the queue (kvtrace.beside) when the work is worth a fork:
     # the child takes them in order, the parent the ones it has not started once the queue is done.
     big = sum(len(f.data) for f in in_scope) >= parallel_min_bytes
-    before = {f.path: (f.status, f.error) for f in in_scope}
     claims = Claims(len(sender_classes(index, pack)))
     try:
-        with beside(lambda: _senders_out(index, pack, domain, root, in_scope, before, claims.claim), big) as child:
+        with beside(lambda: _senders_out(index, pack, domain, root, claims.claim), big) as child:
             queues: list[tuple[QueueAnalysis, list[str]]] = []
             for name in queue_names:
                 queue_pack = pack.for_queue(name)
@@ -122,14 +137,19 @@ def graph(parsed: Parsed, indexed: Indexed, pack: Pack, beside: type[Beside] = B
             from_child = child.result()
     finally:
         claims.close()
+    marks: list[FileMark] = []
     if mine is not None and from_child is not None:
-        senders = _senders_in(from_child, index, pack, in_scope, before, sender_problems) + mine
+        childs = decode_record(from_child, SendersResult)
+        senders = _senders_in(childs, index, pack) + mine
+        sender_problems.extend(childs.problems)
+        marks = childs.marks  # the child's marks first: a later one (this process's) wins, as in one process
         order = {id(c): i for i, c in enumerate(sender_classes(index, pack))}
         senders.sort(key=lambda s: order[id(s.cls)])
     else:  # one process (or the child failed: everything is done here)
         sender_problems = []
         senders = analyse_backends(index, pack, domain, root, sender_problems)
-    return Analysed(queues, senders, sorted(sender_problems))  # the same order whichever process met them
+    files = with_marks(in_scope, marks + index.marks)
+    return Analysed(queues, senders, sorted(sender_problems), files)  # problems: the same order whichever process met them
 
 
 def _judged(pack: Pack, names: tuple[str, ...], queues: list[tuple[QueueAnalysis, list[str]]],
@@ -158,7 +178,7 @@ def checks(parsed: Parsed, indexed: Indexed, analysed: Analysed, pack: Pack, set
     from kvtrace.rules.unused_suppression import UnusedSuppression
     from kvtrace.suppress import silence
 
-    index, domain, senders, in_scope = indexed.index, indexed.domain, analysed.senders, parsed.files
+    index, domain, senders, in_scope = indexed.index, indexed.domain, analysed.senders, analysed.files
     queue_names = pack.queues or (pack.queue,)
     problems: list[str] = []
     findings = []
@@ -213,7 +233,7 @@ def report(fetched: FetchResult, parsed: Parsed, indexed: Indexed, analysed: Ana
     senders = analysed.senders
     report = Report(
         target=fetched.target,
-        files=parsed.files,
+        files=with_marks(analysed.files, indexed.index.marks),  # and any mark found after the graph stage
         queues=checked.queue_reports,
         backends=[s.backend for s in senders if settings.wants_backend(s.backend.name)],
         findings=checked.findings,
@@ -221,7 +241,7 @@ def report(fetched: FetchResult, parsed: Parsed, indexed: Indexed, analysed: Ana
         enum=indexed.enum,
         problems=analysed.problems + checked.problems + list(fetched.notes),
         version=detect_version(fetched.files, parsed.root, fetched.target),
-        graph=checked.last_graph,
+        graph=checked.drawn_graph,
     )
     report.gaps = find_gaps(report, indexed.enum.path, indexed.index)
     assign_roles(report)  # before caching: the fingerprints' site roles come from the release map
@@ -232,36 +252,29 @@ def report(fetched: FetchResult, parsed: Parsed, indexed: Indexed, analysed: Ana
     return report
 
 
-def _senders_out(index: Index, pack: Pack, domain: Domain, root: str, files: list[SourceFile],
-                 before: Mapping[str, tuple[str, str | None]], take: Callable[[int], bool]) -> bytes:
+def _senders_out(index: Index, pack: Pack, domain: Domain, root: str, take: Callable[[int], bool]) -> bytes:
     """In the child: analyse the senders it claims; send the reports, the problems met and the
-    files whose status changed (a function too deep for libcst marks its file), never the trees."""
+    files found not analysable (a function too deep for libcst), as JSON data, never the trees."""
 
     problems: list[str] = []
     senders = analyse_backends(index, pack, domain, root, problems, take)
-    found = [((s.cls.path, s.cls.line), s.backend, (s.poll.path, s.poll.line) if s.poll else None, s.raise_sites,
-              s.absent_raise_sites, (s.manager.cls.path, s.manager.cls.line) if s.manager else None) for s in senders]
-    changed = {f.path: (f.status, f.error) for f in files if (f.status, f.error) != before[f.path]}
-    return pickle.dumps((found, problems, changed), protocol=pickle.HIGHEST_PROTOCOL)
+    records = [SenderRecord((s.cls.path, s.cls.line), s.backend, (s.poll.path, s.poll.line) if s.poll else None,
+                            list(s.raise_sites), list(s.absent_raise_sites),
+                            (s.manager.cls.path, s.manager.cls.line) if s.manager else None) for s in senders]
+    return encode_record(SendersResult(records, problems, index.marks))
 
 
-def _senders_in(data: bytes, index: Index, pack: Pack, files: list[SourceFile],
-                before: Mapping[str, tuple[str, str | None]], problems: list[str]) -> list[SenderAnalysis]:
+def _senders_in(result: SendersResult, index: Index, pack: Pack) -> list[SenderAnalysis]:
     """In the parent: the child's senders on the parent's own classes and functions (their
-    managers' facts read again from the parent's index), with everything else as one process
-    would have left it (senders first, then the queue)."""
+    managers' facts read again from the parent's index)."""
 
-    found, child_problems, changed = pickle.loads(data)
-    mine = {f.path: (f.status, f.error) for f in files if (f.status, f.error) != before[f.path]}
-    by_path = {f.path: f for f in files}
-    for path, (status, error) in {**changed, **mine}.items():
-        by_path[path].status, by_path[path].error = status, error
-    problems.extend(child_problems)
     classes = {(c.path, c.line): c for infos in index.classes.values() for c in infos}
     methods = {(f.path, f.line): f for c in classes.values() for f in c.methods.values()}
-    return [SenderAnalysis(backend, classes[cls], methods[poll] if poll else None, raise_sites, absent,
-                           manager_facts(index, classes[manager], pack.check_method, pack.update_method) if manager else None)
-            for cls, backend, poll, raise_sites, absent, manager in found]
+    return [SenderAnalysis(r.backend, classes[r.cls], methods[r.poll] if r.poll else None, r.raise_sites,
+                           r.absent_raise_sites,
+                           manager_facts(index, classes[r.manager], pack.check_method, pack.update_method) if r.manager
+                           else None)
+            for r in result.senders]
 
 
 def _queue_report(pack: Pack, model: ScanModel) -> QueueReport:

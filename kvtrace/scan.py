@@ -22,7 +22,7 @@ from kvtrace.model import (
 )
 from kvtrace.packs import Pack, load_pack
 
-# Trees smaller than this are analysed in one process: a fork and its pickles cost ~10 ms, the
+# Trees smaller than this are analysed in one process: a fork and its JSON result cost ~10 ms, the
 # senders of a small tree less. SGLang's disaggregation/ is 0.8-1.5 MB.
 PARALLEL_MIN_BYTES = 200_000
 
@@ -54,7 +54,7 @@ def _no_package_message(files: list[SourceFile], pack: Pack, target: str, named:
     """Why no package was found, from what was actually read (never a guess about a file)."""
     where = [d for d in named if d] or ([""] if named else [])
     scope = [f for f in files if any(_inside(f.path, d) for d in where)] if where else files
-    unread = [f for f in scope if f.status != "ok" or f.text is None]
+    unread = [f for f in scope if f.as_read[0] != "ok"]
     if where:
         head = f"{target}: found {', '.join(d + '/' for d in where) if where != [''] else 'the package'}"
     else:
@@ -62,11 +62,11 @@ def _no_package_message(files: list[SourceFile], pack: Pack, target: str, named:
     if unread:
         counts: dict[str, int] = {}
         for f in unread:
-            counts[f.status] = counts.get(f.status, 0) + 1
+            counts[f.as_read[0]] = counts.get(f.as_read[0], 0) + 1
         tally = ", ".join(f"{n} {status}" for status, n in sorted(counts.items()))
         first = unread[0]
         return (f"{head} but could not read `class {pack.enum}`: {len(unread)} of {len(scope)} files "
-                f"not read ({tally}; e.g. {first.path}: {first.error or first.status})")
+                f"not read ({tally}; e.g. {first.path}: {first.as_read[1] or first.as_read[0]})")
     if not scope:
         return f"{head}; it holds no .py files"
     listed = ", ".join(f.path for f in scope[:4]) + (f" and {len(scope) - 4} more" if len(scope) > 4 else "")
