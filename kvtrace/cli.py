@@ -61,6 +61,7 @@ class Role(str, Enum):
     """What a host serves: each role's bundled pack names every queue a request waits in there."""
     prefill = "prefill"
     decode = "decode"
+    all = "all"  # both: a host that serves either, every queue of each (one report per role)
 
 
 class Detail(str, Enum):
@@ -228,7 +229,7 @@ def scan(
         help="Rules pack: a bundled name or a TOML file.")] = None,
     role: Annotated[Optional[Role], typer.Option("--role",
         help="The host's role: every queue of a prefill server (bootstrap, inflight; the default) or of a "
-             "decode server (prealloc, transfer), one grid per queue.")] = None,
+             "decode server (prealloc, transfer), one grid per queue; all: both, one report per role.")] = None,
     queue: Annotated[Optional[list[str]], typer.Option("--queue", metavar="NAME",
         help="Only these queues, e.g. disagg_prefill_bootstrap_queue (repeatable or comma-separated); "
              "a decode queue alone picks the decode pack.")] = None,
@@ -323,8 +324,9 @@ def scan(
         settings = {target: _settings(target, overrides) for target in wanted}
         queues = list(_names(queue))
         # --role wins over [tool.kvtrace] pack, and conflicts only with --rules.
-        packs = {target: select_queues(load_pack(pack_for(rules if role else s.pack, role.value if role else None,
-                                                          queues)), queues)
+        packs = {target: _role_packs(rules, queues) if role is Role.all
+                 else select_queues(load_pack(pack_for(rules if role else s.pack, role.value if role else None,
+                                                       queues)), queues)
                  for target, s in settings.items()}
         baseline_prints = {t: baselines.load(Path(s.baseline)) for t, s in settings.items() if s.baseline}
         if metrics is not None:
@@ -453,6 +455,23 @@ def report_failures(results, gate_levels: dict[str, tuple[str, str]]) -> None:
             line = verdict_line(report.findings, *gate_levels[report.target])
             if line.startswith("failed"):
                 typer.echo(plain(f"kvtrace: {report_label(report, r.reports)}: {line}"), err=True)
+
+
+def _role_packs(rules: str | None, queues: list[str]) -> tuple:
+    """`--role all`: each role's bundled pack, in ROLE_PACKS order (prefill, then decode), each
+    narrowed to the named queues it holds; a role none of whose queues is named is left out."""
+    from kvtrace.packs import ROLE_PACKS, load_pack, select_queues
+
+    if rules is not None:
+        raise InputError(f"--role all scans the bundled packs {', '.join(ROLE_PACKS.values())}, but the pack "
+                         f"{rules} is also given: give one of them")
+    packs = [load_pack(name) for name in ROLE_PACKS.values()]
+    held = {name for pack in packs for name in pack.queues}
+    unknown = [name for name in dict.fromkeys(queues) if name not in held]
+    if unknown:
+        raise InputError(f"--queue {', '.join(unknown)}: not a queue of any role (the queues: {', '.join(sorted(held))})")
+    return tuple(select_queues(pack, [q for q in queues if q in pack.queues]) for pack in packs
+                 if not queues or any(q in pack.queues for q in queues))
 
 
 def _names(values: list[str] | None) -> tuple[str, ...]:

@@ -12,12 +12,14 @@ and the others are still scanned.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import threading
 import time
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field, replace
+from types import SimpleNamespace
 from pathlib import Path
 from typing import Any
 
@@ -270,7 +272,7 @@ class Progress:
 
 @dataclass
 class FleetOptions:
-    packs: dict[str, Any]  # target -> rules pack
+    packs: dict[str, Any]  # target -> rules pack, or a tuple of packs (--role all: a report each)
     settings: dict[str, Any]  # target -> kvtrace.config.Settings (select/ignore, fail_on, baseline)
     limits: FetchLimits = FetchLimits()
     ssh: dict[str, Any] = field(default_factory=dict)
@@ -281,6 +283,23 @@ class FleetOptions:
     metrics_interval: float = 1.0
     after_scan: Callable[[str, Report], None] | None = None  # e.g. marking findings against a baseline
     scan_all: bool = False  # several packages under one target: scan each (else an error listing them)
+
+
+def _packs_of(options: FleetOptions, target: str) -> tuple:
+    """The packs a target is scanned with: one, or each role's (`--role all`: one report each)."""
+    packs = options.packs[target]
+    return packs if isinstance(packs, tuple) else (packs,)
+
+
+def _fetch_pack(packs: tuple) -> Any:
+    """What the fetch keeps files for: the pack, or for several packs that share the enum and the
+    package folder, the union of their queues (else everything: None)."""
+    if len(packs) == 1:
+        return packs[0]
+    if len({(p.enum, p.package_dir) for p in packs}) != 1:
+        return None
+    return SimpleNamespace(enum=packs[0].enum, package_dir=packs[0].package_dir, queue=packs[0].queue,
+                           queues=tuple(q for p in packs for q in (p.queues or (p.queue,))))
 
 
 def run_fleet(targets: list[str], options: FleetOptions, log: Log | None = None,
@@ -316,7 +335,7 @@ def run_fleet(targets: list[str], options: FleetOptions, log: Log | None = None,
 
             fetched = fetch_target(target, options.limits, options.ssh, lambda m: say(f"{target}: {m}"),
                                    after_fetch=_remember(found, after_fetch, float(options.ssh.get("read_timeout", 60.0))),
-                                   pack=options.packs[target])
+                                   pack=_fetch_pack(_packs_of(options, target)))
             result.timings["fetch"] = time.perf_counter() - started
             show.update(target, "analysing")
             analysed = time.perf_counter()
@@ -325,13 +344,14 @@ def run_fleet(targets: list[str], options: FleetOptions, log: Log | None = None,
             from kvtrace.scan import locate_packages
 
             settings = options.settings.get(target)
-            roots = locate_packages(fetched.files, options.packs[target], fetched.target)
+            packs = _packs_of(options, target)
+            roots = locate_packages(fetched.files, packs[0], fetched.target)
             if len(roots) > 1 and not options.scan_all:
                 raise AmbiguousTarget(fetched.target, roots)
             with analysis_lock:
                 # One package: scan_fetched finds it again (and the cache key stays the one-package key).
-                scanned = [scan_cached(fetched, options.packs[target], options.cache, memo, settings=settings,
-                                       root=root if len(roots) > 1 else None) for root in roots]
+                scanned = [scan_cached(fetched, pack, options.cache, memo, settings=settings,
+                                       root=root if len(roots) > 1 else None) for pack in packs for root in roots]
             result.report, result.cached = scanned[0]
             result.extra_reports = [report for report, _ in scanned[1:]]
             result.timings["analyse"] = time.perf_counter() - analysed
@@ -386,9 +406,8 @@ def _host_label(target: str) -> str:
     parsed = parse_target(target)
     if isinstance(parsed, SshTarget):
         return parsed.label
-    import socket
-
-    return socket.gethostname()
+    # The name gethostname() returns, without importing socket on a local (often cached) scan.
+    return os.uname().nodename
 
 
 def _remember(found: dict[str, Any], then: Callable[[Any, FetchResult], None],

@@ -70,6 +70,51 @@ class SchedulerHandshakeMixin:
 '''
 
 
+ARRIVALS = '''\
+from typing import List
+
+from sglang.srt.disaggregation.base.conn import KVPoll
+from sglang.srt.disaggregation.utils import poll_and_all_reduce, prepare_abort
+
+
+class ArrivingKV:
+    def __init__(self, scheduler, group) -> None:
+        self.scheduler = scheduler
+        self.group = group
+        self.queue: List = []
+
+    def add(self, req) -> None:
+        self.queue.append(req)
+
+    def pop_arrived(self) -> List:
+        if not self.queue:
+            return []
+        polls = poll_and_all_reduce([req.kv_receiver for req in self.queue], self.group)
+        arrived, waiting = [], []
+        for req, poll in zip(self.queue, polls):
+            if poll == KVPoll.Success:
+                arrived.append(req)
+            elif poll == KVPoll.Failed:
+                prepare_abort(req, "the KV did not arrive")
+                self.scheduler.stream_output([req], False)
+            else:
+                waiting.append(req)
+        self.queue = waiting
+        return arrived
+
+
+class SchedulerArrivalsMixin:
+    def start_arrivals(self, group) -> None:
+        self.disagg_decode_transfer_queue = ArrivingKV(self, group)
+
+    def expect(self, req) -> None:
+        self.disagg_decode_transfer_queue.add(req)
+
+    def run_arrived(self) -> None:
+        self.waiting_queue.extend(self.disagg_decode_transfer_queue.pop_arrived())
+'''
+
+
 def kvtrace(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "kvtrace", "scan", "--no-cache", *args], cwd=ROOT,
                           capture_output=True, text=True, timeout=300)
@@ -177,6 +222,42 @@ def test_role_and_a_decode_queue_pick_the_decode_pack() -> None:
         select_queues(decode, [BOOTSTRAP])
     result = kvtrace("examples/nixl-pin", "--queue", TRANSFER, "--format", "json")
     assert [q["name"] for q in json.loads(result.stdout)["reports"][0]["queues"]] == [TRANSFER]
+
+
+def test_role_all_judges_every_queue_of_either_role_in_one_run(host: Path, default_json: dict,
+                                                               tmp_path: Path) -> None:
+    """`--role all`: one run, one report per role (prefill first), each with a grid per queue of
+    that role the tree fills or drains; the prefill report is the default run's. The tree here adds
+    to the prefill host a decode-side list of requests whose KV is arriving (our own words), bound
+    as disagg_decode_transfer_queue: Success leaves, Failed is aborted, the rest wait."""
+    tree = tmp_path / "tree"
+    shutil.copytree(host, tree)
+    (tree / "disaggregation" / "arrivals.py").write_text(ARRIVALS)
+    result = kvtrace(str(tree), "--role", "all", "--format", "json")
+    assert result.returncode == 1, result.stderr
+    document = json.loads(result.stdout)
+    jsonschema.validate(document, JSON_SCHEMA)
+    prefill, decode = document["reports"]
+    assert [q["name"] for q in prefill["queues"]] == [INFLIGHT, BOOTSTRAP]
+    assert [q["states"] for q in prefill["queues"]] == [q["states"] for q in default_json["queues"]]
+    assert [q["name"] for q in decode["queues"]] == [TRANSFER]  # no prealloc list in this tree
+    transfer = decode["queues"][0]
+    assert transfer["drain"]["path"] == "disaggregation/arrivals.py"
+    assert {s: v["fate"] for s, v in transfer["states"].items()} == {
+        "Success": ["leaves"], "Failed": ["leaves"], "Bootstrapping": ["kept"],
+        "WaitingForInput": ["kept"], "Transferring": ["kept"]}
+    assert prefill["complete"] and decode["complete"]
+    text = kvtrace(str(tree), "--role", "all", "--no-map").stdout
+    grids = re.findall(r"Verdicts for (\w+)", text)
+    assert grids[:3] == [INFLIGHT, BOOTSTRAP, TRANSFER]
+    # --queue narrows --role all to the roles holding the queues named; --rules conflicts with it.
+    only = json.loads(kvtrace(str(tree), "--role", "all", "--queue", TRANSFER, "--format", "json").stdout)
+    assert [[q["name"] for q in r["queues"]] for r in only["reports"]] == [[TRANSFER]]
+    for args, fragment in ((["--rules", "sglang-prefill"], "give one of them"),
+                           (["--queue", "disagg_prefill_waiting_queue"], "not a queue of any role")):
+        refused = kvtrace(str(tree), "--role", "all", *args)
+        assert refused.returncode == 2 and len(refused.stderr.strip().splitlines()) == 1, refused.stderr
+        assert fragment in refused.stderr
 
 
 def test_prefill_pack_says_what_a_bootstrap_request_holds_and_reaches_later() -> None:

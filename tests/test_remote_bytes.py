@@ -22,6 +22,7 @@ from sshd_server import SshdServer, require_sshd  # noqa: E402
 
 from kvtrace.fetch import fetch_target  # noqa: E402
 from kvtrace.fetch.local import fetch_local  # noqa: E402
+from kvtrace.fetch.ssh.script import stdin_payload  # noqa: E402
 from kvtrace.model import FetchLimits, Report  # noqa: E402
 from kvtrace.packs import load_pack  # noqa: E402
 from kvtrace.report.json import to_json_dict  # noqa: E402
@@ -162,3 +163,39 @@ def test_target_named_like_the_package_is_fetched_whole(sshd: SshdServer, tmp_pa
     fetch = [line for line in log if "exec fetch:" in line]
     listed = int(fetch[0].split("exec fetch: ")[1].split()[0])
     assert fetch and f"{listed} fetched" in fetch[0] and listed == len(list(package.rglob("*.py"))), log
+
+
+def test_round_one_leaves_the_remote_in_blocks_whatever_the_timing(tmp_path: Path) -> None:
+    """The fixed command run here with `sh`, read by a reader that is always waiting: round 1's
+    records (one printf each, 300+ of them) reach the channel in a few large writes. Before, each
+    record was its own write, and sshd sent each one it read as its own SSH packet when it woke
+    fast enough: the same fetch sent 43,800 or 57,500 bytes depending on the load."""
+    import os
+    import subprocess
+
+    from kvtrace.fetch.select import Wanted
+    from kvtrace.fetch.ssh.script import SCRIPT, request_some
+
+    package = shaped_tree(tmp_path)
+    wanted = Wanted.from_pack(load_pack())
+    remote = subprocess.Popen(["sh", "-c", SCRIPT], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.DEVNULL, cwd=tmp_path)
+    assert remote.stdin is not None and remote.stdout is not None
+    try:
+        remote.stdin.write(stdin_payload(str(package), FetchLimits().max_file_bytes, wanted.enum, wanted.queues))
+        remote.stdin.flush()
+        chunks: list[bytes] = []
+        while not b"".join(chunks).endswith(b"\0E\0"):
+            chunk = os.read(remote.stdout.fileno(), 1 << 20)
+            assert chunk, b"".join(chunks)[-200:]
+            chunks.append(chunk)
+        remote.stdin.write(request_some([]))
+        remote.stdin.close()
+        remote.stdout.read()
+    finally:
+        remote.kill()
+        remote.wait()
+    listing = b"".join(chunks)
+    assert listing.count(b"\0R\0") >= 300 and len(listing) < 1 << 16
+    # The marker line, then the records in one 64 KiB block (a pipe may hand a block over in parts).
+    assert len(chunks) <= 4, [len(c) for c in chunks]

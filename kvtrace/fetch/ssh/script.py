@@ -27,7 +27,8 @@ Round 1 (stdout), every field NUL-terminated:
 Then the script reads one more line: `all` (every readable .py file and .py symlink, as links,
 never followed) or `some` followed by NUL-terminated `./name`s taken from round 1, until the
 end of stdin; round 2 is ONE tar archive of those. Nothing is ever written or run on the remote
-but find, grep, cat, wc, ls and tar reading the tree.
+but find, grep, cat, wc, ls and tar reading the tree, and dd re-blocking round 1's records
+(into 64 KiB writes, so the bytes sent do not depend on timing).
 A file's fate is known from these records alone: stderr is never parsed (it is localised and
 its writes interleave). A name asked for but missing from the archive is reported unreadable.
 Exit 3: missing path, 4: cannot enter or read it, 5: not a dir or .py file, 6: no find/tar
@@ -68,11 +69,15 @@ SCRIPT = (
     f'g=; [ -n "$e" ] && [ $m = 1 ] && printf "x\\n" | {_GREP} x >/dev/null 2>&1 && g=1; '
     'q=$(printf "%s" "$qs" | tr " " "\\n"); export e q g; '
     "printf 'KVTRACE3\\0%s\\0%s\\0' \"$(pwd -P)\" \"$g\"; "
-    f'find -H "$s" -mindepth $m {_PRUNE} -type d {_DIR} '
+    # Each record is its own small write; sshd sends what it has read as one SSH packet, so
+    # unblocked records cost a packet header each or not depending on how fast sshd wakes (a
+    # busy machine changed the bytes sent by a third). dd re-blocks them into 64 KiB writes.
+    'b=cat; [ "$(printf x | dd obs=65536 2>/dev/null)" = x ] && b="dd obs=65536"; '
+    f'{{ find -H "$s" -mindepth $m {_PRUNE} -type d {_DIR} '
     f'-o -type l {_LINK} '
     f'-o -type f -name "*.py" -size +"$n"c {_BIG} '
     f'-o -type f -name "*.py" {_READ} {_HITS} </dev/null; '
-    "printf 'E\\0'; read -r w || exit 7; "
+    "printf 'E\\0'; } | $b 2>/dev/null; read -r w || exit 7; "
     'case $w in some) tar --null --no-recursion -T - -cf - ;; '
     f'all) find -H "$s" -mindepth $m {_PRUNE} "(" -type l -o -type f -size -"$n1"c ")" -name "*.py" '
     "-print0 </dev/null | tar $h --null --no-recursion -T - -cf - ;; *) exit 7;; esac"
