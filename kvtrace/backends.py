@@ -18,6 +18,7 @@ from kvtrace.managers import (
     backend_folder,
     class_mappings,
     ends_with_attr,
+    manager_model,
     narrowed_by_guard,
     pair_manager,
 )
@@ -312,6 +313,24 @@ def _constructor_only(runner: "_Runner", index: Index, domain: Domain, cls: Clas
             found[state] = Evidence(init.path, init.line, f"only {init.qualname}() stores {state} in {table}: no other "
                                                           f"run of the {name} backend's code puts it back")
     return found
+
+
+def raise_sites_with_history(index: Index, pack: Pack, domain: Domain, analysis: SenderAnalysis,
+                             history: frozenset[str]) -> list[tuple[str, int, str]]:
+    """The places poll() raises at (of those found for any history) when only the sender's
+    methods named in `history` can have run on it: their attribute writes are the only ones
+    poll()'s guards can read (a flag only a later stage's send() sets is still at its
+    constructor's value)."""
+    if analysis.poll is None or not analysis.raise_sites:
+        return []
+    manager = manager_model(index, pack, domain, analysis.cls, analysis.manager.cls) if analysis.manager else None
+    runner = _Runner(index, pack, domain, analysis.cls, manager, history)
+    runner.poll = analysis.poll
+    found: set[tuple[str, int, str]] = set()
+    for end in runner.run(analysis.poll, ()):
+        if end.term == "raise":
+            found.update((e.path, e.line, e.function) for e in end.events if e.kind == EventKind.RAISE)
+    return [site for site in analysis.raise_sites if site in found]
 
 
 def _left_by_methods(runner: "_Runner", index: Index, pack: Pack, cls: ClassInfo, poll: FuncRef,
@@ -634,8 +653,10 @@ class _Runner:
 
     POLLS_AFTER = 2  # polls after abort() / after the clock moved (a cached state needs two)
 
-    def __init__(self, index: Index, pack: Pack, domain: Domain, cls: ClassInfo, manager: ManagerModel | None):
+    def __init__(self, index: Index, pack: Pack, domain: Domain, cls: ClassInfo, manager: ManagerModel | None,
+                 history: frozenset[str] | None = None):
         self.index, self.pack, self.domain, self.cls, self.manager = index, pack, domain, cls, manager
+        self.history = history  # the sender's methods that can have run (None: any of them)
         self.abort_attrs: frozenset[str] = frozenset()
         self.truncated: list[str] = []
         self.unparsed: set[str] = set()
@@ -656,7 +677,7 @@ class _Runner:
             if self.manager is None:
                 return self.domain.universe
             return _attribute_values(self.index, self.domain, self.manager.cls, key[len(MANAGER):], self.pack)
-        return _attribute_values(self.index, self.domain, self.cls, key, self.pack)
+        return _attribute_values(self.index, self.domain, self.cls, key, self.pack, self.history)
 
     def run(self, func: FuncRef, attrs, clock_far: bool = False, record_writes: bool = False) -> list[PathState]:
         key = (id(func.node), tuple(attrs), clock_far, record_writes, self.abort_attrs)
@@ -823,7 +844,21 @@ def _assigned_in_class(index: Index, cls: ClassInfo, domain: Domain, pack: Pack 
     key = ("assigned", id(cls.node), domain, pack.clock_calls if pack is not None else None)
     if key not in index.derived:
         table: dict[str, set[str]] = {}
-        for func in cls.methods.values():
+        for assigned in _assigned_by_method(index, cls, domain, pack).values():
+            for attr, values in assigned.items():
+                table.setdefault(attr, set()).update(values)
+        index.derived[key] = table
+    return index.derived[key]
+
+
+def _assigned_by_method(index: Index, cls: ClassInfo, domain: Domain,
+                        pack: Pack | None = None) -> dict[str, dict[str, set[str]]]:
+    """method name -> self.<attr> -> the values that method of the class assigns to it."""
+    key = ("assigned by method", id(cls.node), domain, pack.clock_calls if pack is not None else None)
+    if key not in index.derived:
+        by_method: dict[str, dict[str, set[str]]] = {}
+        for name, func in cls.methods.items():
+            table = by_method.setdefault(name, {})
             parents: dict[int, ast.AST] | None = None
             for node in index.nodes_in(func, _ASSIGNS):
                 if isinstance(node, (ast.Assign, ast.AnnAssign)) and isinstance(node.value, ast.Name) \
@@ -847,13 +882,16 @@ def _assigned_in_class(index: Index, cls: ClassInfo, domain: Domain, pack: Pack 
                     attr = self_attr(t)
                     if attr is not None:
                         table.setdefault(attr, set()).update(_constant_tokens(node.value, domain, pack))
-        index.derived[key] = table
+        index.derived[key] = by_method
     return index.derived[key]
 
 
-def _attribute_values(index: Index, domain: Domain, cls: ClassInfo, attr: str, pack: Pack | None = None) -> Val:
+def _attribute_values(index: Index, domain: Domain, cls: ClassInfo, attr: str, pack: Pack | None = None,
+                      history: frozenset[str] | None = None) -> Val:
     """Every value any method of the class (and its bases) assigns to self.<attr>, itself or
-    through a module function it hands `self` to."""
+    through a module function it hands `self` to. With a `history` (the names of the methods
+    that can have run on this object), only what those methods assign; an attribute none of
+    them assigns keeps every value (it may be set where kvtrace does not look)."""
     values: set[str] = set()
     found = False
     for c in index.mro(cls):
@@ -861,6 +899,15 @@ def _attribute_values(index: Index, domain: Domain, cls: ClassInfo, attr: str, p
             if assigned is not None:
                 found = True
                 values |= assigned
+    if history is not None and found:
+        ran: set[str] = set()
+        for c in index.mro(cls):
+            for name, writes in _assigned_by_method(index, c, domain, pack).items():
+                if name in history and attr in writes:
+                    ran |= writes[attr]
+            ran |= _assigned_by_functions(index, c, domain, pack).get(attr, set())
+        if ran:
+            return frozenset(ran)
     return frozenset(values) if found else domain.universe
 
 

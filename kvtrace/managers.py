@@ -149,6 +149,11 @@ def pair_manager(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, root:
     return _manager_model(index, pack, domain.members, cls, found, how)
 
 
+def manager_model(index: Index, pack: Pack, domain: Domain, sender: ClassInfo, manager: ClassInfo) -> ManagerModel:
+    """The model of a manager already paired with `sender` (by pair_manager, e.g. in the scan's child)."""
+    return _manager_model(index, pack, domain.members, sender, manager, "paired before")
+
+
 def _annotation_name(node: ast.AST | None) -> str:
     if isinstance(node, ast.Constant) and isinstance(node.value, str):
         return node.value.strip("'\"").rsplit(".", 1)[-1]

@@ -2,10 +2,16 @@ from __future__ import annotations
 
 import ast
 
+from typing import TYPE_CHECKING
+
 from kvtrace.model import Evidence, Finding, StateVerdict, WayOut
+from kvtrace.rules.history import sender_history
 from kvtrace.rules.premise import absent_room_premise
 from kvtrace.rules.base import Rule, Sample, ScanContext, drain_evidence
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain, sender
+
+if TYPE_CHECKING:  # the rules' docs load without the analysis stack (fast `explain`)
+    from kvtrace.backends import SenderAnalysis
 
 _RAISING_POLL = '''\
         if self.conclude_state is not None:
@@ -64,16 +70,17 @@ class PollRaises(Rule):
         findings = []
         for analysis in ctx.senders:
             b = analysis.backend
-            if b.poll is not None and analysis.absent_raise_sites and not analysis.raise_sites:
+            raise_sites = _raise_sites_while_queued(ctx, analysis)
+            if b.poll is not None and analysis.absent_raise_sites and not raise_sites:
                 findings.append(self._absent_room(ctx, analysis, where))
-            if b.poll is None or not analysis.raise_sites:
+            if b.poll is None or not raise_sites:
                 continue
-            path, line, function = analysis.raise_sites[0]
-            others = len(analysis.raise_sites) - 1
+            path, line, function = raise_sites[0]
+            others = len(raise_sites) - 1
             message = (f"{b.sender}.poll() (backend {b.name}) raises at {function} line {line}"
                        f"{f' (and {others} more places)' if others else ''} instead of returning Failed: {where}")
             evidence = drain_evidence(ctx) + [Evidence(b.poll.path, b.poll.line, f"{b.sender}.poll()")] + [
-                Evidence(p, l, f"raise in {f}") for p, l, f in analysis.raise_sites]
+                Evidence(p, l, f"raise in {f}") for p, l, f in raise_sites]
             findings.append(self.finding(message, path, line, b.name, None, evidence))
         return findings
 
@@ -93,6 +100,19 @@ class PollRaises(Rule):
             message += f"; true only if {premise.text}: " + premise.why[-1].note.removeprefix("premise: ")
             evidence += [e for e in premise.why if e not in evidence]
         return self.finding(message, path, line, b.name, None, evidence, premise.text if premise else None)
+
+
+def _raise_sites_while_queued(ctx: ScanContext, analysis: SenderAnalysis) -> list[tuple[str, int, str]]:
+    """The places poll() can raise at while the request is in this queue: when the queue's
+    entry builds the sender, only what the methods that can have run since then write is on it
+    (a raise behind a flag that only a later stage's send() sets cannot happen here)."""
+    if analysis.poll is None or not analysis.raise_sites:
+        return analysis.raise_sites
+    history = sender_history(ctx, analysis.cls)
+    if history is None:
+        return analysis.raise_sites
+    from kvtrace.backends import raise_sites_with_history
+    return raise_sites_with_history(ctx.index, ctx.pack, ctx.domain, analysis, history.methods)
 
 
 def _inside_handled_try(func: ast.AST, line: int) -> bool:

@@ -65,12 +65,19 @@ def absent_room_premise(ctx: ScanContext, backend: Backend, verdict: StateVerdic
     if not sender_attrs:
         return None
     why: list[Evidence] = []
+    history = _history(ctx, backend)
     for qualname in manager.clear_methods:
         owner, _, method = qualname.rpartition(".")
         if owner not in sender_classes:
             return None  # the manager takes the room out itself: it may be this request's
         calls = [(caller, call) for caller, call in ctx.index.callers(method)
                  if isinstance(call.func, ast.Attribute) and _last_attr(call.func.value) in sender_attrs]
+        if history is not None and method not in history.methods:
+            # Only a later stage calls it: this request's own sender has not run it while queued here.
+            why += [Evidence(caller.path, call.lineno, f"premise: {qualname}() is called on a request's sender only "
+                                                       f"here, after the request left {ctx.pack.queue}")
+                    for caller, call in calls] + list(history.built)
+            continue
         entered = _drain_functions(ctx)
         if any(caller.qualname not in entered for caller, _ in calls):
             return None
@@ -129,6 +136,14 @@ def crash_premise(ctx: ScanContext, state: str) -> Premise | None:
         return None
     why = list(dict.fromkeys(e for p in found if p is not None for e in p.why))
     return Premise(texts.pop(), why)
+
+
+def _history(ctx: ScanContext, backend: Backend):
+    """What can have run on the backend's sender while its request is in this queue (rules.history)."""
+    from kvtrace.rules.history import sender_history  # it reads this module's helpers
+
+    analysis = next((s for s in ctx.senders if s.backend is backend), None)
+    return sender_history(ctx, analysis.cls) if analysis is not None else None
 
 
 def _sender_classes(ctx: ScanContext, backend: Backend) -> set[str]:

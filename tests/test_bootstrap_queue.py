@@ -176,10 +176,14 @@ MOONCAKE_DEAD_CLOCK = Verdict(None, "the bootstrap deadline is read only once in
 NIXL_NO_CLOCK = Verdict(None, "NixlKVSender.poll() returns check_status(room) until has_sent, reads no clock, and "
                               "abort() is absent or never read: nothing frees Bootstrapping", "sglang#34692 (NIXL "
                         "bootstrap timeout); from 0.5.12 CommonKVSender.abort() sets Failed", "def poll")
-NIXL_RAISE_AFTER_SEND = Verdict(None, "FALSE for this queue (a kvtrace miss): poll() raises on an ERR transfer handle only "
-                                      "once has_sent, which send() sets after the request left the bootstrap queue; "
-                                      "kvtrace does not tie has_sent to the send", "true for the inflight queue: "
-                                "sglang#24296", "raise")
+NIXL_KEYERROR_AFTER_SEND = Verdict(
+    SHARED_ROOM, "poll() reads check_status(room), `self.request_status[room]` (KeyError for an absent room), while "
+                 "has_sent is False, and that is all it can do in this queue: has_sent and the `del "
+                 "request_status[room]` are both in send(), which only the inflight stage calls, after the request "
+                 "left (its raise on an ERR transfer handle, behind has_sent, cannot happen here; that one is an "
+                 "error on the inflight queue, sglang#24296). Only another request's send() for the same room "
+                 "empties the table while this one waits", "sglang#40125, sglang#27643 (\"only when multiple "
+                 "requests share the same bootstrap_room\")", "self.request_status[")
 PP_BOOT_ASSERT = Verdict(None, "PP: a later rank asserts `poll == WaitingForInput or poll == Failed` for each rid the "
                                "first rank let through; its own handshake may still be Bootstrapping", "sglang#14494 "
                          "(\"assertion ... would fail ... PP1 and PP0 have different bootstrapped requests\"); the "
@@ -199,14 +203,16 @@ def _add(versions: str, rule: str, backend: str | None, state: str | None, path:
         RELEASES[version].append((rule, backend, state, path, int(line), verdict))
 
 
-_TO_0511 = " ".join(ALL[:ALL.index("0.5.11") + 1])
 _add("0.4.6.post5", "pinned-state", "mooncake", "Bootstrapping", "mooncake/conn.py", "498", MOONCAKE_NO_CLOCK)
 _add("0.4.7 0.4.7.post1 0.4.8", "pinned-state", "mooncake", "Bootstrapping", "mooncake/conn.py", "718 723 719",
      MOONCAKE_DEAD_CLOCK)
 _add(" ".join(ALL[1:ALL.index("0.5.11") + 1]), "pinned-state", "nixl", "Bootstrapping", "nixl/conn.py",
      "390 395 395 427 437 437 437 598 727 727 724 721 745 742 963 940 940 1146", NIXL_NO_CLOCK)
-_add(_TO_0511, "poll-raises", "nixl", None, "nixl/conn.py",
-     "457 397 402 402 434 444 444 444 605 734 734 731 728 752 749 970 947 947 1153", NIXL_RAISE_AFTER_SEND)
+# 0.4.6.post5 … 0.4.8: nothing takes the room out (no `del` in send()), and the raise is behind has_sent: no row.
+_NIXL_DEL = " ".join(ALL[ALL.index("0.4.8.post1"):ALL.index("0.5.9") + 1])
+_add(_NIXL_DEL, "poll-raises", "nixl", None, "nixl/conn.py", "145 152 152 152 158 264 264 264 260 272 269 310",
+     NIXL_KEYERROR_AFTER_SEND)
+_add("0.5.10 0.5.10.post1 0.5.11", "poll-raises", "nixl", None, "common/conn.py", "179 179 180", NIXL_KEYERROR_AFTER_SEND)
 _PP = "0.5.1.post3 0.5.2 0.5.3.post3 0.5.4.post3 0.5.5.post3 0.5.6.post2"
 _PP_LINES = "224 226 260 255 256 256"
 _add(_PP, "state-crash", None, "Bootstrapping", "prefill.py", _PP_LINES, PP_BOOT_ASSERT)
@@ -242,3 +248,28 @@ def test_bootstrap_queue_verdicts(version: str) -> None:
         text = (root / D / path).read_text().splitlines()[line - 1].strip()
         cited = verdict.cited or ("assert" if "assert" in text else "raise")
         assert cited in text, (version, path, line, text)
+
+
+def test_nixl_raise_behind_has_sent_is_no_bootstrap_queue_error() -> None:
+    """NixlKVSender.poll() raises on an ERR transfer handle only once has_sent, which send()
+    sets; send() runs in the inflight stage, after the request left the bootstrap queue, and the
+    queue's entry (PrefillBootstrapQueue.add) builds a fresh sender right before the append. So
+    on the bootstrap queue only the KeyError of check_status is left, and only another
+    request's send() for the same room takes the room out: a warning with that premise. The
+    inflight queue keeps the raise as an error (has_sent is set there)."""
+    report = scanned("0.5.9")
+    nixl = {f.queue: f for f in report.findings if f.rule == "poll-raises" and f.backend == "nixl"}
+    boot, inflight = nixl[BOOTSTRAP], nixl["disagg_prefill_inflight_queue"]
+    assert (boot.line, boot.severity, boot.premise) == (310, "warning", SHARED_ROOM)
+    assert (inflight.line, inflight.severity, inflight.premise) == (970, "error", None)
+    notes = {(e.path.split("disaggregation/", 1)[-1], e.line): e.note for e in boot.evidence}
+    assert "builds the request's sender before it appends it" in notes[("prefill.py", 222)]
+    assert "NixlKVSender.send() is called on a request's sender only here, after the request left" in \
+        notes[("prefill.py", 750)]
+    root = sglang_tree("0.5.9") / D
+    assert (root / "prefill.py").read_text().splitlines()[222 - 1].strip().startswith("req.disagg_kv_sender = ")
+    assert "req.disagg_kv_sender.send(" in (root / "prefill.py").read_text().splitlines()[750 - 1]
+    # 0.4.8: send() sets has_sent and takes nothing out of the table: nothing on the bootstrap queue.
+    old = scanned("0.4.8")
+    assert [(f.queue, f.line, f.severity) for f in old.findings if f.rule == "poll-raises" and f.backend == "nixl"] \
+        == [("disagg_prefill_inflight_queue", 402, "error")]
