@@ -467,7 +467,9 @@ def test_a_scanned_trees_package_metadata_is_read_bounded(tmp_path: Path, hazard
     else:
         (dist / "METADATA").symlink_to("/dev/zero")
     result = bounded(run("scan", str(site / "sglang"), "--format", "json", "--no-cache"))
-    assert result.returncode in (0, 1, 3) and "error" not in result.stderr, result.stderr
+    # The scan's own verdict line ("failed: 2 errors ...") may be on stderr; no error about the file.
+    assert result.returncode in (0, 1, 3) and "kvtrace: error" not in result.stderr, result.stderr
+    assert "Traceback" not in result.stderr and "METADATA" not in result.stderr, result.stderr
     assert json.loads(result.stdout)["reports"][0].get("sglang_version") is None
 
 
