@@ -19,7 +19,7 @@ from rich.text import Text
 
 from kvtrace import __version__
 from kvtrace.baseline import counts_against
-from kvtrace.freeing import Freeing, scheduler_aborts, what_frees
+from kvtrace.freeing import Freeing, abort_ended, abort_ends_text, scheduler_aborts, what_frees
 from kvtrace.model import Backend, Evidence, Gap, Report, SourceFile
 from kvtrace.report import modes_line, state_fate_lines
 from kvtrace.report.excerpt import without_annotation
@@ -380,6 +380,8 @@ def _backend_detail(b: Backend, abort_called: bool = True) -> Group:
     rows.add_row("returns", _literal("\n".join([", ".join(b.returns) or "-"] + unknown_returns(b))))
     abort = (f"read ({b.abort_state})" if b.reads_abort_state else
              f"not read (abort() writes {b.abort_state})" if b.abort_state else "none (no abort state)")
+    if not b.reads_abort_state and abort_ended(b):
+        abort += f"; {abort_ends_text(b)}"
     rows.add_row("abort state", _literal(abort))
     timeouts = [f"{t.path}:{t.line} covers {', '.join(t.covers) or 'no state'}" for t in b.timeouts]
     rows.add_row("timeouts", _literal("\n".join(timeouts) or "none"))
