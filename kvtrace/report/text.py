@@ -88,6 +88,10 @@ def _header(report: Report, console: Console) -> None:
         title.append(f"sglang {installed}", "bold")
         title.append(" · ")
     title.append(report.target, "bold")
+    role = (report.host_facts or {}).get("role")  # --role all: which of the reports this is
+    if role:
+        title.append(" · role ")
+        title.append(str(role), "bold")
     console.print(title, soft_wrap=True)  # a long target is left for the terminal to wrap, never cut
     analysed = sum(1 for f in report.files if f.status == "ok")
     where = f"package {report.root + '/' if report.root else '.'}"
