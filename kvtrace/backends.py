@@ -748,14 +748,37 @@ class _Runner:
                 break
         return False, seen, set()
 
+    def _abort_via(self, abort: FuncRef, poll: FuncRef, abort_ends: list[PathState],
+                   concluded: PathState) -> tuple[Evidence, ...]:
+        """How abort() reached the poll() path that concluded: an attribute of the sender poll()
+        reads, or the room's status that abort() stores in the manager's table and poll() reads."""
+        attr_reads = [e for e in concluded.events if e.kind == EventKind.ABORT_READ]
+        if attr_reads:
+            first = attr_reads[0]
+            attrs = ", ".join(dict.fromkeys(e.detail for e in attr_reads))
+            return (Evidence(first.path, first.line, f"{poll.qualname}() reads {attrs}, which {abort.qualname}() writes,"),)
+        table_read = next((e for e in concluded.events if e.kind == EventKind.TABLE_READ), None)
+        store = next((e for a in abort_ends for e in a.events if e.kind == EventKind.TABLE_STORE), None)
+        if table_read is None or store is None:
+            return ()
+        ends = next(a for a in abort_ends if any(e is store for e in a.events))
+        # The sender's own line: the call into the manager method that stores / reads the table.
+        call = next((e for e in ends.events if e.kind == EventKind.HELPER and e.detail == store.function), store)
+        via = next((e for e in concluded.events if e.kind == EventKind.HELPER and e.detail == table_read.function),
+                   table_read)
+        table = self.manager.ref.table if self.manager is not None and self.manager.ref.table else "the status table"
+        return (Evidence(call.path, call.line, f"{abort.qualname}() stores {store.detail} in {table} through {store.function}()"),
+                Evidence(via.path, via.line, f"{poll.qualname}() reads it through {table_read.function}()"))
+
     def way_out(self, end: PathState, abort: FuncRef | None, poll: FuncRef, state: str) -> _Found:
         abort_ends: list[PathState] = []
         ok, far, timeouts = self._polls(poll, [end], clock_far=True)
         if abort is not None:
             abort_ends = [a for a in self.run(abort, end.attrs) if a.term != "raise"]
-            aborted, _, _ = self._polls(poll, abort_ends, clock_far=False)
+            aborted, after, _ = self._polls(poll, abort_ends, clock_far=False)
             if aborted:
-                return _Found(StateVerdict(state, WayOut.ABORT, f"{abort.qualname}() and then {poll.qualname}() returns a terminal state"),
+                return _Found(StateVerdict(state, WayOut.ABORT, f"{abort.qualname}() and then {poll.qualname}() returns a terminal state",
+                                           abort_via=self._abort_via(abort, poll, abort_ends, after[-1])),
                               timeouts if ok else set(), abort_ends, far)
         if ok and timeouts:
             where = ", ".join(f"{path}:{line}" for path, line in sorted(timeouts))

@@ -464,6 +464,8 @@ def report_failures(results, gate_levels: dict[str, tuple[str, str]]) -> None:
                 also = f"; also {rest}" if rest else ""
                 typer.echo(plain(f"kvtrace: {report_label(report, r.reports)}: {line}{also}; exit {EXIT_FINDINGS}"),
                            err=True)
+            elif len(r.reports) > 1:  # --role all, --all: each report's totals, not only the failing one's
+                typer.echo(plain(f"kvtrace: {report_label(report, r.reports)}: {line}"), err=True)
 
 
 def _role_packs(rules: str | None, queues: list[str]) -> tuple:

@@ -372,13 +372,16 @@ def run_fleet(targets: list[str], options: FleetOptions, log: Log | None = None,
                     show.update(target, "sampling metrics")
                     found["metrics"] = sample(tcp_opener, url, options.metrics_seconds, options.metrics_interval)
             result.metrics = found.get("metrics")
-            for report in result.reports:
+            # --role all: each report names the role whose pack judged it (in scanned's order).
+            roles = [_role_of(pack) if len(packs) > 1 else None for pack in packs for _ in roots]
+            for report, role in zip(result.reports, roles):
                 # The cache keys on what is selected, not on which file said so: stamp it per run.
                 report.filters = replace(report.filters, config=getattr(settings, "source", None))
                 report.host_facts = {
                     "host": _host_label(target),
                     "sglang_version": result.sglang_version,
                     **({"metrics": result.metrics.to_dict()} if result.metrics is not None else {}),
+                    **({"role": role} if role else {}),
                 }
         except KvtraceError as exc:
             result.error = str(exc)
@@ -465,11 +468,23 @@ def verdicts_of(findings: Iterable[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _role_of(pack: Any) -> str:
+    """The role a bundled role pack judges (`sglang-decode` -> decode); else the pack's name."""
+    from kvtrace.packs import ROLE_PACKS
+
+    return next((role for role, name in ROLE_PACKS.items() if name == pack.name), pack.name)
+
+
 def report_label(report: Report, reports: Iterable[Report]) -> str:
     """The target, and the package when the run has several reports of that target (--all): each
     line about a report says which one it is."""
-    twins = sum(1 for other in reports if other.target == report.target)
-    return f"{report.target} (package {report.root or '.'})" if twins > 1 else report.target
+    twins = [other for other in reports if other.target == report.target]
+    if len(twins) < 2:
+        return report.target
+    role = (report.host_facts or {}).get("role")
+    if role and len({other.root for other in twins}) == 1:  # --role all: one package, a report per role
+        return f"{report.target} ({role})"
+    return f"{report.target} (package {report.root or '.'}{', ' + str(role) if role else ''})"
 
 
 def summarise(result: HostResult) -> HostSummary:

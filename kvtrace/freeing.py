@@ -23,7 +23,7 @@ import keyword
 import re
 from dataclasses import dataclass, field
 
-from kvtrace.model import Backend, Evidence, Report, SourceFile, TimeoutCheck, WayOut
+from kvtrace.model import Backend, Evidence, Report, SourceFile, StateVerdict, TimeoutCheck, WayOut
 
 ENV_NAME = re.compile(r"^[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+$")
 NAME = re.compile(r"[A-Za-z_]\w*")
@@ -58,20 +58,18 @@ def what_frees(report: Report, backend: Backend, abort_method: str = "abort") ->
         evidence: list[Evidence] = []
         poll = backend.poll
         abort_frees = verdict.way_out is WayOut.ABORT or (backend.reads_abort_state and verdict.way_out is not WayOut.NONE)
-        reads = f"poll() reads {backend.abort_state}, which abort() writes" if backend.abort_state else \
-            "poll() reads what abort() writes"
+        reads = abort_mechanism(verdict, backend)
+        via = list(verdict.abort_via) or ([Evidence(poll.path, poll.line, f"{backend.sender}.poll() reads {backend.abort_state}")]
+                                          if poll is not None else [])
         if abort_frees and callers:
             parts.append(f"aborting the request frees it ({reads}); "
                          f"the scheduler does: {_callers_text(callers, abort_method)}")
-            if poll is not None:
-                evidence.append(Evidence(poll.path, poll.line, f"{backend.sender}.poll() reads {backend.abort_state}"))
-            evidence += callers
+            evidence += via + callers
         elif abort_frees:
             parts.append(f"abort() would end it ({reads}), but "
                          f"nothing in the scanned code calls {abort_method}() for a request in {queues}, so abort "
                          f"cannot free it{_scope_hint(report)}")
-            if poll is not None:
-                evidence.append(Evidence(poll.path, poll.line, f"{backend.sender}.poll() reads {backend.abort_state}"))
+            evidence += via
         for t in timeouts:
             setting = timeout_setting(report, t)
             if setting is None:
@@ -103,10 +101,43 @@ def what_frees(report: Report, backend: Backend, abort_method: str = "abort") ->
     return found
 
 
+def abort_mechanism(verdict: StateVerdict, backend: Backend) -> str:
+    """How abort() ends `verdict`'s state, as the analysis found it on the path that concluded
+    (the write abort() makes that poll() reads, with lines); the same words wherever abort is told."""
+    if verdict.abort_via:
+        return ", and ".join(f"{e.note} at {e.path}:{e.line}" for e in verdict.abort_via)
+
+
+def abort_ended(backend: Backend) -> list[str]:
+    """The states abort() ends (kvtrace found a path from abort() to a terminal poll())."""
+    return [state for state, verdict in backend.verdicts.items() if verdict.way_out is WayOut.ABORT]
+
+
+def abort_ends_text(backend: Backend) -> str:
+    """`abort() ends Bootstrapping (… at conn.py:101, and … at conn.py:92)`: for a backend whose
+    poll() never reads the sender's own abort state but still sees an abort another way."""
+    ended = abort_ended(backend)
+    if not ended:
+        return ""
+    return f"abort() ends {', '.join(ended)} ({abort_mechanism(backend.verdicts[ended[0]], backend)})"
+    if backend.abort_state and backend.reads_abort_state:
+        return f"poll() reads {backend.abort_state}, which abort() writes"
+    return "poll() reads what abort() writes"
+
+
+_CALLER_QUEUE = re.compile(r" on a request of (\w+) \(")
+
+
 def _callers_text(callers: list[Evidence], abort_method: str) -> str:
-    """`Scheduler.abort_request() calls abort() for it at managers/scheduler.py:3841`."""
+    """`Scheduler.abort_request() calls abort() for it at managers/scheduler.py:3841`; with the
+    queue each call is for when the calls loop over different queues (a request in the inflight
+    queue is aborted by the inflight loop, not by the bootstrap queue's)."""
     first = callers[0]
     function = first.note.split(" calls ", 1)[0]
+    queues = [match.group(1) if (match := _CALLER_QUEUE.search(c.note)) else None for c in callers]
+    if len(callers) > 1 and None not in queues and len(set(queues)) > 1:
+        places = [f"at {c.path}:{c.line} for a request in {q}" for c, q in zip(callers, queues)]
+        return f"{function} calls {abort_method}() " + (", ".join(places[:-1]) + " and " + places[-1])
     more = f" and {len(callers) - 1} more place{'s' if len(callers) > 2 else ''}" if len(callers) > 1 else ""
     return f"{function} calls {abort_method}() for it at {first.path}:{first.line}{more}"
 

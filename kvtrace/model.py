@@ -286,6 +286,9 @@ class StateVerdict:
     how: str
     chain: tuple[Evidence, ...] = ()
     absent_room: bool = False  # pinned from the configuration where the room is absent from the table
+    # For WayOut.ABORT: how abort() reaches poll(), each with its line (what abort() writes, where
+    # poll() reads it), so every sentence about abort states the same mechanism.
+    abort_via: tuple[Evidence, ...] = ()
 
     @property
     def pinned(self) -> bool:

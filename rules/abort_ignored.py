@@ -1,5 +1,6 @@
 from __future__ import annotations
 
+from kvtrace.freeing import abort_ended, abort_ends_text
 from kvtrace.model import Evidence, Finding
 from kvtrace.rules.base import Rule, Sample, ScanContext
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain, sender
@@ -71,9 +72,17 @@ class AbortIgnored(Rule):
                 what = f"cannot be aborted: {ctx.pack.abort_method}() is abstract in every class {b.sender} inherits"
             else:
                 what = f"cannot see an abort: {ctx.pack.abort_method}() writes no attribute of the sender"
-            message = f"{b.sender}.poll(){inherited} {what}" + (
-                f": aborting {_article(b.name)} {b.name} transfer does not change what the queue polls"
-                if abort is not None else "")
+            # abort() may still reach poll() another way (a Failed stored in the manager's table):
+            # then say which states it ends, as "what frees" does, and which it does not.
+            ended = abort_ended(b)
+            others = [s for s in b.verdicts if s not in ended]
+            if ended:
+                tail = f"; {abort_ends_text(b)}" + (f", but not {', '.join(others)}" if others else "")
+            elif abort is not None:
+                tail = f": aborting {_article(b.name)} {b.name} transfer does not change what the queue polls"
+            else:
+                tail = ""
+            message = f"{b.sender}.poll(){inherited} {what}{tail}"
             findings.append(self.finding(message, b.poll.path, b.poll.line, b.name, None, evidence))
         return findings
 

@@ -17,6 +17,7 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from kvtrace import __version__
 from kvtrace.errors import InputError
 from kvtrace.packs import load_pack, pack_for, select_queues, validate
 from kvtrace.report.schema import JSON_SCHEMA
@@ -247,12 +248,22 @@ def test_role_all_judges_every_queue_of_either_role_in_one_run(host: Path, defau
         "Success": ["leaves"], "Failed": ["leaves"], "Bootstrapping": ["kept"],
         "WaitingForInput": ["kept"], "Transferring": ["kept"]}
     assert prefill["complete"] and decode["complete"]
-    text = kvtrace(str(tree), "--role", "all", "--no-map").stdout
+    assert (prefill["role"], decode["role"]) == ("prefill", "decode")
+    shown = kvtrace(str(tree), "--role", "all", "--no-map")
+    text = shown.stdout
     grids = re.findall(r"Verdicts for (\w+)", text)
     assert grids[:3] == [INFLIGHT, BOOTSTRAP, TRANSFER]
+    # Each report's header names its role; stderr has each role's totals, not only the failing one's.
+    assert re.findall(r"^kvtrace \S+ · .* · role (\w+)$", text, re.M) == ["prefill", "decode"]
+    verdicts = [line for line in shown.stderr.splitlines() if line.startswith("kvtrace: ")]
+    assert [line.split(": ", 2)[1] for line in verdicts] == [f"{tree} (prefill)", f"{tree} (decode)"], shown.stderr
+    # A single role's report keeps its plain header.
+    assert kvtrace(str(tree), "--no-map").stdout.splitlines()[0] == f"kvtrace {__version__} · {tree}"
     # --queue narrows --role all to the roles holding the queues named; --rules conflicts with it.
     only = json.loads(kvtrace(str(tree), "--role", "all", "--queue", TRANSFER, "--format", "json").stdout)
     assert [[q["name"] for q in r["queues"]] for r in only["reports"]] == [[TRANSFER]]
+    both = kvtrace(str(tree), "--queue", f"{INFLIGHT},{TRANSFER}")  # without --role all: it is suggested
+    assert both.returncode == 2 and "--role all scans both roles' queues" in both.stderr, both.stderr
     for args, fragment in ((["--rules", "sglang-prefill"], "give one of them"),
                            (["--queue", "disagg_prefill_waiting_queue"], "not a queue of any role")):
         refused = kvtrace(str(tree), "--role", "all", *args)

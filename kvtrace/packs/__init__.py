@@ -375,8 +375,12 @@ def select_queues(pack: Pack, queues: list[str]) -> Pack:
     if unknown:
         elsewhere = {name: holder for name in unknown if (holder := bundled_pack_of([name])) is not None}
         hint = "".join(f"; {name} is in the pack {holder}" for name, holder in elsewhere.items())
+        roles = set(ROLE_PACKS.values())
+        # Queues of the two roles (prefill's and decode's): --role all is the scan that reads both.
+        both = pack.name in roles and len(elsewhere) == len(unknown) and set(elsewhere.values()) <= roles
+        suggest = "; --role all scans both roles' queues, one report per role" if both else ""
         raise InputError(f"--queue {', '.join(unknown)}: not a queue of the pack {pack.name} "
-                         f"(its queues: {', '.join(pack.queues)}){hint}; one scan reads one pack")
+                         f"(its queues: {', '.join(pack.queues)}){hint}; one scan reads one pack{suggest}")
     return replace(pack, only=tuple(name for name in pack.queues if name in queues))
 
 

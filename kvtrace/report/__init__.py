@@ -15,7 +15,7 @@ from kvtrace.model import ModeFate, QueueReport, Report, StateFate
 
 def plain_width(piped: bool = False) -> int:
     """Width for text that is not going to a terminal: COLUMNS when the user set it; piped (to
-    `less`, `head`) with stderr on a terminal, that terminal's width, so it reads as it would
+    `less`, `head`) with stderr or /dev/tty on a terminal, that terminal's width, so it reads as it would
     on screen; else (a file, a CI log) wide enough that no row
     is folded (each row stays one greppable line)."""
     columns = os.environ.get("COLUMNS", "")
@@ -29,13 +29,23 @@ def plain_width(piped: bool = False) -> int:
 
 
 def _terminal_width() -> int | None:
-    """The terminal stderr writes to (the one the user is looking at when stdout is piped). Not
-    stdin nor /dev/tty: a test harness or a CI runner that captures stderr must get the
-    unfolded, greppable text, whatever terminal launched it."""
+    """The terminal the user is looking at when stdout is piped: stderr's, else the controlling
+    terminal (/dev/tty: `kvtrace scan X 2>&1 | less` pipes both). A CI runner or a test harness
+    has no controlling terminal to open, so it gets the unfolded, greppable text."""
     try:
         return os.get_terminal_size(2).columns
     except OSError:
+        pass
+    try:
+        tty = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
+    except OSError:
         return None
+    try:
+        return os.get_terminal_size(tty).columns
+    except OSError:
+        return None
+    finally:
+        os.close(tty)
 
 
 def render_text_stream(reports: list[Report], stream: TextIO, terminal: bool, show_map: bool = True) -> None:

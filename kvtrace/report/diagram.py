@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import networkx as nx
 
+from kvtrace.freeing import abort_ended, abort_ends_text
 from kvtrace.model import OUTCOME_ORDER, Backend, QueueReport, Report
 
 ROOT = ("root",)
@@ -281,16 +282,23 @@ def _way_out(g: nx.DiGraph, backend: Backend, states: list[str], returned: list[
         return
     poll = backend.poll
     path, line = (poll.path, poll.line) if poll else (backend.path, backend.line)
+    ended = [s for s in kept_states if s in abort_ended(backend)]
     if backend.reads_abort_state:
         label, css = f"abort: poll() reads {backend.abort_state}", ["wayout", "ok"]
+    elif ended:  # poll() reads what abort() stores elsewhere (the manager's table) for these states
+        label, css = f"abort: ends {', '.join(ended)}", ["wayout", "ok" if ended == kept_states else "partial"]
     elif backend.abort_state:
         label, css = f"abort: {backend.abort_state} never read", ["wayout", "missing"]
     else:
         label, css = "abort: no state to read", ["wayout", "missing"]
-    g.add_node(("wayout", "abort"), kind="wayout", label=label, path=path, line=line, css=css,
-               tip=f"{backend.sender}.abort() writes {backend.abort_state or 'nothing poll() reads'}")
-    g.add_edge(kept, ("wayout", "abort"), states=kept_states if backend.reads_abort_state else [],
-               css=[] if backend.reads_abort_state else ["missing"])
+    via = backend.verdicts[ended[0]].abort_via if ended and not backend.reads_abort_state else ()
+    if via:  # the line where abort() makes its write
+        path, line = via[0].path, via[0].line
+    tip = abort_ends_text(backend) if ended and not backend.reads_abort_state else \
+        f"{backend.sender}.abort() writes {backend.abort_state or 'nothing poll() reads'}"
+    g.add_node(("wayout", "abort"), kind="wayout", label=label, path=path, line=line, css=css, tip=tip)
+    reached = kept_states if backend.reads_abort_state else ended
+    g.add_edge(kept, ("wayout", "abort"), states=reached, css=[] if reached else ["missing"])
     covered: set[str] = set()
     for i, t in enumerate(backend.timeouts):
         covers = [s for s in kept_states if s in t.covers]

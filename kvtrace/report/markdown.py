@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import re
 
-from kvtrace.freeing import Freeing, scheduler_aborts, what_frees
+from kvtrace.freeing import Freeing, abort_ended, abort_ends_text, scheduler_aborts, what_frees
 from kvtrace.model import Report
 from kvtrace.report import modes_line, state_fate_lines
 from kvtrace.report.bugreport import code_link, environment_lines, excerpt_details
@@ -221,6 +221,8 @@ def _backends(report: Report, links: Permalinks | None) -> list[str]:
         timeouts = "; ".join(f"{code_link(t.path, t.line, links)} {prose(', '.join(t.covers))}" for t in b.timeouts) or "none"
         returns = "<br>".join([prose(", ".join(b.returns)) or "-"] + [prose(u) for u in unknown_returns(b)])
         ways = "<br>".join(prose(f"{state}: {way_out_text(v, abort_called)}") for state, v in b.verdicts.items()) or "-"
+        reads = "yes" if b.reads_abort_state else \
+            f"no; {cell(prose(abort_ends_text(b)))}" if abort_ended(b) else "no"
         out.append(f"| {cell(prose(b.name))} | {cell(code(b.sender))} | {poll} | {cell(returns)} | "
-                   f"{'yes' if b.reads_abort_state else 'no'} | {cell(timeouts)} | {cell(ways)} |")
+                   f"{reads} | {cell(timeouts)} | {cell(ways)} |")
     return out

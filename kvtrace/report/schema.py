@@ -69,6 +69,7 @@ REPORT_SCHEMA: dict[str, Any] = {
                 "unknown_backends": {"type": "array", "items": {"type": "string"}},
             },
         },
+        "role": {"type": "string", "description": "--role all: the role (prefill, decode) whose queues this report judges"},
         "sglang_version": {"type": ["string", "null"],
                            "description": "from the installed package metadata (sglang-*.dist-info), if any"},
         "metrics": {

@@ -19,7 +19,7 @@ from rich.text import Text
 
 from kvtrace import __version__
 from kvtrace.baseline import counts_against
-from kvtrace.freeing import Freeing, scheduler_aborts, what_frees
+from kvtrace.freeing import Freeing, abort_ended, abort_ends_text, scheduler_aborts, what_frees
 from kvtrace.model import Backend, Evidence, Gap, Report, SourceFile
 from kvtrace.report import modes_line, state_fate_lines
 from kvtrace.report.excerpt import without_annotation
@@ -88,6 +88,10 @@ def _header(report: Report, console: Console) -> None:
         title.append(f"sglang {installed}", "bold")
         title.append(" · ")
     title.append(report.target, "bold")
+    role = (report.host_facts or {}).get("role")  # --role all: which of the reports this is
+    if role:
+        title.append(" · role ")
+        title.append(str(role), "bold")
     console.print(title, soft_wrap=True)  # a long target is left for the terminal to wrap, never cut
     analysed = sum(1 for f in report.files if f.status == "ok")
     where = f"package {report.root + '/' if report.root else '.'}"
@@ -380,6 +384,8 @@ def _backend_detail(b: Backend, abort_called: bool = True) -> Group:
     rows.add_row("returns", _literal("\n".join([", ".join(b.returns) or "-"] + unknown_returns(b))))
     abort = (f"read ({b.abort_state})" if b.reads_abort_state else
              f"not read (abort() writes {b.abort_state})" if b.abort_state else "none (no abort state)")
+    if not b.reads_abort_state and abort_ended(b):
+        abort += f"; {abort_ends_text(b)}"
     rows.add_row("abort state", _literal(abort))
     timeouts = [f"{t.path}:{t.line} covers {', '.join(t.covers) or 'no state'}" for t in b.timeouts]
     rows.add_row("timeouts", _literal("\n".join(timeouts) or "none"))
