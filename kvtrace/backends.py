@@ -513,8 +513,9 @@ class _TableReach:
             return _Unknown(func.qualname) if log.truncated or log.unparsed else ends
 
         runner = self.runner
+        kind = ("reach", self.options.abort_attrs, clock_far)
         key = ("reach", id(func.node), runner._shared_options(), runner.role(cls) or id(cls.node), prefix, attrs, clock_far)
-        outcome = cast("list[PathState] | Exception", runner.shared_run(key, explore))
+        outcome = cast("list[PathState] | Exception", runner.shared_run(key, kind, explore))
         if isinstance(outcome, Exception):  # the same question gives up the same way for each runner
             raise type(outcome)(*outcome.args)
         ends = outcome
@@ -729,9 +730,11 @@ class _Runner:
         self.poll: FuncRef | None = None
         self.relevant = _table_methods(index, manager) if manager is not None and manager.ref.table else None
         # Every answer this runner's explorations got that depends on which sender and manager
-        # it runs (see _RecordingIndex). Kept for the runner's whole life: a run may reuse the
-        # calls an earlier run of this runner made (the flow engine's call memo is per runner).
-        self.deps: dict[tuple, object] = {}
+        # it runs (see _RecordingIndex), per kind of run (see shared_run). A run may reuse the
+        # calls an earlier run of this runner made with the same Options (the flow engine's call
+        # memo is keyed by them, the runner's attr_values among them): its answers count too.
+        self.deps_by_kind: dict[tuple, dict[tuple, object]] = {}
+        self.deps: dict[tuple, object] = {}  # those of the kind of run in progress
         self._index_seen = cast(Index, _RecordingIndex(index, self))
         self._relevant_seen = _RecordingSet(self.relevant, self) if self.relevant is not None else None
 
@@ -759,12 +762,14 @@ class _Runner:
             return id(found.node) if found is not None else None
         return tuple(id(c.node) for c in self.index.mro(cls))
 
-    def shared_run(self, key: tuple, compute: Callable[[], object]) -> object:
+    def shared_run(self, key: tuple, kind: tuple, compute: Callable[[], object]) -> object:
         """The outcome of the exploration `key` names (its function, start and options, never
         the runner), shared between the runners of one scan: another runner's outcome is taken
         when every answer that runner's explorations depended on is the same here (backends
-        built on a common base run the same __init__, poll() and abort())."""
+        built on a common base run the same __init__, poll() and abort()). `kind`: the Options
+        of the run, but for the runner (runs of two kinds never share the engine's call memo)."""
         done: list[tuple[tuple[tuple[tuple, object], ...], object]] = self.index.derived.setdefault(("sender runs", key), [])
+        self.deps = self.deps_by_kind.setdefault(kind, {})
         for deps, outcome in done:
             if all(self.answer(query) == answer for query, answer in deps):
                 self.deps.update(deps)
@@ -842,9 +847,10 @@ class _Runner:
             ends, log = explorer.explore_function(func, parsed, self.cls, [PathState(attrs=tuple(sorted(attrs)))])
             return ends, tuple(log.truncated), frozenset(log.unparsed)
 
+        kind = ("run", self.abort_attrs, clock_far, record_writes, record_returns)
         key = ("run", id(func.node), self._shared_options(), tuple(attrs), clock_far, record_writes, record_returns)
         ends, truncated, unparsed = cast(tuple[list[PathState], tuple[str, ...], frozenset[str]],
-                                         self.shared_run(key, explore))
+                                         self.shared_run(key, kind, explore))
         self.truncated.extend(truncated)
         self.unparsed |= unparsed
         self._note_timeouts(ends)
