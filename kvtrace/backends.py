@@ -735,6 +735,7 @@ class _Runner:
         # memo is keyed by them, the runner's attr_values among them): its answers count too.
         self.deps_by_kind: dict[tuple, dict[tuple, object]] = {}
         self.deps: dict[tuple, object] = {}  # those of the kind of run in progress
+        self._frozen: dict[tuple, tuple[int, tuple[tuple[tuple, object], ...]]] = {}  # see _frozen_deps
         self._index_seen = cast(Index, _RecordingIndex(index, self))
         self._relevant_seen = _RecordingSet(self.relevant, self) if self.relevant is not None else None
 
@@ -775,8 +776,17 @@ class _Runner:
                 self.deps.update(deps)
                 return outcome
         outcome = compute()
-        done.append((tuple(self.deps.items()), outcome))
+        done.append((self._frozen_deps(kind), outcome))
         return outcome
+
+    def _frozen_deps(self, kind: tuple) -> tuple[tuple[tuple, object], ...]:
+        """The kind's answers as stored with a run: one tuple while no new question was asked
+        (a question always gets the same answer from one runner, so the count says it all)."""
+        count, frozen = self._frozen.get(kind, (-1, ()))
+        if count != len(self.deps):
+            frozen = tuple(self.deps.items())
+            self._frozen[kind] = (len(self.deps), frozen)
+        return frozen
 
     def _shared_options(self) -> tuple:
         """The options every run of this runner has, as the shared memo keys them."""
