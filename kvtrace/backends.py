@@ -363,6 +363,10 @@ def _left_by_methods(runner: "_Runner", index: Index, pack: Pack, cls: ClassInfo
                         returned |= set(domain.states(after.ret if after.ret is not None else frozenset({NONE})))
                         if OTHER in (after.ret or frozenset()):
                             returned |= set(pinned)
+                if returned.issuperset(pinned):
+                    break  # poll() still returns every pinned state after it: the method leaves none
+            if returned.issuperset(pinned):
+                break
         if not ran:
             continue
         for state in pinned:
