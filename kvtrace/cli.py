@@ -420,7 +420,9 @@ def scan(
             for r in results:
                 if r.metrics is not None and (r.metrics.error or not r.metrics.gauges):
                     typer.echo(plain(f"kvtrace: metrics: {r.target}: {r.metrics.summary()[0]}"), err=True)
-        if not quiet:  # every format: with stdout in a file, stderr is where the verdict shows
+        # Every format: with stdout in a file, stderr is where the verdict shows. Concise output on
+        # stdout ends with that verdict already (a hook's log holds both streams: say it once).
+        if not quiet and not (output_format is OutputFormat.concise and output is None):
             report_failures(results, gate_levels)
         if not quiet and (fleet or metrics is not None):
             summary = render_summary([s for r in results  # one per report: --all names each package
