@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import cast
 
 from kvtrace.effects import SENDER_EFFECTS
 from kvtrace.flow import MANAGER, TABLE, Event, Explorer, Options, PathLimit, PathState
@@ -362,6 +363,10 @@ def _left_by_methods(runner: "_Runner", index: Index, pack: Pack, cls: ClassInfo
                         returned |= set(domain.states(after.ret if after.ret is not None else frozenset({NONE})))
                         if OTHER in (after.ret or frozenset()):
                             returned |= set(pinned)
+                if returned.issuperset(pinned):
+                    break  # poll() still returns every pinned state after it: the method leaves none
+            if returned.issuperset(pinned):
+                break
         if not ran:
             continue
         for state in pinned:
@@ -501,11 +506,23 @@ class _TableReach:
         parsed = self.index.cst(func)
         if parsed is None:
             raise _Unknown(func.qualname)
-        explorer = Explorer(replace(self.options, clock_far=clock_far, max_paths=REACH_PATHS, give_up=True))
         attrs = ((TABLE, frozenset({start})),)
-        ends, log = explorer.explore_function(func, parsed, cls, [PathState(attrs=attrs)], prefix)
-        if log.truncated or log.unparsed:
-            raise _Unknown(func.qualname)
+
+        def explore() -> list[PathState] | Exception:
+            explorer = Explorer(replace(self.options, clock_far=clock_far, max_paths=REACH_PATHS, give_up=True))
+            try:
+                ends, log = explorer.explore_function(func, parsed, cls, [PathState(attrs=attrs)], prefix)
+            except PathLimit as limit:
+                return limit
+            return _Unknown(func.qualname) if log.truncated or log.unparsed else ends
+
+        runner = self.runner
+        kind = ("reach", self.options.abort_attrs, clock_far)
+        key = ("reach", id(func.node), runner._shared_options(), runner.role(cls) or id(cls.node), prefix, attrs, clock_far)
+        outcome = cast("list[PathState] | Exception", runner.shared_run(key, kind, explore))
+        if isinstance(outcome, Exception):  # the same question gives up the same way for each runner
+            raise type(outcome)(*outcome.args)
+        ends = outcome
         if cls is self.runner.cls and prefix == "":  # what runner.run would do for the sender's own method
             self.runner.seed(func, attrs, clock_far, ends)
         return ends
@@ -607,6 +624,54 @@ class _Unknown(Exception):
     """A function the reachability of the table depends on could not be analysed."""
 
 
+class _RecordingIndex:
+    """The Index as a sender runner's explorations see it. The flow engine learns which sender
+    and manager it runs only through two questions, a method by name up a class's MRO and the
+    MRO itself (for super()); asked of the runner's sender or manager class, each answer is
+    written into the runner's dependencies. Everything else is the shared Index's."""
+
+    def __init__(self, index: Index, runner: "_Runner") -> None:
+        self._index, self._runner = index, runner
+
+    def __getattr__(self, name: str) -> object:
+        # Kept on first use: the engine reads index.derived & co. at every statement. The Index
+        # never rebinds what it exposes (its caches are filled in place).
+        value = getattr(self._index, name)
+        setattr(self, name, value)
+        return value
+
+    def find_method(self, cls: ClassInfo, name: str) -> FuncRef | None:
+        found = self._index.find_method(cls, name)
+        role = self._runner.role(cls)
+        if role is not None:
+            self._runner.deps[("method", role, name)] = id(found.node) if found is not None else None
+        return found
+
+    def mro(self, cls: ClassInfo) -> list[ClassInfo]:
+        found = self._index.mro(cls)
+        role = self._runner.role(cls)
+        if role is not None:
+            self._runner.deps[("mro", role)] = tuple(id(c.node) for c in found)
+        return found
+
+
+class _RecordingSet(frozenset):
+    """The manager methods that reach the table, as the explorations ask it: each answer is a
+    dependency of the runner's runs (another manager's set may differ)."""
+
+    runner: "_Runner"
+
+    def __new__(cls, items: frozenset[int], runner: "_Runner") -> "_RecordingSet":
+        made = super().__new__(cls, items)
+        made.runner = runner
+        return made
+
+    def __contains__(self, item: object) -> bool:
+        found = frozenset.__contains__(self, item)
+        self.runner.deps[("reaches", item)] = found
+        return found
+
+
 _ATTRIBUTES_AND_CALLS = (ast.Attribute, ast.Call)
 
 
@@ -668,6 +733,69 @@ class _Runner:
         self.stored_by_entries: set[str] | None = None
         self.poll: FuncRef | None = None
         self.relevant = _table_methods(index, manager) if manager is not None and manager.ref.table else None
+        # Every answer this runner's explorations got that depends on which sender and manager
+        # it runs (see _RecordingIndex), per kind of run (see shared_run). A run may reuse the
+        # calls an earlier run of this runner made with the same Options (the flow engine's call
+        # memo is keyed by them, the runner's attr_values among them): its answers count too.
+        self.deps_by_kind: dict[tuple, dict[tuple, object]] = {}
+        self.deps: dict[tuple, object] = {}  # those of the kind of run in progress
+        self._frozen: dict[tuple, tuple[int, tuple[tuple[tuple, object], ...]]] = {}  # see _frozen_deps
+        self._index_seen = cast(Index, _RecordingIndex(index, self))
+        self._relevant_seen = _RecordingSet(self.relevant, self) if self.relevant is not None else None
+
+    def role(self, cls: ClassInfo | None) -> str | None:
+        """The sender's or its manager's class as a dependency names it; None for any other
+        (whose answers do not depend on the runner: the Index is shared)."""
+        if cls is self.cls:
+            return "sender"
+        if self.manager is not None and cls is self.manager.cls:
+            return MANAGER
+        return None
+
+    def answer(self, query: tuple) -> object:
+        """What this runner's explorations would get for a recorded query (see _RecordingIndex)."""
+        kind = query[0]
+        if kind == "attr":
+            return self.attr_values(query[1])
+        if kind == "reaches":
+            return self.relevant is not None and query[1] in self.relevant
+        cls = self.cls if query[1] == "sender" else self.manager.cls if self.manager is not None else None
+        if cls is None:
+            return None
+        if kind == "method":
+            found = self.index.find_method(cls, query[2])
+            return id(found.node) if found is not None else None
+        return tuple(id(c.node) for c in self.index.mro(cls))
+
+    def shared_run(self, key: tuple, kind: tuple, compute: Callable[[], object]) -> object:
+        """The outcome of the exploration `key` names (its function, start and options, never
+        the runner), shared between the runners of one scan: another runner's outcome is taken
+        when every answer that runner's explorations depended on is the same here (backends
+        built on a common base run the same __init__, poll() and abort()). `kind`: the Options
+        of the run, but for the runner (runs of two kinds never share the engine's call memo)."""
+        done: list[tuple[tuple[tuple[tuple, object], ...], object]] = self.index.derived.setdefault(("sender runs", key), [])
+        self.deps = self.deps_by_kind.setdefault(kind, {})
+        for deps, outcome in done:
+            if all(self.answer(query) == answer for query, answer in deps):
+                self.deps.update(deps)
+                return outcome
+        outcome = compute()
+        done.append((self._frozen_deps(kind), outcome))
+        return outcome
+
+    def _frozen_deps(self, kind: tuple) -> tuple[tuple[tuple, object], ...]:
+        """The kind's answers as stored with a run: one tuple while no new question was asked
+        (a question always gets the same answer from one runner, so the count says it all)."""
+        count, frozen = self._frozen.get(kind, (-1, ()))
+        if count != len(self.deps):
+            frozen = tuple(self.deps.items())
+            self._frozen[kind] = (len(self.deps), frozen)
+        return frozen
+
+    def _shared_options(self) -> tuple:
+        """The options every run of this runner has, as the shared memo keys them."""
+        return (self.pack, self.domain, self.abort_attrs, self.relevant is None,
+                self.manager.ref.table if self.manager else None, self.manager.attrs if self.manager else None)
 
     def parse(self, func: FuncRef):
         return self.index.cst(func)
@@ -678,6 +806,11 @@ class _Runner:
                 return self.domain.universe
             return _attribute_values(self.index, self.domain, self.manager.cls, key[len(MANAGER):], self.pack)
         return _attribute_values(self.index, self.domain, self.cls, key, self.pack, self.history)
+
+    def attr_values_seen(self, key: str) -> Val:
+        """attr_values, as the explorations ask it: the answer is a dependency of the run."""
+        found = self.deps[("attr", key)] = self.attr_values(key)
+        return found
 
     def run(self, func: FuncRef, attrs, clock_far: bool = False, record_writes: bool = False) -> list[PathState]:
         key = (id(func.node), tuple(attrs), clock_far, record_writes, self.abort_attrs)
@@ -706,11 +839,13 @@ class _Runner:
                     self.timeout_sites.add((e.path, e.line))
 
     def options(self, clock_far: bool = False, record_writes: bool = False, record_returns: bool = False) -> Options:
-        return Options(self.index, self.pack, self.domain, abort_attrs=self.abort_attrs, attr_values=self.attr_values,
+        return Options(self._index_seen, self.pack, self.domain, abort_attrs=self.abort_attrs,
+                       attr_values=self.attr_values_seen,
                        manager=self.manager.cls if self.manager else None,
                        table=self.manager.ref.table if self.manager else None,
                        manager_attrs=self.manager.attrs if self.manager else frozenset(),
-                       clock_far=clock_far, record_writes=record_writes, manager_relevant=self.relevant, all_facts=True,
+                       clock_far=clock_far, record_writes=record_writes, manager_relevant=self._relevant_seen,
+                       all_facts=True,
                        record_returns=record_returns, effects=SENDER_EFFECTS)
 
     def _run(self, func: FuncRef, attrs, clock_far: bool, record_writes: bool) -> list[PathState]:
@@ -719,10 +854,19 @@ class _Runner:
             self.unparsed.add(f"{func.path}:{func.line} {func.qualname}()")
             return []
         # poll() runs mark their return statements: the chain cites the line a state comes from.
-        explorer = Explorer(self.options(clock_far, record_writes, record_returns=func is self.poll))
-        ends, log = explorer.explore_function(func, parsed, self.cls, [PathState(attrs=tuple(sorted(attrs)))])
-        self.truncated.extend(log.truncated)
-        self.unparsed |= log.unparsed
+        record_returns = func is self.poll
+
+        def explore() -> tuple[list[PathState], tuple[str, ...], frozenset[str]]:
+            explorer = Explorer(self.options(clock_far, record_writes, record_returns=record_returns))
+            ends, log = explorer.explore_function(func, parsed, self.cls, [PathState(attrs=tuple(sorted(attrs)))])
+            return ends, tuple(log.truncated), frozenset(log.unparsed)
+
+        kind = ("run", self.abort_attrs, clock_far, record_writes, record_returns)
+        key = ("run", id(func.node), self._shared_options(), tuple(attrs), clock_far, record_writes, record_returns)
+        ends, truncated, unparsed = cast(tuple[list[PathState], tuple[str, ...], frozenset[str]],
+                                         self.shared_run(key, kind, explore))
+        self.truncated.extend(truncated)
+        self.unparsed |= unparsed
         self._note_timeouts(ends)
         return ends
 
