@@ -73,8 +73,11 @@ class UnhandledState(Rule):
                 if outcome == Outcome.RAISES and raise_event is not None \
                         and (raise_event.path, raise_event.line) not in certain:
                     crashes.setdefault((raise_event.path, raise_event.line), events)
+            # A terminal state that a catch-all keeps on one path and lets out on another (a `break`
+            # while a buffer is full, then the hand-over) waits; only one that never leaves is pinned.
+            leaves = any(outcome == Outcome.LEAVES for _, outcome in unmatched)
             kept = [events for events, outcome in unmatched
-                    if outcome == Outcome.KEPT and state in ctx.domain.terminal]
+                    if outcome == Outcome.KEPT and state in ctx.domain.terminal and not leaves]
             by = returned_by(ctx, state)
             who = f" (returned by: {', '.join(by)})" if by else " (no backend's poll() is seen returning it)"
             # Where the drain does test S (on other paths), the crash is the path's, not the loop's.
