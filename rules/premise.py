@@ -11,9 +11,14 @@ from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from kvtrace.model import Backend, Evidence, StateVerdict
 from kvtrace.rules.base import ScanContext
+from kvtrace.syntax import dotted
+
+if TYPE_CHECKING:
+    from kvtrace.index import FuncRef
 
 SHARED_ROOM = "two requests share a bootstrap_room"
 
@@ -157,17 +162,47 @@ def _polled_attributes(ctx: ScanContext) -> set[str]:
     """The attributes the drain's poll statement reads on each request (`r.disagg_kv_sender`):
     a call through one of them acts on a queued request's sender."""
     drain = ctx.queue.drain
-    if drain is None or drain.poll_line is None:
+    if drain is None:
         return set()
+    if drain.poll_line is not None:
+        statements = [node for node in ast.walk(drain.func.node) if isinstance(node, ast.stmt)
+                      and node.lineno <= drain.poll_line <= (node.end_lineno or node.lineno)
+                      and not isinstance(node, (ast.For, ast.While, ast.If, ast.With, ast.Try, ast.FunctionDef))]
+    else:
+        statements = _helper_poll_statements(ctx, drain.func, 0)
     found: set[str] = set()
-    for node in ast.walk(drain.func.node):
-        if isinstance(node, ast.stmt) and node.lineno <= drain.poll_line <= (node.end_lineno or node.lineno) \
-                and not isinstance(node, (ast.For, ast.While, ast.If, ast.With, ast.Try, ast.FunctionDef)):
-            # A request's attribute (`req.x`, `self.queue[i].x`), not the drain's own (`self.queue`).
-            found |= {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
-                      and (isinstance(n.value, ast.Subscript)
-                           or isinstance(n.value, ast.Name) and n.value.id != "self")}
+    for node in statements:
+        # A request's attribute (`req.x`, `self.queue[i].x`), not the drain's own (`self.queue`).
+        found |= {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
+                  and (isinstance(n.value, ast.Subscript)
+                       or isinstance(n.value, ast.Name) and n.value.id != "self")}
     return found - {ctx.pack.queue}
+
+
+def _helper_poll_statements(ctx: ScanContext, func: FuncRef, depth: int) -> list[ast.stmt]:
+    """A drain that reads its poll values from `self.<helper>()` (`polls = self._poll_with_gate()`,
+    a helper per transport mode) polls in the helper: its poll call's statement, and the local
+    assignments of the names that call passes (`pollers = [r.receiver for r in self.queue]`),
+    in every helper the drain may call for it."""
+    found: list[ast.stmt] = []
+    for stmt in ast.walk(func.node):
+        if not isinstance(stmt, (ast.Assign, ast.Return, ast.Expr)) or not isinstance(stmt.value, ast.Call):
+            continue
+        call = stmt.value
+        if ctx.pack.is_poll_call(dotted(call.func, calls=True) or ""):
+            if depth == 0:
+                continue  # the drain's own poll call would have given it a poll line
+            passed = {n.id for n in ast.walk(call) if isinstance(n, ast.Name)}
+            found.append(stmt)
+            found += [a for a in ast.walk(func.node) if isinstance(a, ast.Assign)
+                      and any(isinstance(t, ast.Name) and t.id in passed for t in a.targets)]
+        elif depth < 2 and (depth > 0 or isinstance(stmt, ast.Assign)) and isinstance(call.func, ast.Attribute) \
+                and isinstance(call.func.value, ast.Name) and call.func.value.id == "self" and func.owner is not None:
+            # The drain's values come from the helper it assigns from (and what that returns).
+            helper = ctx.index.find_method(func.owner, call.func.attr)
+            if helper is not None and helper is not func:
+                found += _helper_poll_statements(ctx, helper, depth + 1)
+    return found
 
 
 def _drain_functions(ctx: ScanContext) -> set[str]:

@@ -8,6 +8,7 @@ import pytest
 from kvtrace.model import Report
 from kvtrace.packs import load_pack
 from kvtrace.scan import scan_path
+from kvtrace.rules.premise import SHARED_ROOM
 from tests.sglang_wheels import sglang_tree
 
 DECODE = "sglang/srt/disaggregation/decode.py"
@@ -299,40 +300,48 @@ HAND_READ = [
     # call as the request leaves: the KeyError needs another request's receiver for the same room
     # (a client-supplied bootstrap_room: sglang#40125; rooms are random 63-bit otherwise, #27643).
     ("0.5.14", "poll-raises", "mooncake", None, "common/conn.py", 212, "warning",
-     "check_status: `return self.request_status[bootstrap_room]`; a room cleared by a request sharing it", "sglang#40125, sglang#27643"),
+     "check_status: `return self.request_status[bootstrap_room]`; a room cleared by a request sharing it",
+     "sglang#40125, sglang#27643", "disagg_decode_prealloc_queue"),
     ("0.5.14", "poll-raises", "ascend", None, "common/conn.py", 212, "warning",
-     "the same check_status (ascend's receiver is mooncake's)", "sglang#40125"),
+     "the same check_status (ascend's receiver is mooncake's)", "sglang#40125", "disagg_decode_prealloc_queue"),
     ("0.5.14", "poll-raises", "mori", None, "common/conn.py", 212, "warning",
-     "the same check_status (MoriKVReceiver is a CommonKVReceiver)", "sglang#40125"),
+     "the same check_status (MoriKVReceiver is a CommonKVReceiver)", "sglang#40125", "disagg_decode_prealloc_queue"),
+    # The same KeyError for the transfer queue, which polls through a helper (pop_transferred 1638:
+    # `polls = self._poll_with_metadata_gate()`, whose poll_and_all_reduce (1594) gets
+    # `[dr.kv_receiver for dr in self.queue]`, 1592). A request there came from the prealloc queue, whose
+    # drain clears only the receivers of requests leaving it (aborted: pop_preallocated 824); its
+    # own receiver is cleared only as it leaves the transfer queue (pop_transferred 1681 on Failed,
+    # _commit_transfer_to_req 1517/1536/1583 on Success): again only a request sharing the room.
+    *[("0.5.14", "poll-raises", backend, None, "common/conn.py", 212, "warning",
+       "check_status indexes request_status[room]; while the request is in the transfer queue only a request "
+       "sharing its room clears it", "sglang#40125, sglang#27643", "disagg_decode_transfer_queue")
+      for backend in ("ascend", "mooncake", "mori")],
 ]
 
 
-@pytest.mark.parametrize("row", HAND_READ, ids=lambda r: f"{r[0]}-{r[1]}-{r[2]}-{r[3]}")
+@pytest.mark.parametrize("row", HAND_READ, ids=lambda r: f"{r[0]}-{r[1]}-{r[2]}-{r[3]}" + "".join(f"-{q}" for q in r[9:]))
 def test_decode_verdicts_read_by_hand(row: tuple) -> None:
-    version, rule, backend, state, path, line, severity, why, upstream = row
+    version, rule, backend, state, path, line, severity, why, upstream, *queue = row
     report = decode_scan(version)
     found = [f for f in report.findings if (f.rule, f.backend, f.state, f.path, f.line) ==
-             (rule, backend, state, _srt(path), line)]
+             (rule, backend, state, _srt(path), line) and (not queue or f.queue == queue[0])]
     assert found, f"{version}: {rule} {backend} {state} at {path}:{line} not reported ({why}; {upstream})"
     assert severity in {f.severity for f in found}, (why, [f.severity for f in found])
+    if queue and severity == "warning":  # a row read for one queue says what it rests on
+        assert all(f.premise == SHARED_ROOM for f in found), [f.premise for f in found]
 
 
-# Errors read by hand and found false, kept while kvtrace still gives them (a kvtrace miss, not
-# a verdict): the same KeyError as the 0.5.14 prealloc rows above, judged for the transfer queue
-# without the shared-room premise. A request in the transfer queue still owns its room (its
-# receiver is cleared only as it leaves, decode.py 1681), so only a request sharing the room
-# (sglang#40125) removes it. When kvtrace gets this right, this test fails: move the rows to
-# HAND_READ as warnings.
-KNOWN_MISSES = [("0.5.14", "poll-raises", backend, None, "common/conn.py", 212, "disagg_decode_transfer_queue")
-                for backend in ("ascend", "mooncake", "mori")]
-
-
-@pytest.mark.parametrize("row", KNOWN_MISSES, ids=lambda r: f"{r[0]}-{r[1]}-{r[2]}")
-def test_known_false_decode_errors_are_still_errors(row: tuple) -> None:
-    version, rule, backend, state, path, line, queue = row
-    found = [f for f in decode_scan(version).findings if (f.rule, f.backend, f.state, f.path, f.line, f.queue) ==
-             (rule, backend, state, _srt(path), line, queue)]
-    assert [f.severity for f in found] == ["error"], found
+def test_transfer_queue_keyerror_names_who_clears_the_room() -> None:
+    """The transfer queue's KeyError rests on a shared room because of where clear() runs:
+    the chain names those calls (the prealloc drain's for requests leaving it, the transfer
+    drain's as its own request leaves) and says it is the room's only way out."""
+    found = [f for f in decode_scan("0.5.14").findings if f.rule == "poll-raises"
+             and f.queue == "disagg_decode_transfer_queue"]
+    assert {f.backend for f in found} == {"ascend", "mooncake", "mori"}
+    for f in found:
+        premise_lines = {(e.path, e.line) for e in f.evidence if e.note.startswith("premise:")}
+        assert {(_srt("decode.py"), 824), (_srt("decode.py"), 1681), (_srt("decode.py"), 1583)} <= premise_lines, premise_lines
+        assert "true only if two requests share a bootstrap_room" in f.message
 
 
 @pytest.mark.parametrize(("version", "reported"), [("0.5.19", True), ("0.5.20", False)])

@@ -512,3 +512,31 @@ def test_release_map_sites_of_one_mode_say_which(tmp_path: Path) -> None:
     # One mode only (no PP caller, whole tree): no row is marked.
     plain = scan_path(pp_tree(tmp_path / "plain", caller=False))
     assert not any(s.mode for s in plain.queues[0].sites)
+
+
+POLLED_IN_A_HELPER = '''
+    def _poll_inflight(self):
+        pollers = [r.disagg_kv_sender for r in self.disagg_prefill_inflight_queue]
+        return poll_and_all_reduce(pollers, self.group)
+'''
+
+
+@pytest.mark.parametrize("polled_in", ["the drain", "a helper"])
+def test_a_drain_that_polls_through_a_helper_rests_on_the_same_premise(tmp_path: Path, polled_in: str) -> None:
+    """0.5.14's transfer queue reads its poll values from `polls = self._poll_with_metadata_gate()`,
+    whose poll_and_all_reduce gets `[dr.kv_receiver for dr in self.queue]`: the sender attribute
+    (whose clear() only the drain calls, as the request concludes) is the helper's, and the
+    absent-room KeyError rests on a shared room as when the drain polls itself."""
+    text = drain(CLEARING, POLLED_IN_A_HELPER)
+    if polled_in == "a helper":
+        direct = ("        polls = poll_and_all_reduce(\n"
+                  "            [r.disagg_kv_sender for r in self.disagg_prefill_inflight_queue], self.group\n"
+                  "        )\n")
+        assert direct in text
+        text = text.replace(direct, "        polls = self._poll_inflight()\n")
+    tree = write(tmp_path, {"disaggregation/prefill.py": text,
+                            "disaggregation/net/conn.py": KEYED_SENDER % KEYED_POLLS["direct"],
+                            "disaggregation/net/mgr.py": KEYED_MANAGER})
+    found = [(f.path, f.line, f.severity, f.premise) for f in scan_path(tree).findings if f.rule == "poll-raises"]
+    table_read = KEYED_MANAGER.splitlines().index("        return self.request_status[room]") + 1
+    assert found == [("disaggregation/net/mgr.py", table_read, "warning", SHARED_ROOM)]
