@@ -39,6 +39,12 @@ class SenderAnalysis:
     # (path, line, function) where poll() reads the table for an absent room and raises (KeyError)
     absent_raise_sites: list[tuple[str, int, str]] = field(default_factory=list)
     manager: ManagerFacts | None = None  # the manager the sender works with (ScanModel.managers groups them)
+    # Of backend.returns_unknown, the stores only another mode of the manager makes (managers.py).
+    other_mode_unknown: tuple[str, ...] = ()
+
+    @property
+    def unknown_in_mode(self) -> list[str]:
+        return [u for u in self.backend.returns_unknown if u not in self.other_mode_unknown]
 
 
 def is_abstract(func: FuncRef) -> bool:
@@ -139,8 +145,7 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
     constructor_only = _constructor_only(runner, index, domain, cls, manager, name, polled, reach, by_member)
     timeouts = [TimeoutCheck(p, line, tuple(sorted(c, key=by_member))) for (p, line), c in sorted(covers.items())]
     unknown = polled.unknown_returns()
-    unreadable_stores = [f"{manager.ref.table} stores a value kvtrace cannot read: {u}" for u in manager.ref.unknown] \
-        if manager else []
+    unreadable_stores = [_unreadable(manager, u) for u in manager.ref.unknown] if manager else []
     backend = Backend(
         name=name,
         sender=cls.name,
@@ -159,7 +164,13 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
         unborn=runner.unborn,
         left_by=left_by,
     )
-    return SenderAnalysis(backend, cls, poll, sorted(polled.raise_sites), sorted(polled.absent_raises), facts)
+    other_mode = tuple(_unreadable(manager, u) for u in sorted(manager.other_mode_unknown)) if manager else ()
+    return SenderAnalysis(backend, cls, poll, sorted(polled.raise_sites), sorted(polled.absent_raises), facts,
+                          other_mode)
+
+
+def _unreadable(manager: ManagerModel, why: str) -> str:
+    return f"{manager.ref.table} stores a value kvtrace cannot read: {why}"
 
 
 def _abort_writes(runner: "_Runner", abort: FuncRef | None) -> dict[str, Evidence]:
@@ -306,12 +317,14 @@ def _constructor_only(runner: "_Runner", index: Index, domain: Domain, cls: Clas
         return {}
     table = manager.ref.table
     again = runner.stored_by_entries if reach is not None and runner.stored_by_entries is not None \
-        else set(manager.later) | set(manager.ref.unknown and domain.members)
+        else set(manager.later) | set(manager.unknown_in_mode and domain.members)
     found: dict[str, Evidence] = {}
     for state in sorted(polled.returns - polled.untabled - again - set(domain.terminal), key=by_member):
         if reach is None or state in reach:
             found[state] = Evidence(init.path, init.line, f"only {init.qualname}() stores {state} in {table}: no other "
-                                                          f"run of the {name} backend's code puts it back")
+                                                          f"run of the {name} backend's code puts it back"
+                                    + "".join(f"; the value {u.split(' ', 1)[0]} stores is another mode's: {why}"
+                                              for u, why in manager.other_mode_unknown.items()))
     return found
 
 
