@@ -169,6 +169,11 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
                           other_mode)
 
 
+def _in_other_mode(func: FuncRef, manager: ManagerModel) -> bool:
+    """A thread or method that runs only in a mode of the manager its senders never see."""
+    return any(func.qualname == q or func.qualname.startswith(q + ".") for q in manager.other_mode_methods)
+
+
 def _unreadable(manager: ManagerModel, why: str) -> str:
     return f"{manager.ref.table} stores a value kvtrace cannot read: {why}"
 
@@ -489,6 +494,7 @@ class _TableReach:
         self.frontier: list[str] = []
         self.by_entries: set[str] = set()  # what a run other than the sender's constructor stores
         self.in_entry = False  # running entry points (the constructor has run)
+        self.other_mode = False  # running a method of a mode the sender's manager is never in
         self.budget = REACH_RUNS
 
     def to_fixpoint(self, entries: list[tuple[FuncRef, ClassInfo, str]]) -> None:
@@ -502,6 +508,10 @@ class _TableReach:
                     self.run_all(func, cls, prefix, start)
 
     def run_all(self, func: FuncRef, cls: ClassInfo, prefix: str, start: str) -> None:
+        # What a method of another mode of the manager stores is reached (the table's values stay
+        # as they were), but is not a store into a sender's room (constructor_only).
+        manager = self.runner.manager
+        self.other_mode = manager is not None and _in_other_mode(func, manager)
         self.budget -= 1
         if self.budget < 0:
             raise _Unknown("too many runs")
@@ -532,10 +542,10 @@ class _TableReach:
             for e in end.events:
                 if e.kind == EventKind.TABLE_STORE:
                     values.update(v for v in e.detail.split(", ") if v)
-                    if self.in_entry:
+                    if self.in_entry and not self.other_mode:
                         self.by_entries.update(v for v in e.detail.split(", ") if v)
-            if self.in_entry and ABSENT in values and ABSENT not in (end.attr(TABLE) or ()) or (
-                    self.in_entry and any(e.kind == EventKind.TABLE_CLEAR for e in end.events)):
+            if not self.other_mode and (self.in_entry and ABSENT in values and ABSENT not in (end.attr(TABLE) or ()) or (
+                    self.in_entry and any(e.kind == EventKind.TABLE_CLEAR for e in end.events))):
                 self.by_entries.add(ABSENT)
             for v in values - self.reached:
                 self.reached.add(v)

@@ -96,6 +96,7 @@ class ManagerModel:
     # the one its senders work with (see _other_mode_functions), with why: they never reach a
     # sender's room.
     other_mode_unknown: dict[str, str] = field(default_factory=dict)
+    other_mode_methods: frozenset[str] = frozenset()  # their qualnames (nested functions run inside them)
 
     @property
     def unknown_in_mode(self) -> tuple[str, ...]:
@@ -212,7 +213,8 @@ def _manager_model(index: Index, pack: Pack, members: tuple[str, ...], sender: C
                      runs, tuple(dict.fromkeys(reader.clear_methods)))
     other_mode = _other_mode_functions(index, manager, sender, reader.attrs)
     elsewhere = {u: other_mode[func.qualname] for u, func in reader.unknown_in.items() if func.qualname in other_mode}
-    return ManagerModel(manager, ref, facts, frozenset(reader.attrs), frozenset(reader.later), elsewhere)
+    return ManagerModel(manager, ref, facts, frozenset(reader.attrs), frozenset(reader.later), elsewhere,
+                        frozenset(other_mode))
 
 
 def _other_mode_functions(index: Index, manager: ClassInfo, sender: ClassInfo, attrs: set[str]) -> dict[str, str]:
