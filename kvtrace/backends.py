@@ -40,6 +40,12 @@ class SenderAnalysis:
     # (path, line, function) where poll() reads the table for an absent room and raises (KeyError)
     absent_raise_sites: list[tuple[str, int, str]] = field(default_factory=list)
     manager: ManagerFacts | None = None  # the manager the sender works with (ScanModel.managers groups them)
+    # Of backend.returns_unknown, the stores only another mode of the manager makes (managers.py).
+    other_mode_unknown: tuple[str, ...] = ()
+
+    @property
+    def unknown_in_mode(self) -> list[str]:
+        return [u for u in self.backend.returns_unknown if u not in self.other_mode_unknown]
 
 
 def is_abstract(func: FuncRef) -> bool:
@@ -140,8 +146,7 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
     constructor_only = _constructor_only(runner, index, domain, cls, manager, name, polled, reach, by_member)
     timeouts = [TimeoutCheck(p, line, tuple(sorted(c, key=by_member))) for (p, line), c in sorted(covers.items())]
     unknown = polled.unknown_returns()
-    unreadable_stores = [f"{manager.ref.table} stores a value kvtrace cannot read: {u}" for u in manager.ref.unknown] \
-        if manager else []
+    unreadable_stores = [_unreadable(manager, u) for u in manager.ref.unknown] if manager else []
     backend = Backend(
         name=name,
         sender=cls.name,
@@ -160,7 +165,18 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
         unborn=runner.unborn,
         left_by=left_by,
     )
-    return SenderAnalysis(backend, cls, poll, sorted(polled.raise_sites), sorted(polled.absent_raises), facts)
+    other_mode = tuple(_unreadable(manager, u) for u in sorted(manager.other_mode_unknown)) if manager else ()
+    return SenderAnalysis(backend, cls, poll, sorted(polled.raise_sites), sorted(polled.absent_raises), facts,
+                          other_mode)
+
+
+def _in_other_mode(func: FuncRef, manager: ManagerModel) -> bool:
+    """A thread or method that runs only in a mode of the manager its senders never see."""
+    return any(func.qualname == q or func.qualname.startswith(q + ".") for q in manager.other_mode_methods)
+
+
+def _unreadable(manager: ManagerModel, why: str) -> str:
+    return f"{manager.ref.table} stores a value kvtrace cannot read: {why}"
 
 
 def _abort_writes(runner: "_Runner", abort: FuncRef | None) -> dict[str, Evidence]:
@@ -307,12 +323,14 @@ def _constructor_only(runner: "_Runner", index: Index, domain: Domain, cls: Clas
         return {}
     table = manager.ref.table
     again = runner.stored_by_entries if reach is not None and runner.stored_by_entries is not None \
-        else set(manager.later) | set(manager.ref.unknown and domain.members)
+        else set(manager.later) | set(manager.unknown_in_mode and domain.members)
     found: dict[str, Evidence] = {}
     for state in sorted(polled.returns - polled.untabled - again - set(domain.terminal), key=by_member):
         if reach is None or state in reach:
             found[state] = Evidence(init.path, init.line, f"only {init.qualname}() stores {state} in {table}: no other "
-                                                          f"run of the {name} backend's code puts it back")
+                                                          f"run of the {name} backend's code puts it back"
+                                    + "".join(f"; the value {u.split(' ', 1)[0]} stores is another mode's: {why}"
+                                              for u, why in manager.other_mode_unknown.items()))
     return found
 
 
@@ -481,6 +499,7 @@ class _TableReach:
         self.frontier: list[str] = []
         self.by_entries: set[str] = set()  # what a run other than the sender's constructor stores
         self.in_entry = False  # running entry points (the constructor has run)
+        self.other_mode = False  # running a method of a mode the sender's manager is never in
         self.budget = REACH_RUNS
 
     def to_fixpoint(self, entries: list[tuple[FuncRef, ClassInfo, str]]) -> None:
@@ -494,6 +513,10 @@ class _TableReach:
                     self.run_all(func, cls, prefix, start)
 
     def run_all(self, func: FuncRef, cls: ClassInfo, prefix: str, start: str) -> None:
+        # What a method of another mode of the manager stores is reached (the table's values stay
+        # as they were), but is not a store into a sender's room (constructor_only).
+        manager = self.runner.manager
+        self.other_mode = manager is not None and _in_other_mode(func, manager)
         self.budget -= 1
         if self.budget < 0:
             raise _Unknown("too many runs")
@@ -536,10 +559,10 @@ class _TableReach:
             for e in end.events:
                 if e.kind == EventKind.TABLE_STORE:
                     values.update(v for v in e.detail.split(", ") if v)
-                    if self.in_entry:
+                    if self.in_entry and not self.other_mode:
                         self.by_entries.update(v for v in e.detail.split(", ") if v)
-            if self.in_entry and ABSENT in values and ABSENT not in (end.attr(TABLE) or ()) or (
-                    self.in_entry and any(e.kind == EventKind.TABLE_CLEAR for e in end.events)):
+            if not self.other_mode and (self.in_entry and ABSENT in values and ABSENT not in (end.attr(TABLE) or ()) or (
+                    self.in_entry and any(e.kind == EventKind.TABLE_CLEAR for e in end.events))):
                 self.by_entries.add(ABSENT)
             for v in values - self.reached:
                 self.reached.add(v)

@@ -92,6 +92,15 @@ class ManagerModel:
     # The states stored anywhere but in the sender's own constructor (read from the syntax):
     # what the table can be given again once the room has moved on.
     later: frozenset[str] = frozenset()
+    # Of ref.unknown, the stores made only in code that runs in another mode of the manager than
+    # the one its senders work with (see _other_mode_functions), with why: they never reach a
+    # sender's room.
+    other_mode_unknown: dict[str, str] = field(default_factory=dict)
+    other_mode_methods: frozenset[str] = frozenset()  # their qualnames (nested functions run inside them)
+
+    @property
+    def unknown_in_mode(self) -> tuple[str, ...]:
+        return tuple(u for u in self.ref.unknown if u not in self.other_mode_unknown)
 
 
 def class_mappings(index: Index) -> list[tuple[set[str], str, int]]:
@@ -202,7 +211,80 @@ def _manager_model(index: Index, pack: Pack, members: tuple[str, ...], sender: C
                      tuple(sorted(reader.holds)), tuple(dict.fromkeys(reader.unknown)),
                      tuple(sorted(set(reader.clears), key=lambda e: (e.path, e.line))),
                      runs, tuple(dict.fromkeys(reader.clear_methods)))
-    return ManagerModel(manager, ref, facts, frozenset(reader.attrs), frozenset(reader.later))
+    other_mode = _other_mode_functions(index, manager, sender, reader.attrs)
+    elsewhere = {u: other_mode[func.qualname] for u, func in reader.unknown_in.items() if func.qualname in other_mode}
+    return ManagerModel(manager, ref, facts, frozenset(reader.attrs), frozenset(reader.later), elsewhere,
+                        frozenset(other_mode))
+
+
+def _other_mode_functions(index: Index, manager: ClassInfo, sender: ClassInfo, attrs: set[str]) -> dict[str, str]:
+    """The manager's methods that run only in a mode its senders never see, each with why. A
+    method called only under `if self.<mode> == X` (a thread the constructor starts per mode) does
+    not run on a manager whose sender calls a method that asserts `self.<mode> == Y` (Y != X) on
+    it, when only constructors assign `self.<mode>`: the mode is fixed for the manager's life, and
+    a sender paired with a manager in mode X fails that assert."""
+    methods = [f for c in index.mro(manager) for f in c.methods.values()]
+    asserted: dict[str, dict[str, str]] = {}  # mode attribute -> value the sender's calls assert -> where
+    for c in index.mro(sender):
+        for func in c.methods.values():
+            for call in index.calls_in(func):
+                recv = call.func.value if isinstance(call.func, ast.Attribute) else None
+                if isinstance(recv, ast.Attribute) and recv.attr in attrs and isinstance(recv.value, ast.Name) \
+                        and recv.value.id == "self" and isinstance(call.func, ast.Attribute):
+                    target = index.find_method(manager, call.func.attr)
+                    for attr, value, line in _mode_tests(target.node.body if target is not None else [], ast.Assert):
+                        asserted.setdefault(attr, {}).setdefault(
+                            value, f"{func.qualname}() calls {call.func.attr}(), which asserts it is {value} "
+                                   f"({target.path if target else ''}:{line})")
+    if not asserted:
+        return {}
+    fixed = {attr for attr in asserted if not any(
+        isinstance(t, ast.Attribute) and t.attr == attr and isinstance(t.value, ast.Name) and t.value.id == "self"
+        for f in methods if f.name != "__init__" for n in index.nodes_in(f, (ast.Assign, ast.AugAssign, ast.AnnAssign))
+        for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))}
+    found: dict[str, str] = {}
+    for method in methods:
+        sites = [(f, call) for f in methods for call in index.calls_in(f) if isinstance(call.func, ast.Attribute)
+                 and call.func.attr == method.name and isinstance(call.func.value, ast.Name) and call.func.value.id == "self"]
+        named = sum(1 for f in methods for n in index.nodes_in(f, (ast.Attribute,)) if n.attr == method.name
+                    and isinstance(n.value, ast.Name) and n.value.id == "self")
+        if not sites or named != len(sites):
+            continue  # called from outside, or handed on (a thread target): it may run in any mode
+        guards = [(f, _guard_of(call, _parents(f.node))) for f, call in sites]
+        if all(g is not None and g[0] in fixed and g[1] not in asserted[g[0]] for _, g in guards):
+            attr = guards[0][1][0] if guards[0][1] else ""
+            where = ", ".join(f"{f.path}:{g[2]}" for f, g in guards if g is not None)
+            mine = "; ".join(asserted[attr].values())
+            found[method.qualname] = (f"{method.qualname}() runs only when self.{attr} is "
+                                      f"{' or '.join(sorted({g[1] for _, g in guards if g is not None}))} ({where}), "
+                                      f"set only by the constructor, and {mine}")
+    return found
+
+
+def _mode_tests(body: list[ast.stmt], kind: type) -> list[tuple[str, str, int]]:
+    """`self.<attr> == <value>` (with its line) tested by the leading statements of `kind` in `body`."""
+    found: list[tuple[str, str, int]] = []
+    for stmt in body:
+        if not isinstance(stmt, kind):
+            break
+        test = stmt.test  # type: ignore[attr-defined]
+        if isinstance(test, ast.Compare) and len(test.ops) == 1 and isinstance(test.ops[0], ast.Eq) \
+                and isinstance(test.left, ast.Attribute) and isinstance(test.left.value, ast.Name) \
+                and test.left.value.id == "self":
+            found.append((test.left.attr, ast.unparse(test.comparators[0]), stmt.lineno))
+    return found
+
+
+def _guard_of(call: ast.Call, parents: dict[int, ast.AST]) -> tuple[str, str, int] | None:
+    """The nearest enclosing `if self.<attr> == <value>:` whose body holds the call."""
+    node: ast.AST = call
+    while id(node) in parents:
+        parent = parents[id(node)]
+        if isinstance(parent, ast.If) and node in parent.body:
+            tests = _mode_tests([parent], ast.If)
+            return tests[0] if tests else None
+        node = parent
+    return None
 
 
 @dataclass
@@ -226,13 +308,17 @@ class _StoreReader:
     passed: set[str] = field(default_factory=set)  # what the update method's callers pass as the status
     passed_unknown: bool = False
     in_update: list[tuple[ast.Assign, FuncRef, dict[int, ast.AST]]] = field(default_factory=list)
+    unknown_in: dict[str, FuncRef] = field(default_factory=dict)  # each unknown store -> the function it is in
 
     def constructor(self, func: FuncRef) -> bool:
         return func.name == "__init__" and func.owner in self.sender_mro
 
     def collect(self, value: ast.expr, func: FuncRef, parents: dict[int, ast.AST], site: ast.stmt | ast.expr) -> set[str]:
         given: set[str] = set()
+        before = len(self.unknown)
         _collect(value, func, parents, site, given, self.unknown, self.update, self.members, self.call_sites)
+        for entry in self.unknown[before:]:
+            self.unknown_in.setdefault(entry, func)
         return given
 
     def stored(self, given: set[str], func: FuncRef) -> None:

@@ -354,6 +354,7 @@ class SenderRecord:
     raise_sites: list[tuple[str, int, str]]
     absent_raise_sites: list[tuple[str, int, str]]
     manager: tuple[str, int] | None
+    other_mode_unknown: tuple[str, ...] = ()  # SenderAnalysis.other_mode_unknown
 
 
 @dataclass

@@ -260,7 +260,8 @@ def _senders_out(index: Index, pack: Pack, domain: Domain, root: str, take: Call
     senders = analyse_backends(index, pack, domain, root, problems, take)
     records = [SenderRecord((s.cls.path, s.cls.line), s.backend, (s.poll.path, s.poll.line) if s.poll else None,
                             list(s.raise_sites), list(s.absent_raise_sites),
-                            (s.manager.cls.path, s.manager.cls.line) if s.manager else None) for s in senders]
+                            (s.manager.cls.path, s.manager.cls.line) if s.manager else None,
+                            s.other_mode_unknown) for s in senders]
     return encode_record(SendersResult(records, problems, index.marks))
 
 
@@ -273,7 +274,7 @@ def _senders_in(result: SendersResult, index: Index, pack: Pack) -> list[SenderA
     return [SenderAnalysis(r.backend, classes[r.cls], methods[r.poll] if r.poll else None, r.raise_sites,
                            r.absent_raise_sites,
                            manager_facts(index, classes[r.manager], pack.check_method, pack.update_method) if r.manager
-                           else None)
+                           else None, r.other_mode_unknown)
             for r in result.senders]
 
 

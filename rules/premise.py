@@ -130,7 +130,7 @@ def crash_premise(ctx: ScanContext, state: str) -> Premise | None:
     if by and state in ctx.pack.reached_later(ctx.pack.queue):  # whichever backend returns it, only later
         found = [state_premise(ctx, b, state) for b in (ctx.model.backend(name) for name in by) if b is not None]
         return Premise(SHARED_ROOM, list(dict.fromkeys(e for p in found if p is not None for e in p.why)))
-    if not by or any(s.backend.returns_unknown for s in ctx.senders):
+    if not by or any(s.unknown_in_mode for s in ctx.senders):
         return None
     found = [state_premise(ctx, backend, state) for backend in (ctx.model.backend(name) for name in by)
              if backend is not None]

@@ -32,6 +32,19 @@ RAISING = STANDARD_BRANCHES.replace(
     '            else:\n                raise RuntimeError("unexpected poll state")')
 
 # The manager: a max()-merging status table, a bootstrap thread that records the handshake.
+TABLE_METHODS = '''\
+    def check_status(self, room):
+        return self.request_status[room]
+
+    def update_status(self, room, status):
+        if room not in self.request_status:
+            self.request_status[room] = status
+        elif status == KVPoll.Failed:
+            self.request_status[room] = KVPoll.Failed
+        else:
+            self.request_status[room] = max(self.request_status[room], status)
+'''
+
 MANAGER = '''\
 from ..base.conn import KVPoll
 
@@ -44,20 +57,10 @@ class NetKVManager(BaseKVManager):
     def __init__(self):
         self.request_status = {}
 
-    def check_status(self, room):
-        return self.request_status[room]
-
-    def update_status(self, room, status):
-        if room not in self.request_status:
-            self.request_status[room] = status
-        elif status == KVPoll.Failed:
-            self.request_status[room] = KVPoll.Failed
-        else:
-            self.request_status[room] = max(self.request_status[room], status)
-
+{table}
     def bootstrap_thread(self, room):
         self.update_status(room, KVPoll.WaitingForInput)
-{extra}'''
+{extra}'''.replace("{table}", TABLE_METHODS)
 
 SENDER = '''\
 from ..base.conn import BaseKVSender, KVPoll
@@ -117,6 +120,93 @@ def test_a_later_store_of_the_state_makes_it_unconditional(tmp_path: Path) -> No
                                         "disaggregation/net/mgr.py": MANAGER.replace("{extra}", retry)}))
     [finding] = crash(report, "Bootstrapping")
     assert finding.severity == "error" and finding.premise is None
+
+
+# A manager built in one of two modes: a decode thread, started only in decode mode, stores a
+# status read from the network (a value kvtrace cannot read); the sender's send path asserts
+# prefill mode on its manager.
+MODAL_MANAGER = '''\
+import threading
+
+from ..base.conn import KVPoll
+
+
+class Mode:
+    PREFILL = "prefill"
+    DECODE = "decode"
+
+
+class BaseKVManager:
+    pass
+
+
+class NetKVManager(BaseKVManager):
+    def __init__(self, mode, socket):
+        self.mode = mode
+        self.socket = socket
+        self.request_status = {}
+        if self.mode == Mode.PREFILL:
+            self.start_prefill_thread()
+        elif self.mode == Mode.DECODE:
+            self.start_decode_thread()
+
+{table}
+    def start_prefill_thread(self):
+        def bootstrap_thread():
+            while True:
+                room = int(self.socket.recv())
+                self.update_status(room, KVPoll.WaitingForInput)
+
+        threading.Thread(target=bootstrap_thread).start()
+
+    def start_decode_thread(self):
+        def decode_thread():
+            while True:
+                room, status = self.socket.recv_multipart()
+                status = int(status.decode("ascii"))
+                self.update_status(int(room), status)
+
+        threading.Thread(target=decode_thread).start()
+
+    def add_transfer(self, room, pages):
+{check}        self.socket.send(pages)
+{extra}'''.replace("{table}", TABLE_METHODS)
+
+MODAL_SENDER = SENDER + '''
+    def send(self, pages):
+        self.kv_mgr.add_transfer(self.room, pages)
+'''
+
+PREFILL_ONLY = "        assert self.mode == Mode.PREFILL\n"
+
+
+def modal_crash(tmp_path: Path, check: str, extra: str = ""):
+    report = scan_path(write(tmp_path, {"disaggregation/prefill.py": drain(RAISING),
+                                        "disaggregation/net/conn.py": MODAL_SENDER,
+                                        "disaggregation/net/mgr.py": MODAL_MANAGER.replace("{check}", check).replace("{extra}", extra)}))
+    [finding] = crash(report, "Bootstrapping")
+    return finding
+
+
+def test_a_store_only_another_mode_makes_leaves_the_premise(tmp_path: Path) -> None:
+    # The unreadable store runs only in decode mode; the sender's manager is in prefill mode
+    # (send asserts it, only the constructor sets it): the premise holds as without that thread.
+    finding = modal_crash(tmp_path, PREFILL_ONLY)
+    assert finding.severity == "warning" and finding.premise == SHARED_ROOM
+    [why] = [e for e in finding.evidence if "only NetKVSender.__init__()" in e.note]
+    assert "NetKVManager.start_decode_thread() runs only when self.mode is Mode.DECODE (disaggregation/net/mgr.py:22)" \
+        in why.note and "asserts it is Mode.PREFILL (disaggregation/net/mgr.py:54)" in why.note
+
+
+def test_without_a_mode_the_sender_holds_the_unreadable_store_counts(tmp_path: Path) -> None:
+    # Nothing says which mode the sender's manager is in: the network value may be Bootstrapping.
+    assert modal_crash(tmp_path, "").premise is None
+    # The mode can change after construction: the assert no longer fixes it.
+    switch = "\n    def switch(self):\n        self.mode = Mode.DECODE\n"
+    assert modal_crash(tmp_path / "switch", PREFILL_ONLY, switch).premise is None
+    # A sender asserting the decode thread's own mode: that thread may run on its manager.
+    decode = PREFILL_ONLY.replace("PREFILL", "DECODE")
+    assert modal_crash(tmp_path / "decode", decode).premise is None
 
 
 FAKE = '''\

@@ -52,10 +52,6 @@ FAKE_SKIP = Verdict(SEND_SKIPPED, "FakeKVSender.poll() waits for has_sent; send_
 CRASH_ROOM = Verdict(SHARED_ROOM, "a request enters the inflight queue only past Bootstrapping; the table only moves "
                                   "up and only the sender's constructor stores Bootstrapping: it comes back only with "
                                   "a second sender for the same room", "sglang#25063, sglang#27643", "")
-# 0.4.7.post1, 0.4.8: the same reading, but mooncake's decode thread stores a value kvtrace
-# cannot read (int(status.decode('ascii'))), so kvtrace cannot show that nothing puts it back.
-CRASH_ROOM_UNPROVEN = Verdict(None, CRASH_ROOM.because + "; not shown: mooncake stores a network value kvtrace "
-                                                         "cannot read, so the premise is not established", CRASH_ROOM.upstream, "")
 PP_CRASH = Verdict(None, "the PP branch asserts `poll == Success or poll == Failed` for a rid this rank is told to "
                          "check; a lagging rank still polls a transient state", "sglang#20485, fixed by sglang#20686 "
                          "(0.5.10)", "assert poll == KVPoll.Success or poll == KVPoll.Failed")
@@ -95,9 +91,13 @@ _add("0.4.6.post5 0.4.7 0.4.7.post1 0.4.8 0.4.8.post1", "pinned-state", "mooncak
      "mooncake/conn.py", "498 718 723 719 932", MOONCAKE_WAIT)
 _add(" ".join(ALL[:ALL.index("0.5.12.post1") + 1]), "pinned-state", "fake", "WaitingForInput", "fake/conn.py",
      "23 23 29 29 29 29 29 29 29 29 29 29 29 29 29 43 46 46 48 50 50", FAKE_SKIP)
-_add("0.4.7.post1 0.4.8", "state-crash", None, "Bootstrapping", "prefill.py", "501 505", CRASH_ROOM_UNPROVEN)
-_add("0.4.8.post1 0.4.9.post6 0.4.10.post2 0.5.1.post3 0.5.2 0.5.3.post3 0.5.4.post3 0.5.5.post3 0.5.6.post2 0.5.7 0.5.8.post1 "
-     "0.5.9", "state-crash", None, "Bootstrapping", "prefill.py", "506 518 515 530 532 564 561 558 558 580 576 602", CRASH_ROOM)
+# 0.4.7.post1, 0.4.8: mooncake's decode thread stores a value read from the network
+# (int(status.decode('ascii'))), but only start_decode_thread() runs it, called only under
+# `self.disaggregation_mode == DECODE`; the sender's add_transfer_request() asserts PREFILL on its
+# manager, and only the constructor sets the mode: it never stores into a prefill sender's room.
+_add("0.4.7.post1 0.4.8 0.4.8.post1 0.4.9.post6 0.4.10.post2 0.5.1.post3 0.5.2 0.5.3.post3 0.5.4.post3 0.5.5.post3 "
+     "0.5.6.post2 0.5.7 0.5.8.post1 0.5.9", "state-crash", None, "Bootstrapping", "prefill.py",
+     "501 505 506 518 515 530 532 564 561 558 558 580 576 602", CRASH_ROOM)
 _PP = "0.5.1.post3 0.5.2 0.5.3.post3 0.5.4.post3 0.5.5.post3 0.5.6.post2 0.5.7 0.5.8.post1 0.5.9"
 _PP_LINES = "504 506 538 535 532 532 554 550 576"
 _add(_PP, "state-crash", None, "WaitingForInput", "prefill.py", _PP_LINES, PP_CRASH)
