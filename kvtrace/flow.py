@@ -725,13 +725,7 @@ class Explorer:
     def assert_stmt(self, node: cst.Assert, path: PathState, frame: Frame) -> list[PathState]:
         fn = frame.func.qualname
         out = []
-        branches = self.decide(node.test, path, frame)
-        if self.c.state is not None and not any(a for _, _, a in branches) and {t for p, t, _ in branches if p.term is None} == {True, False}:
-            # Drain mode: an assert kvtrace can neither decide nor tie to the poll value states an
-            # invariant of another part of the scheduler (`assert req.metadata_buffer_index is not
-            # None` after an allocator check); the poll state does not make it fail, so it holds.
-            branches = [b for b in branches if b[1] or b[0].term is not None]
-        for p, truth, about_poll in branches:
+        for p, truth, about_poll in self.decide(node.test, path, frame):
             if about_poll:
                 p = p.emit(Event(EventKind.CHECK, frame.func.path, frame.body.line(node), fn, "T" if truth else "F"))
             if truth:

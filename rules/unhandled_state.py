@@ -1,9 +1,14 @@
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kvtrace.model import EventKind, Evidence, Finding, Outcome
 from kvtrace.rules.base import Rule, Sample, ScanContext, drain_evidence, path_evidence, returned_by
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain
 from kvtrace.rules.state_crash import crash_sites
+
+if TYPE_CHECKING:
+    from kvtrace.flow import Event
 
 # The standard chain whose catch-all raises instead of keeping: Bootstrapping crashes the loop.
 _ELSE_RAISES = STANDARD_BRANCHES.replace(
@@ -15,6 +20,20 @@ _CATCH_ALL_KEEPS = '''\
                 release_kv_cache(req, self.tree_cache)
                 done_reqs.append(req)
             else:
+                undone_reqs.append(req)'''
+
+# A catch-all taken as "still waiting" that asserts an invariant not about the poll value first:
+# the assert fails, if ever, for every state alike, so no state is unhandled there.
+_CATCH_ALL_ASSERTS = '''\
+            if poll == KVPoll.Success:
+                release_kv_cache(req, self.tree_cache)
+                done_reqs.append(req)
+            elif poll == KVPoll.Failed:
+                release_kv_cache(req, self.tree_cache)
+                prepare_abort(req, "transfer failed")
+                done_reqs.append(req)
+            else:
+                assert req.metadata_buffer_index is not None
                 undone_reqs.append(req)'''
 
 
@@ -49,7 +68,8 @@ class UnhandledState(Rule):
     title = "Poll state no branch handles"
     severity = "warning"
 
-    VALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES)})]
+    VALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES)}),
+             Sample({"disaggregation/prefill.py": drain(_CATCH_ALL_ASSERTS)})]
     INVALID = [
         Sample({"disaggregation/prefill.py": drain(_ELSE_RAISES)}, expect=((None, "Bootstrapping"),)),
         Sample({"disaggregation/prefill.py": drain(_CATCH_ALL_KEEPS)}, expect=((None, "Failed"),)),
@@ -71,7 +91,8 @@ class UnhandledState(Rule):
             for events, outcome in unmatched:
                 raise_event = next((e for e in reversed(events) if e.kind == EventKind.RAISE), None)
                 if outcome == Outcome.RAISES and raise_event is not None \
-                        and (raise_event.path, raise_event.line) not in certain:
+                        and (raise_event.path, raise_event.line) not in certain \
+                        and not _assert_not_about_poll(raise_event, events):
                     crashes.setdefault((raise_event.path, raise_event.line), events)
             # A terminal state that a catch-all keeps on one path and lets out on another (a `break`
             # while a buffer is full, then the hand-over) waits; only one that never leaves is pinned.
@@ -110,3 +131,11 @@ class UnhandledState(Rule):
                     Evidence(where.path, where.line, f"{state} stays in the queue")]
                 findings.append(self.finding(message, where.path, where.line, None, state, evidence))
         return findings
+
+
+def _assert_not_about_poll(raise_event: Event, events: list[Event]) -> bool:
+    """An `assert` whose test is not about the poll value (`assert req.metadata_buffer_index is not
+    None` after the allocator check) fails, if ever, for every state alike: it is no state falling
+    to a catch-all. An assert on the poll value records its test at the same line."""
+    return raise_event.detail == "assert" and not any(
+        e.kind == EventKind.CHECK and (e.path, e.line) == (raise_event.path, raise_event.line) for e in events)
