@@ -360,7 +360,7 @@ def test_at_80_by_50_the_answer_is_on_screen_when_the_scan_ends() -> None:
 
     out = kvtrace("scan", str(sglang_tree("0.5.14")), env={"COLUMNS": "80"}).stdout.splitlines()
     assert len(out) > 50  # the full report does not fit one screen
-    last_screen = "\n".join(out[-49:])  # 50 rows, one for the next prompt
+    last_screen = "\n".join(_last_screen(out, rows=49, columns=80))  # 50 rows, one for the next prompt
     # Folded at 80 columns: the summary is the last lines after the grid's legend.
     summary = " ".join(last_screen[last_screen.rindex("\n12 warnings"):].split())
     assert summary == ("12 warnings: nixl pins WaitingForInput only if two requests share a"
@@ -370,7 +370,20 @@ def test_at_80_by_50_the_answer_is_on_screen_when_the_scan_ends() -> None:
     assert "Verdicts for disagg_prefill_bootstrap_queue" in last_screen
     assert re.search(r"^nixl +\S+ +\S+ +KVT001~ ", last_screen, re.M)
     assert "~: a warning, it holds only if two requests share a bootstrap_room" in last_screen
-    assert max(len(line) for line in out) <= 80
+    _long_path_lines_are_whole(out, 80, str(sglang_tree("0.5.14")))
+
+
+def _last_screen(lines: list[str], rows: int, columns: int) -> list[str]:
+    """The lines a terminal of rows x columns shows when the output ends: a line wider than the
+    terminal (a whole absolute path) takes as many rows as the terminal wraps it into."""
+    shown: list[str] = []
+    used = 0
+    for line in reversed(lines):
+        used += max(1, -(-len(line) // columns))
+        if used > rows:
+            break
+        shown.append(line)
+    return shown[::-1]
 
 
 def test_piped_text_is_folded_to_the_terminal_stderr_is_on(tmp_path: Path) -> None:
@@ -392,7 +405,9 @@ def test_piped_text_is_folded_to_the_terminal_stderr_is_on(tmp_path: Path) -> No
     finally:
         os.close(master)
         os.close(follower)
-    assert piped.returncode == 0 and max(len(line) for line in piped.stdout.splitlines()) <= 80
+    assert piped.returncode == 0
+    _long_path_lines_are_whole(piped.stdout.splitlines(), 80, str(sglang_tree("0.5.14")))
+    assert max(len(line) for line in piped.stdout.splitlines() if "/" not in line) <= 80
     unfolded = subprocess.run([sys.executable, "-m", "kvtrace", "scan", str(sglang_tree("0.5.14"))], cwd=ROOT,
                               capture_output=True, env=env, text=True, timeout=300).stdout
     assert max(len(line) for line in unfolded.splitlines()) > 80
@@ -405,3 +420,34 @@ def test_excerpts_leave_out_the_examples_test_annotations() -> None:
     for fmt in ("text", "markdown", "html"):
         out = kvtrace("scan", "examples/nixl-pin", "-f", fmt).stdout
         assert "def poll(self)" in out and "expect:" not in out, fmt
+
+
+def _long_path_lines_are_whole(lines: list[str], width: int, target: str) -> None:
+    """A line wider than the terminal is only a label and one whole `path:line` (or the header's
+    target) that cannot fit: left for the terminal to wrap, never cut (`…`) or split over two
+    lines by kvtrace."""
+    for line in lines:
+        if len(line) <= width:
+            continue
+        words = line.split()
+        assert len(words) <= 4 and (PATH_LINE.search(words[-1]) or words[-1] == target), line
+        assert len(line) - len(words[-1]) < width // 2, line  # the path is what made it long
+
+
+def test_80_columns_absolute_paths_are_whole_and_open(tmp_path: Path) -> None:
+    """Before: `COLUMNS=80 kvtrace scan /abs/path/to/a/release` cut paths to
+    `/root/.cache/.../disaggregat…` and split others over two lines (`.../common/con` + `n.py:214`):
+    neither could be copied and opened."""
+    tree = tmp_path / "a-folder-with-a-long-name-as-a-wheel-cache-has" / "sglang-0.0.0" / "sglang" / "srt"
+    shutil.copytree(EXAMPLES / "nixl-pin", tree)
+    result = kvtrace("scan", str(tree), cwd=ROOT, env={"COLUMNS": "80"})
+    assert result.returncode == 1, result.stderr
+    out = result.stdout
+    assert len(PATH_LINE.findall(out)) > 20
+    # Every absolute path printed is whole: the tree's prefix is always followed by file:line.
+    for start in [m.start() for m in re.finditer(re.escape(str(tree) + "/"), out)]:
+        token = PATH_LINE.match(out, start)
+        assert token is not None, out[start:start + 120]
+    assert_paths_resolve(out, tree)
+    assert "…" not in "\n".join(line for line in out.splitlines() if str(tree)[:20] in line)
+    _long_path_lines_are_whole(out.splitlines(), 80, str(tree))
