@@ -343,3 +343,12 @@ def test_what_frees_each_state_names_the_timeout_variable_and_default(tmp_path: 
     assert "until the server restarts" in md
     text_report = " ".join(kvtrace("scan", "site-packages/sglang", "--backend", "mooncake", cwd=tmp_path).stdout.split())
     assert re.search(r"what frees Bootstrapping: .*?SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, default 300", text_report)
+
+
+def test_html_header_names_the_installed_release(tmp_path: Path) -> None:
+    """Before: the text and markdown reports named the installed release (from its dist-info
+    METADATA) but the HTML page's header did not say which SGLang it was drawn from."""
+    _installed(tmp_path, "0.4.6.post5")
+    page = kvtrace("scan", "site-packages/sglang", "-f", "html", cwd=tmp_path).stdout
+    header = re.search(r"<h1>(.*?)</h1>", page, re.S)
+    assert header is not None and "sglang 0.4.6.post5" in re.sub(r"<[^>]+>", "", header.group(1)), header

@@ -206,7 +206,9 @@ def _grid_html(grid: Grid) -> str:
 def _report(report: Report, out: list[str]) -> None:
     page = _Page(report)
     version = getattr(report, "version", None)
-    detected = f" — {escape(version.package)} {escape(version.version)}" if version else ""
+    installed = (report.host_facts or {}).get("sglang_version")  # the package's metadata, above a folder scanned
+    detected = (f" — {escape(version.package)} {escape(version.version)}" if version else
+                f" — sglang {escape(str(installed))}" if installed else "")
     out.append(f"<h1>kvtrace: <code>{escape(report.target)}</code>{detected}</h1>")
     analysed = sum(f.status == "ok" for f in report.files)
     out.append(f'<p class="meta">kvtrace {__version__}; package <code>{escape(report.root or ".")}</code>; '
