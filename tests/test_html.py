@@ -416,3 +416,28 @@ def test_page_fits_1280_pixels_and_labels_break_between_words(browser, tmp_path:
         for before, after in zip(lines, lines[1:]):
             # A line ends where a word ends, or between the parts of a name (after _ . / or ().
             assert f"{before} {after}" in label or before[-1] in "_./(", (version, label, lines)
+
+
+@pytest.mark.parametrize("version", ["0.4.8", "0.5.14"])
+def test_diagram_nodes_show_their_whole_statement(version: str) -> None:
+    """Before: a node showed the first source line of its statement only (`if poll not in (`,
+    `prepare_abort(`, `maybe_release_metadata_buffer(`), and a statement that wrapped to more than
+    two lines was left out (0.4.8's `L483 check`, `L486 release` showed no code)."""
+    from kvtrace.report.diagram import diagrams
+    from kvtrace.scan import scan_path
+
+    report = scan_path(sglang_tree(version))
+    files = {f.path: f.lines for f in report.files}
+    shown = 0
+    for diagram in diagrams(report):
+        for node, data in diagram.graph.nodes(data=True):
+            if node[0] in ("state", "outcome", "wayout") or not data["path"]:
+                continue
+            code = " ".join(text for css, text in data["lines"] if css == "code")
+            source = files[data["path"]][data["line"] - 1].split("#")[0].strip()
+            assert code, (version, data["label"], source)  # every step shows its code
+            shown += 1
+            # Whole: brackets closed, and the first source line's words all there.
+            assert code.count("(") == code.count(")") and code.count("[") == code.count("]"), (data["label"], code)
+            assert "".join(source.split()) in "".join(code.split()), (data["label"], source, code)
+    assert shown > 5
