@@ -298,6 +298,32 @@ return Array.from(document.querySelectorAll('section.backend')).map(s => {
 """
 
 
+CROSSINGS_JS = """
+// Each edge label another edge of its diagram passes through: [backend, label, that edge's states].
+const crossings = [];
+for (const s of document.querySelectorAll('section.backend')) {
+  const paths = Array.from(s.querySelectorAll('path.edge')).map(p => {
+    const length = p.getTotalLength(), points = [];
+    for (let at = 0; at <= length; at += 2) points.push(p.getPointAtLength(at));
+    return {edge: p.dataset.edge, states: p.querySelector('title').textContent, points};
+  });
+  for (const t of s.querySelectorAll('text.elabel')) {
+    const b = t.getBBox();
+    if (!paths.some(p => p.edge !== undefined && p.edge === t.dataset.edge)) {
+      crossings.push([s.dataset.backend, t.textContent, 'no edge of its own']);  // which edge is it on?
+      continue;
+    }
+    for (const p of paths) {
+      if (p.edge === t.dataset.edge) continue;
+      if (p.points.some(q => q.x > b.x && q.x < b.x + b.width && q.y > b.y && q.y < b.y + b.height))
+        crossings.push([s.dataset.backend, t.textContent, p.states]);
+    }
+  }
+}
+return crossings;
+"""
+
+
 def _inside(inner: list[float], outer: list[float], slack: float = 0.5) -> bool:
     return (inner[0] >= outer[0] - slack and inner[1] >= outer[1] - slack and inner[2] <= outer[2] + slack
             and inner[3] <= outer[3] + slack)
@@ -338,6 +364,13 @@ def test_state_diagrams_read_and_fit(browser, tmp_path: Path, version: str) -> N
                 assert _apart(a, b), (where, text, other)
             for node in nodes:
                 assert _apart(a, node["rect"]), (where, text, node["label"])
+    # No edge runs through another edge's label (its own edge may: the label is on it). On
+    # 0.5.23 the first layer gap holds every state's edge into the drain's first checks: one label
+    # per backend finds no place clear of them.
+    crossed = browser.execute_script(CROSSINGS_JS)
+    allowed = 1 if version == "0.5.23" else 0
+    for backend in {b for b, _, _ in crossed}:
+        assert len([c for c in crossed if c[0] == backend]) <= allowed, (version, crossed)
     for diagram in diagrams(report):
         g = diagram.graph
         # Helpers folded: every site drawn is the drain loop's own.
