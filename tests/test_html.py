@@ -304,7 +304,7 @@ const crossings = [];
 for (const s of document.querySelectorAll('section.backend')) {
   const paths = Array.from(s.querySelectorAll('path.edge')).map(p => {
     const length = p.getTotalLength(), points = [];
-    for (let at = 0; at <= length; at += 2) points.push(p.getPointAtLength(at));
+    for (let at = 0; at <= length; at += 3) points.push(p.getPointAtLength(at));
     return {edge: p.dataset.edge, states: p.querySelector('title').textContent, points};
   });
   for (const t of s.querySelectorAll('text.elabel')) {

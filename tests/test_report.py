@@ -451,3 +451,27 @@ def test_80_columns_absolute_paths_are_whole_and_open(tmp_path: Path) -> None:
     assert_paths_resolve(out, tree)
     assert "…" not in "\n".join(line for line in out.splitlines() if str(tree)[:20] in line)
     _long_path_lines_are_whole(out.splitlines(), 80, str(tree))
+
+
+def test_role_all_at_80_by_50_both_roles_answers_are_on_the_end_screen() -> None:
+    """Before: `--role all` printed the prefill report, then the decode report, each with its own
+    "In short" at its end: the end screen showed the decode side's only, and the prefill side's
+    pinned nixl was hundreds of lines up."""
+    from tests.sglang_wheels import sglang_tree
+
+    # Two full scans (one per role): more time than the one-scan helper allows on a loaded machine.
+    result = subprocess.run([sys.executable, "-m", "kvtrace", "scan", "--role", "all", str(sglang_tree("0.5.14"))],
+                            cwd=ROOT, capture_output=True, text=True, timeout=900, env={**os.environ, "COLUMNS": "80"})
+    assert result.returncode == 0, result.stderr
+    out = result.stdout.splitlines()
+    last_screen = "\n".join(_last_screen(out, rows=49, columns=80))
+    assert "In short (as at the top): role prefill" in last_screen
+    assert "In short (as at the top): role decode" in last_screen
+    for queue in ("disagg_prefill_inflight_queue", "disagg_prefill_bootstrap_queue",
+                  "disagg_decode_prealloc_queue", "disagg_decode_transfer_queue"):
+        assert f"Verdicts for {queue}" in last_screen, queue
+    assert re.search(r"^nixl +\S+ +\S+ +KVT001~ ", last_screen, re.M)  # the prefill side's pin
+    flat = " ".join(last_screen.split())
+    assert "12 warnings: nixl pins WaitingForInput only if two requests share a bootstrap_room · 10 notes" in flat
+    assert flat.endswith("21 warnings · 8 notes")  # the decode side's summary, last
+    assert sum(line.startswith("In short") for line in out) == 2  # each once, not once per report and again
