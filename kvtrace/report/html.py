@@ -139,7 +139,8 @@ CODE_CLASS = ' class="code"'
 LABEL_CHAR_W, LABEL_H = 6.0, 12  # an edge label's box at 10px (wide enough to hold the rendered text)
 # Where along its first curve a label may sit, in order: the middle first, then out to the ends.
 LABEL_AT = (0.5, 0.42, 0.58, 0.35, 0.65, 0.28, 0.72, 0.2, 0.8, 0.14, 0.86, 0.08, 0.92)
-LABEL_GAPS = (4, 24, 56)  # else beside the edge, right then left, this far from it
+# Else beside the edge, right then left, this far from it: near first, on one line then on two.
+LABEL_GAPS = ((4, 24), (56,))
 
 
 def _sampled(segment: tuple[tuple[float, float], ...], steps: int = 32) -> list[tuple[float, float]]:
@@ -169,7 +170,7 @@ def _edge_labels(wanted: list[tuple[str, tuple[float, float], tuple[float, float
         mid = (y1 + sy) / 2
         others = [p for i, points in enumerate(drawn) if i != index for p in points]
         best: tuple[float, float, float, list[str]] | None = None
-        for lines in _label_forms(label):
+        for gaps, lines in [(gaps, lines) for gaps in LABEL_GAPS for lines in _label_forms(label)]:
             w = max(len(line) for line in lines) * LABEL_CHAR_W + 4
             h = LABEL_H * len(lines)
             for t in LABEL_AT:
@@ -177,7 +178,7 @@ def _edge_labels(wanted: list[tuple[str, tuple[float, float], tuple[float, float
                 u = 1 - t
                 on_x = u ** 3 * x1 + 3 * u * u * t * x1 + 3 * u * t * t * sx + t ** 3 * sx
                 y = u ** 3 * y1 + 3 * u * u * t * mid + 3 * u * t * t * mid + t ** 3 * sy
-                for shift in (0.0, *(side * (w / 2 + gap) for gap in LABEL_GAPS for side in (1, -1))):
+                for shift in (0.0, *(side * (w / 2 + gap) for gap in gaps for side in (1, -1))):
                     x = min(max(on_x + shift, w / 2 + 2), width - w / 2 - 2)
                     box = (x - w / 2, y - h / 2, x + w / 2, y + h / 2)
                     crossed = sum(1 for px, py in others
