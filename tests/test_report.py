@@ -371,6 +371,7 @@ def test_at_80_by_50_the_answer_is_on_screen_when_the_scan_ends() -> None:
     assert re.search(r"^nixl +\S+ +\S+ +KVT001~ ", last_screen, re.M)
     assert "~: a warning, it holds only if two requests share a bootstrap_room" in last_screen
     _long_path_lines_are_whole(out, 80, str(sglang_tree("0.5.14")))
+    _absolute_paths_whole("\n".join(out), sglang_tree("0.5.14"))  # the release map's modes and fates too
 
 
 def _last_screen(lines: list[str], rows: int, columns: int) -> list[str]:
@@ -434,6 +435,14 @@ def _long_path_lines_are_whole(lines: list[str], width: int, target: str) -> Non
         assert len(line) - len(words[-1]) < width // 2, line  # the path is what made it long
 
 
+def _absolute_paths_whole(out: str, tree: Path) -> None:
+    """Every absolute path printed under `tree` is whole: its prefix is always followed by file:line."""
+    starts = [m.start() for m in re.finditer(re.escape(str(tree) + "/"), out)]
+    assert starts
+    for start in starts:
+        assert PATH_LINE.match(out, start) is not None, out[start:start + 120]
+
+
 def test_80_columns_absolute_paths_are_whole_and_open(tmp_path: Path) -> None:
     """Before: `COLUMNS=80 kvtrace scan /abs/path/to/a/release` cut paths to
     `/root/.cache/.../disaggregat…` and split others over two lines (`.../common/con` + `n.py:214`):
@@ -444,10 +453,7 @@ def test_80_columns_absolute_paths_are_whole_and_open(tmp_path: Path) -> None:
     assert result.returncode == 1, result.stderr
     out = result.stdout
     assert len(PATH_LINE.findall(out)) > 20
-    # Every absolute path printed is whole: the tree's prefix is always followed by file:line.
-    for start in [m.start() for m in re.finditer(re.escape(str(tree) + "/"), out)]:
-        token = PATH_LINE.match(out, start)
-        assert token is not None, out[start:start + 120]
+    _absolute_paths_whole(out, tree)
     assert_paths_resolve(out, tree)
     assert "…" not in "\n".join(line for line in out.splitlines() if str(tree)[:20] in line)
     _long_path_lines_are_whole(out.splitlines(), 80, str(tree))

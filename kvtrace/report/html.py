@@ -192,6 +192,7 @@ def _edge_labels(wanted: list[tuple[str, tuple[float, float], tuple[float, float
                     break
             if best is not None and not best[0]:
                 break
+        assert best is not None  # LABEL_AT is not empty: every label has a place
         _, x, y, lines = best
         w = max(len(line) for line in lines) * LABEL_CHAR_W + 4
         h = LABEL_H * len(lines)

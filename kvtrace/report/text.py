@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
-from rich.console import Console, Group
+from rich.console import Console
 from rich.padding import Padding
 from rich.syntax import Syntax
 from rich.table import Table
@@ -353,25 +353,17 @@ def _details(report: Report, console: Console) -> None:
         modes = modes_line(queue)
         if modes:
             head, _, rest = modes.partition(" ")
-            line = Table.grid(padding=(0, 1))
-            line.add_column(no_wrap=True)
-            line.add_column(overflow="fold")
-            line.add_row(Text(head, style="dim"), Text(rest, style="dim"))  # wraps under its text
-            console.print(Padding(line, (0, 0, 0, 2)))
+            _print_wrapped(console, Text(rest, style="dim"), 2, Text(head, style="dim"), len(head) + 1)
         state_width = max((len(s) for s in queue.states), default=0)
         for state, fate in queue.states.items():
             # state | `mode: fate`: a fate that wraps hangs under its column, never under the state.
-            rows = Table.grid(padding=(0, 1))
-            rows.add_column(no_wrap=True, min_width=state_width + 1)
-            rows.add_column(overflow="fold")
             for i, (mode, described) in enumerate(state_fate_lines(queue, fate)):
-                line = Text()
+                fate_text = Text()
                 if mode:
-                    line.append(f"{mode}: ", "dim")
+                    fate_text.append(f"{mode}: ", "dim")
                 for word in re.split(r"(\b(?:kept|leaves|raises|dropped)\b)", described):
-                    line.append(word, OUTCOME_STYLE.get(word, ""))
-                rows.add_row(Text(state if not i else ""), line)
-            console.print(Padding(rows, (0, 0, 0, 2)))
+                    fate_text.append(word, OUTCOME_STYLE.get(word, ""))
+                _print_wrapped(console, fate_text, 2, Text(state if not i else ""), state_width + 2)
             where = [e for e in fate.evidence if not e.note.startswith(("check", "helper"))]
             if where:
                 _print_evidence(console, where, 4)
