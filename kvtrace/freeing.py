@@ -36,6 +36,7 @@ class EnvSetting:
     default: str | None
     read_at: Evidence  # the assignment that reads it
     declared_at: Evidence | None = None  # where its default is declared, when apart
+    unread: str | None = None  # the module that declares it (srt/environ.py) when it was not in the scanned folder
 
 
 @dataclass
@@ -75,7 +76,9 @@ def what_frees(report: Report, backend: Backend, abort_method: str = "abort") ->
             if setting is None:
                 parts.append(f"a timeout frees it (checked at {t.path}:{t.line}; its setting was not found)")
             else:
-                default = f", default {setting.default}" if setting.default is not None else ", default not found"
+                default = f", default {setting.default}" if setting.default is not None else \
+                    f", default unknown: {setting.unread}, where it is declared, is not in the scanned folder " \
+                    "(not analysed)" if setting.unread else ", default not found"
                 parts.append(f"a timeout frees it: {setting.variable}{default} (checked at {t.path}:{t.line})")
                 evidence.append(setting.read_at)
                 if setting.declared_at is not None:
@@ -284,7 +287,9 @@ def _env_read(report: Report, path: str, line: int, expression: ast.expr) -> Env
             registry = node.value.id
             declared = _declaration(report, path, registry, node.attr)
             default, where = declared if declared is not None else (None, None)
-            return EnvSetting(node.attr, default, Evidence(path, line, f"reads {registry}.{node.attr}"), where)
+            module = _imported_from(_source_lines(report, path), registry) if declared is None else None
+            unread = module.replace(".", "/") + ".py" if module and _module_on_disk(report, module) is None else None
+            return EnvSetting(node.attr, default, Evidence(path, line, f"reads {registry}.{node.attr}"), where, unread)
     return None
 
 

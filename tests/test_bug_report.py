@@ -343,3 +343,34 @@ def test_what_frees_each_state_names_the_timeout_variable_and_default(tmp_path: 
     assert "until the server restarts" in md
     text_report = " ".join(kvtrace("scan", "site-packages/sglang", "--backend", "mooncake", cwd=tmp_path).stdout.split())
     assert re.search(r"what frees Bootstrapping: .*?SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, default 300", text_report)
+
+
+def test_html_header_names_the_installed_release(tmp_path: Path) -> None:
+    """Before: the text and markdown reports named the installed release (from its dist-info
+    METADATA) but the HTML page's header did not say which SGLang it was drawn from."""
+    _installed(tmp_path, "0.4.6.post5")
+    page = kvtrace("scan", "site-packages/sglang", "-f", "html", cwd=tmp_path).stdout
+    header = re.search(r"<h1>(.*?)</h1>", page, re.S)
+    assert header is not None and "sglang 0.4.6.post5" in re.sub(r"<[^>]+>", "", header.group(1)), header
+
+
+def test_a_default_declared_outside_the_scanned_folder_says_so(tmp_path: Path) -> None:
+    """0.5.14 declares SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT = EnvInt(300) in srt/environ.py.
+    Scanned without that file, the default was "not found", as if the release had none; it now
+    says which file declares it and that the folder scanned does not hold it."""
+    from kvtrace.freeing import what_frees
+    from kvtrace.scan import scan_path
+
+    site = _installed(tmp_path, "0.5.14")
+    assert not (site / "sglang" / "srt" / "environ.py").exists()
+    report = scan_path(site / "sglang")
+    mooncake = next(b for b in report.backends if b.name == "mooncake")
+    boot = next(f for f in what_frees(report, mooncake) if f.state == "Bootstrapping")
+    assert ("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, default unknown: sglang/srt/environ.py, where it is "
+            "declared, is not in the scanned folder (not analysed)") in boot.text, boot.text
+    assert "default not found" not in boot.text
+    _with_environ(site, "0.5.14")  # with the file, its default
+    report = scan_path(site / "sglang")
+    mooncake = next(b for b in report.backends if b.name == "mooncake")
+    boot = next(f for f in what_frees(report, mooncake) if f.state == "Bootstrapping")
+    assert "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, default 300" in boot.text and "unknown" not in boot.text

@@ -15,6 +15,7 @@ import jsonschema
 import pytest
 
 from kvtrace.report.schema import JSON_SCHEMA
+from kvtrace.scan import scan_path
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -277,6 +278,28 @@ def test_github_annotations_relative_to_cwd(tree: Path, tmp_path: Path) -> None:
         assert "def poll" in (tmp_path / fields["file"]).read_text().splitlines()[int(fields["line"]) - 1]
         assert "%0A" not in message and "can pin" in message
     assert lines[-1].startswith("kvtrace tree: 2 finding(s)")
+
+
+def test_github_annotation_titles_name_the_queue(tree: Path, tmp_path: Path) -> None:
+    """A prefill host has two queues (bootstrap, inflight) and their findings share rule, backend
+    and state: before, the title (`kvtrace pinned-state (nixl / WaitingForInput)`) did not say
+    which queue's drain the annotation is about."""
+    result = kvtrace("scan", "tree", "-f", "github", cwd=tmp_path)
+    report = scan_path(tmp_path / "tree")
+    queued = {(f.rule, f.path.rpartition("/")[2], f.line): f.queue for f in report.findings if f.queue}
+    assert queued
+    titles = 0
+    for line in result.stdout.splitlines():
+        if not line.startswith("::") or "file=" not in line:
+            continue
+        fields = dict(p.split("=", 1) for p in line.split("::")[1].split(" ", 1)[1].split(","))
+        title = fields["title"].replace("%3A", ":").replace("%2C", ",")
+        rule = title.split()[1]
+        queue = queued.get((rule, fields["file"].rpartition("/")[2], int(fields["line"])))
+        if queue:
+            assert title.endswith(f" in {queue}") or f" in {queue} " in title, title
+            titles += 1
+    assert titles
 
 
 # --- the default gate on real releases -----------------------------------------------------------

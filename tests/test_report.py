@@ -360,7 +360,7 @@ def test_at_80_by_50_the_answer_is_on_screen_when_the_scan_ends() -> None:
 
     out = kvtrace("scan", str(sglang_tree("0.5.14")), env={"COLUMNS": "80"}).stdout.splitlines()
     assert len(out) > 50  # the full report does not fit one screen
-    last_screen = "\n".join(out[-49:])  # 50 rows, one for the next prompt
+    last_screen = "\n".join(_last_screen(out, rows=49, columns=80))  # 50 rows, one for the next prompt
     # Folded at 80 columns: the summary is the last lines after the grid's legend.
     summary = " ".join(last_screen[last_screen.rindex("\n12 warnings"):].split())
     assert summary == ("12 warnings: nixl pins WaitingForInput only if two requests share a"
@@ -370,7 +370,21 @@ def test_at_80_by_50_the_answer_is_on_screen_when_the_scan_ends() -> None:
     assert "Verdicts for disagg_prefill_bootstrap_queue" in last_screen
     assert re.search(r"^nixl +\S+ +\S+ +KVT001~ ", last_screen, re.M)
     assert "~: a warning, it holds only if two requests share a bootstrap_room" in last_screen
-    assert max(len(line) for line in out) <= 80
+    _long_path_lines_are_whole(out, 80, str(sglang_tree("0.5.14")))
+    _absolute_paths_whole("\n".join(out), sglang_tree("0.5.14"))  # the release map's modes and fates too
+
+
+def _last_screen(lines: list[str], rows: int, columns: int) -> list[str]:
+    """The lines a terminal of rows x columns shows when the output ends: a line wider than the
+    terminal (a whole absolute path) takes as many rows as the terminal wraps it into."""
+    shown: list[str] = []
+    used = 0
+    for line in reversed(lines):
+        used += max(1, -(-len(line) // columns))
+        if used > rows:
+            break
+        shown.append(line)
+    return shown[::-1]
 
 
 def test_piped_text_is_folded_to_the_terminal_stderr_is_on(tmp_path: Path) -> None:
@@ -392,7 +406,9 @@ def test_piped_text_is_folded_to_the_terminal_stderr_is_on(tmp_path: Path) -> No
     finally:
         os.close(master)
         os.close(follower)
-    assert piped.returncode == 0 and max(len(line) for line in piped.stdout.splitlines()) <= 80
+    assert piped.returncode == 0
+    _long_path_lines_are_whole(piped.stdout.splitlines(), 80, str(sglang_tree("0.5.14")))
+    assert max(len(line) for line in piped.stdout.splitlines() if "/" not in line) <= 80
     unfolded = subprocess.run([sys.executable, "-m", "kvtrace", "scan", str(sglang_tree("0.5.14"))], cwd=ROOT,
                               capture_output=True, env=env, text=True, timeout=300).stdout
     assert max(len(line) for line in unfolded.splitlines()) > 80
@@ -405,3 +421,63 @@ def test_excerpts_leave_out_the_examples_test_annotations() -> None:
     for fmt in ("text", "markdown", "html"):
         out = kvtrace("scan", "examples/nixl-pin", "-f", fmt).stdout
         assert "def poll(self)" in out and "expect:" not in out, fmt
+
+
+def _long_path_lines_are_whole(lines: list[str], width: int, target: str) -> None:
+    """A line wider than the terminal is only a label and one whole `path:line` (or the header's
+    target) that cannot fit: left for the terminal to wrap, never cut (`…`) or split over two
+    lines by kvtrace."""
+    for line in lines:
+        if len(line) <= width:
+            continue
+        words = line.split()
+        assert len(words) <= 4 and (PATH_LINE.search(words[-1]) or words[-1] == target), line
+        assert len(line) - len(words[-1]) < width // 2, line  # the path is what made it long
+
+
+def _absolute_paths_whole(out: str, tree: Path) -> None:
+    """Every absolute path printed under `tree` is whole: its prefix is always followed by file:line."""
+    starts = [m.start() for m in re.finditer(re.escape(str(tree) + "/"), out)]
+    assert starts
+    for start in starts:
+        assert PATH_LINE.match(out, start) is not None, out[start:start + 120]
+
+
+def test_80_columns_absolute_paths_are_whole_and_open(tmp_path: Path) -> None:
+    """Before: `COLUMNS=80 kvtrace scan /abs/path/to/a/release` cut paths to
+    `/root/.cache/.../disaggregat…` and split others over two lines (`.../common/con` + `n.py:214`):
+    neither could be copied and opened."""
+    tree = tmp_path / "a-folder-with-a-long-name-as-a-wheel-cache-has" / "sglang-0.0.0" / "sglang" / "srt"
+    shutil.copytree(EXAMPLES / "nixl-pin", tree)
+    result = kvtrace("scan", str(tree), cwd=ROOT, env={"COLUMNS": "80"})
+    assert result.returncode == 1, result.stderr
+    out = result.stdout
+    assert len(PATH_LINE.findall(out)) > 20
+    _absolute_paths_whole(out, tree)
+    assert_paths_resolve(out, tree)
+    assert "…" not in "\n".join(line for line in out.splitlines() if str(tree)[:20] in line)
+    _long_path_lines_are_whole(out.splitlines(), 80, str(tree))
+
+
+def test_role_all_at_80_by_50_both_roles_answers_are_on_the_end_screen() -> None:
+    """Before: `--role all` printed the prefill report, then the decode report, each with its own
+    "In short" at its end: the end screen showed the decode side's only, and the prefill side's
+    pinned nixl was hundreds of lines up."""
+    from tests.sglang_wheels import sglang_tree
+
+    # Two full scans (one per role): more time than the one-scan helper allows on a loaded machine.
+    result = subprocess.run([sys.executable, "-m", "kvtrace", "scan", "--role", "all", str(sglang_tree("0.5.14"))],
+                            cwd=ROOT, capture_output=True, text=True, timeout=900, env={**os.environ, "COLUMNS": "80"})
+    assert result.returncode == 0, result.stderr
+    out = result.stdout.splitlines()
+    last_screen = "\n".join(_last_screen(out, rows=49, columns=80))
+    assert "In short (as at the top): role prefill" in last_screen
+    assert "In short (as at the top): role decode" in last_screen
+    for queue in ("disagg_prefill_inflight_queue", "disagg_prefill_bootstrap_queue",
+                  "disagg_decode_prealloc_queue", "disagg_decode_transfer_queue"):
+        assert f"Verdicts for {queue}" in last_screen, queue
+    assert re.search(r"^nixl +\S+ +\S+ +KVT001~ ", last_screen, re.M)  # the prefill side's pin
+    flat = " ".join(last_screen.split())
+    assert "12 warnings: nixl pins WaitingForInput only if two requests share a bootstrap_room · 10 notes" in flat
+    assert flat.endswith("21 warnings · 8 notes")  # the decode side's summary, last
+    assert sum(line.startswith("In short") for line in out) == 2  # each once, not once per report and again

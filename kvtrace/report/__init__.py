@@ -49,30 +49,38 @@ def _terminal_width() -> int | None:
 
 
 def render_text_stream(reports: list[Report], stream: TextIO, terminal: bool, show_map: bool = True) -> None:
-    from kvtrace.report.text import render
 
     if terminal:
         # No markup, no emoji codes: a name like `[/x]` or `:warning:` from the tree is text.
         console = Console(file=stream, highlight=False, markup=False, emoji=False)
-        for i, report in enumerate(reports):
-            if i:
-                console.print()
-            render(report, console, show_map=show_map)
+        _render_all(reports, console, show_map)
         return
     stream.write(render_plain(reports, width=plain_width(piped=stream is sys.stdout), show_map=show_map))
 
 
+def _render_all(reports: list[Report], console: Console, show_map: bool) -> None:
+    """Each report in turn; with several (--role all), every report's short answer is repeated
+    together at the end, so the end screen holds each role's answer, not only the last one's."""
+    from kvtrace.report.text import render, render_in_short
+
+    several = show_map and len(reports) > 1
+    for i, report in enumerate(reports):
+        if i:
+            console.print()
+        render(report, console, show_map=show_map, in_short=not several)
+    if several:
+        for report in reports:
+            console.print()
+            render_in_short(report, console, several=True)
+
+
 def render_plain(reports: list[Report], width: int = 1000, show_map: bool = True) -> str:
     """The text report as plain text: no colour, no trailing spaces."""
-    from kvtrace.report.text import render
 
     buffer = io.StringIO()
     console = Console(file=buffer, width=width, no_color=True, force_terminal=False, highlight=False,
                       color_system=None, emoji=False, markup=False)
-    for i, report in enumerate(reports):
-        if i:
-            console.print()
-        render(report, console, show_map=show_map)
+    _render_all(reports, console, show_map)
     return "".join(line.rstrip() + "\n" for line in buffer.getvalue().splitlines())
 
 

@@ -9,7 +9,10 @@ the sender's way out (poll() reading the state abort() writes, timeout checks) o
 
 from __future__ import annotations
 
+import io
 import re
+import textwrap
+import tokenize
 
 from dataclasses import dataclass
 
@@ -23,7 +26,8 @@ NODE_W, NODE_H = 220, 60  # room for three lines of text: labels wrap, never cut
 GAP, VIRTUAL_W = 16, 24  # between boxes in a layer; the slot a long edge takes in a layer it crosses
 ROW_GAP = 52  # layers run top to bottom; the space between them holds the edges' labels
 ROW = NODE_H + ROW_GAP
-LABEL_CHARS, CODE_CHARS, TEXT_LINES, LINE_H = 30, 29, 3, 15  # a node's text: 12px labels, 11px code
+LABEL_CHARS, CODE_CHARS, TEXT_LINES, LINE_H = 30, 29, 9, 15  # a node's text: 12px labels, 11px code
+STATEMENT_LINES = 8  # a statement over more source lines than this is shown on hover only
 COLUMN = NODE_W + GAP
 MARGIN = 10
 BACK_EDGE_ROOM = 40  # back edges loop around the right side of the drawing
@@ -220,11 +224,35 @@ def node_lines(report: Report, data: dict) -> list[tuple[str, str]]:
     if data["kind"] in ("state", "wayout", "outcome") or not data["path"]:
         return lines
     source = next((f for f in report.files if f.path == data["path"]), None)
-    statement = source.lines[data["line"] - 1].strip() if source and 0 < data["line"] <= len(source.lines) else ""
+    statement = whole_statement(source.lines, data["line"]) if source and 0 < data["line"] <= len(source.lines) else ""
+    code = wrap_text(statement, CODE_CHARS) if statement else []
+    return lines + [("code", text) for text in code] if len(lines) + len(code) <= TEXT_LINES else lines
+
+
+def whole_statement(lines: list[str], line: int) -> str:
+    """The statement that starts at `line` (1-based), with the lines it continues on (an open
+    bracket, a backslash), on one line without its comments: `if poll not in (` alone says
+    nothing. Empty when it runs over more than STATEMENT_LINES lines or does not tokenize."""
     from kvtrace.report.excerpt import without_annotation
 
-    code = wrap_text(without_annotation(statement), CODE_CHARS) if statement else []
-    return lines + [("code", text) for text in code] if len(lines) + len(code) <= TEXT_LINES else lines
+    for count in range(1, STATEMENT_LINES + 1):
+        chunk = [without_annotation(text) for text in lines[line - 1: line - 1 + count]]
+        try:
+            tokens = list(tokenize.generate_tokens(io.StringIO(textwrap.dedent("\n".join(chunk)) + "\n").readline))
+        except (tokenize.TokenError, IndentationError, SyntaxError):
+            if line - 1 + count >= len(lines):
+                return ""
+            continue
+        shown = [t for t in tokens if t.type not in (tokenize.COMMENT, tokenize.NL, tokenize.NEWLINE,
+                                                       tokenize.INDENT, tokenize.DEDENT, tokenize.ENDMARKER)]
+        text = ""
+        for previous, token in zip([None, *shown], shown):
+            glued = previous is not None and (previous.end == token.start or previous.string in "([{.~" and
+                                              previous.type == tokenize.OP or token.string in ")]},.:" and
+                                              token.type == tokenize.OP)
+            text += ("" if glued or not text else " ") + token.string
+        return text
+    return ""
 
 
 def _outcome_lines(report: Report) -> dict[str, tuple[str, int]]:

@@ -44,6 +44,8 @@ def annotation(report: Report, finding: Finding, places: Places | None = None) -
     level = "notice" if finding.baseline == "unchanged" else LEVEL.get(finding.severity, "warning")
     where = " / ".join(part for part in (finding.backend, finding.state) if part)
     title = f"kvtrace {finding.rule}" + (f" ({where})" if where else "")
+    if finding.queue:  # a host has several queues: the title says which one's drain it is about
+        title += f" in {finding.queue}"
     if finding.baseline == "unchanged":
         title += " [in baseline]"
     props = f"file={_property(cwd_path(report, finding.path))},line={finding.line},title={_property(title)}"

@@ -77,34 +77,42 @@ def _diagram_svg(page: _Page, diagram: Diagram) -> str:
            f'role="img" aria-label="state diagram of the {escape(diagram.backend.name)} backend">',
            '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" '
            'orient="auto-start-reverse"><path d="M0,0L10,5L0,10z" fill="#8c959f"/></marker></defs>']
-    wanted: list[tuple[str, tuple[float, float], tuple[float, float]]] = []  # (label, edge start, first stop)
-    for a, b, data in g.edges(data=True):
+    # (label, edge start, first stop, the edge's index); every edge's drawn points, to keep labels off them.
+    wanted: list[tuple[str, tuple[float, float], tuple[float, float], int]] = []
+    drawn: list[list[tuple[float, float]]] = []
+    for index, (a, b, data) in enumerate(g.edges(data=True)):
         na, nb = g.nodes[a], g.nodes[b]
         x1, y1 = na["x"] + NODE_W / 2, na["y"] + na["h"]
         x2, y2 = nb["x"] + NODE_W / 2, nb["y"]
+        segments: list[tuple[tuple[float, float], ...]] = []  # a line (2 points) or a cubic Bezier (4)
         if y2 <= y1:  # a back edge: around the right side of both nodes
             side = max(na["x"], nb["x"]) + NODE_W + 30
-            d = f"M{na['x'] + NODE_W},{y1 - na['h'] / 2} C{side},{y1} {side},{y2} {nb['x'] + NODE_W},{y2 + nb['h'] / 2}"
+            segments.append(((na["x"] + NODE_W, y1 - na["h"] / 2), (side, y1), (side, y2),
+                             (nb["x"] + NODE_W, y2 + nb["h"] / 2)))
         else:
             # Through the centres of the virtual slots of a long edge, one curve per layer gap.
             slots = data["points"]
             stops = [(x1, y1), *[(px, top) for px, top, _ in slots], (x2, y2)]
-            d = f"M{x1},{y1}"
             for i, (sx, sy) in enumerate(stops[1:]):
                 px, py = stops[i]
                 if i > 0:  # straight down through the slot, then curve to the next one
+                    segments.append(((px, py), (px, slots[i - 1][2])))
                     py = slots[i - 1][2]
-                    d += f" L{px},{py}"
                 mid = (py + sy) / 2
-                d += f" C{px},{mid} {sx},{mid} {sx},{sy}"
+                segments.append(((px, py), (px, mid), (sx, mid), (sx, sy)))
+        d = f"M{segments[0][0][0]},{segments[0][0][1]}" + "".join(
+            f" L{seg[1][0]},{seg[1][1]}" if len(seg) == 2 else
+            f" C{seg[1][0]},{seg[1][1]} {seg[2][0]},{seg[2][1]} {seg[3][0]},{seg[3][1]}" for seg in segments)
+        drawn.append([point for seg in segments for point in _sampled(seg)])
         css = " ".join(["edge", *data["css"]])
         states = ", ".join(data["states"]) or "not covered"
-        out.append(f'<path class="{css}" d="{d}" marker-end="url(#arrow)"><title>{escape(states)}</title></path>')
+        out.append(f'<path class="{css}" d="{d}" data-edge="{index}" marker-end="url(#arrow)">'
+                   f'<title>{escape(states)}</title></path>')
         if a[0] != "state" and y2 > y1 and data["states"]:
             first = stops[1]
             shown = "every state" if len(data["states"]) == len(diagram_states(diagram)) and len(data["states"]) > 2 \
                 else states
-            wanted.append((f"waits: {shown}" if "wait" in data["css"] else shown, (x1, y1), first))
+            wanted.append((f"waits: {shown}" if "wait" in data["css"] else shown, (x1, y1), first, index))
     for n, data in g.nodes(data=True):
         tip = data["tip"]
         where = f"{data['path']}:{data['line']}" if data["path"] else ""
@@ -120,7 +128,7 @@ def _diagram_svg(page: _Page, diagram: Diagram) -> str:
                 f'<title>{escape(title)}</title>'
                 f'<rect x="{data["x"]}" y="{data["y"]}" width="{NODE_W}" height="{data["h"]}" rx="6"/>{texts}</g>')
         out.append(f'<a href="{escape(page.href(data["path"], data["line"]))}">{body}</a>' if data["path"] else body)
-    out += _edge_labels(wanted, g, diagram.width)  # drawn last, over the edges and nodes
+    out += _edge_labels(wanted, g, diagram.width, drawn)  # drawn last, over the edges and nodes
     out.append("</svg>")
     return "\n".join(out)
 
@@ -129,35 +137,82 @@ CODE_CLASS = ' class="code"'
 
 
 LABEL_CHAR_W, LABEL_H = 6.0, 12  # an edge label's box at 10px (wide enough to hold the rendered text)
-LABEL_AT = (0.5, 0.35, 0.65, 0.2, 0.8, 0.1, 0.9)  # where along its first curve a label may sit, in order
+# Where along its first curve a label may sit, in order: the middle first, then out to the ends.
+LABEL_AT = (0.5, 0.42, 0.58, 0.35, 0.65, 0.28, 0.72, 0.2, 0.8, 0.14, 0.86, 0.08, 0.92)
+# Else beside the edge, right then left, this far from it: near first, on one line then on two.
+LABEL_GAPS = ((4, 24), (56,))
 
 
-def _edge_labels(wanted: list[tuple[str, tuple[float, float], tuple[float, float]]], g, width: int) -> list[str]:
-    """Each edge's states, centred on the edge's first curve (from its source down to the next
-    layer) at the first point where its box meets no node and no label already placed; where
-    every point does, at the point of least overlap."""
+def _sampled(segment: tuple[tuple[float, float], ...], steps: int = 32) -> list[tuple[float, float]]:
+    """Points along a line or a cubic Bezier, close enough that a label box meets one if it meets the edge."""
+    if len(segment) == 2:
+        (ax, ay), (bx, by) = segment
+        return [(ax + (bx - ax) * i / steps, ay + (by - ay) * i / steps) for i in range(steps + 1)]
+    (ax, ay), (bx, by), (cx, cy), (dx, dy) = segment
+    points = []
+    for i in range(steps + 1):
+        t = i / steps
+        u = 1 - t
+        points.append((u ** 3 * ax + 3 * u * u * t * bx + 3 * u * t * t * cx + t ** 3 * dx,
+                       u ** 3 * ay + 3 * u * u * t * by + 3 * u * t * t * cy + t ** 3 * dy))
+    return points
+
+
+def _edge_labels(wanted: list[tuple[str, tuple[float, float], tuple[float, float], int]], g, width: int,
+                 drawn: list[list[tuple[float, float]]]) -> list[str]:
+    """Each edge's states on the edge's first curve (from its source down to the next layer),
+    centred on it or beside it, on one line or else on two, at the first place where its box
+    meets no node, no label already placed and no other edge; where every place does, at the one
+    of least overlap (nodes and labels weigh more than a crossing edge)."""
     taken = [(d["x"], d["y"], d["x"] + NODE_W, d["y"] + d["h"]) for _, d in g.nodes(data=True)]
     out = []
-    for label, (x1, y1), (sx, sy) in wanted:
-        w = len(label) * LABEL_CHAR_W + 4
+    for label, (x1, y1), (sx, sy), index in wanted:
         mid = (y1 + sy) / 2
-        best: tuple[float, float, float] | None = None
-        for t in LABEL_AT:
-            # The cubic Bezier the edge is drawn with: (x1,y1) C (x1,mid) (sx,mid) (sx,sy).
-            u = 1 - t
-            x = u ** 3 * x1 + 3 * u * u * t * x1 + 3 * u * t * t * sx + t ** 3 * sx
-            y = u ** 3 * y1 + 3 * u * u * t * mid + 3 * u * t * t * mid + t ** 3 * sy
-            x = min(max(x, w / 2 + 2), width - w / 2 - 2)
-            box = (x - w / 2, y - LABEL_H / 2, x + w / 2, y + LABEL_H / 2)
-            overlap = sum(_overlap(box, other) for other in taken)
-            if best is None or overlap < best[0]:
-                best = (overlap, x, y)
-            if not overlap:
+        others = [p for i, points in enumerate(drawn) if i != index for p in points]
+        best: tuple[float, float, float, list[str]] | None = None
+        for gaps, lines in [(gaps, lines) for gaps in LABEL_GAPS for lines in _label_forms(label)]:
+            w = max(len(line) for line in lines) * LABEL_CHAR_W + 4
+            h = LABEL_H * len(lines)
+            for t in LABEL_AT:
+                # The cubic Bezier the edge is drawn with: (x1,y1) C (x1,mid) (sx,mid) (sx,sy).
+                u = 1 - t
+                on_x = u ** 3 * x1 + 3 * u * u * t * x1 + 3 * u * t * t * sx + t ** 3 * sx
+                y = u ** 3 * y1 + 3 * u * u * t * mid + 3 * u * t * t * mid + t ** 3 * sy
+                for shift in (0.0, *(side * (w / 2 + gap) for gap in gaps for side in (1, -1))):
+                    x = min(max(on_x + shift, w / 2 + 2), width - w / 2 - 2)
+                    box = (x - w / 2, y - h / 2, x + w / 2, y + h / 2)
+                    crossed = sum(1 for px, py in others
+                                  if box[0] - 1 <= px <= box[2] + 1 and box[1] - 1 <= py <= box[3] + 1)
+                    overlap = sum(_overlap(box, other) for other in taken) * 100 + crossed
+                    if best is None or overlap < best[0]:
+                        best = (overlap, x, y, lines)
+                    if not overlap:
+                        break
+                if best is not None and not best[0]:
+                    break
+            if best is not None and not best[0]:
                 break
-        _, x, y = best
-        taken.append((x - w / 2, y - LABEL_H / 2, x + w / 2, y + LABEL_H / 2))
-        out.append(f'<text class="elabel" x="{x:.0f}" y="{y + 3.5:.0f}" text-anchor="middle">{escape(label)}</text>')
+        assert best is not None  # LABEL_AT is not empty: every label has a place
+        _, x, y, lines = best
+        w = max(len(line) for line in lines) * LABEL_CHAR_W + 4
+        h = LABEL_H * len(lines)
+        taken.append((x - w / 2, y - h / 2, x + w / 2, y + h / 2))
+        top = y - h / 2 + LABEL_H / 2 + 3.5  # the first line's baseline
+        spans = "".join(f'<tspan x="{x:.0f}" y="{top + i * LABEL_H:.0f}">{escape(line)}</tspan>'
+                        for i, line in enumerate(lines))
+        out.append(f'<text class="elabel" data-edge="{index}" x="{x:.0f}" y="{top:.0f}" '
+                   f'text-anchor="middle">{spans}</text>')
     return out
+
+
+def _label_forms(label: str) -> list[list[str]]:
+    """The label on one line, then (a list of states) on two lines split at the comma nearest its middle."""
+    forms = [[label]]
+    commas = [i for i, c in enumerate(label) if c == ","]
+    if commas:
+        cut = min(commas, key=lambda i: abs(i - len(label) / 2))
+        forms.append([label[:cut + 1], label[cut + 1:].strip()])
+    return forms
 
 
 def _overlap(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> float:
@@ -206,7 +261,9 @@ def _grid_html(grid: Grid) -> str:
 def _report(report: Report, out: list[str]) -> None:
     page = _Page(report)
     version = getattr(report, "version", None)
-    detected = f" — {escape(version.package)} {escape(version.version)}" if version else ""
+    installed = (report.host_facts or {}).get("sglang_version")  # the package's metadata, above a folder scanned
+    detected = (f" — {escape(version.package)} {escape(version.version)}" if version else
+                f" — sglang {escape(str(installed))}" if installed else "")
     out.append(f"<h1>kvtrace: <code>{escape(report.target)}</code>{detected}</h1>")
     analysed = sum(f.status == "ok" for f in report.files)
     out.append(f'<p class="meta">kvtrace {__version__}; package <code>{escape(report.root or ".")}</code>; '

@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from collections import defaultdict
 
-from rich.console import Console, Group
+from rich.console import Console
 from rich.padding import Padding
 from rich.syntax import Syntax
 from rich.table import Table
@@ -44,7 +44,9 @@ OUTCOME_STYLE = {"kept": "yellow", "leaves": "green", "raises": "magenta", "drop
 GAPS_UP_FRONT = 5  # more than this are counted up front and all listed at the end
 
 
-def render(report: Report, console: Console, show_map: bool = True) -> None:
+def render(report: Report, console: Console, show_map: bool = True, in_short: bool = True) -> None:
+    """`in_short=False`: the answer is not repeated at the end of this report, because several
+    reports are printed one after the other and `render_in_short` repeats each one's after all."""
     shown = finding_groups(report)
     frees = {b.name: what_frees(report, b) for b in report.backends if b.name in shown}
     # Paths as they open from the working directory; names and notes come from the scanned tree:
@@ -72,10 +74,23 @@ def render(report: Report, console: Console, show_map: bool = True) -> None:
             _gaps(report.gaps, console, more=0, heading=False)
         # The details run to hundreds of lines: the answer is repeated last, so that it is what
         # the screen shows when the command ends (no pager needed to find it).
-        console.print()
-        console.print(Text("In short (as at the top)", style="bold"))
-        _grid(report, console)
-        console.print(Text(summary, style="bold yellow" if report.incomplete and not report.findings else style))
+        if in_short:
+            console.print()
+            render_in_short(report, console)
+
+
+def render_in_short(report: Report, console: Console, several: bool = False) -> None:
+    """The grid and the summary line again, under a heading that says which report it is when
+    `several` are printed (--role all: the prefill and the decode side)."""
+    heading = Text("In short (as at the top)", style="bold")
+    role = (report.host_facts or {}).get("role")
+    if several:
+        heading.append(f": role {role}" if role else f": {report.target}", "bold")
+    _print_wrapped(console, heading)
+    _grid(report, console)
+    summary = summary_line(report)
+    style = "bold red" if any(f.severity == "error" and counts_against(f) for f in report.findings) else "bold green"
+    console.print(Text(summary, style="bold yellow" if report.incomplete and not report.findings else style))
 
 
 def _header(report: Report, console: Console) -> None:
@@ -110,14 +125,15 @@ def _gaps(gaps: list[Gap], console: Console, more: int, heading: bool = True) ->
         return
     if heading:
         console.print(Text(f"INCOMPLETE: {gap_text(gaps, more)}", style="bold yellow"))
-    rows = Table.grid(padding=(0, 1))
-    rows.add_column(no_wrap=True)
-    rows.add_column(overflow="fold")
-    for gap in gaps:
-        subject = gap.subject if gap.kind != "backend" else f"backend {gap.subject}"
-        rows.add_row(Text(subject, style="yellow") if gap.kind != "analysis" else Text("scan", style="yellow"),
-                     Text(gap.reason))
-    console.print(Padding(rows, (0, 0, 0, 2)))
+    subjects = [Text("scan" if gap.kind == "analysis" else gap.subject if gap.kind != "backend"
+                     else f"backend {gap.subject}", style="yellow") for gap in gaps]
+    label_width = max(s.cell_len for s in subjects) + 1
+    for subject, gap in zip(subjects, gaps):
+        if 2 + label_width + 24 <= console.width:
+            _print_wrapped(console, Text(gap.reason), 2, subject, label_width)
+        else:  # a long path: whole on its line, the reason under it
+            _print_wrapped(console, subject, 2)
+            _print_wrapped(console, Text(gap.reason), 4)
     if more > 0:
         console.print(Text(f"  ... and {more} more (listed at the end)", style="yellow"))
 
@@ -198,10 +214,48 @@ def legend_lines(items: list[str], width: int) -> list[str]:
     return lines
 
 
+def _print_wrapped(console: Console, body: Text, indent: int = 0, label: Text | str = "",
+                   label_width: int = 0) -> None:
+    """`label` (padded to `label_width`) at `indent`, then `body` wrapped at spaces in the room
+    left, its continuation lines hanging under it. A word wider than that room (an absolute
+    `path:line`) gets a line of its own and is left whole for the terminal to wrap: rich would
+    cut or split it, and a person must be able to copy it and open it."""
+    head = Text(" " * indent)
+    head.append_text(label if isinstance(label, Text) else Text(label, style="dim"))
+    if label_width:
+        head.pad_right(max(0, indent + label_width - head.cell_len))
+    hang = head.cell_len
+    room = max(20, console.width - hang)
+    first = True
+    for part in body.split("\n", allow_blank=True):
+        plain_part = part.plain
+        cuts: list[int] = []  # where each printed line starts
+        line_start, line_len = 0, 0
+        for match in re.finditer(r"\S+", plain_part):
+            start, end = match.span()
+            if line_len and end - line_start > room:
+                cuts.append(start)
+                line_start, line_len = start, 0
+            if end - start > room and "/" not in match.group():  # long code, not a path: folded
+                cuts += range(start + room, end, room)
+                line_start = cuts[-1] if cuts[-1] > start else line_start
+            line_len = end - line_start
+        for piece in part.divide(cuts) if cuts else [part]:
+            piece.rstrip()
+            line = head.copy() if first else Text(" " * hang)
+            line.append_text(piece)
+            line.rstrip()
+            console.print(line, soft_wrap=True)
+            first = False
+    if first:
+        head.rstrip()
+        console.print(head, soft_wrap=True)
+
+
 def _backend_findings(report: Report, backend: str | None, groups, files: dict[str, SourceFile],
                       frees: list[Freeing] | None, console: Console) -> None:
     info = next((b for b in report.backends if b.name == backend), None)
-    console.print(Text(backend_label(backend, info), style="bold"))
+    _print_wrapped(console, Text(backend_label(backend, info), style="bold"))
     shown: set[tuple[str, int]] = set()
     for group in groups:
         head = Text.assemble(
@@ -211,8 +265,8 @@ def _backend_findings(report: Report, backend: str | None, groups, files: dict[s
             head.append(f" in {group.queue}")
         if group.mark:
             head.append(f" ({group.mark})", "dim")
-        console.print(Padding(head, (0, 0, 0, 2)))
-        console.print(Padding(Text(group.message), (0, 0, 0, 4)))
+        _print_wrapped(console, head, 2)
+        _print_wrapped(console, Text(group.message), 4)
         excerpt = None
         if (group.path, group.line) not in shown:  # one excerpt per place, however many rules
             shown.add((group.path, group.line))
@@ -220,7 +274,7 @@ def _backend_findings(report: Report, backend: str | None, groups, files: dict[s
         if excerpt is not None:
             console.print(Padding(excerpt, (0, 0, 0, 2)))
         if group.evidence:
-            console.print(Padding(_evidence_table(group.evidence, console.width - 4), (0, 0, 0, 4)))
+            _print_evidence(console, group.evidence, 4)
     if frees:
         _what_frees(frees, console)
 
@@ -235,7 +289,7 @@ def _what_frees(frees: list[Freeing], console: Console) -> None:
         line = Text.assemble(("what frees ", "bold"), (freeing.state, "bold"), ": ", freeing.text)
         if where:
             line.append(f" ({where})", "dim")
-        console.print(Padding(line, (0, 0, 0, 2)))
+        _print_wrapped(console, line, 2)
 
 
 def _excerpt(source: SourceFile | None, line: int, width: int, context: int = 2) -> Syntax | None:
@@ -260,23 +314,24 @@ def _cut(code: str, room: int) -> str:
     return code[: cut if cut > room // 2 else room - 2].rstrip() + " …"
 
 
-def _evidence_table(evidence: list[Evidence], width: int = 1000) -> Table:
+def _print_evidence(console: Console, evidence: list[Evidence], indent: int) -> None:
     """`path:line  note` rows; when the widest note word would not fit beside the paths, each
-    note goes under its path instead, so neither is ever cut or folded."""
+    note goes under its path instead, so neither is ever cut or folded (a path wider than the
+    terminal is left whole on its own line)."""
+    width = console.width - indent
     path_width = max((len(f"{e.path}:{e.line}") for e in evidence), default=0)
     longest_word = max((len(word) for e in evidence for word in e.note.split()), default=0)
-    table = Table.grid(padding=(0, 2))
     if path_width + 2 + max(longest_word, 24) <= width:
+        table = Table.grid(padding=(0, 2))
         table.add_column(no_wrap=True, style="dim")
         table.add_column(overflow="fold")
         for e in evidence:
             table.add_row(Text(f"{e.path}:{e.line}"), _literal(e.note))
-        return table
-    table.add_column(overflow="fold")
+        console.print(Padding(table, (0, 0, 0, indent)))
+        return
     for e in evidence:
-        table.add_row(Text(f"{e.path}:{e.line}", style="dim"))
-        table.add_row(Padding(Text(e.note, overflow="fold"), (0, 0, 0, 2)))
-    return table
+        _print_wrapped(console, Text(f"{e.path}:{e.line}", style="dim"), indent)
+        _print_wrapped(console, _literal(e.note), indent + 2)
 
 
 def _details(report: Report, console: Console) -> None:
@@ -284,55 +339,48 @@ def _details(report: Report, console: Console) -> None:
         console.print()
         console.print(Text(f"Release map: {queue.name}", style="bold"))
         if queue.drain:
-            console.print(Text(f"drain loop at {queue.drain.path}:{queue.drain.line} in {queue.drain.note}",
-                               style="dim"))
+            _print_wrapped(console, Text(f"drain loop at {queue.drain.path}:{queue.drain.line} in {queue.drain.note}",
+                                         style="dim"))
         by_function: dict[str, list] = defaultdict(list)
         for site in queue.sites:
             by_function[site.function].append(site)
         path_width = max((len(f"{s.path}:{s.line}") for s in queue.sites), default=10)
         for function, sites in by_function.items():
             console.print(Text(f"  {function}", style="italic"), no_wrap=True, overflow="ignore")
-            console.print(Padding(_map_table(sites, path_width, console.width - 4), (0, 0, 0, 4)))
+            _print_map(console, sites, path_width, 4)
         console.print()
         console.print(Text("Poll states", style="bold"))
         modes = modes_line(queue)
         if modes:
             head, _, rest = modes.partition(" ")
-            line = Table.grid(padding=(0, 1))
-            line.add_column(no_wrap=True)
-            line.add_column(overflow="fold")
-            line.add_row(Text(head, style="dim"), Text(rest, style="dim"))  # wraps under its text
-            console.print(Padding(line, (0, 0, 0, 2)))
+            _print_wrapped(console, Text(rest, style="dim"), 2, Text(head, style="dim"), len(head) + 1)
         state_width = max((len(s) for s in queue.states), default=0)
         for state, fate in queue.states.items():
             # state | `mode: fate`: a fate that wraps hangs under its column, never under the state.
-            rows = Table.grid(padding=(0, 1))
-            rows.add_column(no_wrap=True, min_width=state_width + 1)
-            rows.add_column(overflow="fold")
             for i, (mode, described) in enumerate(state_fate_lines(queue, fate)):
-                line = Text()
+                fate_text = Text()
                 if mode:
-                    line.append(f"{mode}: ", "dim")
+                    fate_text.append(f"{mode}: ", "dim")
                 for word in re.split(r"(\b(?:kept|leaves|raises|dropped)\b)", described):
-                    line.append(word, OUTCOME_STYLE.get(word, ""))
-                rows.add_row(Text(state if not i else ""), line)
-            console.print(Padding(rows, (0, 0, 0, 2)))
+                    fate_text.append(word, OUTCOME_STYLE.get(word, ""))
+                _print_wrapped(console, fate_text, 2, Text(state if not i else ""), state_width + 2)
             where = [e for e in fate.evidence if not e.note.startswith(("check", "helper"))]
             if where:
-                console.print(Padding(_evidence_table(where, console.width - 4), (0, 0, 0, 4)))
+                _print_evidence(console, where, 4)
 
     if report.backends:
         console.print()
         console.print(Text("Backends", style="bold"))
         abort_called = bool(scheduler_aborts(report))
         for b in report.backends:
-            console.print(Padding(_backend_detail(b, abort_called), (0, 0, 0, 2)))
+            _print_backend_detail(console, b, abort_called)
 
 
-def _map_table(sites: list, path_width: int, width: int) -> Table:
+def _print_map(console: Console, sites: list, path_width: int, indent: int) -> None:
     """`kind  path:line  states [note]` rows. When the states' longest word would not fit beside
     the paths (a long path, a narrow terminal), they go on their own line under the path,
     indented, so a state name is never cut and a note wraps with a hanging indent."""
+    width = console.width - indent
     texts = []
     for site in sites:
         states = ", ".join(site.states)
@@ -350,20 +398,19 @@ def _map_table(sites: list, path_width: int, width: int) -> Table:
     if 8 + 2 + path_width + 2 + max(longest, 24) > width:
         path_width = own_width  # aligned with the other functions' tables only where that fits
     side_by_side = 8 + 2 + path_width + 2 + max(longest, 24) <= width
-    table = Table.grid(padding=(0, 2))
-    table.add_column(no_wrap=True, min_width=8)
     if side_by_side:
+        table = Table.grid(padding=(0, 2))
+        table.add_column(no_wrap=True, min_width=8)
         table.add_column(no_wrap=True, min_width=path_width)
         table.add_column(overflow="fold")
         for site, text in zip(sites, texts):
             table.add_row(Text(site.kind), Text(f"{site.path}:{site.line}"), _literal(text))
-        return table
-    table.add_column(overflow="fold")
+        console.print(Padding(table, (0, 0, 0, indent)))
+        return
     for site, text in zip(sites, texts):
-        table.add_row(Text(site.kind), Text(f"{site.path}:{site.line}", overflow="fold"))
+        _print_wrapped(console, Text(f"{site.path}:{site.line}"), indent, Text(site.kind), 10)
         if text:
-            table.add_row("", Padding(_literal(text), (0, 0, 0, 2)))
-    return table
+            _print_wrapped(console, _literal(text), indent + 12)
 
 
 def _literal(text: str) -> Text:
@@ -373,24 +420,23 @@ def _literal(text: str) -> Text:
     return Text("\n".join(plain(line) for line in text.split("\n")))
 
 
-def _backend_detail(b: Backend, abort_called: bool = True) -> Group:
-    rows = Table.grid(padding=(0, 2))
-    rows.add_column(no_wrap=True, style="dim")
-    rows.add_column()
-    rows.add_row("sender", _literal(f"{b.sender}  {b.path}:{b.line}"))
+def _print_backend_detail(console: Console, b: Backend, abort_called: bool = True) -> None:
+    rows: list[tuple[str, str]] = [("sender", f"{b.sender}  {b.path}:{b.line}")]
     if b.poll:
         inherited = f" (inherited from {b.poll.inherited_from})" if b.poll.inherited_from else ""
-        rows.add_row("poll()", _literal(f"{b.poll.path}:{b.poll.line}{inherited}"))
-    rows.add_row("returns", _literal("\n".join([", ".join(b.returns) or "-"] + unknown_returns(b))))
+        rows.append(("poll()", f"{b.poll.path}:{b.poll.line}{inherited}"))
+    rows.append(("returns", "\n".join([", ".join(b.returns) or "-"] + unknown_returns(b))))
     abort = (f"read ({b.abort_state})" if b.reads_abort_state else
              f"not read (abort() writes {b.abort_state})" if b.abort_state else "none (no abort state)")
     if not b.reads_abort_state and abort_ended(b):
         abort += f"; {abort_ends_text(b)}"
-    rows.add_row("abort state", _literal(abort))
+    rows.append(("abort state", abort))
     timeouts = [f"{t.path}:{t.line} covers {', '.join(t.covers) or 'no state'}" for t in b.timeouts]
-    rows.add_row("timeouts", _literal("\n".join(timeouts) or "none"))
+    rows.append(("timeouts", "\n".join(timeouts) or "none"))
     for state, verdict in b.verdicts.items():
-        rows.add_row("way out", _literal(f"{state}: {way_out_text(verdict, abort_called)}"))
-    for note in b.notes:
-        rows.add_row("note", _literal(note))
-    return Group(Text(b.name, style="bold"), Padding(rows, (0, 0, 0, 2)))
+        rows.append(("way out", f"{state}: {way_out_text(verdict, abort_called)}"))
+    rows += [("note", note) for note in b.notes]
+    console.print(Padding(Text(b.name, style="bold"), (0, 0, 0, 2)))
+    label_width = max(len(label) for label, _ in rows) + 2
+    for label, value in rows:
+        _print_wrapped(console, _literal(value), 4, label, label_width)
