@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from kvtrace.baseline import counts_against, mark, tally
 from kvtrace.model import Backend, Evidence, Finding, Gap, GapKind, QueueReport, Report, StateVerdict, WayOut
+from kvtrace.rulemeta import RULES, find_rule_meta
 
 OK = "ok"
 NOT_RETURNED = "-"
@@ -96,9 +97,7 @@ def _concerns(finding: Finding, backend: Backend) -> bool:
     about the drain loop, which every backend meets; a backend rule's (a manager method whose
     backend the rule did not name) belongs to the backends whose manager runs that method
     (`Finding.backends`, from kvtrace.managers), never to every row nor to a folder's."""
-    from kvtrace.rules import find_rule
-
-    rule = find_rule(finding.rule)
+    rule = find_rule_meta(finding.rule)
     if rule is None or rule.per_queue:
         return True
     return backend.name in finding.backends
@@ -114,14 +113,12 @@ def rules_left_out(report: Report) -> list[str]:
     """The rules that place findings in the grid's cells (their samples name a state) that
     --select/--ignore or [tool.kvtrace] left out of this scan: with any, a cell where the rules
     run find nothing is not `ok`, since a rule that was not run may fire there."""
-    from kvtrace.rules import ALL_RULES
-
     select, ignore = set(report.filters.select), set(report.filters.ignore)
     left_out = []
-    for rule in ALL_RULES:
+    for rule in RULES:
         names = {rule.name, rule.code}
         if (select and not names & select) or names & ignore:
-            if any(state for sample in rule.INVALID for _, state in sample.expect):
+            if rule.marks_cells:
                 left_out.append(rule.name)
     return left_out
 
