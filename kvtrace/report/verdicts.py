@@ -9,7 +9,6 @@ from dataclasses import dataclass, field
 
 from kvtrace.baseline import counts_against, mark, tally
 from kvtrace.model import Backend, Evidence, Finding, Gap, GapKind, QueueReport, Report, StateVerdict, WayOut
-from kvtrace.rulemeta import RULES, find_rule_meta
 
 OK = "ok"
 NOT_RETURNED = "-"
@@ -97,6 +96,8 @@ def _concerns(finding: Finding, backend: Backend) -> bool:
     about the drain loop, which every backend meets; a backend rule's (a manager method whose
     backend the rule did not name) belongs to the backends whose manager runs that method
     (`Finding.backends`, from kvtrace.managers), never to every row nor to a folder's."""
+    from kvtrace.rulemeta import find_rule_meta  # only a grid asks: JSON's summary line does not
+
     rule = find_rule_meta(finding.rule)
     if rule is None or rule.per_queue:
         return True
@@ -113,6 +114,8 @@ def rules_left_out(report: Report) -> list[str]:
     """The rules that place findings in the grid's cells (their samples name a state) that
     --select/--ignore or [tool.kvtrace] left out of this scan: with any, a cell where the rules
     run find nothing is not `ok`, since a rule that was not run may fire there."""
+    from kvtrace.rulemeta import RULES
+
     select, ignore = set(report.filters.select), set(report.filters.ignore)
     left_out = []
     for rule in RULES:
