@@ -266,7 +266,9 @@ RULES: tuple[RuleMeta, ...] = (
             'What it does:\n'
             "    For each backend, collects what abort() writes (the sender's own attributes, through the\n"
             '    methods it calls) and walks the poll() the backend really runs. Reports poll(), at its\n'
-            '    def, when no path reads any of it, or when the backend has no concrete abort() at all.\n'
+            '    def, when no path reads any of it, or when the backend has no concrete abort() at all,\n'
+            '    unless abort() still ends every state poll() can wait in another way (a Failed it\n'
+            "    stores in the manager's status table that poll() reads back).\n"
             '\n'
             'Why it matters:\n'
             '    abort() is how the scheduler gives up on a transfer (a client disconnect, a failed peer,\n'
