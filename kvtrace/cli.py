@@ -505,7 +505,7 @@ class _KnownRules:
     analysis (~0.1 s), which a rescan served from the cache never runs."""
 
     def _names(self) -> set[str]:
-        from kvtrace.rules import ALL_RULES
+        from kvtrace.rulemeta import RULES as ALL_RULES
 
         return {r.name for r in ALL_RULES} | {r.code for r in ALL_RULES}
 

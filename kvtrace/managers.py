@@ -8,6 +8,7 @@ folder a file is in (the enum member an expression names is kvtrace.syntax.enum_
 from __future__ import annotations
 
 import ast
+from collections import Counter
 from dataclasses import dataclass, field
 
 from kvtrace.index import ClassInfo, FuncRef, Index, functions_given_self
@@ -242,12 +243,19 @@ def _other_mode_functions(index: Index, manager: ClassInfo, sender: ClassInfo, a
         isinstance(t, ast.Attribute) and t.attr == attr and isinstance(t.value, ast.Name) and t.value.id == "self"
         for f in methods if f.name != "__init__" for n in index.nodes_in(f, (ast.Assign, ast.AugAssign, ast.AnnAssign))
         for t in (n.targets if isinstance(n, ast.Assign) else [n.target]))}
+    # `self.<name>(...)` calls and `self.<name>` mentions in the methods, by name: one pass, not one per method.
+    self_calls: dict[str, list[tuple[FuncRef, ast.Call]]] = {}
+    self_named: Counter[str] = Counter()
+    for f in methods:
+        for call in index.calls_in(f):
+            if isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name) and call.func.value.id == "self":
+                self_calls.setdefault(call.func.attr, []).append((f, call))
+        self_named.update(n.attr for n in index.nodes_in(f, (ast.Attribute,))
+                          if isinstance(n.value, ast.Name) and n.value.id == "self")
     found: dict[str, str] = {}
     for method in methods:
-        sites = [(f, call) for f in methods for call in index.calls_in(f) if isinstance(call.func, ast.Attribute)
-                 and call.func.attr == method.name and isinstance(call.func.value, ast.Name) and call.func.value.id == "self"]
-        named = sum(1 for f in methods for n in index.nodes_in(f, (ast.Attribute,)) if n.attr == method.name
-                    and isinstance(n.value, ast.Name) and n.value.id == "self")
+        sites = self_calls.get(method.name, [])
+        named = self_named[method.name]
         if not sites or named != len(sites):
             continue  # called from outside, or handed on (a thread target): it may run in any mode
         guards = [(f, _guard_of(call, _parents(f.node))) for f, call in sites]

@@ -204,12 +204,14 @@ def test_the_suite_does_not_use_the_real_user_cache() -> None:
 
 
 def test_code_files_are_what_rglob_lists(tmp_path: Path) -> None:
-    """The code digest's listing (os.scandir) is sorted(rglob) of kvtrace's own folders and of a
-    tree with names whose string order differs from path order ("a-b.py" / "a/b.py")."""
+    """The code digest's listing (os.scandir, one walk for both suffixes) is sorted(rglob) of
+    kvtrace's own folders and of a tree with names whose string order differs from path order
+    ("a-b.py" / "a/b.py"), but for __pycache__, which holds no source."""
     import kvtrace
     from kvtrace.cache import _code_files
 
-    for name in ("a-b.py", "a/b.py", "a/c/d.py", "a.py", "b.toml", "a/x.toml", ".hidden/e.py", "A.py"):
+    for name in ("a-b.py", "a/b.py", "a/c/d.py", "a.py", "b.toml", "a/x.toml", ".hidden/e.py", "A.py",
+                 "a/__pycache__/stray.py"):
         (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
         (tmp_path / name).write_text("x = 1\n")
     (tmp_path / "z").mkdir()
@@ -218,6 +220,6 @@ def test_code_files_are_what_rglob_lists(tmp_path: Path) -> None:
     for folder in (tmp_path, package):
         for suffix in (".py", ".toml"):
             listed = [p.relative_to(folder).as_posix() for p in sorted(folder.rglob("*" + suffix))
-                      if not any(part == "loop" for part in p.relative_to(folder).parts)]
-            assert _code_files(str(folder), suffix) == listed
-    assert _code_files(str(tmp_path), ".py") == [".hidden/e.py", "A.py", "a/b.py", "a/c/d.py", "a-b.py", "a.py"]
+                      if not any(part in ("loop", "__pycache__") for part in p.relative_to(folder).parts)]
+            assert _code_files(str(folder), (".py", ".toml"))[suffix] == listed
+    assert _code_files(str(tmp_path), (".py",))[".py"] == [".hidden/e.py", "A.py", "a/b.py", "a/c/d.py", "a-b.py", "a.py"]

@@ -18,7 +18,7 @@ from kvtrace import __version__
 from kvtrace.baseline import SARIF_KEY, fingerprint, sarif_marks
 from kvtrace.model import Evidence, Report
 from kvtrace.report.verdicts import summary_line
-from kvtrace.rules import ALL_RULES
+from kvtrace.rulemeta import RULES, RuleMeta
 
 SARIF_SCHEMA = "https://docs.oasis-open.org/sarif/sarif/v2.1.0/errata01/os/schemas/sarif-schema-2.1.0.json"
 INFORMATION_URI = "https://pypi.org/project/kvtrace/"
@@ -34,28 +34,28 @@ def _rules() -> list[dict[str, Any]]:
         {
             "id": rule.code,
             "name": rule.name,
-            "shortDescription": {"text": rule.summary()},
-            "fullDescription": {"text": rule.docs()},
+            "shortDescription": {"text": rule.summary},
+            "fullDescription": {"text": rule.docs},
             "helpUri": help_uri(rule.name),
-            "help": {"text": rule.docs(), "markdown": _markdown_help(rule)},
+            "help": {"text": rule.docs, "markdown": _markdown_help(rule)},
             "defaultConfiguration": {"level": rule.severity},
             "properties": {"tags": ["kvtrace", "reliability"]},
         }
-        for rule in ALL_RULES
+        for rule in RULES
     ]
 
 
-def _markdown_help(rule: type) -> str:
+def _markdown_help(rule: RuleMeta) -> str:
     """The docstring's sections as Markdown: `What it does:` becomes a heading, indented
     paragraphs become text."""
     lines = []
-    for raw in rule.docs().splitlines():  # type: ignore[attr-defined]
+    for raw in rule.docs.splitlines():
         stripped = raw.strip()
         if stripped.endswith(":") and not raw.startswith(" ") and len(stripped) < 40:
             lines.append(f"### {stripped[:-1]}")
         else:
             lines.append(stripped)
-    return f"**{rule.code} {rule.name}** ({rule.severity}): {rule.title}\n\n" + "\n".join(lines)  # type: ignore[attr-defined]
+    return f"**{rule.code} {rule.name}** ({rule.severity}): {rule.title}\n\n" + "\n".join(lines)
 
 
 class _Locator:
@@ -126,7 +126,7 @@ def _invocation(report: Report, locate: _Locator) -> dict[str, Any]:
 def to_sarif(reports: list[Report], root: Path | None = None) -> dict[str, Any]:
     root = root or Path.cwd()
     rules = _rules()
-    rule_index = {rule.name: i for i, rule in enumerate(ALL_RULES)}
+    rule_index = {rule.name: i for i, rule in enumerate(RULES)}
     runs = []
     for report in reports:
         locate = _Locator(report, root)

@@ -96,9 +96,9 @@ def _concerns(finding: Finding, backend: Backend) -> bool:
     about the drain loop, which every backend meets; a backend rule's (a manager method whose
     backend the rule did not name) belongs to the backends whose manager runs that method
     (`Finding.backends`, from kvtrace.managers), never to every row nor to a folder's."""
-    from kvtrace.rules import find_rule
+    from kvtrace.rulemeta import find_rule_meta  # only a grid asks: JSON's summary line does not
 
-    rule = find_rule(finding.rule)
+    rule = find_rule_meta(finding.rule)
     if rule is None or rule.per_queue:
         return True
     return backend.name in finding.backends
@@ -114,14 +114,14 @@ def rules_left_out(report: Report) -> list[str]:
     """The rules that place findings in the grid's cells (their samples name a state) that
     --select/--ignore or [tool.kvtrace] left out of this scan: with any, a cell where the rules
     run find nothing is not `ok`, since a rule that was not run may fire there."""
-    from kvtrace.rules import ALL_RULES
+    from kvtrace.rulemeta import RULES
 
     select, ignore = set(report.filters.select), set(report.filters.ignore)
     left_out = []
-    for rule in ALL_RULES:
+    for rule in RULES:
         names = {rule.name, rule.code}
         if (select and not names & select) or names & ignore:
-            if any(state for sample in rule.INVALID for _, state in sample.expect):
+            if rule.marks_cells:
                 left_out.append(rule.name)
     return left_out
 
