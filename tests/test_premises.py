@@ -630,3 +630,76 @@ def test_a_drain_that_polls_through_a_helper_rests_on_the_same_premise(tmp_path:
     found = [(f.path, f.line, f.severity, f.premise) for f in scan_path(tree).findings if f.rule == "poll-raises"]
     table_read = KEYED_MANAGER.splitlines().index("        return self.request_status[room]") + 1
     assert found == [("disaggregation/net/mgr.py", table_read, "warning", SHARED_ROOM)]
+
+
+# The bootstrap queue's shape (0.4.8 pop_bootstrapped 217-246): Bootstrapping waits, Failed
+# leaves, anything else is taken as WaitingForInput: `break`-like keep while no metadata buffer
+# is free, else alloc, `assert req.metadata_buffer_index is not None`, hand-over.
+BUFFER_GATED = '''\
+            if poll == KVPoll.Bootstrapping:
+                undone_reqs.append(req)
+                continue
+            elif poll == KVPoll.Failed:
+                release_kv_cache(req, self.tree_cache)
+                prepare_abort(req, "bootstrap failed")
+                done_reqs.append(req)
+                continue
+            if self.req_to_metadata_buffer_idx_allocator.available_size() == 0:
+                undone_reqs.append(req)
+                continue
+            req.metadata_buffer_index = self.req_to_metadata_buffer_idx_allocator.alloc()
+            assert req.metadata_buffer_index is not None
+            done_reqs.append(req)'''
+
+
+def test_an_assert_not_about_the_poll_value_holds_and_a_gated_catch_all_waits(tmp_path: Path) -> None:
+    """The allocator check before the assert is an invariant of the scheduler, not of the poll
+    state: no state crashes there (0.4.6.post5 … 0.5.12.post1 gave false unhandled-state
+    WaitingForInput/Transferring/Success at the assert). Success, which only the catch-all
+    meets, is kept while no buffer is free and leaves once one is: it waits, it is not pinned."""
+    tree = write(tmp_path, {"disaggregation/prefill.py": drain(BUFFER_GATED)})
+    report = scan_path(tree)
+    assert not [(f.state, f.line) for f in report.findings if f.rule in ("unhandled-state", "state-crash")]
+    fates = report.queues[0].states
+    assert [str(o) for o in fates["Success"].fate] == ["kept", "leaves"]
+    assert "raises" not in [str(o) for s in fates.values() for o in s.fate]
+    # An assert kvtrace can tie to the poll value still decides: the same chain asserting on it crashes.
+    on_poll = BUFFER_GATED.replace("assert req.metadata_buffer_index is not None",
+                                   "assert poll == KVPoll.WaitingForInput")
+    crashing = scan_path(write(tmp_path / "on-poll", {"disaggregation/prefill.py": drain(on_poll)}))
+    assert {f.state for f in crashing.findings if f.rule == "unhandled-state"} >= {"Transferring", "Success"}
+
+
+# A catch-all that lets a terminal state out only when a PP caller passes rids_to_check: in
+# the default mode (the other caller) it keeps it for ever.
+LEFT_ONLY_IN_PP = '''\
+            if poll in [KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring]:
+                undone_reqs.append(req)
+            elif poll == KVPoll.Failed:
+                release_kv_cache(req, self.tree_cache)
+                prepare_abort(req, "transfer failed")
+                done_reqs.append(req)
+            elif rids_to_check is not None:
+                release_kv_cache(req, self.tree_cache)
+                done_reqs.append(req)
+            else:
+                undone_reqs.append(req)'''
+BOTH_CALLERS = '''
+    def event_loop(self):
+        self.drain_inflight()
+
+    def event_loop_pp(self, finished_upstream):
+        self.drain_inflight(rids_to_check=finished_upstream)
+'''
+
+
+def test_a_terminal_state_let_out_only_in_another_mode_is_pinned(tmp_path: Path) -> None:
+    """Success leaves through the catch-all only in the PP mode; a request of the default mode
+    never runs that path, so there it is kept for ever: the way out of another mode is no wait."""
+    text = drain(LEFT_ONLY_IN_PP, BOTH_CALLERS).replace("def drain_inflight(self):",
+                                                        "def drain_inflight(self, rids_to_check=None):")
+    report = scan_path(write(tmp_path, {"disaggregation/prefill.py": text}))
+    kept = [f for f in report.findings if f.rule == "unhandled-state" and f.state == "Success"]
+    keep_line = text.splitlines().index("                undone_reqs.append(req)", text.splitlines().index(
+        "            else:")) + 1
+    assert [(f.line, "queue for ever" in f.message) for f in kept] == [(keep_line, True)]
