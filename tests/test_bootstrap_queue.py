@@ -57,7 +57,7 @@ def test_bootstrap_queue_0_5_2_mapped_by_hand() -> None:
     228 Bootstrapping: `continue` (kept); 230 Failed: prepare_abort (237), stream_output,
     indices_to_remove.add (241), failed_reqs.append (242); anything else is taken as
     WaitingForInput: `break` when no metadata buffer is free (249-250: it and every later request
-    stay), else alloc, `assert req.metadata_buffer_index is not None` (255), init,
+    stay), else alloc, `assert req.metadata_buffer_index is not None` (255, which holds), init,
     bootstrapped_reqs.append (259), indices_to_remove.add (260); 262 `self.queue = [...]`."""
     report = scanned("0.5.2")
     q = bootstrap(report)
@@ -74,14 +74,18 @@ def test_bootstrap_queue_0_5_2_mapped_by_hand() -> None:
         ("abort", PREFILL, 237, ("Failed",)),  # prepare_abort(req, error_message, ...)
         ("done", PREFILL, 241, ("Failed",)),  # indices_to_remove.add(i)
         ("done", PREFILL, 242, ("Failed",)),  # failed_reqs.append(req)
-        ("raise", PREFILL, 255, ("WaitingForInput", "Transferring", "Success")),  # assert ...buffer_index is not None
         ("done", PREFILL, 259, ("WaitingForInput", "Transferring", "Success")),  # bootstrapped_reqs.append(req)
         ("done", PREFILL, 260, ("WaitingForInput", "Transferring", "Success")),
         ("reassign", PREFILL, 262, ()),  # self.queue = [entry for i, entry in ... not in indices_to_remove]
         ("gauge", f"{S}/managers/scheduler_metrics_mixin.py", 150, ()),  # len(...bootstrap_queue.queue)
     } <= sites(report)
-    # No PP: Bootstrapping is kept for ever unless poll() moves it; Failed leaves.
+    # 255 `assert req.metadata_buffer_index is not None` follows `available_size() == 0: break`
+    # (249) and alloc() returns None only with no free slot (utils.py): it holds, no state raises there.
+    assert not [s for s in bootstrap(report).sites if s.line == 255]
+    # No PP: Bootstrapping is kept for ever unless poll() moves it; Failed leaves; WaitingForInput
+    # waits at the `break` while no metadata buffer is free, then leaves.
     plain = "return_failed_reqs=False, rids_to_check=None"
+    assert mode_fates(report, "WaitingForInput")[plain] == (["kept", "leaves"], [])
     assert mode_fates(report, "Bootstrapping")[plain] == (["kept"], [])
     assert mode_fates(report, "Failed")[plain] == (["leaves"], [])
     # PP, a later rank: Bootstrapping for a rid the first rank let through reaches the assert.
