@@ -611,14 +611,26 @@ POLLED_IN_A_HELPER = '''
 '''
 
 
-@pytest.mark.parametrize("polled_in", ["the drain", "a helper"])
+# 0.5.23's transfer queue: `return poll_and_all_reduce(self._pollers(), ...)`, and _pollers()
+# returns `[dr.kv_receiver for dr in self.queue]`.
+POLLERS_FROM_A_METHOD = """
+    def _pollers(self):
+        return [r.disagg_kv_sender for r in self.disagg_prefill_inflight_queue]
+
+    def _poll_inflight(self):
+        return poll_and_all_reduce(self._pollers(), self.group)
+"""
+
+
+@pytest.mark.parametrize("polled_in", ["the drain", "a helper", "a helper's pollers method"])
 def test_a_drain_that_polls_through_a_helper_rests_on_the_same_premise(tmp_path: Path, polled_in: str) -> None:
     """0.5.14's transfer queue reads its poll values from `polls = self._poll_with_metadata_gate()`,
     whose poll_and_all_reduce gets `[dr.kv_receiver for dr in self.queue]`: the sender attribute
     (whose clear() only the drain calls, as the request concludes) is the helper's, and the
-    absent-room KeyError rests on a shared room as when the drain polls itself."""
-    text = drain(CLEARING, POLLED_IN_A_HELPER)
-    if polled_in == "a helper":
+    absent-room KeyError rests on a shared room as when the drain polls itself. 0.5.23 builds
+    that list in one more method (`self._pollers()`): the same."""
+    text = drain(CLEARING, POLLERS_FROM_A_METHOD if polled_in.endswith("method") else POLLED_IN_A_HELPER)
+    if polled_in != "the drain":
         direct = ("        polls = poll_and_all_reduce(\n"
                   "            [r.disagg_kv_sender for r in self.disagg_prefill_inflight_queue], self.group\n"
                   "        )\n")
