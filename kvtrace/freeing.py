@@ -106,6 +106,9 @@ def abort_mechanism(verdict: StateVerdict, backend: Backend) -> str:
     (the write abort() makes that poll() reads, with lines); the same words wherever abort is told."""
     if verdict.abort_via:
         return ", and ".join(f"{e.note} at {e.path}:{e.line}" for e in verdict.abort_via)
+    if backend.abort_state and backend.reads_abort_state:
+        return f"poll() reads {backend.abort_state}, which abort() writes"
+    return "poll() reads what abort() writes"
 
 
 def abort_ended(backend: Backend) -> list[str]:
@@ -120,9 +123,6 @@ def abort_ends_text(backend: Backend) -> str:
     if not ended:
         return ""
     return f"abort() ends {', '.join(ended)} ({abort_mechanism(backend.verdicts[ended[0]], backend)})"
-    if backend.abort_state and backend.reads_abort_state:
-        return f"poll() reads {backend.abort_state}, which abort() writes"
-    return "poll() reads what abort() writes"
 
 
 _CALLER_QUEUE = re.compile(r" on a request of (\w+) \(")

@@ -19,7 +19,9 @@ class AbortIgnored(Rule):
     What it does:
         For each backend, collects what abort() writes (the sender's own attributes, through the
         methods it calls) and walks the poll() the backend really runs. Reports poll(), at its
-        def, when no path reads any of it, or when the backend has no concrete abort() at all.
+        def, when no path reads any of it, or when the backend has no concrete abort() at all,
+        unless abort() still ends every state poll() can wait in another way (a Failed it
+        stores in the manager's status table that poll() reads back).
 
     Why it matters:
         abort() is how the scheduler gives up on a transfer (a client disconnect, a failed peer,
@@ -56,6 +58,10 @@ class AbortIgnored(Rule):
                 continue
             if not any(state in ctx.domain.non_terminal for state in b.returns):
                 continue  # poll() only ever concludes: there is no wait for an abort to cut short
+            ended = abort_ended(b)
+            others = [s for s in b.verdicts if s not in ended]
+            if ended and not others and all(b.verdicts[state].abort_via for state in ended):
+                continue  # abort() reaches poll() another way (a Failed in the manager's table) for every state
             abort = ctx.index.find_method(analysis.cls, ctx.pack.abort_method)
             evidence = [Evidence(b.path, b.line, f"class {b.sender} (backend {b.name})")]
             if abort is not None:
@@ -74,8 +80,6 @@ class AbortIgnored(Rule):
                 what = f"cannot see an abort: {ctx.pack.abort_method}() writes no attribute of the sender"
             # abort() may still reach poll() another way (a Failed stored in the manager's table):
             # then say which states it ends, as "what frees" does, and which it does not.
-            ended = abort_ended(b)
-            others = [s for s in b.verdicts if s not in ended]
             if ended:
                 tail = f"; {abort_ends_text(b)}" + (f", but not {', '.join(others)}" if others else "")
             elif abort is not None:

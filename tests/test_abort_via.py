@@ -103,3 +103,26 @@ def test_callers_name_their_queue_when_loops_differ() -> None:
         "disagg_prefill_bootstrap_queue and at managers/scheduler.py:3841 for a request in disagg_prefill_inflight_queue")
     assert _callers_text(callers[1:], "abort") == \
         "Scheduler.abort_request() calls abort() for it at managers/scheduler.py:3841"
+
+
+def test_abort_that_ends_every_state_through_the_table_is_not_ignored(tmp_path: Path) -> None:
+    """healthy's mori: abort() stores Failed through update_status() and poll() returns what
+    check_status() gives back for every state it waits in; abort is seen, so no abort-ignored."""
+    tree = tmp_path / "healthy"
+    shutil.copytree(EXAMPLES / "healthy", tree)
+    report = scan_path(tree)
+    mori = next(b for b in report.backends if b.name == "mori")
+    assert mori.verdicts and abort_ended(mori) == list(mori.verdicts)
+    assert all(v.abort_via for v in mori.verdicts.values())
+    assert not [f for f in report.findings if f.rule == "abort-ignored" and f.backend == "mori"]
+
+
+def test_abort_mechanism_without_a_found_write_still_says_how(tmp_path: Path) -> None:
+    """A way out by abort with no table write found (inherited-poll's Bootstrapping) is told in
+    words, never as `(None)`."""
+    tree = tmp_path / "inherited-poll"
+    shutil.copytree(EXAMPLES / "inherited-poll", tree)
+    report = scan_path(tree)
+    texts = [f.message for f in report.findings if f.rule == "abort-ignored"]
+    texts += [fr.text for b in report.backends for fr in what_frees(report, b)]
+    assert texts and not [t for t in texts if "(None)" in t]

@@ -57,7 +57,7 @@ def test_bootstrap_queue_0_5_2_mapped_by_hand() -> None:
     228 Bootstrapping: `continue` (kept); 230 Failed: prepare_abort (237), stream_output,
     indices_to_remove.add (241), failed_reqs.append (242); anything else is taken as
     WaitingForInput: `break` when no metadata buffer is free (249-250: it and every later request
-    stay), else alloc, `assert req.metadata_buffer_index is not None` (255, which holds), init,
+    stay), else alloc, `assert req.metadata_buffer_index is not None` (255, holds: the allocator was checked), init,
     bootstrapped_reqs.append (259), indices_to_remove.add (260); 262 `self.queue = [...]`."""
     report = scanned("0.5.2")
     q = bootstrap(report)
@@ -79,9 +79,9 @@ def test_bootstrap_queue_0_5_2_mapped_by_hand() -> None:
         ("reassign", PREFILL, 262, ()),  # self.queue = [entry for i, entry in ... not in indices_to_remove]
         ("gauge", f"{S}/managers/scheduler_metrics_mixin.py", 150, ()),  # len(...bootstrap_queue.queue)
     } <= sites(report)
-    # 255 `assert req.metadata_buffer_index is not None` follows `available_size() == 0: break`
-    # (249) and alloc() returns None only with no free slot (utils.py): it holds, no state raises there.
-    assert not [s for s in bootstrap(report).sites if s.line == 255]
+    # 255 `assert req.metadata_buffer_index is not None` follows the allocator check (249-250): the
+    # poll value cannot make it fail, so the drain takes it to hold, not as a way out of the queue.
+    assert not [s for s in bootstrap(report).sites if (s.kind, s.path, s.line) == ("raise", "disaggregation/prefill.py", 255)]
     # No PP: Bootstrapping is kept for ever unless poll() moves it; Failed leaves; WaitingForInput
     # waits at the `break` while no metadata buffer is free, then leaves.
     plain = "return_failed_reqs=False, rids_to_check=None"

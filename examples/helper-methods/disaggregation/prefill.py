@@ -56,7 +56,7 @@ class SchedulerDisaggregationPrefillMixin:
         )
 
         undone_reqs: List[Req] = []
-        for req, poll in zip(self.disagg_prefill_inflight_queue, polls):  # fates: Failed=leaves Bootstrapping=kept+leaves+raises WaitingForInput=kept+raises Transferring=kept+raises Success=leaves+raises
+        for req, poll in zip(self.disagg_prefill_inflight_queue, polls):  # fates: Failed=leaves Bootstrapping=kept+leaves+raises WaitingForInput=kept Transferring=kept+raises Success=leaves+raises
             if req.pending_bootstrap:
                 # Prefill ran before decode finished the handshake.
                 if self.handle_pending_bootstrap(req, poll):  # site: helper
@@ -94,7 +94,7 @@ class SchedulerDisaggregationPrefillMixin:
         if state == KVPoll.Bootstrapping:  # site: check
             return False
         if state == KVPoll.WaitingForInput:  # site: check
-            assert self.disagg_prefill_bootstrap_queue.finalize_bootstrap(req)  # site: raise
+            assert self.disagg_prefill_bootstrap_queue.finalize_bootstrap(req)  # an assert the poll value cannot make fail: taken to hold
             req.pending_bootstrap = False
             return True
         raise RuntimeError(f"request {req.rid} waits for bootstrap but polled {state}")  # site: raise ; expect: unhandled-state[:Success], unhandled-state[:Transferring]

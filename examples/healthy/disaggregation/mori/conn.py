@@ -45,7 +45,7 @@ class MoriKVSender(BaseKVSender):
     def send(self, kv_indices: npt.NDArray[np.int32]):
         self.kv_mgr.submit(self.bootstrap_room, kv_indices, self.aux_index)
 
-    def poll(self) -> KVPoll:  # expect: abort-ignored[mori:]
+    def poll(self) -> KVPoll:
         status = self.kv_mgr.check_status(self.bootstrap_room)
         if status in (KVPoll.Success, KVPoll.Failed):
             return status
