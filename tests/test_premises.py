@@ -715,3 +715,34 @@ def test_a_terminal_state_let_out_only_in_another_mode_is_pinned(tmp_path: Path)
     keep_line = text.splitlines().index("                undone_reqs.append(req)", text.splitlines().index(
         "            else:")) + 1
     assert [(f.line, "queue for ever" in f.message) for f in kept] == [(keep_line, True)]
+
+
+def test_0_5_23_transfer_queue_names_the_receiver_it_polls_through_a_pollers_method() -> None:
+    """0.5.23 pop_transferred (decode.py 2833) polls through `self._poll_with_staging()` (2847) or
+    `self._poll_with_metadata_gate()` (2849), both passing `self._pollers()` (2779), which
+    returns `[dr.kv_receiver for dr in self.queue]` (2782): the request's receiver attribute,
+    whose clear() only the drains call as a request concludes, is what the shared-room premise
+    of the absent-room KeyError needs. Read from the drain alone (the decode scan of 0.5.23 is
+    too slow for a unit test)."""
+    from types import SimpleNamespace
+
+    from kvtrace import pipeline
+    from kvtrace.fetch.local import fetch_local
+    from kvtrace.graph import find_drains, held_queue
+    from kvtrace.packs import load_pack
+    from kvtrace.rules.premise import _polled_attributes
+
+    pack = load_pack("sglang-decode").for_queue("disagg_decode_transfer_queue")
+    target = sglang_tree("0.5.23") / "sglang" / "srt"
+    index = pipeline.index(pipeline.parse(fetch_local(target), pack, None), pack, str(target)).index
+    assert not find_drains(index, pack)  # the queue is an object that drains itself
+    held = held_queue(index, pack)
+    assert held is not None
+    cls, attr = held
+    list_pack = pack.for_queue(attr)
+    [drain] = find_drains(index, list_pack, [m for c in index.mro(cls) for m in c.methods.values()])
+    assert (drain.func.qualname, drain.poll_line) == ("DecodeTransferQueue.pop_transferred", None)
+    lines = (target / "disaggregation" / "decode.py").read_text().splitlines()
+    assert lines[2782 - 1].strip() == "return [dr.kv_receiver for dr in self.queue]"
+    context = SimpleNamespace(queue=SimpleNamespace(drain=drain), pack=list_pack, index=index)
+    assert _polled_attributes(context) == {"kv_receiver"}  # type: ignore[arg-type]
