@@ -309,7 +309,7 @@ def test_a_mode_whose_caller_is_outside_the_scanned_folder_is_still_a_mode(tmp_p
     # With the caller in view it is a crash as stated; from the folder alone it rests on a caller
     # the scan cannot see: a warning that says so.
     assert {(f.severity, f.premise) for f in crash(whole, "WaitingForInput")} == {("error", None)}
-    unseen = f"a caller outside the scanned folder passes rids_to_check to drain_inflight"
+    unseen = "a caller outside the scanned folder passes rids_to_check to drain_inflight"
     [finding] = crash(folder, "WaitingForInput")
     assert (finding.severity, finding.premise) == ("warning", unseen)
     assert f"true only if {unseen}: no caller in view passes rids_to_check, and only the mode rids_to_check " \
