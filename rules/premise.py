@@ -165,11 +165,12 @@ def _polled_attributes(ctx: ScanContext) -> set[str]:
     if drain is None:
         return set()
     if drain.poll_line is not None:
-        statements = [node for node in ast.walk(drain.func.node) if isinstance(node, ast.stmt)
-                      and node.lineno <= drain.poll_line <= (node.end_lineno or node.lineno)
-                      and not isinstance(node, (ast.For, ast.While, ast.If, ast.With, ast.Try, ast.FunctionDef))]
+        located = [(drain.func, node) for node in ast.walk(drain.func.node) if isinstance(node, ast.stmt)
+                   and node.lineno <= drain.poll_line <= (node.end_lineno or node.lineno)
+                   and not isinstance(node, (ast.For, ast.While, ast.If, ast.With, ast.Try, ast.FunctionDef))]
     else:
-        statements = _helper_poll_statements(ctx, drain.func, 0)
+        located = _helper_poll_statements(ctx, drain.func, 0)
+    statements = [node for _, node in located] + _pollers_from_helpers(ctx, located)
     found: set[str] = set()
     for node in statements:
         # A request's attribute (`req.x`, `self.queue[i].x`), not the drain's own (`self.queue`).
@@ -179,12 +180,12 @@ def _polled_attributes(ctx: ScanContext) -> set[str]:
     return found - {ctx.pack.queue}
 
 
-def _helper_poll_statements(ctx: ScanContext, func: FuncRef, depth: int) -> list[ast.stmt]:
+def _helper_poll_statements(ctx: ScanContext, func: FuncRef, depth: int) -> list[tuple[FuncRef, ast.stmt]]:
     """A drain that reads its poll values from `self.<helper>()` (`polls = self._poll_with_gate()`,
     a helper per transport mode) polls in the helper: its poll call's statement, and the local
     assignments of the names that call passes (`pollers = [r.receiver for r in self.queue]`),
-    in every helper the drain may call for it."""
-    found: list[ast.stmt] = []
+    in every helper the drain may call for it (each with the function it is in)."""
+    found: list[tuple[FuncRef, ast.stmt]] = []
     for stmt in ast.walk(func.node):
         if not isinstance(stmt, (ast.Assign, ast.Return, ast.Expr)) or not isinstance(stmt.value, ast.Call):
             continue
@@ -193,8 +194,8 @@ def _helper_poll_statements(ctx: ScanContext, func: FuncRef, depth: int) -> list
             if depth == 0:
                 continue  # the drain's own poll call would have given it a poll line
             passed = {n.id for n in ast.walk(call) if isinstance(n, ast.Name)}
-            found.append(stmt)
-            found += [a for a in ast.walk(func.node) if isinstance(a, ast.Assign)
+            found.append((func, stmt))
+            found += [(func, a) for a in ast.walk(func.node) if isinstance(a, ast.Assign)
                       and any(isinstance(t, ast.Name) and t.id in passed for t in a.targets)]
         elif depth < 2 and (depth > 0 or isinstance(stmt, ast.Assign)) and isinstance(call.func, ast.Attribute) \
                 and isinstance(call.func.value, ast.Name) and call.func.value.id == "self" and func.owner is not None:
@@ -202,6 +203,31 @@ def _helper_poll_statements(ctx: ScanContext, func: FuncRef, depth: int) -> list
             helper = ctx.index.find_method(func.owner, call.func.attr)
             if helper is not None and helper is not func:
                 found += _helper_poll_statements(ctx, helper, depth + 1)
+    return found
+
+
+def _pollers_from_helpers(ctx: ScanContext, statements: list[tuple[FuncRef, ast.stmt]]) -> list[ast.stmt]:
+    """The pollers a poll statement gets from a method of its own (`poll_and_all_reduce(
+    self._pollers(), ...)`, whose `return [dr.kv_receiver for dr in self.queue]` names the
+    request's receiver): that method's return statements, and theirs for the methods they return from."""
+    found: list[ast.stmt] = []
+    todo = [(func, node, 0) for func, node in statements]
+    seen: set[int] = set()
+    while todo:
+        func, node, depth = todo.pop()
+        if depth >= 2 or func.owner is None:
+            continue
+        for call in ast.walk(node):
+            if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
+                    and isinstance(call.func.value, ast.Name) and call.func.value.id == "self"):
+                continue
+            helper = ctx.index.find_method(func.owner, call.func.attr)
+            if helper is None or helper is func or id(helper.node) in seen:
+                continue
+            seen.add(id(helper.node))
+            returns = [r for r in ast.walk(helper.node) if isinstance(r, ast.Return) and r.value is not None]
+            found += returns
+            todo += [(helper, r, depth + 1) for r in returns]
     return found
 
 

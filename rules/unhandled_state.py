@@ -83,9 +83,7 @@ class UnhandledState(Rule):
         for state in ctx.domain.members:
             # Paths on which the poll value was tested and no test matched: S fell to a catch-all.
             # A path that keeps S without testing it at all (a mode: "not my turn yet") is not one.
-            unmatched = [(events, outcome) for events, outcome in queue.paths.get(state, [])
-                         if any(e.kind == EventKind.CHECK for e in events)
-                         and not any(e.kind == EventKind.CHECK and e.detail == "T" for e in events)]
+            unmatched = _unmatched(queue.paths.get(state, []))
             crashes: dict[tuple[str, int], list] = {}
             certain = crash_sites(ctx, state)  # state-crash's (an error): not repeated here
             for events, outcome in unmatched:
@@ -94,11 +92,10 @@ class UnhandledState(Rule):
                         and (raise_event.path, raise_event.line) not in certain \
                         and not _assert_not_about_poll(raise_event, events):
                     crashes.setdefault((raise_event.path, raise_event.line), events)
-            # A terminal state that a catch-all keeps on one path and lets out on another (a `break`
-            # while a buffer is full, then the hand-over) waits; only one that never leaves is pinned.
-            leaves = any(outcome == Outcome.LEAVES for _, outcome in unmatched)
-            kept = [events for events, outcome in unmatched
-                    if outcome == Outcome.KEPT and state in ctx.domain.terminal and not leaves]
+            # A terminal state that a catch-all keeps on one path and lets out on another of the same
+            # mode (a `break` while a buffer is full, then the hand-over) waits; one kept in a mode
+            # where no path lets it out (the way out is another mode's) is pinned.
+            kept = _kept_for_ever(ctx, state) if state in ctx.domain.terminal else []
             by = returned_by(ctx, state)
             who = f" (returned by: {', '.join(by)})" if by else " (no backend's poll() is seen returning it)"
             # Where the drain does test S (on other paths), the crash is the path's, not the loop's.
@@ -139,3 +136,22 @@ def _assert_not_about_poll(raise_event: Event, events: list[Event]) -> bool:
     to a catch-all. An assert on the poll value records its test at the same line."""
     return raise_event.detail == "assert" and not any(
         e.kind == EventKind.CHECK and (e.path, e.line) == (raise_event.path, raise_event.line) for e in events)
+
+
+def _unmatched(paths: list) -> list:
+    """The paths on which the poll value was tested and no test matched (S fell to a catch-all)."""
+    return [(events, outcome) for events, outcome in paths
+            if any(e.kind == EventKind.CHECK for e in events)
+            and not any(e.kind == EventKind.CHECK and e.detail == "T" for e in events)]
+
+
+def _kept_for_ever(ctx: ScanContext, state: str) -> list[list]:
+    """The catch-all paths that keep `state`, in the modes of the drain where no catch-all path
+    lets it out: a mode's request never runs another mode's paths."""
+    per_mode = [every for _, _, every in ctx.model.deciding(state)] or [ctx.queue.paths.get(state, [])]
+    kept: list[list] = []
+    for paths in per_mode:
+        unmatched = _unmatched(paths)
+        if not any(outcome == Outcome.LEAVES for _, outcome in unmatched):
+            kept += [events for events, outcome in unmatched if outcome == Outcome.KEPT]
+    return kept

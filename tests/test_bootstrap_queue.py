@@ -80,8 +80,10 @@ def test_bootstrap_queue_0_5_2_mapped_by_hand() -> None:
         ("reassign", PREFILL, 262, ()),  # self.queue = [entry for i, entry in ... not in indices_to_remove]
         ("gauge", f"{S}/managers/scheduler_metrics_mixin.py", 150, ()),  # len(...bootstrap_queue.queue)
     } <= sites(report)
-    # No PP: Bootstrapping is kept for ever unless poll() moves it; Failed leaves.
+    # No PP: Bootstrapping is kept for ever unless poll() moves it; Failed leaves; WaitingForInput
+    # waits at the `break` while no metadata buffer is free, then leaves (or meets the assert at 255).
     plain = "return_failed_reqs=False, rids_to_check=None"
+    assert mode_fates(report, "WaitingForInput")[plain] == (["kept", "leaves", "raises"], [])
     assert mode_fates(report, "Bootstrapping")[plain] == (["kept"], [])
     assert mode_fates(report, "Failed")[plain] == (["leaves"], [])
     # PP, a later rank: Bootstrapping for a rid the first rank let through reaches the assert.

@@ -78,7 +78,8 @@ def test_prealloc_queue_mapped_by_hand(report: Report) -> None:
     fates = {state: fate.fate for state, fate in q.states.items()}
     # The removal loops test request flags kvtrace does not tie to the poll pass, so a polled
     # request may stay or leave; their `assert decode_req.metadata_buffer_index is not None` (419)
-    # may fail. Transferring and Success reach the ValueError.
+    # may fail as far as the engine can tell (it follows the allocator check at 379, so it is no
+    # unhandled state). Transferring and Success reach the ValueError.
     for state in ("Failed", "Bootstrapping", "WaitingForInput"):
         assert fates[state] == ["kept", "leaves", "raises"], state
     assert fates["Transferring"] == fates["Success"] == ["raises"]
@@ -359,3 +360,24 @@ def test_skip_poll_before_and_after_its_fix(version: str, reported: bool) -> Non
         assert all(f.state == "Failed" and f.severity == "warning" for f in found)
     else:
         assert found == []
+
+
+def test_known_miss_success_kept_in_the_prealloc_queue_0_4_6_post5() -> None:
+    """A kvtrace miss, not a verdict (the finding was right before the catch-all rule learned to
+    call "kept on one path, let out on another" a wait). 0.4.6.post5 `_update_handshake_waiters`
+    (178-194) has no branch for Success: it falls through, `waiting_for_input` stays as it was.
+    A retracted request re-enters the prealloc queue with a fresh DecodeRequest (scheduler.py
+    1522 -> decode.py add 160, waiting_for_input False) whose receiver reads its room's Success
+    (issue 22's reading, sglang#6857; 0.4.7 gave retracted requests their own queue, sglang#7196),
+    or a request sharing the room concluded it: pop_preallocated's `if not decode_req.waiting_for_input: continue` keeps it
+    for ever, unless aborted (210). kvtrace's paths do not say which test kept a request, so the
+    pop_preallocated exit, open only to a request whose WaitingForInput branch ran, counts as
+    the wait's end and the unhandled-state Success warning (decode.py 183) is gone. When kvtrace
+    tells a keep on a request flag only another state's branch sets from a keep on a resource
+    (the bootstrap queue's metadata-buffer `break`), this fails: assert the warning instead."""
+    report = decode_scan("0.4.6.post5")
+    lines = (sglang_tree("0.4.6.post5") / DECODE).read_text().splitlines()
+    assert lines[183 - 1].strip() == "elif poll == KVPoll.Failed:"
+    assert lines[160 - 1].strip().startswith("self.queue.append(DecodeRequest(")
+    assert not [f for f in report.findings if f.rule == "unhandled-state" and f.state == "Success"
+                and f.queue == "disagg_decode_prealloc_queue"]

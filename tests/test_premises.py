@@ -309,7 +309,7 @@ def test_a_mode_whose_caller_is_outside_the_scanned_folder_is_still_a_mode(tmp_p
     # With the caller in view it is a crash as stated; from the folder alone it rests on a caller
     # the scan cannot see: a warning that says so.
     assert {(f.severity, f.premise) for f in crash(whole, "WaitingForInput")} == {("error", None)}
-    unseen = f"a caller outside the scanned folder passes rids_to_check to drain_inflight"
+    unseen = "a caller outside the scanned folder passes rids_to_check to drain_inflight"
     [finding] = crash(folder, "WaitingForInput")
     assert (finding.severity, finding.premise) == ("warning", unseen)
     assert f"true only if {unseen}: no caller in view passes rids_to_check, and only the mode rids_to_check " \
@@ -611,14 +611,26 @@ POLLED_IN_A_HELPER = '''
 '''
 
 
-@pytest.mark.parametrize("polled_in", ["the drain", "a helper"])
+# 0.5.23's transfer queue: `return poll_and_all_reduce(self._pollers(), ...)`, and _pollers()
+# returns `[dr.kv_receiver for dr in self.queue]`.
+POLLERS_FROM_A_METHOD = """
+    def _pollers(self):
+        return [r.disagg_kv_sender for r in self.disagg_prefill_inflight_queue]
+
+    def _poll_inflight(self):
+        return poll_and_all_reduce(self._pollers(), self.group)
+"""
+
+
+@pytest.mark.parametrize("polled_in", ["the drain", "a helper", "a helper's pollers method"])
 def test_a_drain_that_polls_through_a_helper_rests_on_the_same_premise(tmp_path: Path, polled_in: str) -> None:
     """0.5.14's transfer queue reads its poll values from `polls = self._poll_with_metadata_gate()`,
     whose poll_and_all_reduce gets `[dr.kv_receiver for dr in self.queue]`: the sender attribute
     (whose clear() only the drain calls, as the request concludes) is the helper's, and the
-    absent-room KeyError rests on a shared room as when the drain polls itself."""
-    text = drain(CLEARING, POLLED_IN_A_HELPER)
-    if polled_in == "a helper":
+    absent-room KeyError rests on a shared room as when the drain polls itself. 0.5.23 builds
+    that list in one more method (`self._pollers()`): the same."""
+    text = drain(CLEARING, POLLERS_FROM_A_METHOD if polled_in.endswith("method") else POLLED_IN_A_HELPER)
+    if polled_in != "the drain":
         direct = ("        polls = poll_and_all_reduce(\n"
                   "            [r.disagg_kv_sender for r in self.disagg_prefill_inflight_queue], self.group\n"
                   "        )\n")
@@ -630,3 +642,107 @@ def test_a_drain_that_polls_through_a_helper_rests_on_the_same_premise(tmp_path:
     found = [(f.path, f.line, f.severity, f.premise) for f in scan_path(tree).findings if f.rule == "poll-raises"]
     table_read = KEYED_MANAGER.splitlines().index("        return self.request_status[room]") + 1
     assert found == [("disaggregation/net/mgr.py", table_read, "warning", SHARED_ROOM)]
+
+
+# The bootstrap queue's shape (0.4.8 pop_bootstrapped 217-246): Bootstrapping waits, Failed
+# leaves, anything else is taken as WaitingForInput: `break`-like keep while no metadata buffer
+# is free, else alloc, `assert req.metadata_buffer_index is not None`, hand-over.
+BUFFER_GATED = '''\
+            if poll == KVPoll.Bootstrapping:
+                undone_reqs.append(req)
+                continue
+            elif poll == KVPoll.Failed:
+                release_kv_cache(req, self.tree_cache)
+                prepare_abort(req, "bootstrap failed")
+                done_reqs.append(req)
+                continue
+            if self.req_to_metadata_buffer_idx_allocator.available_size() == 0:
+                undone_reqs.append(req)
+                continue
+            req.metadata_buffer_index = self.req_to_metadata_buffer_idx_allocator.alloc()
+            assert req.metadata_buffer_index is not None
+            done_reqs.append(req)'''
+
+
+def test_an_assert_not_about_the_poll_value_holds_and_a_gated_catch_all_waits(tmp_path: Path) -> None:
+    """The allocator check before the assert is an invariant of the scheduler, not of the poll
+    state: no state crashes there (0.4.6.post5 … 0.5.12.post1 gave false unhandled-state
+    WaitingForInput/Transferring/Success at the assert). Success, which only the catch-all
+    meets, is kept while no buffer is free and leaves once one is: it waits, it is not pinned."""
+    tree = write(tmp_path, {"disaggregation/prefill.py": drain(BUFFER_GATED)})
+    report = scan_path(tree)
+    assert not [(f.state, f.line) for f in report.findings if f.rule in ("unhandled-state", "state-crash")]
+    fates = report.queues[0].states
+    assert [str(o) for o in fates["Success"].fate] == ["kept", "leaves"]
+    assert "raises" not in [str(o) for s in fates.values() for o in s.fate]
+    # An assert kvtrace can tie to the poll value still decides: the same chain asserting on it crashes.
+    on_poll = BUFFER_GATED.replace("assert req.metadata_buffer_index is not None",
+                                   "assert poll == KVPoll.WaitingForInput")
+    crashing = scan_path(write(tmp_path / "on-poll", {"disaggregation/prefill.py": drain(on_poll)}))
+    assert {f.state for f in crashing.findings if f.rule == "unhandled-state"} >= {"Transferring", "Success"}
+
+
+# A catch-all that lets a terminal state out only when a PP caller passes rids_to_check: in
+# the default mode (the other caller) it keeps it for ever.
+LEFT_ONLY_IN_PP = '''\
+            if poll in [KVPoll.Bootstrapping, KVPoll.WaitingForInput, KVPoll.Transferring]:
+                undone_reqs.append(req)
+            elif poll == KVPoll.Failed:
+                release_kv_cache(req, self.tree_cache)
+                prepare_abort(req, "transfer failed")
+                done_reqs.append(req)
+            elif rids_to_check is not None:
+                release_kv_cache(req, self.tree_cache)
+                done_reqs.append(req)
+            else:
+                undone_reqs.append(req)'''
+BOTH_CALLERS = '''
+    def event_loop(self):
+        self.drain_inflight()
+
+    def event_loop_pp(self, finished_upstream):
+        self.drain_inflight(rids_to_check=finished_upstream)
+'''
+
+
+def test_a_terminal_state_let_out_only_in_another_mode_is_pinned(tmp_path: Path) -> None:
+    """Success leaves through the catch-all only in the PP mode; a request of the default mode
+    never runs that path, so there it is kept for ever: the way out of another mode is no wait."""
+    text = drain(LEFT_ONLY_IN_PP, BOTH_CALLERS).replace("def drain_inflight(self):",
+                                                        "def drain_inflight(self, rids_to_check=None):")
+    report = scan_path(write(tmp_path, {"disaggregation/prefill.py": text}))
+    kept = [f for f in report.findings if f.rule == "unhandled-state" and f.state == "Success"]
+    keep_line = text.splitlines().index("                undone_reqs.append(req)", text.splitlines().index(
+        "            else:")) + 1
+    assert [(f.line, "queue for ever" in f.message) for f in kept] == [(keep_line, True)]
+
+
+def test_0_5_23_transfer_queue_names_the_receiver_it_polls_through_a_pollers_method() -> None:
+    """0.5.23 pop_transferred (decode.py 2833) polls through `self._poll_with_staging()` (2847) or
+    `self._poll_with_metadata_gate()` (2849), both passing `self._pollers()` (2779), which
+    returns `[dr.kv_receiver for dr in self.queue]` (2782): the request's receiver attribute,
+    whose clear() only the drains call as a request concludes, is what the shared-room premise
+    of the absent-room KeyError needs. Read from the drain alone (the decode scan of 0.5.23 is
+    too slow for a unit test)."""
+    from types import SimpleNamespace
+
+    from kvtrace import pipeline
+    from kvtrace.fetch.local import fetch_local
+    from kvtrace.graph import find_drains, held_queue
+    from kvtrace.packs import load_pack
+    from kvtrace.rules.premise import _polled_attributes
+
+    pack = load_pack("sglang-decode").for_queue("disagg_decode_transfer_queue")
+    target = sglang_tree("0.5.23") / "sglang" / "srt"
+    index = pipeline.index(pipeline.parse(fetch_local(target), pack, None), pack, str(target)).index
+    assert not find_drains(index, pack)  # the queue is an object that drains itself
+    held = held_queue(index, pack)
+    assert held is not None
+    cls, attr = held
+    list_pack = pack.for_queue(attr)
+    [drain] = find_drains(index, list_pack, [m for c in index.mro(cls) for m in c.methods.values()])
+    assert (drain.func.qualname, drain.poll_line) == ("DecodeTransferQueue.pop_transferred", None)
+    lines = (target / "disaggregation" / "decode.py").read_text().splitlines()
+    assert lines[2782 - 1].strip() == "return [dr.kv_receiver for dr in self.queue]"
+    context = SimpleNamespace(queue=SimpleNamespace(drain=drain), pack=list_pack, index=index)
+    assert _polled_attributes(context) == {"kv_receiver"}  # type: ignore[arg-type]
