@@ -18,7 +18,7 @@ from kvtrace.rules.base import ScanContext
 from kvtrace.syntax import dotted
 
 if TYPE_CHECKING:
-    from kvtrace.index import FuncRef
+    from kvtrace.index import ClassInfo, FuncRef, Index
 
 SHARED_ROOM = "two requests share a bootstrap_room"
 
@@ -84,15 +84,96 @@ def absent_room_premise(ctx: ScanContext, backend: Backend, verdict: StateVerdic
                     for caller, call in calls] + list(history.built)
             continue
         entered = _drain_functions(ctx)
-        if any(caller.qualname not in entered for caller, _ in calls):
-            return None
-        why += [Evidence(caller.path, call.lineno, f"premise: {qualname}() is called on a queued request's sender only "
-                                                   f"here, in the drain, as the request concludes")
-                for caller, call in calls]
+        for caller, call in calls:
+            if caller.qualname in entered:
+                why.append(Evidence(caller.path, call.lineno, f"premise: {qualname}() is called on a queued request's "
+                                                              f"sender only here, in the drain, as the request concludes"))
+                continue
+            handed = _handed_over(ctx, caller, entered)
+            if handed is None:
+                return None
+            why.append(Evidence(caller.path, call.lineno, f"premise: {qualname}() is called here only on requests the "
+                                                          f"drain took out of its queue and put in {handed}"))
     why.append(Evidence(drain.func.path, drain.func.line,
                         "premise: while the request is queued, only another request's sender for the same room "
                         "takes the room out of the table"))
     return Premise(SHARED_ROOM, why)
+
+
+def _handed_over(ctx: ScanContext, func: FuncRef, drains: set[str]) -> str | None:
+    """`self.<held>` when every caller of `func` (a method outside the drains) takes its requests
+    from a list of the same object that only the drains add to (requests they removed from their
+    queue: a deferred release) and never reads a queue: the requests `func` concludes have left."""
+    queues = {ctx.pack.queue} | {q.drain.list_attr for q in [ctx.queue, *ctx.others]
+                                 if q.drain is not None and q.drain.list_attr}
+    if func.owner is None:
+        return None
+    callers = [(g, call) for g, call in ctx.index.callers(func.name) if isinstance(call.func, ast.Attribute)
+               and isinstance(call.func.value, ast.Name) and call.func.value.id == "self" and g.owner is not None
+               and func.owner in ctx.index.mro(g.owner)]
+    if not callers or len(callers) != len(ctx.index.callers(func.name)):
+        return None
+    held: set[str] = set()
+    for caller, _ in callers:
+        if caller.qualname in drains:
+            return None  # a drain function that the closure missed: not a hand-over
+        read = {n.attr for n in ctx.index.nodes_in(caller, (ast.Attribute,))
+                if isinstance(n.value, ast.Name) and n.value.id == "self"}
+        filled = {attr for attr in read - queues if _filled_only_by(ctx.index, caller.owner, attr, drains)}
+        if read & queues or not filled:
+            return None
+        held |= filled
+    return ", ".join(f"self.{attr}" for attr in sorted(held))
+
+
+def _filled_only_by(index: Index, cls: ClassInfo, attr: str, drains: set[str]) -> bool:
+    """Whether only `drains` add items to `self.<attr>` (`append`, `extend`, `insert`, `+=`);
+    elsewhere it is only emptied or set to a part of itself (a local filled while iterating it)."""
+    added = False
+    for func in (m for c in index.mro(cls) for m in c.methods.values()):
+        for node in index.nodes_in(func, (ast.Call, ast.Assign, ast.AugAssign, ast.AnnAssign)):
+            if isinstance(node, ast.Call):
+                if isinstance(node.func, ast.Attribute) and node.func.attr in ("append", "extend", "insert") \
+                        and _is_self_attr(node.func.value, attr):
+                    if func.qualname not in drains:
+                        return False
+                    added = True
+                continue
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if not any(_is_self_attr(t, attr) for t in targets):
+                continue
+            if isinstance(node, ast.AugAssign) or node.value is None:
+                if func.qualname not in drains:
+                    return False
+                added = True
+            elif not _empty(node.value) and not _part_of_itself(index, func, node.value, attr):
+                return False
+    return added
+
+
+def _is_self_attr(node: ast.AST, attr: str) -> bool:
+    return isinstance(node, ast.Attribute) and node.attr == attr and isinstance(node.value, ast.Name) \
+        and node.value.id == "self"
+
+
+def _empty(value: ast.expr) -> bool:
+    return isinstance(value, (ast.List, ast.Tuple, ast.Set, ast.Dict)) and not getattr(value, "elts", getattr(value, "keys", [])) \
+        or isinstance(value, ast.Call) and not value.args and isinstance(value.func, ast.Name)
+
+
+def _part_of_itself(index: Index, func: FuncRef, value: ast.expr, attr: str) -> bool:
+    """`self.x = kept` where `kept` gets only items of loops over `self.x` (or a comprehension over it)."""
+    if isinstance(value, ast.ListComp):
+        return all(any(_is_self_attr(n, attr) for n in ast.walk(g.iter)) for g in value.generators)
+    if not isinstance(value, ast.Name):
+        return False
+    loop_names: set[str] = set()
+    for loop in index.nodes_in(func, (ast.For,)):
+        if any(_is_self_attr(n, attr) for n in ast.walk(loop.iter)):
+            loop_names |= {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
+    adds = [c for c in index.calls_in(func) if isinstance(c.func, ast.Attribute) and c.func.attr in ("append", "extend")
+            and isinstance(c.func.value, ast.Name) and c.func.value.id == value.id]
+    return all(len(c.args) == 1 and isinstance(c.args[0], ast.Name) and c.args[0].id in loop_names for c in adds)
 
 
 def verdict_premise(ctx: ScanContext, backend: Backend, state: str, verdict: StateVerdict) -> Premise | None:
@@ -232,17 +313,67 @@ def _pollers_from_helpers(ctx: ScanContext, statements: list[tuple[FuncRef, ast.
 
 
 def _drain_functions(ctx: ScanContext) -> set[str]:
-    """The drain function and every function its paths go through (its helpers), of this queue
-    and of the pack's other queues: a request is queued in one at a time, so a call there on a
-    sender is this request's as it concludes, or another request's."""
+    """The drain function and every function it runs on its own object (its helpers), of this
+    queue and of the pack's other queues: a request is queued in one at a time, so a call there
+    on a sender is this request's as it concludes, or another request's. Read from the code (the
+    calls' static closure), not from the explored paths: those stop short at the path limit."""
     names: set[str] = set()
     for queue in [ctx.queue, *ctx.others]:
-        if queue.drain is not None:
-            names.add(queue.drain.func.qualname)
-        for paths in queue.paths.values():
-            for path in paths:
-                names.update(e.function for e in path.events if e.function)
+        drain = queue.drain
+        if drain is None:
+            continue
+        roots = [drain.func, *(func for func, *_ in drain.then)] + ([drain.owner] if drain.owner else [])
+        names |= {f.qualname for f in self_call_closure(ctx.index, roots, drain.cls or drain.func.owner)}
     return names
+
+
+def self_call_closure(index: Index, roots: list[FuncRef], cls: ClassInfo | None) -> list[FuncRef]:
+    """`roots` and every function they run on the same object, until nothing new: `self.m()`
+    (and `self.m` handed on as a value) through `cls`'s MRO, `super().m()` past the caller's
+    class, `Base.m(self)`, and module functions by bare name (on the object when given `self`),
+    as kvtrace.flow resolves calls."""
+    found: dict[int, FuncRef] = {id(f.node): f for f in roots}
+    todo = [(f, _self_param(f)) for f in roots]
+    while todo:
+        func, me = todo.pop()
+        for callee, callee_me in _callees(index, func, me, cls):
+            if id(callee.node) not in found:
+                found[id(callee.node)] = callee
+                todo.append((callee, callee_me))
+    return list(found.values())
+
+
+def _self_param(func: FuncRef) -> str | None:
+    params = func.node.args.posonlyargs + func.node.args.args
+    return params[0].arg if func.owner is not None and params else None
+
+
+def _callees(index: Index, func: FuncRef, me: str | None, cls: ClassInfo | None) -> list[tuple[FuncRef, str | None]]:
+    """What `func` runs (with the name of its object parameter), `me` naming the object in `func`."""
+    on = cls if cls is not None and (func.owner is None or func.owner in index.mro(cls)) else func.owner
+    found: list[tuple[FuncRef | None, str | None]] = []
+    for node in index.nodes_in(func, (ast.Attribute,)):
+        if me is not None and on is not None and isinstance(node.value, ast.Name) and node.value.id == me:
+            method = index.find_method(on, node.attr)  # `self.m()`, or `self.m` handed on
+            found.append((method, _self_param(method) if method is not None else None))
+        elif isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name) \
+                and node.value.func.id == "super" and func.owner is not None and on is not None:
+            mro = index.mro(on)
+            after = mro[next((i for i, c in enumerate(mro) if c is func.owner), len(mro)) + 1:]
+            method = next((c.methods[node.attr] for c in after if node.attr in c.methods), None)
+            found.append((method, _self_param(method) if method is not None else None))
+    for call in index.calls_in(func):
+        given = next((i for i, a in enumerate(call.args) if me is not None and isinstance(a, ast.Name) and a.id == me),
+                     None)
+        if isinstance(call.func, ast.Name):
+            target = index.resolve_function(call.func.id, func.path)
+            params = [a.arg for a in target.node.args.posonlyargs + target.node.args.args] if target else []
+            found.append((target, params[given] if given is not None and given < len(params) else None))
+        elif isinstance(call.func, ast.Attribute) and isinstance(call.func.value, ast.Name) and given == 0:
+            base = index.resolve_class(call.func.value.id, near=func.path)  # `Base.m(self)`
+            method = index.find_method(base, call.func.attr) if base is not None else None
+            found.append((method, _self_param(method) if method is not None else None))
+    return [(f, m) for f, m in found if f is not None]
 
 
 def _last_attr(node: ast.AST) -> str | None:

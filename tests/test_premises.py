@@ -746,3 +746,127 @@ def test_0_5_23_transfer_queue_names_the_receiver_it_polls_through_a_pollers_met
     assert lines[2782 - 1].strip() == "return [dr.kv_receiver for dr in self.queue]"
     context = SimpleNamespace(queue=SimpleNamespace(drain=drain), pack=list_pack, index=index)
     assert _polled_attributes(context) == {"kv_receiver"}  # type: ignore[arg-type]
+
+
+# 0.5.23's transfer queue: a failed request the drain cannot free yet goes to `_deferred_releases`
+# (decode.py 2966 -> `_defer_release` 3008), and `resolve_deferred_releases` (3046), run by the
+# scheduler outside the drain, clears its receiver later (`_do_release` 3028).
+DEFERRING = CLEARING.replace('''                prepare_abort(req, "transfer failed")
+                done_reqs.append(req)''', '''                prepare_abort(req, "transfer failed")
+                self._defer(req)''')
+DEFERRED_RELEASE = '''
+    def _defer(self, req):
+        self.deferred_releases.append(req)
+
+    def resolve_deferred_releases(self):
+        still_held = []
+        for req in self.deferred_releases:
+            if req.ready:
+                self._release(req)
+            else:
+                still_held.append(req)
+        self.deferred_releases = still_held
+
+    def _release(self, req):
+        req.disagg_kv_sender.clear()
+'''
+# What makes the later clear() possibly this queued request's: the held list is also filled
+# outside the drain, or the releasing method takes its requests from the queue itself.
+NOT_HANDED_OVER = {
+    "filled outside the drain": DEFERRED_RELEASE + '''
+    def hold(self, req):
+        self.deferred_releases.append(req)
+''',
+    "reads the queue": DEFERRED_RELEASE.replace("for req in self.deferred_releases:",
+                                                "for req in self.deferred_releases + self.disagg_prefill_inflight_queue:"),
+}
+
+
+@pytest.mark.parametrize("shape", ["handed over", *NOT_HANDED_OVER])
+def test_a_clear_on_requests_the_drain_handed_over_rests_on_a_shared_room(tmp_path: Path, shape: str) -> None:
+    """A clear() outside the drain, on requests the drain alone put in a list of its own object
+    after taking them out of the queue (a deferred release), takes out a room that is no queued
+    request's unless two share it: the KeyError rests on a shared room, and the chain names that
+    call. If something else fills the list, or the releasing method reads the queue, it is an error."""
+    methods = DEFERRED_RELEASE if shape == "handed over" else NOT_HANDED_OVER[shape]
+    tree = write(tmp_path, {"disaggregation/prefill.py": drain(DEFERRING, methods),
+                            "disaggregation/net/conn.py": KEYED_SENDER % KEYED_POLLS["direct"],
+                            "disaggregation/net/mgr.py": KEYED_MANAGER})
+    found = [f for f in scan_path(tree).findings if f.rule == "poll-raises"]
+    table_read = KEYED_MANAGER.splitlines().index("        return self.request_status[room]") + 1
+    assert [(f.path, f.line) for f in found] == [("disaggregation/net/mgr.py", table_read)]
+    [finding] = found
+    if shape != "handed over":
+        assert (finding.severity, finding.premise) == ("error", None)
+        return
+    assert (finding.severity, finding.premise) == ("warning", SHARED_ROOM)
+    lines = (tree / "disaggregation/prefill.py").read_text().splitlines()
+    later_clear = next(i for i, t in enumerate(lines, 1) if t.strip() == "req.disagg_kv_sender.clear()"
+                       and lines[i - 2].strip() == "def _release(self, req):")
+    notes = {e.line: e.note for e in finding.evidence if e.path == "disaggregation/prefill.py"}
+    assert "self.deferred_releases" in notes[later_clear], notes
+
+
+# The drain reaches the clear() only through a chain of its own methods (`self.a()` -> super()
+# -> a module function given the object -> `Base.m(self)`): the closure reads them from the code.
+CHAINED = '''\
+from .base.conn import KVPoll
+
+
+def conclude(obj, req):
+    obj.finish(req)
+
+
+class Base:
+    def finish(self, req):
+        Helpers.really_finish(self, req)
+
+
+class Helpers:
+    def really_finish(self, req):
+        req.sender.clear()
+
+    def unrelated(self, req):
+        req.sender.clear()
+
+
+class Queue(Base):
+    def drain(self):
+        for req in self.queue:
+            self.step(req)
+
+    def step(self, req):
+        self.later(req)
+
+    def later(self, req):
+        callback = self.last
+        callback(req)
+
+    def last(self, req):
+        conclude(self, req)
+
+    def finish(self, req):
+        super().finish(req)
+
+    def never_called(self, req):
+        req.sender.clear()
+'''
+
+
+def test_the_drains_helpers_are_the_static_closure_of_its_own_calls(tmp_path: Path) -> None:
+    """`self.m()`, `self.m` handed on as a value, a module function by bare name, an inherited
+    method, `Base.m(self)`: every function the drain may run on its object, read from the code
+    (the explored paths stop short at the path limit, 0.5.23's decode drains). A method nothing
+    calls is not in it."""
+    from kvtrace.fetch.local import fetch_local
+    from kvtrace.index import Index
+    from kvtrace.parse import parse_modules
+    from kvtrace.rules.premise import self_call_closure
+
+    (tmp_path / "q.py").write_text(CHAINED)
+    index = Index(parse_modules(fetch_local(tmp_path).files))
+    [queue] = index.classes["Queue"]
+    closure = self_call_closure(index, [queue.methods["drain"]], queue)
+    assert {f.qualname for f in closure} == {"Queue.drain", "Queue.step", "Queue.later", "Queue.last", "conclude",
+                                              "Queue.finish", "Base.finish",
+                                              "Helpers.really_finish"}
