@@ -870,3 +870,53 @@ def test_the_drains_helpers_are_the_static_closure_of_its_own_calls(tmp_path: Pa
     assert {f.qualname for f in closure} == {"Queue.drain", "Queue.step", "Queue.later", "Queue.last", "conclude",
                                               "Queue.finish", "Base.finish",
                                               "Helpers.really_finish"}
+
+
+def test_0_5_23_every_receiver_clear_is_a_drains_or_on_a_request_it_handed_over() -> None:
+    """0.5.23's decode KeyError (common/conn.py 609, `self.request_status[bootstrap_room]`) rests on
+    a shared room only if nothing takes a queued request's room out: every `kv_receiver.clear()`
+    (decode.py 1401, 1601, 2651, 2670, 2774, 2925, 2970, 3028) is in the drains' static closure
+    (pop_preallocated, pop_transferred -> _commit_transfer_to_req) or, for `_do_release` (3028,
+    run by resolve_deferred_releases 3046 from the scheduler loop), on requests that only the
+    transfer drain put in `self._deferred_releases` (`_defer_release` 3008) after taking them out
+    of its queue. The explored paths stop at the path limit there, so the closure is read from the
+    code. (The decode scan of 0.5.23 is too slow for a unit test: the drains are read alone.)"""
+    from types import SimpleNamespace
+
+    from kvtrace import pipeline
+    from kvtrace.fetch.local import fetch_local
+    from kvtrace.graph import find_drains, held_queue
+    from kvtrace.packs import load_pack
+    from kvtrace.rules.premise import _drain_functions, _handed_over
+
+    target = sglang_tree("0.5.23") / "sglang" / "srt"
+    lines = (target / "disaggregation" / "decode.py").read_text().splitlines()
+    base = load_pack("sglang-decode")
+    first = base.for_queue("disagg_decode_prealloc_queue")
+    index = pipeline.index(pipeline.parse(fetch_local(target), first, None), first, str(target)).index
+    queues = []
+    for name in ("disagg_decode_prealloc_queue", "disagg_decode_transfer_queue"):
+        held = held_queue(index, base.for_queue(name))
+        assert held is not None
+        cls, attr = held
+        list_pack = base.for_queue(name).for_queue(attr)
+        [drain] = find_drains(index, list_pack, [m for c in index.mro(cls) for m in c.methods.values()])
+        queues.append((list_pack, SimpleNamespace(drain=drain)))
+    clears = {(caller.qualname, call.lineno) for caller, call in index.callers("clear")
+              if _last_attr_is(call.func, "kv_receiver")}
+    assert {line for _, line in clears} == {1401, 1601, 2651, 2670, 2774, 2925, 2970, 3028}
+    assert all(lines[line - 1].strip() == "decode_req.kv_receiver.clear()" for _, line in clears)
+    for at, (list_pack, queue) in enumerate(queues):
+        others = [q for other, (_, q) in enumerate(queues) if other != at]
+        context = SimpleNamespace(queue=queue, others=others, pack=list_pack, index=index)
+        drains = _drain_functions(context)  # type: ignore[arg-type]
+        outside = {(name, line) for name, line in clears if name not in drains}
+        assert outside == {("DecodeTransferQueue._do_release", 3028)}
+        [do_release] = [f for f in index.all_functions() if f.qualname == "DecodeTransferQueue._do_release"]
+        assert _handed_over(context, do_release, drains) == "self._deferred_releases"  # type: ignore[arg-type]
+
+
+def _last_attr_is(func, attr: str) -> bool:
+    import ast
+
+    return isinstance(func, ast.Attribute) and isinstance(func.value, ast.Attribute) and func.value.attr == attr
