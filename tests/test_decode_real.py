@@ -381,3 +381,21 @@ def test_known_miss_success_kept_in_the_prealloc_queue_0_4_6_post5() -> None:
     assert lines[160 - 1].strip().startswith("self.queue.append(DecodeRequest(")
     assert not [f for f in report.findings if f.rule == "unhandled-state" and f.state == "Success"
                 and f.queue == "disagg_decode_prealloc_queue"]
+
+
+def test_0_5_13_decode_has_no_error_and_a_known_false_warning_at_the_hisparse_assert() -> None:
+    """The decode pack on 0.5.13 (decode.py as read by hand): complete, no path limit, no error.
+    A kvtrace miss kept as such: `_pre_alloc(..., prefix_len: Optional[int] = None, ...)` (1246)
+    sets `prefix_len = 0` when None, and under `if self.scheduler.enable_hisparse:` (1307) asserts
+    `prefix_len == 0` (1310), an invariant of the HiSparse mode, not about the poll value. The
+    engine binds the unbound parameter to every KVPoll value and reads `== 0` as a test for
+    Failed (= 0), so every state "matches no test" there: five false unhandled-state warnings.
+    When the engine stops taking an int parameter for the poll value, this fails: drop them."""
+    report = decode_scan("0.5.13")
+    assert not [p for p in report.problems if "path limit" in p or "cut short" in p], report.problems
+    assert not [(f.rule, f.backend, f.path, f.line) for f in report.findings if f.severity == "error"]
+    lines = (sglang_tree("0.5.13") / DECODE).read_text().splitlines()
+    assert lines[1310 - 1].strip() == "assert prefix_len == 0"
+    assert lines[1307 - 1].strip() == "if self.scheduler.enable_hisparse:"
+    at_assert = {f.state for f in report.findings if f.rule == "unhandled-state" and f.line == 1310}
+    assert at_assert == {"Bootstrapping", "WaitingForInput", "Transferring", "Success", "Failed"}
