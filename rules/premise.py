@@ -162,7 +162,8 @@ def _empty(value: ast.expr) -> bool:
 
 
 def _part_of_itself(index: Index, func: FuncRef, value: ast.expr, attr: str) -> bool:
-    """`self.x = kept` where `kept` gets only items of loops over `self.x` (or a comprehension over it)."""
+    """`self.x = kept` where `kept` gets only items of loops over `self.x` (or a comprehension over
+    it): the item itself, or its unpacked parts packed again."""
     if isinstance(value, ast.ListComp):
         return all(any(_is_self_attr(n, attr) for n in ast.walk(g.iter)) for g in value.generators)
     if not isinstance(value, ast.Name):
@@ -173,7 +174,14 @@ def _part_of_itself(index: Index, func: FuncRef, value: ast.expr, attr: str) -> 
             loop_names |= {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
     adds = [c for c in index.calls_in(func) if isinstance(c.func, ast.Attribute) and c.func.attr in ("append", "extend")
             and isinstance(c.func.value, ast.Name) and c.func.value.id == value.id]
-    return all(len(c.args) == 1 and isinstance(c.args[0], ast.Name) and c.args[0].id in loop_names for c in adds)
+    return all(len(c.args) == 1 and _made_of(c.args[0], loop_names) for c in adds)
+
+
+def _made_of(value: ast.expr, names: set[str]) -> bool:
+    """A name of `names`, or a tuple of them (the loop's item unpacked and packed again)."""
+    if isinstance(value, ast.Tuple):
+        return all(_made_of(e, names) for e in value.elts)
+    return isinstance(value, ast.Name) and value.id in names
 
 
 def verdict_premise(ctx: ScanContext, backend: Backend, state: str, verdict: StateVerdict) -> Premise | None:
