@@ -800,6 +800,9 @@ class Explorer:
             return False
         if frame.prefix == MANAGER:
             return frame.is_self(node.value)
+        if frame.prefix == "" and isinstance(node.value, cst.Name) and self.c.manager is not None \
+                and node.value.value in self.manager_aliases(frame):
+            return True  # `mgr.<table>` after `self.kv_mgr = mgr` (0.5.22 receivers' constructor)
         holder = self_attr(node.value, frame.self_name)
         return holder is not None and holder in self.c.manager_attrs
 

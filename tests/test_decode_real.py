@@ -317,6 +317,17 @@ HAND_READ = [
        "check_status indexes request_status[room]; while the request is in the transfer queue only a request "
        "sharing its room clears it", "sglang#40125, sglang#27643", "disagg_decode_transfer_queue")
       for backend in ("ascend", "mooncake", "mori")],
+    # 0.5.19 ---------------------------------------------------------------------------------
+    # The same KeyError (CommonKVManager.check_status 363). Deferred decode KV release (sglang#35049)
+    # adds a clear() outside the drains: resolve_deferred_releases (2405, from the scheduler loop
+    # 2676) -> _do_release -> `decode_req.kv_receiver.clear()` (2399), on requests that only
+    # pop_transferred put in `self._deferred_releases` (_defer_release 2386) after removing them
+    # from its queue. Still only a request sharing the room takes a queued request's room out.
+    *[("0.5.19", "poll-raises", backend, None, "common/conn.py", 363, "warning",
+       "check_status indexes request_status[room]; the deferred release clears only requests the transfer "
+       "drain took out of its queue", "sglang#40125, sglang#27643, sglang#35049", queue)
+      for backend in ("ascend", "mooncake", "mori")
+      for queue in ("disagg_decode_prealloc_queue", "disagg_decode_transfer_queue")],
 ]
 
 
@@ -399,3 +410,27 @@ def test_0_5_13_decode_has_no_error_and_a_known_false_warning_at_the_hisparse_as
     assert lines[1307 - 1].strip() == "if self.scheduler.enable_hisparse:"
     at_assert = {f.state for f in report.findings if f.rule == "unhandled-state" and f.line == 1310}
     assert at_assert == {"Bootstrapping", "WaitingForInput", "Transferring", "Success", "Failed"}
+
+
+def test_0_5_23_decode_keyerror_rests_on_a_shared_room() -> None:
+    """Issue 22/23: 0.5.23's decode pack reaches the path limit in pop_preallocated (its
+    allocation helpers), so the drains' helpers cannot be read from the explored paths. The
+    KeyError of CommonKVManager.check_status (common/conn.py 609, `self.request_status[
+    bootstrap_room]`), read by both queues' receivers, rests on a shared room all the same: every
+    `kv_receiver.clear()` is in a drain's static closure, or in `_do_release` (3028) on requests
+    the transfer drain deferred (sglang#35049) after removing them from its queue (checked in
+    test_premises.py; the chain does not list them, as the pop is in `_clear()`: a known miss
+    there). CommonKVReceiver.__init__ returns before storing the room only when `bootstrap_room
+    in mgr.request_status` (2500), i.e. another request holds the room. Upstream: a
+    duplicated client-supplied room crashes the scheduler there (sglang#40125, fix #40185 open);
+    with SGLang's own random 63-bit rooms it does not happen (maintainers on sglang#27643)."""
+    report = decode_scan("0.5.23")
+    lines = (sglang_tree("0.5.23") / D / "common/conn.py").read_text().splitlines()
+    assert lines[609 - 1].strip() == "return self.request_status[bootstrap_room]"
+    found = [f for f in report.findings if f.rule == "poll-raises" and (f.path, f.line) == (_srt("common/conn.py"), 609)]
+    assert {(f.backend, f.queue) for f in found} == {(b, q) for b in ("ascend", "mooncake", "mori")
+                                                      for q in ("disagg_decode_prealloc_queue",
+                                                                "disagg_decode_transfer_queue")}
+    for f in found:
+        assert (f.severity, f.premise) == ("warning", SHARED_ROOM), (f.backend, f.queue, f.severity, f.premise)
+        assert not any("can return without storing the room" in e.note for e in f.evidence)

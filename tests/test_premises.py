@@ -933,3 +933,52 @@ def _last_attr_is(func, attr: str) -> bool:
     import ast
 
     return isinstance(func, ast.Attribute) and isinstance(func.value, ast.Attribute) and func.value.attr == attr
+
+
+# 0.5.22 … 0.5.23 CommonKVReceiver.__init__: a receiver for a room already in the table does not
+# own it and returns before storing it (`_owns_bootstrap_room = not (mgr.defer_decode_allocation and
+# bootstrap_room in mgr.request_status)`), testing the table through the constructor's `mgr`.
+NOT_OWNED_RETURNS = KEYED_SENDER.replace(
+    "        self.kv_mgr.update_status(room, KVPoll.Bootstrapping)\n",
+    "        if room in mgr.request_status:\n            return\n"
+    "        self.kv_mgr.update_status(room, KVPoll.Bootstrapping)\n", 1)
+# 0.5.23: the room is popped in `_clear()`, which the drains reach through `clear()`.
+CLEARED_THROUGH = KEYED_SENDER.replace(
+    "    def clear(self):\n        self.kv_mgr.request_status.pop(self.room, None)\n",
+    "    def clear(self):\n        self._clear()\n\n    def _clear(self):\n"
+    "        self.kv_mgr.request_status.pop(self.room, None)\n")
+FLUSHES_THE_QUEUE = '''
+    def flush_all(self):
+        for req in self.disagg_prefill_inflight_queue:
+            req.disagg_kv_sender.clear()
+'''
+
+
+def test_a_constructor_that_tests_the_table_through_its_manager_argument_stores_the_room(tmp_path: Path) -> None:
+    """A constructor that returns early only when the room is already in the table (`room in
+    mgr.request_status`, `mgr` being what it stores in `self.kv_mgr`) stores the room on every path
+    from a table without it: the room is never missing from birth, and the absent-room KeyError
+    rests on a shared room (0.5.22 … 0.5.23 gave six decode errors with "can return without
+    storing the room")."""
+    tree = write(tmp_path, {"disaggregation/prefill.py": drain(CLEARING),
+                            "disaggregation/net/conn.py": NOT_OWNED_RETURNS % KEYED_POLLS["direct"],
+                            "disaggregation/net/mgr.py": KEYED_MANAGER})
+    found = [(f.path, f.line, f.severity, f.premise) for f in scan_path(tree).findings if f.rule == "poll-raises"]
+    table_read = KEYED_MANAGER.splitlines().index("        return self.request_status[room]") + 1
+    assert found == [("disaggregation/net/mgr.py", table_read, "warning", SHARED_ROOM)]
+
+
+def test_known_miss_a_pop_reached_through_clear_is_not_followed_to_its_callers(tmp_path: Path) -> None:
+    """A kvtrace miss, kept as such. The room is popped in `_clear()`, which `clear()` calls
+    (0.5.23 CommonKVReceiver): the premise looks only for calls of `_clear` on a request's sender
+    and finds none, so a `clear()` on queued requests outside the drain (a flush over the queue,
+    which may be this request's) goes unseen and the KeyError is called a shared-room warning.
+    Following every sender method that reaches the pop is not enough either: mori's `abort()`
+    calls `self.clear()` (0.5.9 … 0.5.22) on the request being aborted, whose poll then answers
+    its own conclusion; telling the two apart needs what poll() reads after that method. When
+    that is done this fails: expect ("error", None)."""
+    tree = write(tmp_path, {"disaggregation/prefill.py": drain(CLEARING, FLUSHES_THE_QUEUE),
+                            "disaggregation/net/conn.py": CLEARED_THROUGH % KEYED_POLLS["direct"],
+                            "disaggregation/net/mgr.py": KEYED_MANAGER})
+    found = [(f.severity, f.premise) for f in scan_path(tree).findings if f.rule == "poll-raises"]
+    assert found == [("warning", SHARED_ROOM)]
