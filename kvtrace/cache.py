@@ -409,18 +409,18 @@ def _thaw(payload: bytes, fetched: FetchResult, key: str) -> Report | None:
         if extra.get("key") != key:
             return None  # an entry copied under another key's name
         by_path = {f.path: f for f in fetched.files}
-        marks: list[tuple[SourceFile, FileStatus, str | None]] = []
+        files: list[SourceFile] = []
         for item in extra["files"]:
             path, sha, status, error = item
             source = by_path[path]
             if source.sha256 != sha or status not in _STATUSES or not isinstance(error, (str, type(None))):
                 return None
-            marks.append((source, cast(FileStatus, status), error))  # one of _STATUSES: checked above
+            # The file as the scan left it (a parse failure marked on a copy); the fetched file stays as read.
+            files.append(source if (source.status, source.error) == (status, error)
+                         else dataclasses.replace(source, status=cast(FileStatus, status), error=error))  # one of _STATUSES: checked above
     except Exception:  # any damage at all is a miss, never a crash
         return None
-    for source, status, error in marks:  # only once all of it checked: a bad entry changes no file
-        source.status, source.error = status, error
-    report.files = [source for source, _, _ in marks]
+    report.files = files
     report.target = fetched.target
     return report
 

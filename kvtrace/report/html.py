@@ -35,7 +35,8 @@ svg text{font:12px system-ui,sans-serif;pointer-events:none}svg text.code{font:1
 .state.pinned rect{fill:#ffebe9;stroke:#cf222e;stroke-width:2.5}.state.pinned text{fill:#a40e26;font-weight:700}
 .state.dropped rect{stroke:#bc4c00;stroke-dasharray:4 2}
 .outcome-kept rect{fill:#fff8c5}.outcome-leaves rect{fill:#dafbe1}.outcome-raises rect{fill:#fbefff}.outcome-dropped rect{fill:#fff1e5;stroke:#bc4c00}
-.wayout.ok rect{fill:#dafbe1;stroke:#1a7f37}.wayout.missing rect{fill:#ffebe9;stroke:#cf222e;stroke-dasharray:5 3}.wayout.partial rect{stroke-dasharray:2 2}
+.wayout.ok rect{fill:#dafbe1;stroke:#1a7f37}.wayout.missing rect{fill:#ffebe9;stroke:#cf222e;stroke-dasharray:5 3}\
+.wayout.partial rect{stroke-dasharray:2 2}
 .edge{fill:none;stroke:#8c959f;stroke-width:1.3}.edge.pinned{stroke:#cf222e;stroke-width:2}.edge.missing{stroke:#cf222e;stroke-dasharray:5 3}
 .edge.wait{stroke:#9a6700;stroke-dasharray:2 3}
 .site-wait rect{fill:#fff8c5;stroke:#9a6700;stroke-dasharray:4 2}
