@@ -42,11 +42,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast, get_args
+from typing import TYPE_CHECKING, cast, get_args
 
 from kvtrace import __version__
 from kvtrace.errors import InputError
 from kvtrace.model import FetchResult, FileStatus, Report, SourceFile
+
+if TYPE_CHECKING:  # the analysis is imported only when a scan runs: a cached rescan never needs it
+    from kvtrace.config import Settings
+    from kvtrace.packs import Pack
 
 MAGIC = b"kvtrace-cache 2 json\n"
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
@@ -431,9 +435,9 @@ _STATUSES: tuple[str, ...] = get_args(FileStatus)
 ScanFn = Callable[[FetchResult, object], Report]
 
 
-def scan_cached(fetched: FetchResult, pack: object, cache: Cache | None,
+def scan_cached(fetched: FetchResult, pack: Pack | None, cache: Cache | None,
                 memo: dict[str, bytes] | None = None, scan: ScanFn | None = None,
-                settings: object = None, root: str | None = None) -> tuple[Report, bool]:
+                settings: Settings | None = None, root: str | None = None) -> tuple[Report, bool]:
     """The report for `fetched`, from `memo` (this run) or `cache` (earlier runs) when the same
     code, pack, settings and files were scanned before, else by scanning. Returns (report, was_hit)."""
     key = scan_key(fetched, pack, settings, root)
@@ -455,7 +459,7 @@ def scan_cached(fetched: FetchResult, pack: object, cache: Cache | None,
             from kvtrace.scan import scan_fetched
 
             report = scan_fetched(fetched, pack, settings, root=root) if settings is not None else \
-                scan_fetched(fetched, pack, root=root)  # type: ignore[arg-type]
+                scan_fetched(fetched, pack, root=root)
     if memo is not None or cache is not None:
         try:
             frozen = _freeze(report, key)

@@ -137,13 +137,25 @@ class SourceFile:
     sha256: str
     status: FileStatus = "ok"
     error: str | None = None
-    text: str | None = field(init=False, repr=False, compare=False)  # None when the bytes do not decode
-    undecodable: str | None = field(init=False, repr=False, compare=False)  # why they do not, or None
+    # Private (a leading "_"): what walks a report's fields (safe_text.rewrite_strings, the cache
+    # codec) leaves the source text alone.
+    _text: str | None = field(init=False, repr=False, compare=False)
+    _undecodable: str | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         text, why = _decode(self.data)
-        object.__setattr__(self, "text", text)  # a frozen record's own fields, set once at creation
-        object.__setattr__(self, "undecodable", why)
+        object.__setattr__(self, "_text", text)  # a frozen record's own fields, set once at creation
+        object.__setattr__(self, "_undecodable", why)
+
+    @property
+    def text(self) -> str | None:
+        """The decoded text, or None when the bytes do not decode (`undecodable` says why)."""
+        return self._text
+
+    @property
+    def undecodable(self) -> str | None:
+        """Why the bytes do not decode as Python source, or None when they do."""
+        return self._undecodable
 
     @property
     def as_read(self) -> tuple[FileStatus, str | None]:
