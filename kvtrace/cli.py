@@ -13,11 +13,10 @@ import os
 import re
 import sys
 import traceback
-from dataclasses import dataclass
 from enum import Enum
 from pathlib import Path
 from collections.abc import Iterator
-from typing import Annotated, Optional
+from typing import Annotated, NamedTuple, Optional
 
 import typer
 
@@ -314,9 +313,9 @@ def scan(
     raise typer.Exit(run_scan(request))
 
 
-@dataclass(frozen=True)
-class ScanRequest:
-    """What `kvtrace scan`'s command line asks for, as given (checked by `_prepare`)."""
+class ScanRequest(NamedTuple):
+    """What `kvtrace scan`'s command line asks for, as given (checked by `_prepare`). Immutable: a
+    NamedTuple rather than a frozen dataclass, whose generated methods every run would pay to build."""
 
     targets: tuple[str, ...]
     given_format: Optional[OutputFormat]
@@ -354,8 +353,7 @@ class ScanRequest:
                          pack=self.rules, fail_on=self.fail_on, baseline=str(self.baseline) if self.baseline else None)
 
 
-@dataclass(frozen=True)
-class _Prepared:
+class _Prepared(NamedTuple):
     """A request checked before anything is fetched: the targets, the format, and per target its
     settings, packs and baseline."""
 
