@@ -31,6 +31,15 @@ STATEMENT_LINES = 8  # a statement over more source lines than this is shown on 
 COLUMN = NODE_W + GAP
 MARGIN = 10
 BACK_EDGE_ROOM = 40  # back edges loop around the right side of the drawing
+# An edge's label has a slot of its own in a band of labels under the edge's source row, laid out
+# with the nodes: the edge runs down the slot's left side and the text sits right of it, so no
+# other edge passes through a label (they pass through their own slots in the band).
+LABEL_CHAR_W, LABEL_H = 6.0, 12  # a 10px label's character and line (wide enough for the rendered text)
+LABEL_LEAD = 10  # the slot's left part, where its own edge runs down
+LABEL_PAD = 5  # above and below the text in its band, clear of the curves entering and leaving it
+BAND_GAP = 34  # between a row of nodes and a band of labels: the edges' curves run there
+# Characters per label line, widest first: a band takes the widest that keeps it within the drawing.
+LABEL_WRAPS = (64, 40, 32, 24, 16)
 
 
 @dataclass
@@ -181,8 +190,21 @@ def backend_diagram(report: Report, backend: Backend) -> Diagram:
     for n, data in g.nodes(data=True):
         data["lines"] = node_lines(report, data)
         data["h"] = max(NODE_H, 12 + len(data["lines"]) * LINE_H)
+    shown = [s for s in states if s in returned]
+    for a, b, data in g.edges(data=True):
+        data["text"] = edge_text(a, data, shown)
     width, height = _layout(g)
     return Diagram(backend, g, pinned, width, height)
+
+
+def edge_text(source: tuple, data: dict, shown: list[str]) -> str:
+    """What an edge's label says: the states that take it ("every state" when that is all of
+    the drawn states), "waits:" before them on a wait; nothing out of a state node (the state is
+    the node above) nor on an edge no state takes."""
+    if source[0] == "state" or not data["states"]:
+        return ""
+    states = "every state" if len(shown) > 2 and set(data["states"]) >= set(shown) else ", ".join(data["states"])
+    return f"waits: {states}" if "wait" in data["css"] else states
 
 
 def wrap_text(text: str, width: int) -> list[str]:
@@ -387,79 +409,154 @@ def _layers(g: nx.DiGraph) -> dict[tuple, int]:
     return layer
 
 
-def _layout(g: nx.DiGraph) -> tuple[int, int]:
-    """Sugiyama-style: layers top to bottom; an edge spanning several layers gets a virtual slot
-    in each layer it crosses (so it is routed around nodes, not through them); barycentre
-    sweeps order each layer; x, y (and each edge's `points`) are written into the graph."""
-    layer = _layers(g)
+@dataclass
+class _Rows:
+    """The rows of a layout: each layer's nodes and, under a layer whose edges carry labels, a band
+    of labels; an edge spanning rows has a slot in each row between (`("label" | "virtual", a, b, row)`)."""
+    routing: nx.DiGraph  # the nodes and the slots, each edge between consecutive rows
+    level: dict[tuple, int]  # the row of each node and slot
+    rows: dict[int, list[tuple]]  # each row's nodes and slots, left to right once ordered
+    bands: set[int]
+    chains: dict[tuple[tuple, tuple], list[tuple]]  # an edge's slots, top to bottom
+
+
+def _rows(g: nx.DiGraph, layer: dict[tuple, int]) -> _Rows:
+    labelled = {(a, b) for a, b in g.edges() if layer[b] > layer[a] and g.edges[a, b]["text"]}
+    banded = sorted({layer[a] for a, _ in labelled})
+    row = {k: k + sum(1 for j in banded if j < k) for k in set(layer.values())}
     routing = nx.DiGraph()
     routing.add_nodes_from(g)
-    chains: dict[tuple, list[tuple]] = {}
+    level = {n: row[layer[n]] for n in g}
+    chains: dict[tuple[tuple, tuple], list[tuple]] = {}
     for a, b in g.edges():
-        if layer[b] - layer[a] > 1:
-            chain = [("virtual", a, b, k) for k in range(layer[a] + 1, layer[b])]
-            for k, v in zip(range(layer[a] + 1, layer[b]), chain):
-                layer[v] = k
+        if level[b] - level[a] > 1:
+            chain = [("label" if (a, b) in labelled and k == level[a] + 1 else "virtual", a, b, k)
+                     for k in range(level[a] + 1, level[b])]
+            level.update({v: v[3] for v in chain})
             nx.add_path(routing, [a, *chain, b])
             chains[(a, b)] = chain
         else:
             routing.add_edge(a, b)
-    columns: dict[int, list[tuple]] = {}
+    rows: dict[int, list[tuple]] = {}
     for n in routing:
-        columns.setdefault(layer[n], []).append(n)
+        rows.setdefault(level[n], []).append(n)
+    return _Rows(routing, level, rows, {row[k] + 1 for k in banded}, chains)
+
+
+def _order(g: nx.DiGraph, r: _Rows) -> None:
+    """Barycentre sweeps: each row ordered by the mean position of its neighbours; the states keep
+    the enum's order, the outcomes theirs."""
     outcome_rank = {("outcome", o): i for i, o in enumerate(OUTCOME_ORDER)}
     state_rank = {n: i for i, n in enumerate(n for n in g if g.nodes[n]["kind"] == "state")}
 
     def initial(n: tuple) -> tuple:
-        if n[0] == "virtual":
+        if n[0] in ("virtual", "label"):
             n = n[1]
         data = g.nodes[n]
         return (state_rank.get(n, 0), outcome_rank.get(n, 0), data["path"], data["line"], str(n))
 
-    for nodes in columns.values():
+    for nodes in r.rows.values():
         nodes.sort(key=initial)
-    # Barycentre sweeps: each layer ordered by the mean position of its neighbours.
     for sweep in range(6):
-        order = {n: i for nodes in columns.values() for i, n in enumerate(nodes)}
+        order = {n: i for nodes in r.rows.values() for i, n in enumerate(nodes)}
         down = sweep % 2 == 0
-        keys = sorted(columns) if down else sorted(columns, reverse=True)
-        for col in keys[1:]:
-            if col == 0:
-                continue  # the states keep the enum's order
+        for at in sorted(r.rows, reverse=not down)[1:]:
+            if at == 0:
+                continue
 
             def centre(n: tuple) -> float:
-                near = [order[m] for m in (routing.predecessors(n) if down else routing.successors(n))
-                        if layer[m] != layer[n]]
+                near = [order[m] for m in (r.routing.predecessors(n) if down else r.routing.successors(n))]
                 return sum(near) / len(near) if near else order[n]
 
-            columns[col].sort(key=lambda n: (centre(n), initial(n)))
-            order.update({n: i for i, n in enumerate(columns[col])})
-    def width_of(n: tuple) -> int:
-        return VIRTUAL_W if n[0] == "virtual" else NODE_W
+            r.rows[at].sort(key=lambda n: (centre(n), initial(n)))
+            order.update({n: i for i, n in enumerate(r.rows[at])})
 
-    spans = {col: sum(width_of(n) for n in nodes) + GAP * (len(nodes) - 1) for col, nodes in columns.items()}
-    widest = max(spans.values(), default=NODE_W)
-    heights = {col: max([g.nodes[n].get("h", NODE_H) for n in nodes if n[0] != "virtual"] + [NODE_H])
-               for col, nodes in columns.items()}
+
+def _place(r: _Rows, width: dict[tuple, float], anchor: dict[tuple, float], widest: float) -> dict[tuple, float]:
+    """Each node's and slot's left x: in its row's order, GAP apart, within the drawing, and as
+    near as that allows to straight edges. Sweeps over the rows, each row placed where the sum of
+    its edges' squared horizontal runs is least (weighted isotonic regression, pool adjacent
+    violators); a run between two slots of a long edge weighs most, so long edges run straight
+    (the weights of dot's x placement)."""
+    x: dict[tuple, float] = {}
+    offset: dict[tuple, float] = {}  # from the row's left end when packed tight
+    room: dict[int, float] = {}
+    for at, nodes in r.rows.items():
+        packed = 0.0
+        for n in nodes:
+            offset[n] = packed
+            packed += width[n] + GAP
+        room[at] = widest - (packed - GAP)
+        x.update({n: MARGIN + room[at] / 2 + offset[n] for n in nodes})  # centred, until placed
+
+    def weight(a: tuple, b: tuple) -> float:
+        return 1.0 + sum(n[0] in ("virtual", "label") for n in (a, b)) * 3.5  # 1, 4.5, 8
+
+    for _ in range(12):
+        for at in sorted(r.rows):
+            blocks: list[list[float]] = []  # [weighted sum, weight, count] of pooled nodes
+            for n in r.rows[at]:
+                near = [(weight(n, m), x[m] + anchor[m]) for m in (*r.routing.predecessors(n), *r.routing.successors(n))]
+                total = sum(w for w, _ in near)
+                target = sum(w * c for w, c in near) / total if total else x[n] + anchor[n]
+                blocks.append([(target - anchor[n] - offset[n]) * (total or 1e-3), total or 1e-3, 1])
+                while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+                    s, w, c = blocks.pop()
+                    blocks[-1] = [blocks[-1][0] + s, blocks[-1][1] + w, blocks[-1][2] + c]
+            shifts = [min(max(s / w, MARGIN), MARGIN + room[at]) for s, w, c in blocks for _ in range(c)]
+            x.update({n: shift + offset[n] for n, shift in zip(r.rows[at], shifts)})
+    return x
+
+
+def _layout(g: nx.DiGraph) -> tuple[int, int]:
+    """Sugiyama-style: layers top to bottom; an edge spanning several rows gets a slot in each row
+    it crosses (so it is routed around nodes, not through them); under each layer whose edges are
+    labelled, a band where each label has a slot of its own (as dot lays labels out), so no edge
+    passes through another's label. Written into the graph: x, y of the nodes; per edge `points`
+    (the slots it passes: the x it runs down at, top, bottom), `side` (the x a back edge runs up
+    at) and, when labelled, `label` ((x, first baseline), its lines)."""
+    layer = _layers(g)
+    r = _rows(g, layer)
+    _order(g, r)
+    texts = {n: g.edges[n[1], n[2]]["text"] for n in r.level if n[0] == "label"}
+
+    def span(nodes: list[tuple], wrap: int) -> float:
+        return sum(_slot_width(n, texts, wrap) for n in nodes) + GAP * (len(nodes) - 1)
+
+    widest = max((span(nodes, 0) for at, nodes in r.rows.items() if at not in r.bands), default=NODE_W)
+    # Each band's labels on lines as long as keep it within the widest row of nodes, else as short as they go.
+    wraps = {at: next((w for w in LABEL_WRAPS if span(r.rows[at], w) <= widest), LABEL_WRAPS[-1]) for at in r.bands}
+    widest = max([widest] + [span(r.rows[at], wraps[at]) for at in r.bands])
+    lines = {n: wrap_text(text, wraps[r.level[n]]) for n, text in texts.items()}
+    width = {n: _slot_width(n, texts, wraps.get(r.level[n], 0)) for n in r.level}
+    anchor = {n: LABEL_LEAD / 2 if n[0] == "label" else width[n] / 2 for n in r.level}  # where edges meet it
+    heights = {at: max(len(lines[n]) * LABEL_H for n in nodes if n in lines) + 2 * LABEL_PAD if at in r.bands else
+               max([g.nodes[n].get("h", NODE_H) for n in nodes if n[0] != "virtual"] + [NODE_H])
+               for at, nodes in r.rows.items()}
     tops: dict[int, int] = {}
     y = MARGIN
-    for col in sorted(columns):
-        tops[col] = y
-        y += heights[col] + ROW_GAP
-    position: dict[tuple, tuple[int, int]] = {}
-    for col, nodes in columns.items():
-        x = MARGIN + (widest - spans[col]) / 2
-        for n in nodes:
-            position[n] = (int(x), tops[col])
-            x += width_of(n) + GAP
+    for at in sorted(r.rows):
+        tops[at] = y
+        y += heights[at] + (BAND_GAP if at in r.bands or at + 1 in r.bands else ROW_GAP)
+    x = _place(r, width, anchor, widest)
     for n in g:
-        g.nodes[n].update(layer=layer[n], x=position[n][0], y=position[n][1])
+        g.nodes[n].update(layer=layer[n], x=round(x[n]), y=tops[r.level[n]])
         g.nodes[n].setdefault("h", NODE_H)
-    for a, b in g.edges():
-        # The virtual slots the edge passes through, top to bottom: (centre x, top, bottom).
-        g.edges[a, b]["points"] = [(position[v][0] + VIRTUAL_W // 2, tops[layer[v]], tops[layer[v]] + heights[layer[v]])
-                                   for v in chains.get((a, b), [])]
-    return 2 * MARGIN + widest + BACK_EDGE_ROOM, y - ROW_GAP + MARGIN
+    side = MARGIN + widest + BACK_EDGE_ROOM / 2  # right of every node and label
+    for (a, b), data in g.edges.items():
+        slots = r.chains.get((a, b), [])
+        data["points"] = [(round(x[v] + anchor[v]), tops[v[3]], tops[v[3]] + heights[v[3]]) for v in slots]
+        data["side"] = side
+        for slot in (v for v in slots if v[0] == "label"):
+            top = tops[slot[3]] + (heights[slot[3]] - len(lines[slot]) * LABEL_H) / 2
+            data["label"] = ((round(x[slot]) + LABEL_LEAD, top + LABEL_H - 2.5), lines[slot])
+    return int(2 * MARGIN + widest + BACK_EDGE_ROOM), y - ROW_GAP + MARGIN
+
+
+def _slot_width(n: tuple, texts: dict[tuple, str], wrap: int) -> float:
+    if n[0] == "label":
+        return LABEL_LEAD + max(len(line) for line in wrap_text(texts[n], wrap or LABEL_WRAPS[0])) * LABEL_CHAR_W + 4
+    return VIRTUAL_W if n[0] == "virtual" else NODE_W
 
 
 def diagrams(report: Report) -> list[Diagram]:
