@@ -40,15 +40,37 @@ LABEL_PAD = 5  # above and below the text in its band, clear of the curves enter
 BAND_GAP = 34  # between a row of nodes and a band of labels: the edges' curves run there
 # Characters per label line, widest first: a band takes the widest that keeps it within the drawing.
 LABEL_WRAPS = (64, 40, 32, 24, 16)
+SLOTS = ("virtual", "label")  # the kinds of a long edge's slots in the rows it crosses
+# How much a horizontal run counts in placing x, by how many of its ends are slots: a run between
+# two slots of one edge weighs most, so a long edge runs straight down and bends by its ends.
+RUN_WEIGHT = (1.0, 2.0, 32.0)
+# Each sweep moves a member this much past where its neighbours want it (successive over-relaxation):
+# long edges' chains are stiff, and move to where they run straight in a third of the sweeps.
+OVER_RELAXATION = 1.8
+SWEEPS = 150  # at most; the sweeps stop once nothing moves a quarter pixel
 
 
 @dataclass
 class Diagram:
     backend: Backend
-    graph: nx.DiGraph  # nodes: kind, label, path, line, css (list), layer, order, x, y; edges: states, css
+    graph: nx.DiGraph  # nodes: kind, label, path, line, css (list), lines, h; edges: states, css, text
     pinned: list[str]
-    width: int
-    height: int
+    _size: tuple[int, int] | None = None
+
+    # Laid out when first drawn (the mermaid block of the markdown report needs no coordinates):
+    # then the nodes have layer, x, y and the edges points, side, label (see _layout).
+    @property
+    def width(self) -> int:
+        return self._laid_out()[0]
+
+    @property
+    def height(self) -> int:
+        return self._laid_out()[1]
+
+    def _laid_out(self) -> tuple[int, int]:
+        if self._size is None:
+            self._size = _layout(self.graph)
+        return self._size
 
 
 def node_id(node: tuple) -> str:
@@ -193,8 +215,7 @@ def backend_diagram(report: Report, backend: Backend) -> Diagram:
     shown = [s for s in states if s in returned]
     for a, b, data in g.edges(data=True):
         data["text"] = edge_text(a, data, shown)
-    width, height = _layout(g)
-    return Diagram(backend, g, pinned, width, height)
+    return Diagram(backend, g, pinned)
 
 
 def edge_text(source: tuple, data: dict, shown: list[str]) -> str:
@@ -474,38 +495,44 @@ def _order(g: nx.DiGraph, r: _Rows) -> None:
 
 def _place(r: _Rows, width: dict[tuple, float], anchor: dict[tuple, float], widest: float) -> dict[tuple, float]:
     """Each node's and slot's left x: in its row's order, GAP apart, within the drawing, and as
-    near as that allows to straight edges. Sweeps over the rows, each row placed where the sum of
-    its edges' squared horizontal runs is least (weighted isotonic regression, pool adjacent
-    violators); a run between two slots of a long edge weighs most, so long edges run straight
-    (the weights of dot's x placement)."""
-    x: dict[tuple, float] = {}
-    offset: dict[tuple, float] = {}  # from the row's left end when packed tight
-    room: dict[int, float] = {}
-    for at, nodes in r.rows.items():
-        packed = 0.0
-        for n in nodes:
-            offset[n] = packed
+    near as that allows to straight edges. Sweeps over the rows until nothing moves, each row
+    placed where the weighted sum of its edges' squared horizontal runs is least (isotonic
+    regression by pooling adjacent violators); a run between two slots of a long edge weighs
+    most, so a long edge runs straight down and bends next to its ends."""
+    index = {n: i for i, n in enumerate(r.level)}
+    centre = [0.0] * len(index)  # where each one's edges meet it
+    # Per row: its room to move, its members (index, x - shift, (neighbour, weight) per edge, sum of weights).
+    rows: list[tuple[float, list[tuple[int, float, list[tuple[int, float]], float]]]] = []
+    for at in sorted(r.rows):
+        packed, members = 0.0, []
+        for n in r.rows[at]:
+            near = [(index[m], RUN_WEIGHT[(n[0] in SLOTS) + (m[0] in SLOTS)])
+                    for m in (*r.routing.predecessors(n), *r.routing.successors(n))]
+            members.append((index[n], packed + anchor[n], near, sum(w for _, w in near)))  # x = shift + base
             packed += width[n] + GAP
-        room[at] = widest - (packed - GAP)
-        x.update({n: MARGIN + room[at] / 2 + offset[n] for n in nodes})  # centred, until placed
-
-    def weight(a: tuple, b: tuple) -> float:
-        return 1.0 + sum(n[0] in ("virtual", "label") for n in (a, b)) * 3.5  # 1, 4.5, 8
-
-    for _ in range(12):
-        for at in sorted(r.rows):
-            blocks: list[list[float]] = []  # [weighted sum, weight, count] of pooled nodes
-            for n in r.rows[at]:
-                near = [(weight(n, m), x[m] + anchor[m]) for m in (*r.routing.predecessors(n), *r.routing.successors(n))]
-                total = sum(w for w, _ in near)
-                target = sum(w * c for w, c in near) / total if total else x[n] + anchor[n]
-                blocks.append([(target - anchor[n] - offset[n]) * (total or 1e-3), total or 1e-3, 1])
+        room = widest - (packed - GAP)
+        for i, base, _, _ in members:
+            centre[i] = MARGIN + room / 2 + base  # centred, until placed
+        rows.append((room, members))
+    for _ in range(SWEEPS):
+        moved = 0.0
+        for room, members in rows:
+            blocks: list[list[float]] = []  # pooled members: [weighted sum of wanted shifts, weight, count]
+            for i, base, near, total in members:
+                wanted = sum(w * centre[m] for m, w in near) / total if near else centre[i]
+                wanted = centre[i] + OVER_RELAXATION * (wanted - centre[i])
+                total = total or 1e-3
+                blocks.append([(wanted - base) * total, total, 1])
                 while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
                     s, w, c = blocks.pop()
                     blocks[-1] = [blocks[-1][0] + s, blocks[-1][1] + w, blocks[-1][2] + c]
-            shifts = [min(max(s / w, MARGIN), MARGIN + room[at]) for s, w, c in blocks for _ in range(c)]
-            x.update({n: shift + offset[n] for n, shift in zip(r.rows[at], shifts)})
-    return x
+            shifts = [min(max(s / w, MARGIN), MARGIN + room) for s, w, c in blocks for _ in range(int(c))]
+            for (i, base, _, _), shift in zip(members, shifts):
+                moved = max(moved, abs(centre[i] - shift - base))
+                centre[i] = shift + base
+        if moved < 0.25:
+            break
+    return {n: centre[i] - anchor[n] for n, i in index.items()}
 
 
 def _layout(g: nx.DiGraph) -> tuple[int, int]:
