@@ -535,6 +535,30 @@ def _place(r: _Rows, width: dict[tuple, float], anchor: dict[tuple, float], wide
     return {n: centre[i] - anchor[n] for n, i in index.items()}
 
 
+def _straighten(r: _Rows, x: dict[tuple, float], width: dict[tuple, float], anchor: dict[tuple, float],
+                widest: float) -> None:
+    """Each long edge's run through the rows (its slots after the label's) moved onto one vertical
+    line where its neighbours in every row leave room for one, the nearest to its slots' median;
+    longest edges first. The placement leaves them drifting a little at every row."""
+    place = {n: i for nodes in r.rows.values() for i, n in enumerate(nodes)}
+
+    def room(n: tuple) -> tuple[float, float]:
+        """The lines the slot's edge may run down, between its neighbours in its row."""
+        row, i = r.rows[r.level[n]], place[n]
+        low = x[row[i - 1]] + width[row[i - 1]] + GAP if i else MARGIN
+        high = x[row[i + 1]] - GAP - width[n] if i + 1 < len(row) else MARGIN + widest - width[n]
+        return low + anchor[n], high + anchor[n]
+
+    runs = [[v for v in chain if v[0] == "virtual"] for chain in r.chains.values()]
+    for run in sorted((run for run in runs if len(run) > 1), key=len, reverse=True):
+        rooms = [room(v) for v in run]
+        low, high = max(lo for lo, _ in rooms), min(hi for _, hi in rooms)
+        if low <= high:
+            lines = sorted(x[v] + anchor[v] for v in run)
+            line = min(max(lines[len(lines) // 2], low), high)
+            x.update({v: line - anchor[v] for v in run})
+
+
 def _layout(g: nx.DiGraph) -> tuple[int, int]:
     """Sugiyama-style: layers top to bottom; an edge spanning several rows gets a slot in each row
     it crosses (so it is routed around nodes, not through them); under each layer whose edges are
@@ -566,6 +590,7 @@ def _layout(g: nx.DiGraph) -> tuple[int, int]:
         tops[at] = y
         y += heights[at] + (BAND_GAP if at in r.bands or at + 1 in r.bands else ROW_GAP)
     x = _place(r, width, anchor, widest)
+    _straighten(r, x, width, anchor, widest)
     for n in g:
         g.nodes[n].update(layer=layer[n], x=round(x[n]), y=tops[r.level[n]])
         g.nodes[n].setdefault("h", NODE_H)
