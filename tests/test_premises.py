@@ -877,7 +877,7 @@ def test_the_drains_helpers_are_the_static_closure_of_its_own_calls(tmp_path: Pa
     from kvtrace.rules.premise import self_call_closure
 
     (tmp_path / "q.py").write_text(CHAINED)
-    index = Index(parse_modules(fetch_local(tmp_path).files))
+    index = Index(parse_modules(fetch_local(tmp_path).files).modules)
     [queue] = index.classes["Queue"]
     closure = self_call_closure(index, [queue.methods["drain"]], queue)
     assert {f.qualname for f in closure} == {"Queue.drain", "Queue.step", "Queue.later", "Queue.last", "conclude",
