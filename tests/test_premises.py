@@ -922,11 +922,11 @@ def test_0_5_23_every_receiver_clear_is_a_drains_or_on_a_request_it_handed_over(
     for at, (list_pack, queue) in enumerate(queues):
         others = [q for other, (_, q) in enumerate(queues) if other != at]
         context = SimpleNamespace(queue=queue, others=others, pack=list_pack, index=index)
-        drains = _drain_functions(context)  # type: ignore[arg-type]
+        drains = _drain_functions(context)
         outside = {(name, line) for name, line in clears if name not in drains}
         assert outside == {("DecodeTransferQueue._do_release", 3028)}
         [do_release] = [f for f in index.all_functions() if f.qualname == "DecodeTransferQueue._do_release"]
-        assert _handed_over(context, do_release, drains) == "self._deferred_releases"  # type: ignore[arg-type]
+        assert _handed_over(context, do_release, drains) == "self._deferred_releases"
 
 
 def _last_attr_is(func, attr: str) -> bool:
