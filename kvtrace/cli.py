@@ -395,7 +395,7 @@ def scan(
     if reports:
         try:
             try:
-                _write(reports, output_format, output, no_map, sarif_root, gate_levels, detail.value)
+                _write(reports, output_format, output, no_map, sarif_root, gate_levels, detail.value, cache)
             except BrokenPipeError:  # `| head`: the files below are still written, the code kept
                 closed_pipe(sys.stdout)
             if graph is not None:
@@ -564,11 +564,22 @@ def gap_line(gap, places=None) -> str:
 
 def _write(reports: list[Report], fmt: OutputFormat, output: Path | None, no_map: bool,
            sarif_root: Path | None, gate_levels: dict[str, tuple[str, str]] | None = None,
-           detail: str = "summary") -> None:
+           detail: str = "summary", cache=None) -> None:
     from kvtrace.report import render_text_stream
 
     if fmt is OutputFormat.text:
-        if output is not None:
+        if cache is not None and not (output is None and sys.stdout.isatty()):  # plain text: kept whole
+            from kvtrace.cache import rendered
+            from kvtrace.report import plain_width, render_plain
+
+            width = plain_width(piped=output is None)
+            text = rendered(cache, reports, ("text", width, no_map),
+                            lambda: render_plain(reports, width=width, show_map=not no_map))
+            if output is not None:
+                output.write_text(text, encoding="utf-8")
+            else:
+                sys.stdout.write(text)
+        elif output is not None:
             with output.open("w", encoding="utf-8") as handle:
                 render_text_stream(reports, handle, terminal=False, show_map=not no_map)
         else:
@@ -577,11 +588,17 @@ def _write(reports: list[Report], fmt: OutputFormat, output: Path | None, no_map
     if fmt is OutputFormat.json:
         from kvtrace.report.json import render
 
-        text = render(reports)
+        text = render(reports) if cache is None else _rendered(cache, reports, ("json",), lambda: render(reports))
     elif fmt is OutputFormat.sarif:
-        from kvtrace.report.sarif import render as render_sarif
+        root = sarif_root or Path.cwd()
 
-        text = render_sarif(reports, root=sarif_root or Path.cwd())
+        def render_sarif() -> str:  # imported only when not kept: it imports the rules' table
+            from kvtrace.report.sarif import render
+
+            return render(reports, root=root)
+
+        text = render_sarif() if cache is None else _rendered(
+            cache, reports, ("sarif", str(root), os.path.realpath(root)), render_sarif)
     elif fmt is OutputFormat.github:
         from kvtrace.report.github import render
 
@@ -602,6 +619,12 @@ def _write(reports: list[Report], fmt: OutputFormat, output: Path | None, no_map
         output.write_text(text, encoding="utf-8")
     else:
         sys.stdout.write(text)
+
+
+def _rendered(cache, reports: list[Report], options: tuple, render) -> str:
+    from kvtrace.cache import rendered
+
+    return rendered(cache, reports, options, render)
 
 
 def setup_logging(verbose: bool, quiet: bool) -> None:

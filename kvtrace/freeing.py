@@ -245,6 +245,8 @@ def timeout_setting(report: Report, check: TimeoutCheck) -> EnvSetting | None:
     for name in reversed(names):  # the compared value is usually last: `elapsed < self.x.timeout`
         assigned = re.compile(rf"^\s*(?:[\w.]+\.)?{re.escape(name)}\s*(?::[^=]*)?=(?!=)\s*(.+)$")
         for source in files:
+            if name not in (source.text or ""):  # the pattern holds the name: no line of this file can match
+                continue
             for number, text in enumerate(source.lines, 1):
                 match = assigned.match(text)
                 if not match:
@@ -296,7 +298,9 @@ def _env_read(report: Report, path: str, line: int, expression: ast.expr) -> Env
 def _declaration(report: Report, path: str, registry: str, variable: str) -> tuple[str | None, Evidence] | None:
     """`VARIABLE = EnvInt(300)` in the module `registry` is imported from (or any scanned file)."""
     declared = re.compile(rf"^\s*{re.escape(variable)}\s*(?::[^=]*)?=\s*(.+)$")
-    candidates: list[tuple[str, list[str]]] = [(f.path, f.lines) for f in report.files]
+    # Only files that hold the name can declare it (splitting every file into lines was most of a
+    # cached text report's time).
+    candidates: list[tuple[str, list[str]]] = [(f.path, f.lines) for f in report.files if variable in (f.text or "")]
     module = _imported_from(_source_lines(report, path), registry)
     if module is not None:
         on_disk = _module_on_disk(report, module)
@@ -319,14 +323,30 @@ def _imported_from(lines: list[str], name: str) -> str | None:
     return next((m.group(1) for m in map(pattern.match, lines) if m), None)
 
 
+# (target, module) -> what module_beside found there in this run: read from outside the scanned
+# files, so a rendering kept in the cache (kvtrace.cache.rendered) is reused only while each of
+# these still reads the same.
+OUTSIDE_READS: dict[tuple[str, str], tuple[str, list[str]] | None] = {}
+
+
 def _module_on_disk(report: Report, module: str) -> tuple[str, list[str]] | None:
+    return module_beside(report.target, module)
+
+
+def module_beside(target_text: str, module: str) -> tuple[str, list[str]] | None:
     """A module of the scanned package that kvtrace did not read (sglang.srt.environ), found
     beside a local target: the report path is relative to the target, as the others."""
+    found = _module_beside(target_text, module)
+    OUTSIDE_READS[(target_text, module)] = found
+    return found
+
+
+def _module_beside(target_text: str, module: str) -> tuple[str, list[str]] | None:
     from kvtrace.gitfiles import read_bounded
     from kvtrace.target import LocalTarget, parse_target
 
     try:
-        target = parse_target(report.target)
+        target = parse_target(target_text)
     except Exception:  # noqa: BLE001 -- not a target any more: nothing to read
         return None
     if not isinstance(target, LocalTarget):
