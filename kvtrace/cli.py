@@ -968,8 +968,12 @@ def run() -> None:
     trees, the index, the paths explored) at interpreter exit costs ~0.1-0.2 s and achieves
     nothing, so it is skipped with os._exit, as mypy does; every file kvtrace writes is closed by
     then. In-process callers (tests, `kvtrace.cli.main([...])`) keep a normal SystemExit."""
+    import gc
+
     global _process_ends_with_command
     _process_ends_with_command = True
+    gc.freeze()  # what the imports built lives as long as the process: never scanned again
+    gc.enable()  # (python -m kvtrace imports with it off)
     try:
         main()
         code: object = EXIT_CLEAN
