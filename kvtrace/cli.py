@@ -586,9 +586,12 @@ def _write(reports: list[Report], fmt: OutputFormat, output: Path | None, no_map
             render_text_stream(reports, sys.stdout, terminal=sys.stdout.isatty(), show_map=not no_map)
         return
     if fmt is OutputFormat.json:
-        from kvtrace.report.json import render
+        def render_json() -> str:  # imported only when not kept
+            from kvtrace.report.json import render
 
-        text = render(reports) if cache is None else _rendered(cache, reports, ("json",), lambda: render(reports))
+            return render(reports)
+
+        text = render_json() if cache is None else _rendered(cache, reports, ("json",), render_json)
     elif fmt is OutputFormat.sarif:
         root = sarif_root or Path.cwd()
 

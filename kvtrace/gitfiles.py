@@ -11,7 +11,6 @@ Anything unexpected means "not known", never an error.
 
 from __future__ import annotations
 
-import configparser
 import hashlib
 import mmap
 import os
@@ -20,6 +19,10 @@ import zlib
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import configparser
 
 SMALL = 1 << 20  # HEAD, refs, config, gitdir/commondir files
 PACKED_REFS = 64 << 20
@@ -130,6 +133,8 @@ class GitDir:
         return f"refs/remotes/{remote}/{merge[len('refs/heads/'):]}"
 
     def config(self) -> configparser.RawConfigParser:
+        import configparser  # only a git checkout's config needs it; read_bounded does not
+
         parser = configparser.RawConfigParser(strict=False, interpolation=None)
         text = _text(self.common_dir / "config") or ""
         try:
