@@ -492,11 +492,11 @@ def rendered(cache: Cache, reports: list[Report], options: tuple[object, ...], r
         if text is not None:
             return text
         cache.discard(key)
-    from kvtrace import freeing
+    from kvtrace.outside import OUTSIDE_READS
 
-    freeing.OUTSIDE_READS.clear()
+    OUTSIDE_READS.clear()
     text = render()
-    outside = [[target, module, _outside_digest(found)] for (target, module), found in freeing.OUTSIDE_READS.items()]
+    outside = [[target, module, _outside_digest(found)] for (target, module), found in OUTSIDE_READS.items()]
     cache.put(key, json.dumps({"key": key, "outside": outside, "text": text}).encode())
     return text
 
@@ -561,7 +561,7 @@ def _outside_digest(found: object) -> str:
 
 def _rendering_from(payload: bytes, key: str) -> str | None:
     """The text an entry holds, or None when it is not a rendering for `key` or a module it read
-    from outside the scanned files (kvtrace.freeing.module_beside) no longer reads the same."""
+    from outside the scanned files (kvtrace.outside.module_beside) no longer reads the same."""
     try:
         entry = json.loads(payload)
         if not isinstance(entry, dict) or entry.get("key") != key or not isinstance(entry.get("text"), str):
@@ -570,7 +570,7 @@ def _rendering_from(payload: bytes, key: str) -> str | None:
         if not isinstance(outside, list):
             return None
         if outside:
-            from kvtrace.freeing import module_beside
+            from kvtrace.outside import module_beside
 
             for target, module, digest in outside:
                 if not (isinstance(target, str) and isinstance(module, str)):

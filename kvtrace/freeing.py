@@ -27,7 +27,6 @@ from kvtrace.model import Backend, Evidence, Report, SourceFile, StateVerdict, T
 
 ENV_NAME = re.compile(r"^[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+$")
 NAME = re.compile(r"[A-Za-z_]\w*")
-MAX_MODULE = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -323,54 +322,7 @@ def _imported_from(lines: list[str], name: str) -> str | None:
     return next((m.group(1) for m in map(pattern.match, lines) if m), None)
 
 
-# (target, module) -> what module_beside found there in this run: read from outside the scanned
-# files, so a rendering kept in the cache (kvtrace.cache.rendered) is reused only while each of
-# these still reads the same.
-OUTSIDE_READS: dict[tuple[str, str], tuple[str, list[str]] | None] = {}
-
-
 def _module_on_disk(report: Report, module: str) -> tuple[str, list[str]] | None:
+    from kvtrace.outside import module_beside
+
     return module_beside(report.target, module)
-
-
-def module_beside(target_text: str, module: str) -> tuple[str, list[str]] | None:
-    """A module of the scanned package that kvtrace did not read (sglang.srt.environ), found
-    beside a local target: the report path is relative to the target, as the others."""
-    found = _module_beside(target_text, module)
-    OUTSIDE_READS[(target_text, module)] = found
-    return found
-
-
-def _module_beside(target_text: str, module: str) -> tuple[str, list[str]] | None:
-    from kvtrace.gitfiles import read_bounded
-    from kvtrace.target import LocalTarget, parse_target
-
-    try:
-        target = parse_target(target_text)
-    except Exception:  # noqa: BLE001 -- not a target any more: nothing to read
-        return None
-    if not isinstance(target, LocalTarget):
-        return None
-    base = target.path.resolve()
-    parts = module.split(".")
-    # The package's top folder is where the report's files start from, or a parent of the target.
-    for top in [base, *base.parents][:8]:
-        if top.name != parts[0]:
-            continue
-        candidate = top.joinpath(*parts[1:]).with_suffix(".py")
-        data = read_bounded(candidate, MAX_MODULE)
-        if data is not None:
-            try:
-                shown = candidate.relative_to(base).as_posix()
-            except ValueError:
-                shown = str(candidate)
-            return shown, data.decode("utf-8", "replace").splitlines()
-    root = base / parts[0]
-    if (base / parts[0]).is_dir():
-        candidate = root.joinpath(*parts[1:]).with_suffix(".py")
-        data = read_bounded(candidate, MAX_MODULE)
-        if data is not None:
-            return candidate.relative_to(base).as_posix(), data.decode("utf-8", "replace").splitlines()
-    return None
-
-

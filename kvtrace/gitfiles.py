@@ -11,6 +11,7 @@ Anything unexpected means "not known", never an error.
 
 from __future__ import annotations
 
+import configparser
 import hashlib
 import mmap
 import os
@@ -19,36 +20,14 @@ import zlib
 from bisect import bisect_left
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
-if TYPE_CHECKING:
-    import configparser
+from kvtrace.outside import read_bounded
 
-SMALL = 1 << 20  # HEAD, refs, config, gitdir/commondir files
 PACKED_REFS = 64 << 20
 LOOSE_OBJECT = 64 << 20
 MAX_DELTA_DEPTH = 64
 MAX_TREE_DEPTH = 64
 SHA_HEX = frozenset("0123456789abcdef")
-
-
-def read_bounded(path: Path, limit: int = SMALL) -> bytes | None:
-    """A regular file's bytes (None: a link, not a regular file, larger than `limit`, unreadable)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
-        return None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
-            return None
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            data = handle.read(limit + 1)
-        return data if len(data) <= limit else None
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def _text(path: Path) -> str | None:
@@ -133,8 +112,6 @@ class GitDir:
         return f"refs/remotes/{remote}/{merge[len('refs/heads/'):]}"
 
     def config(self) -> configparser.RawConfigParser:
-        import configparser  # only a git checkout's config needs it; read_bounded does not
-
         parser = configparser.RawConfigParser(strict=False, interpolation=None)
         text = _text(self.common_dir / "config") or ""
         try:

@@ -111,6 +111,8 @@ def test_a_module_read_from_outside_the_tree_is_read_again(tmp_path: Path) -> No
     changed = kvtrace(cache, tmp_path, *argv)
     assert b"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, default 450" in changed.stdout
     assert b"default 300" not in changed.stdout
+    # Checked again without importing what wrote the report.
+    assert not {"kvtrace.freeing", "kvtrace.gitfiles", "kvtrace.report.text"} & imported(cache, tmp_path, *argv)
     environ.unlink()
     gone = kvtrace(cache, tmp_path, *argv)
     cold = kvtrace(cache, tmp_path, *argv, "--no-cache")
