@@ -238,7 +238,7 @@ def main() -> None:
             (cli_warm, _), (typer_t, _), warm_ratios[fmt] = paired(
                 lambda argv=argv: run_process(argv, env), lambda: run_process(typer_floor, env), r)
             line("import typer, rich.console (process)", typer_t)
-            line(f"kvtrace warm -f {fmt}, cached (process)", cli_warm)
+            line(f"kvtrace warm, cached, -f {fmt}", cli_warm)
         (cold_t, cold_m), (ast_t, _), inprocess_ratio = paired(
             lambda: run_python("kvtrace-cold", str(tree), env=env), lambda: run_python("ast", str(tree), env=env), r)
         line("kvtrace cold (in-process, reference)", cold_t, cold_m)
@@ -273,7 +273,7 @@ def main() -> None:
         results.append(verdict("cold: kvtrace / ast.parse only (processes)", floor_ratio, 1.5))
         print(f"  {'  (in-process, reference)':44} {inprocess_ratio:6.2f}x")
         for fmt, ratio in warm_ratios.items():
-            results.append(verdict(f"warm -f {fmt}: kvtrace / import typer, rich.console", ratio, 1.5))
+            results.append(verdict(f"warm -f {fmt}: kvtrace / typer+rich import", ratio, 1.5))
         if "fleet" in ssh_rows:
             results.append(verdict("fleet of 16, cold: kvtrace / 16 ssh tar", ssh_rows["fleet"], 0.8))
         else:
