@@ -160,7 +160,8 @@ def test_a_forged_clean_entry_in_a_folder_others_can_write_is_not_used(tree: Pat
     read: a forged clean report made a pinned tree exit 0."""
     own = tmp_path / "own"
     assert run("scan", str(tree), "-q", env={"KVTRACE_CACHE_DIR": str(own)}).returncode == 1
-    [genuine] = [p for p in own.iterdir() if not p.name.startswith(".")]
+    # The report's entry (the other one is its text rendering, kvtrace.cache.rendered).
+    [genuine] = [p for p in own.iterdir() if not p.name.startswith(".") and b'"outside": ' not in p.read_bytes()[:300]]
     hostile = tmp_path / "hostile"
     hostile.mkdir()
     (hostile / genuine.name).write_bytes(_forge_clean(genuine.read_bytes()))
