@@ -44,11 +44,15 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import cast, get_args
+from typing import TYPE_CHECKING, cast, get_args
 
 from kvtrace import __version__
 from kvtrace.errors import InputError
 from kvtrace.model import FetchResult, FileStatus, Report, SourceFile
+
+if TYPE_CHECKING:  # the analysis is imported only when a scan runs: a cached rescan never needs it
+    from kvtrace.config import Settings
+    from kvtrace.packs import Pack
 
 MAGIC = b"kvtrace-cache 2 json\n"
 DEFAULT_MAX_BYTES = 64 * 1024 * 1024
@@ -411,18 +415,18 @@ def _thaw(payload: bytes, fetched: FetchResult, key: str) -> Report | None:
         if extra.get("key") != key:
             return None  # an entry copied under another key's name
         by_path = {f.path: f for f in fetched.files}
-        marks: list[tuple[SourceFile, FileStatus, str | None]] = []
+        files: list[SourceFile] = []
         for item in extra["files"]:
             path, sha, status, error = item
             source = by_path[path]
             if source.sha256 != sha or status not in _STATUSES or not isinstance(error, (str, type(None))):
                 return None
-            marks.append((source, cast(FileStatus, status), error))  # one of _STATUSES: checked above
+            # The file as the scan left it (a parse failure marked on a copy); the fetched file stays as read.
+            files.append(source if (source.status, source.error) == (status, error)
+                         else dataclasses.replace(source, status=cast(FileStatus, status), error=error))  # one of _STATUSES: checked above
     except Exception:  # any damage at all is a miss, never a crash
         return None
-    for source, status, error in marks:  # only once all of it checked: a bad entry changes no file
-        source.status, source.error = status, error
-    report.files = [source for source, _, _ in marks]
+    report.files = files
     report.target = fetched.target
     return report
 
@@ -433,9 +437,9 @@ _STATUSES: tuple[str, ...] = get_args(FileStatus)
 ScanFn = Callable[[FetchResult, object], Report]
 
 
-def scan_cached(fetched: FetchResult, pack: object, cache: Cache | None,
+def scan_cached(fetched: FetchResult, pack: Pack | None, cache: Cache | None,
                 memo: dict[str, bytes] | None = None, scan: ScanFn | None = None,
-                settings: object = None, root: str | None = None) -> tuple[Report, bool]:
+                settings: Settings | None = None, root: str | None = None) -> tuple[Report, bool]:
     """The report for `fetched`, from `memo` (this run) or `cache` (earlier runs) when the same
     code, pack, settings and files were scanned before, else by scanning. Returns (report, was_hit)."""
     key = scan_key(fetched, pack, settings, root)
@@ -457,7 +461,7 @@ def scan_cached(fetched: FetchResult, pack: object, cache: Cache | None,
             from kvtrace.scan import scan_fetched
 
             report = scan_fetched(fetched, pack, settings, root=root) if settings is not None else \
-                scan_fetched(fetched, pack, root=root)  # type: ignore[arg-type]
+                scan_fetched(fetched, pack, root=root)
     if memo is not None or cache is not None:
         try:
             frozen = _freeze(report, key)

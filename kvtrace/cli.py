@@ -15,7 +15,8 @@ import sys
 import traceback
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from collections.abc import Iterator
+from typing import Annotated, NamedTuple, Optional
 
 import typer
 
@@ -295,62 +296,165 @@ def scan(
 ) -> None:
     """Scan one or more targets (a fleet: --hosts, --jobs) and report pinned and dropped poll
     states, per backend."""
-    from kvtrace import baseline as baselines
-    from kvtrace.cache import Cache
-    from kvtrace.config import Overrides
-    from kvtrace.fleet import FleetOptions, Progress, read_hosts_file, render_summary, run_fleet, summaries, worst_exit
-    from kvtrace.packs import load_pack, pack_for, select_queues
-
     if verbose and quiet:
         raise _fail("--verbose and --quiet cannot be used together")
     setup_logging(verbose=verbose, quiet=quiet)
-    overrides = Overrides(select=_names(select), ignore=_names(ignore), ignore_backends=_names(ignore_backend),
-                          pack=rules, fail_on=fail_on.value if fail_on else None,
-                          baseline=str(baseline) if baseline else None)
+    request = ScanRequest(
+        targets=tuple(targets or ()), given_format=given_format, output=output, rules=rules, role=role,
+        queues=_names(queue), scan_all=scan_all, no_map=no_map, detail=detail.value, sarif_root=sarif_root,
+        limits=FetchLimits(max_file_bytes=max_file_bytes, max_files=max_files, max_total_bytes=max_total_bytes),
+        ssh=dict(identity_files=list(identity or []), ssh_config=ssh_config, known_hosts=known_hosts,
+                 accept_new_host_key=accept_new_host_key, connect_timeout=connect_timeout, read_timeout=read_timeout,
+                 timeout=timeout),
+        verbose=verbose, quiet=quiet, fail_on=fail_on.value if fail_on else None, select=_names(select),
+        ignore=_names(ignore), ignore_backends=_names(ignore_backend), only_backends=_names(only_backend),
+        baseline=baseline, write_baseline=write_baseline, graph=graph, use_cache=not no_cache, hosts=hosts,
+        jobs=jobs, metrics=metrics, metrics_seconds=metrics_seconds)
+    raise typer.Exit(run_scan(request))
+
+
+class ScanRequest(NamedTuple):
+    """What `kvtrace scan`'s command line asks for, as given (checked by `_prepare`). Immutable: a
+    NamedTuple rather than a frozen dataclass, whose generated methods every run would pay to build."""
+
+    targets: tuple[str, ...]
+    given_format: Optional[OutputFormat]
+    output: Optional[Path]
+    rules: Optional[str]
+    role: Optional[Role]
+    queues: tuple[str, ...]
+    scan_all: bool
+    no_map: bool
+    detail: str
+    sarif_root: Optional[Path]
+    limits: FetchLimits
+    ssh: dict
+    verbose: bool
+    quiet: bool
+    fail_on: Optional[str]
+    select: tuple[str, ...]
+    ignore: tuple[str, ...]
+    ignore_backends: tuple[str, ...]
+    only_backends: tuple[str, ...]
+    baseline: Optional[Path]
+    write_baseline: Optional[Path]
+    graph: Optional[Path]
+    use_cache: bool
+    hosts: Optional[Path]
+    jobs: int
+    metrics: Optional[str]
+    metrics_seconds: float
+
+    @property
+    def overrides(self):
+        from kvtrace.config import Overrides
+
+        return Overrides(select=self.select, ignore=self.ignore, ignore_backends=self.ignore_backends,
+                         pack=self.rules, fail_on=self.fail_on, baseline=str(self.baseline) if self.baseline else None)
+
+
+class _Prepared(NamedTuple):
+    """A request checked before anything is fetched: the targets, the format, and per target its
+    settings, packs and baseline."""
+
+    targets: list
+    output_format: OutputFormat
+    settings: dict
+    packs: dict
+    baseline_prints: dict
+    cache: object
+
+
+def run_scan(request: ScanRequest) -> int:
+    """The scan a request asks for, in stages: check it, scan every target (kvtrace.fleet, each
+    through kvtrace.pipeline), narrow to --backend, write the reports, tell stderr. The exit code."""
+    from kvtrace.fleet import worst_exit
+
+    overrides = request.overrides
+    prepared = _prepare(request, overrides)
+    results = _scan_targets(request, prepared)
+    if request.only_backends:
+        _keep_backends(results, request, prepared, overrides)
+    verdict.code = worst_exit(r.exit_code for r in results)  # what the run exits with, whatever stdout does
+    if request.write_baseline is not None and verdict.code == EXIT_FINDINGS:
+        verdict.code = EXIT_CLEAN  # writing a baseline accepts today's findings; an incomplete scan still exits 3
+    # Per report (a target scanned with --all gives several): the --fail-on level and where it was set.
+    gate_levels = {report.target: _fail_on_source(prepared.settings.get(r.target), overrides)
+                   if request.write_baseline is None
+                   else ("never", f"--write-baseline {request.write_baseline} accepts them")
+                   for r in results for report in r.reports}
+    reports = [report for r in results for report in r.reports]
+    if reports:
+        _write_reports(reports, request, prepared.output_format, gate_levels, prepared.cache)
     try:
-        if graph is not None:
+        _tell_stderr(results, reports, request, prepared, overrides, gate_levels)
+    except BrokenPipeError:  # `2>&1 | head`
+        closed_pipe(sys.stdout)
+        closed_pipe(sys.stderr)
+    return verdict.code
+
+
+def _prepare(request: ScanRequest, overrides) -> _Prepared:
+    """Every option and target checked, and each target's settings and packs read, before the
+    first fetch: a bad one is one line and exit 2, never a half-done run."""
+    from kvtrace import baseline as baselines
+    from kvtrace.cache import Cache
+    from kvtrace.fleet import read_hosts_file
+    from kvtrace.packs import load_pack, pack_for, select_queues
+
+    rules, role, queues = request.rules, request.role, list(request.queues)
+    try:
+        if request.graph is not None:
             from kvtrace.report.graph_export import check_path
 
-            check_path(graph)  # before the scan, not after it
-            check_output_path(graph, "--graph")
-        wanted = list(targets or []) + (read_hosts_file(hosts) if hosts is not None else [])
+            check_path(request.graph)  # before the scan, not after it
+            check_output_path(request.graph, "--graph")
+        wanted = list(request.targets) + (read_hosts_file(request.hosts) if request.hosts is not None else [])
         if not wanted:
             raise InputError("no TARGET: give paths or hosts, or --hosts FILE")
         check_targets(wanted)
-        output_format = report_format(given_format, output)
-        for option, path in (("--output", output), ("--write-baseline", write_baseline)):
+        output_format = report_format(request.given_format, request.output)
+        for option, path in (("--output", request.output), ("--write-baseline", request.write_baseline)):
             if path is not None:
                 check_output_path(path, option)
         settings = {target: _settings(target, overrides) for target in wanted}
-        queues = list(_names(queue))
         # --role wins over [tool.kvtrace] pack, and conflicts only with --rules.
         packs = {target: _role_packs(rules, queues) if role is Role.all
                  else select_queues(load_pack(pack_for(rules if role else s.pack, role.value if role else None,
                                                        queues)), queues)
                  for target, s in settings.items()}
         baseline_prints = {t: baselines.load(Path(s.baseline)) for t, s in settings.items() if s.baseline}
-        if metrics is not None:
+        if request.metrics is not None:
             from kvtrace.metrics import parse_metrics_url
 
-            parse_metrics_url(metrics)
-        cache = None if no_cache else Cache()
+            parse_metrics_url(request.metrics)
+        cache = Cache() if request.use_cache else None
     except KvtraceError as exc:
         raise _fail(str(exc))
-    limits = FetchLimits(max_file_bytes=max_file_bytes, max_files=max_files, max_total_bytes=max_total_bytes)
-    ssh = dict(identity_files=list(identity or []), ssh_config=ssh_config, known_hosts=known_hosts,
-               accept_new_host_key=accept_new_host_key, connect_timeout=connect_timeout, read_timeout=read_timeout,
-               timeout=timeout)
+    return _Prepared(wanted, output_format, settings, packs, baseline_prints, cache)
 
-    def after_scan(target: str, report: Report) -> None:
-        if target in baseline_prints:
-            compared = baselines.apply(report.findings, baseline_prints[target])
-            log.debug("%s: baseline: %d unchanged, %d new, %d no longer found", target, compared.unchanged,
-                      compared.new, len(compared.gone))
 
-    options = FleetOptions(packs, settings, limits, ssh, jobs, cache, metrics,
-                           metrics_seconds, after_scan=after_scan, scan_all=scan_all)
-    fleet = len(wanted) > 1
-    if _process_ends_with_command and not fleet and not scan_all:
+def _compare_with_baseline(baseline_prints: dict, target: str, report: Report) -> None:
+    from kvtrace import baseline as baselines
+
+    if target in baseline_prints:
+        compared = baselines.apply(report.findings, baseline_prints[target])
+        log.debug("%s: baseline: %d unchanged, %d new, %d no longer found", target, compared.unchanged,
+                  compared.new, len(compared.gone))
+
+
+def _scan_targets(request: ScanRequest, prepared: _Prepared) -> list:
+    """Each target fetched and scanned (kvtrace.fleet); a result per target, its error said on stderr."""
+    import functools
+
+    from kvtrace.fleet import FleetOptions, Progress, run_fleet
+
+    options = FleetOptions(prepared.packs, prepared.settings, request.limits, request.ssh, request.jobs, prepared.cache,
+                           request.metrics, request.metrics_seconds,
+                           after_scan=functools.partial(_compare_with_baseline, prepared.baseline_prints),
+                           scan_all=request.scan_all)
+    fleet = len(prepared.targets) > 1
+    if _process_ends_with_command and not fleet and not request.scan_all:
         # One scan, then the process ends (run()): its garbage goes with the process, so the cyclic
         # collector has nothing worth finding. Left on, it spends ~0.12 s (10% of a scan of SGLang's
         # 39 files) freeing the finished analysis just before the report is printed. A fleet or
@@ -358,83 +462,89 @@ def scan(
         import gc
 
         gc.disable()
-    with Progress(fleet and not quiet and not verbose and sys.stderr.isatty()) as progress:
-        results = run_fleet(wanted, options, log.debug, progress)
+    with Progress(fleet and not request.quiet and not request.verbose and sys.stderr.isatty()) as progress:
+        results = run_fleet(prepared.targets, options, log.debug, progress)
     for r in results:
         if r.exception is not None:  # a bug in kvtrace: exit 4, the traceback with -v
-            if verbose:
+            if request.verbose:
                 traceback.print_exception(type(r.exception), r.exception, r.exception.__traceback__, file=sys.stderr)
             typer.echo(f"kvtrace: {plain(r.error)} (a bug in kvtrace; rerun with -v for the traceback)", err=True)
         elif r.error is not None:
             typer.echo(f"kvtrace: error: {plain(r.error)}", err=True)
-        else:
+        elif r.report is not None:
             log.debug("%s: fetched %d files in %.2fs; %s in %.2fs", r.target, len(r.report.files), r.timings["fetch"],
                       "cached result" if r.cached else "analysed", r.timings["analyse"])
-    if only_backend:
-        from kvtrace.fleet import exit_code_for
-        from kvtrace.narrow import keep_backends
+    return results
 
-        for r in results:
-            try:
-                for report in r.reports:
-                    keep_backends(report, _names(only_backend))
-                fail = _fail_on_source(settings.get(r.target), overrides)[0]
-                if r.reports and r.error is None:
-                    r.exit_code = worst_exit(exit_code_for(report, fail) for report in r.reports)
-            except KvtraceError as exc:
-                typer.echo(f"kvtrace: error: {plain(str(exc))}", err=True)
-                r.exit_code, r.report, r.extra_reports = EXIT_INPUT, None, []
-    verdict.code = worst_exit(r.exit_code for r in results)  # what the run exits with, whatever stdout does
-    if write_baseline is not None and verdict.code == EXIT_FINDINGS:
-        verdict.code = EXIT_CLEAN  # writing a baseline accepts today's findings; an incomplete scan still exits 3
-    # Per report (a target scanned with --all gives several): the --fail-on level and where it was set.
-    gate_levels = {report.target: _fail_on_source(settings.get(r.target), overrides) if write_baseline is None
-                   else ("never", f"--write-baseline {write_baseline} accepts them")
-                   for r in results for report in r.reports}
-    reports = [report for r in results for report in r.reports]
-    if reports:
+
+def _keep_backends(results: list, request: ScanRequest, prepared: _Prepared, overrides) -> None:
+    """--backend: only those backends' rows, and each report's exit code again from what is left."""
+    from kvtrace.fleet import exit_code_for, worst_exit
+    from kvtrace.narrow import keep_backends
+
+    for r in results:
         try:
-            try:
-                _write(reports, output_format, output, no_map, sarif_root, gate_levels, detail.value, cache)
-            except BrokenPipeError:  # `| head`: the files below are still written, the code kept
-                closed_pipe(sys.stdout)
-            if graph is not None:
-                from kvtrace.report import graph_export
+            for report in r.reports:
+                keep_backends(report, request.only_backends)
+            fail = _fail_on_source(prepared.settings.get(r.target), overrides)[0]
+            if r.reports and r.error is None:
+                r.exit_code = worst_exit(exit_code_for(report, fail) for report in r.reports)
+        except KvtraceError as exc:
+            typer.echo(f"kvtrace: error: {plain(str(exc))}", err=True)
+            r.exit_code, r.report, r.extra_reports = EXIT_INPUT, None, []
 
-                graph_export.write(reports, graph)
-            if write_baseline is not None:
-                from kvtrace.report.json import render as render_json
 
-                write_baseline.write_text(render_json(reports), encoding="utf-8")
-                accepted = sum(1 for r in reports for f in r.findings if not f.suppressed)
-                incomplete = " from an INCOMPLETE scan (exit 3): what was not analysed is not in it" \
-                    if any(r.incomplete for r in reports) else ""
-                typer.echo(plain(f"kvtrace: wrote baseline {write_baseline}: {accepted} finding(s) accepted{incomplete}"),
-                           err=True)
-        except OSError as exc:
-            raise _fail(f"cannot write the report: {exc.strerror or exc}: {exc.filename or output}")
+def _write_reports(reports: list[Report], request: ScanRequest, output_format: OutputFormat,
+                   gate_levels: dict[str, tuple[str, str]], cache=None) -> None:
+    """The report (stdout or --output), then --graph and --write-baseline."""
+    write_baseline = request.write_baseline
     try:
-        warn_unknown_backends(reports, settings, overrides)
-        report_gaps(reports, quiet)
-        if quiet and metrics is not None:  # -q hides the fleet summary, not the gauge that was asked for
-            for r in results:
-                if r.metrics is not None and (r.metrics.error or not r.metrics.gauges):
-                    typer.echo(plain(f"kvtrace: metrics: {r.target}: {r.metrics.summary()[0]}"), err=True)
-        # Every format: with stdout in a file, stderr is where the verdict shows. Concise output on
-        # stdout ends with that verdict already (a hook's log holds both streams: say it once).
-        if not quiet and not (output_format is OutputFormat.concise and output is None):
-            report_failures(results, gate_levels)
-        if not quiet and (fleet or metrics is not None):
-            summary = render_summary([s for r in results  # one per report: --all names each package
-                                      for s in summaries(r, _fail_on_source(settings.get(r.target), overrides)[0])])
-            if output_format is OutputFormat.text and output is None:
-                typer.echo("\n" + summary, nl=False)
-            else:
-                typer.echo(summary, err=True, nl=False)
-    except BrokenPipeError:  # `2>&1 | head`
-        closed_pipe(sys.stdout)
-        closed_pipe(sys.stderr)
-    raise typer.Exit(verdict.code)
+        try:
+            _write(reports, output_format, request.output, request.no_map, request.sarif_root, gate_levels,
+                   request.detail, cache)
+        except BrokenPipeError:  # `| head`: the files below are still written, the code kept
+            closed_pipe(sys.stdout)
+        if request.graph is not None:
+            from kvtrace.report import graph_export
+
+            graph_export.write(reports, request.graph)
+        if write_baseline is not None:
+            from kvtrace.report.json import render as render_json
+
+            write_baseline.write_text(render_json(reports), encoding="utf-8")
+            accepted = sum(1 for r in reports for f in r.findings if not f.suppressed)
+            incomplete = " from an INCOMPLETE scan (exit 3): what was not analysed is not in it" \
+                if any(r.incomplete for r in reports) else ""
+            typer.echo(plain(f"kvtrace: wrote baseline {write_baseline}: {accepted} finding(s) accepted{incomplete}"),
+                       err=True)
+    except OSError as exc:
+        raise _fail(f"cannot write the report: {exc.strerror or exc}: {exc.filename or request.output}")
+
+
+def _tell_stderr(results: list, reports: list[Report], request: ScanRequest, prepared: _Prepared, overrides,
+                 gate_levels: dict[str, tuple[str, str]]) -> None:
+    """What stderr says after the report: unknown backends, gaps, metrics that failed, the
+    verdict of each failing report, and a fleet's summary."""
+    from kvtrace.fleet import render_summary, summaries
+
+    quiet, metrics, output_format = request.quiet, request.metrics, prepared.output_format
+    warn_unknown_backends(reports, prepared.settings, overrides)
+    report_gaps(reports, quiet)
+    if quiet and metrics is not None:  # -q hides the fleet summary, not the gauge that was asked for
+        for r in results:
+            if r.metrics is not None and (r.metrics.error or not r.metrics.gauges):
+                typer.echo(plain(f"kvtrace: metrics: {r.target}: {r.metrics.summary()[0]}"), err=True)
+    # Every format: with stdout in a file, stderr is where the verdict shows. Concise output on
+    # stdout ends with that verdict already (a hook's log holds both streams: say it once).
+    if not quiet and not (output_format is OutputFormat.concise and request.output is None):
+        report_failures(results, gate_levels)
+    if not quiet and (len(prepared.targets) > 1 or metrics is not None):
+        summary = render_summary([s for r in results  # one per report: --all names each package
+                                  for s in summaries(r, _fail_on_source(prepared.settings.get(r.target), overrides)[0])])
+        if output_format is OutputFormat.text and request.output is None:
+            typer.echo("\n" + summary, nl=False)
+        else:
+            typer.echo(summary, err=True, nl=False)
 
 
 def _fail_on_source(settings, overrides) -> tuple[str, str]:
@@ -512,7 +622,7 @@ class _KnownRules:
     def __contains__(self, name: object) -> bool:
         return name in self._names()
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[str]:
         return iter(self._names())
 
 
@@ -603,21 +713,21 @@ def _write(reports: list[Report], fmt: OutputFormat, output: Path | None, no_map
         text = render_sarif() if cache is None else _rendered(
             cache, reports, ("sarif", str(root), os.path.realpath(root)), render_sarif)
     elif fmt is OutputFormat.github:
-        from kvtrace.report.github import render
+        from kvtrace.report.github import render as render_github
 
-        text = render(reports, gate_levels)
+        text = render_github(reports, gate_levels)
     elif fmt is OutputFormat.concise:
-        from kvtrace.report.concise import render
+        from kvtrace.report.concise import render as render_concise
 
-        text = render(reports, gate_levels)
+        text = render_concise(reports, gate_levels)
     elif fmt is OutputFormat.html:
-        from kvtrace.report.html import render
+        from kvtrace.report.html import render as render_html
 
-        text = render(reports)
+        text = render_html(reports)
     else:
-        from kvtrace.report.markdown import render
+        from kvtrace.report.markdown import render as render_markdown
 
-        text = render(reports, detail=detail)
+        text = render_markdown(reports, detail=detail)
     if output is not None:
         output.write_text(text, encoding="utf-8")
     else:

@@ -15,13 +15,22 @@ user's own choice and are not confined. Every file is read bounded (kvtrace.user
 from __future__ import annotations
 
 import difflib
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from kvtrace.errors import InputError
 from kvtrace.userfiles import TOML_CAP, SchemaError, load_toml, validate
+
+
+class RuleNames(Protocol):
+    """The rule names and codes a setting may name: a set, or the CLI's lazy lookup."""
+
+    def __contains__(self, name: object) -> bool: ...
+
+    def __iter__(self) -> Iterator[str]: ...
+
 
 FAIL_ON_LEVELS = ("error", "warning", "note", "never")
 
@@ -123,7 +132,7 @@ def confined(base: Path, value: str, where: str, key: str) -> str:
     return str(resolved)
 
 
-def load_settings(path: Path, known_rules: set[str]) -> Settings:
+def load_settings(path: Path, known_rules: RuleNames) -> Settings:
     """Read and validate `[tool.kvtrace]`; paths in it are relative to the file's folder."""
     table = _tool_table(_read(path), path).get("kvtrace", {})
     where = f"{path}: [tool.kvtrace]"
@@ -167,7 +176,7 @@ def unknown_rule(name: str, known_rules: Iterable[str]) -> str:
     return f"unknown rule {name!r}{hint} (`kvtrace rules` lists them)"
 
 
-def check_rules(settings: Settings, known_rules: set[str], where: str | None) -> None:
+def check_rules(settings: Settings, known_rules: RuleNames, where: str | None) -> None:
     """Every rule named exists; `where` is the file's table, or None for the command line."""
     for key, names in (("select", settings.select), ("ignore", settings.ignore)):
         unknown = [n for n in names if n not in known_rules]
@@ -188,7 +197,7 @@ class Overrides:
     baseline: str | None = None
 
 
-def resolve(target: Path | None, cwd: Path, overrides: Overrides, known_rules: set[str]) -> Settings:
+def resolve(target: Path | None, cwd: Path, overrides: Overrides, known_rules: RuleNames) -> Settings:
     """The file's settings with the command line's on top (each option given replaces the key)."""
     found = find_pyproject(target, cwd)
     settings = load_settings(found, known_rules) if found else Settings()

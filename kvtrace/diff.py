@@ -145,7 +145,8 @@ def _described(report: Report) -> list[tuple[Site, tuple[str, ...], str, str]]:
         code = above = ""
         if 0 < site.line <= len(lines):
             code = " ".join(lines[site.line - 1].split())
-            above = " ".join(next((lines[n] for n in range(site.line - 2, -1, -1) if lines[n].strip() and not lines[n].lstrip().startswith("#")), "").split())
+            above = " ".join(next((lines[n] for n in range(site.line - 2, -1, -1)
+                                   if lines[n].strip() and not lines[n].lstrip().startswith("#")), "").split())
         rows.append((site, (queue, site.kind, site.path, site.function, site.note, code), above, queue))
     return rows
 

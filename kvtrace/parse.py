@@ -19,7 +19,7 @@ from functools import cached_property
 
 from typing import TYPE_CHECKING
 
-from kvtrace.model import SourceFile, source_lines
+from kvtrace.model import FileMark, SourceFile, source_lines
 
 if TYPE_CHECKING:  # libcst is imported where a body is parsed: a fleet run that only hits the cache never needs it
     import libcst as cst
@@ -55,34 +55,26 @@ def shared_parses() -> Iterator[None]:
             _SHARED.clear()
 
 
-def parse_module(source: SourceFile) -> ParsedModule | None:
-    """Parse one file with `ast`; on failure record why on the SourceFile and return None."""
-    if source.status != "ok":
-        return None
+def parse_source(source: SourceFile) -> ParsedModule | FileMark:
+    """Parse one file with `ast`: its module, or why it could not be parsed (the file itself is
+    left as read)."""
     shared = _SHARED.get(source.sha256) if _SHARING and source.sha256 else None
     if shared is not None:
         return ParsedModule(source=source, tree=shared[0], lines=shared[1])
     text = source.text
     if text is None:  # the bytes do not decode: recorded here, as a syntax error is
-        source.status, source.error = source.as_read
-        return None
+        return FileMark(source.path, "not-utf8", source.undecodable or "")
     try:
         with warnings.catch_warnings():
             # CPython warns about odd escapes etc. in code it still accepts: not ours to print.
             warnings.simplefilter("ignore")
             tree = ast.parse(text, filename=source.path)
     except SyntaxError as exc:
-        source.status = "syntax-error"
-        source.error = f"line {exc.lineno}: {exc.msg}"
-        return None
+        return FileMark(source.path, "syntax-error", f"line {exc.lineno}: {exc.msg}")
     except (RecursionError, MemoryError):
-        source.status = "syntax-error"
-        source.error = "nested too deeply to parse"
-        return None
+        return FileMark(source.path, "syntax-error", "nested too deeply to parse")
     except ValueError as exc:  # e.g. NUL bytes
-        source.status = "syntax-error"
-        source.error = str(exc)
-        return None
+        return FileMark(source.path, "syntax-error", str(exc))
     module = ParsedModule(source=source, tree=tree, lines=source_lines(text))
     if _SHARING and source.sha256:
         nodes = count_nodes(tree)
@@ -90,6 +82,14 @@ def parse_module(source: SourceFile) -> ParsedModule | None:
             _SHARED.clear()
         _SHARED[source.sha256] = (tree, module.lines, nodes)
     return module
+
+
+def parse_module(source: SourceFile) -> ParsedModule | None:
+    """The module of a file read as "ok" that parses, else None (parse_source says why)."""
+    if source.status != "ok":
+        return None
+    parsed = parse_source(source)
+    return parsed if isinstance(parsed, ParsedModule) else None
 
 
 # `ast` trees are kept for the whole analysis; with parsing and indexing a scan costs ~0.8 KB a
@@ -122,33 +122,46 @@ def node_bound(data: bytes) -> int:
     return 1 + 2 * words + 2 * punctuation + lines
 
 
-def parse_modules(sources: list[SourceFile], max_nodes: int = MAX_AST_NODES) -> list[ParsedModule]:
-    """parse_module for each file, within a budget of `ast` nodes held; in the input order. Every
-    file is checked, the first one too."""
+@dataclass(frozen=True)
+class Parsing:
+    """What the parse stage made of the files: the modules (in the files' order) and, for each
+    file read but not parsed, why (applied to copies of the files with `with_marks`)."""
+
+    modules: list[ParsedModule]
+    marks: list[FileMark]
+
+
+def parse_modules(sources: list[SourceFile], max_nodes: int = MAX_AST_NODES) -> Parsing:
+    """parse_source for each file read as "ok", within a budget of `ast` nodes held; modules in
+    the input order. Every file is checked, the first one too."""
     parsed: dict[int, ParsedModule] = {}
+    marks: dict[int, FileMark] = {}
     held = 0
     for index in sorted(range(len(sources)), key=lambda i: (len(sources[i].data), i)):
         source = sources[index]
+        if source.status != "ok":
+            continue
         # 2 nodes a byte bound node_bound too: only a file of over max_nodes / 2 bytes needs it.
-        if source.status == "ok" and 2 * len(source.data) + 2 > max_nodes and not (_SHARING and source.sha256 in _SHARED):
+        if 2 * len(source.data) + 2 > max_nodes and not (_SHARING and source.sha256 in _SHARED):
             bound = node_bound(source.data)
             if bound > max_nodes:  # could not be parsed without holding more than the budget
-                source.status = "too-large"
-                source.error = (f"{len(source.data):,} bytes may hold up to {bound:,} syntax nodes, over the "
-                                f"{max_nodes:,}-node parse budget (which bounds memory)")
+                marks[index] = FileMark(source.path, "too-large",
+                                        f"{len(source.data):,} bytes may hold up to {bound:,} syntax nodes, over the "
+                                        f"{max_nodes:,}-node parse budget (which bounds memory)")
                 continue
-        module = parse_module(source)
-        if module is None:
+        module = parse_source(source)
+        if isinstance(module, FileMark):
+            marks[index] = module
             continue
         nodes = count_nodes(module.tree)
         if held + nodes > max_nodes:
-            source.status = "too-large"
-            source.error = (f"{nodes:,} syntax nodes would exceed the {max_nodes:,}-node parse budget "
-                            "(which bounds memory) left after smaller files")
+            marks[index] = FileMark(source.path, "too-large",
+                                    f"{nodes:,} syntax nodes would exceed the {max_nodes:,}-node parse budget "
+                                    "(which bounds memory) left after smaller files")
             continue
         held += nodes
         parsed[index] = module
-    return [parsed[i] for i in sorted(parsed)]
+    return Parsing([parsed[i] for i in sorted(parsed)], [marks[i] for i in sorted(marks)])
 
 
 def count_nodes(tree: ast.AST) -> int:
@@ -328,7 +341,8 @@ def _line_state_type() -> type:
             if node not in self.lines:  # a syntactic start recorded inside wins
                 self.lines[node] = start
 
-        def record_syntactic_position(self, node: object, *, start_node: object = None,
+        # A plain context manager where libcst's is a @contextmanager generator: the same enter/exit, cheaper.
+        def record_syntactic_position(self, node: object, *, start_node: object = None,  # type: ignore[override]
                                       end_node: object = None) -> Syntactic:
             return Syntactic(self, node, start_node)
 

@@ -52,7 +52,8 @@ from kvtrace.states import Domain
 
 @dataclass
 class Parsed:
-    """The located package (`root`), the files in scope and their modules."""
+    """The located package (`root`), the files in scope (a file that did not parse marked so, on a
+    copy) and their modules."""
 
     root: str
     files: list[SourceFile]
@@ -97,7 +98,8 @@ def parse(fetched: FetchResult, pack: Pack, root: str | None) -> Parsed:
             raise AmbiguousTarget(fetched.target, candidates)
         root = candidates[0]
     in_scope = _in_scope(files, pack, root, package_scope(root, candidates))
-    return Parsed(root, in_scope, parse_modules(in_scope))
+    parsing = parse_modules(in_scope)
+    return Parsed(root, with_marks(in_scope, parsing.marks), parsing.modules)
 
 
 def index(parsed: Parsed, pack: Pack, target: str) -> Indexed:

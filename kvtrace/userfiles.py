@@ -21,6 +21,7 @@ import json
 import os
 import re
 import stat
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -112,7 +113,10 @@ def load_json(path: Path | str, what: str, cap: int = JSON_CAP) -> Any:
 
 
 def parse_toml(text: str, label: str) -> dict[str, Any]:
-    import tomllib
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # the same parser, released on its own for Python 3.10
+        import tomli as tomllib
 
     try:
         return tomllib.loads(text)

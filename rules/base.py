@@ -87,7 +87,7 @@ def drain_evidence(ctx: ScanContext) -> list[Evidence]:
     if drain is not None:
         if drain.poll_line is not None:
             evidence.append(Evidence(drain.func.path, drain.poll_line, "poll: states read for the queue"))
-        evidence.append(Evidence(drain.func.path, ctx.queue.loop_line(), f"drain loop in {drain.func.qualname}"))
+        evidence.append(Evidence(drain.func.path, drain.body.line(drain.loop), f"drain loop in {drain.func.qualname}"))
     return evidence
 
 

@@ -123,7 +123,7 @@ class PinnedState(Rule):
                 evidence.append(Evidence(drain.func.path, queue.loop_line(), f"drain loop in {drain.func.qualname}"))
                 if several:
                     evidence += [Evidence(c.path, c.line, f"mode {m.label}: {c.note}") for m, _ in pinned for c in m.callers[:1]]
-                evidence += [Evidence(p, l, f"keep: back into the queue for {state}") for p, l in keep_sites]
+                evidence += [Evidence(p, line, f"keep: back into the queue for {state}") for p, line in keep_sites]
                 evidence += list(verdict.chain)
                 unseen = unseen_caller_premise(ctx, [m for m, _ in pinned])
                 premise = joined(verdict_premise(ctx, b, state, verdict), unseen)

@@ -80,7 +80,7 @@ class PollRaises(Rule):
             message = (f"{b.sender}.poll() (backend {b.name}) raises at {function} line {line}"
                        f"{f' (and {others} more places)' if others else ''} instead of returning Failed: {where}")
             evidence = drain_evidence(ctx) + [Evidence(b.poll.path, b.poll.line, f"{b.sender}.poll()")] + [
-                Evidence(p, l, f"raise in {f}") for p, l, f in raise_sites]
+                Evidence(p, line, f"raise in {f}") for p, line, f in raise_sites]
             findings.append(self.finding(message, path, line, b.name, None, evidence))
         return findings
 
@@ -93,7 +93,7 @@ class PollRaises(Rule):
         message = (f"{b.sender}.poll() (backend {b.name}) raises KeyError at {function} line {line} when the room is "
                    f"absent from the status table: {where}")
         evidence = drain_evidence(ctx) + [Evidence(b.poll.path, b.poll.line, f"{b.sender}.poll()")] + [
-            Evidence(p, l, f"{f}() reads the table for an absent room: KeyError") for p, l, f in analysis.absent_raise_sites]
+            Evidence(p, line, f"{f}() reads the table for an absent room: KeyError") for p, line, f in analysis.absent_raise_sites]
         evidence += list(b.manager.clears) if b.manager else []
         premise = absent_room_premise(ctx, b, StateVerdict("", WayOut.NONE, "", absent_room=True))
         if premise is not None:

@@ -363,14 +363,11 @@ def _flow(ctx: ScanContext, func, stmts: list[ast.stmt], name: str, attrs: set[s
             orelse = _flow(ctx, func, stmt.orelse, name, attrs, methods, depth)
             flow.calls += body.calls + orelse.calls
             flow.skips += body.skips + orelse.skips
-            if body.exited and not body.calls:
-                flow.skips.append(Evidence(func.path, stmt.lineno, f"`{cond}` leaves before the send"))
-            if orelse.exited and not orelse.calls:
-                flow.skips.append(Evidence(func.path, stmt.lineno, f"`not ({cond})` leaves before the send"))
-            if body.calls and orelse.open_end and not orelse.calls:
-                flow.skips.append(Evidence(func.path, stmt.lineno, f"skips it when `{cond}` is false"))
-            if orelse.calls and body.open_end and not body.calls:
-                flow.skips.append(Evidence(func.path, stmt.lineno, f"skips it when `{cond}` holds"))
+            flow.skips += [Evidence(func.path, stmt.lineno, note) for holds, note in (
+                (body.exited and not body.calls, f"`{cond}` leaves before the send"),
+                (orelse.exited and not orelse.calls, f"`not ({cond})` leaves before the send"),
+                (body.calls and orelse.open_end and not orelse.calls, f"skips it when `{cond}` is false"),
+                (orelse.calls and body.open_end and not body.calls, f"skips it when `{cond}` holds")) if holds]
             flow.exited |= body.exited or orelse.exited
             flow.open_end = body.open_end or orelse.open_end
             continue

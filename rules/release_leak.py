@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import ast
 
-from kvtrace.model import EventKind, Evidence, Finding, Outcome
+from kvtrace.model import EventKind, Finding, Outcome
 from kvtrace.rules.base import Rule, Sample, ScanContext, drain_evidence, path_evidence
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain
 

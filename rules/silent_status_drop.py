@@ -95,7 +95,7 @@ class SilentStatusDrop(Rule):
                     message += f"; {len(guards)} caller(s) also skip it unless the room is present"
                 evidence = [Evidence(m.func.path, m.func.line, f"{m.cls.name}.{m.func.name}()"),
                             Evidence(m.func.path, node.lineno, f"absent room: no store of {failed}")]
-                evidence += [Evidence(p, l, f"note: abort guarded by `if room in ...{m.table}`") for p, l in guards]
+                evidence += [Evidence(p, line, f"note: abort guarded by `if room in ...{m.table}`") for p, line in guards]
                 findings.append(self.finding(message, m.func.path, node.lineno, None, failed, evidence,
                                              backends=m.backends))
                 break

@@ -6,6 +6,7 @@ transfer manager writes it into the status table): nothing polls, nothing sees i
 from __future__ import annotations
 
 import ast
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from kvtrace.model import EventKind, Evidence, Finding
@@ -25,7 +26,7 @@ class SkipGuard:
 
 
 def skip_guards(func: ast.FunctionDef | ast.AsyncFunctionDef, poll_line: int, lists: set[str],
-                reads_status: "callable") -> list[SkipGuard]:
+                reads_status: Callable[[ast.Call], bool]) -> list[SkipGuard]:
     """The early returns of `func`, before its poll statement, taken when every request of the
     queue list carries a flag, and decided without polling or reading the status table."""
     found = []

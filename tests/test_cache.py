@@ -80,11 +80,15 @@ def test_a_changed_file_or_pack_is_a_miss(tree: Path, tmp_path: Path) -> None:
 def test_a_syntax_error_status_comes_back_from_the_cache(tree: Path, tmp_path: Path) -> None:
     (tree / "disaggregation" / "broken.py").write_text("def f(:\n")
     cache = Cache(tmp_path / "c")
-    first, _ = scan_cached(fetch(tree), load_pack(), cache)
-    second, hit = scan_cached(fetch(tree), load_pack(), cache)
+    cold_fetch, warm_fetch = fetch(tree), fetch(tree)
+    first, _ = scan_cached(cold_fetch, load_pack(), cache)
+    second, hit = scan_cached(warm_fetch, load_pack(), cache)
     assert hit
     broken = [f for f in second.files if f.path.endswith("broken.py")]
     assert broken and broken[0].status == "syntax-error" and broken[0].error
+    assert [(f.path, f.status, f.error) for f in second.files] == [(f.path, f.status, f.error) for f in first.files]
+    # Neither the scan nor the cache changed the fetched files: the marks are on the report's copies.
+    assert all(f.status == "ok" for f in cold_fetch.files + warm_fetch.files)
 
 
 @pytest.mark.parametrize("damage", ["truncate", "flip", "garbage", "empty"])

@@ -26,10 +26,11 @@ def floors() -> list[str]:
     pins = []
     for requirement in data["project"]["dependencies"]:
         # A ceiling (`,<Y`) is allowed beside the floor: the suite's own venv gets the newest below it.
-        m = re.fullmatch(r"([A-Za-z0-9_.-]+)\s*>=\s*([0-9][0-9A-Za-z.]*)(?:\s*,\s*<\s*[0-9][0-9A-Za-z.]*)?",
-                         requirement.strip())
+        # An environment marker (`; python_version < '3.11'`) stays with the pin.
+        m = re.fullmatch(r"([A-Za-z0-9_.-]+)\s*>=\s*([0-9][0-9A-Za-z.]*)(?:\s*,\s*<\s*[0-9][0-9A-Za-z.]*)?"
+                         r"(\s*;.*)?", requirement.strip())
         assert m, f"every dependency needs a tested floor `name>=X`: {requirement!r}"
-        pins.append(f"{m.group(1)}=={m.group(2)}")
+        pins.append(f"{m.group(1)}=={m.group(2)}{m.group(3) or ''}")
     return pins
 
 

@@ -159,8 +159,25 @@ def test_reading_the_text_changes_no_status_and_parsing_records_it() -> None:
     assert latin.text is None and latin.status == "ok" and latin.error is None
     assert latin.undecodable is not None and latin.undecodable.startswith("not UTF-8")
     assert latin.as_read == ("not-utf8", latin.undecodable)
-    assert parse_modules([latin]) == []
-    assert (latin.status, latin.error) == ("not-utf8", latin.undecodable)
+    parsing = parse_modules([latin])
+    assert parsing.modules == [] and [(m.path, m.status, m.error) for m in parsing.marks] == [
+        ("latin.py", "not-utf8", latin.undecodable)]
+    assert (latin.status, latin.error) == ("ok", None)  # parsing returns what it found; the file stays as read
+
+
+def test_a_source_file_is_frozen_and_decoded_when_made() -> None:
+    import dataclasses
+    import hashlib
+
+    from kvtrace.model import SourceFile
+
+    data = "# coding: latin-1\nNAME = 'caf\xe9'\n".encode("latin-1")
+    source = SourceFile("m.py", data, hashlib.sha256(data).hexdigest())
+    assert source.text == "# coding: latin-1\nNAME = 'caf\xe9'\n" and source.undecodable is None
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        source.status = "syntax-error"  # type: ignore[misc]
+    marked = dataclasses.replace(source, status="syntax-error", error="line 1: x")
+    assert (marked.text, source.status) == (source.text, "ok")
 
 
 def test_a_package_whose_enum_file_does_not_decode_says_so(tmp_path: Path) -> None:

@@ -48,7 +48,7 @@ def model_of(tree: Path) -> ScanModel:
     pack = load_pack()
     fetched = fetch_local(tree)
     root = "disaggregation"
-    index = Index(parse_modules(fetched.files), root)
+    index = Index(parse_modules(fetched.files).modules, root)
     domain, _ = find_enum(index, pack)
     return ScanModel(analyse_queue(index, pack, domain), analyse_backends(index, pack, domain, root, []), domain)
 

@@ -50,13 +50,16 @@ def test_budget_holds_from_the_first_file_on() -> None:
     dense = make_source_file("dense.py", b"a\n" * 2000)  # 6,001 nodes
     small = [make_source_file(f"s{i}.py", b"x = 1\n" * 100) for i in range(5)]  # 401 each
     alone = parse_modules([make_source_file("only.py", b"a\n" * 2000)], max_nodes=5_000)
-    assert alone == []  # before: the first file was always kept, whatever its size
+    assert alone.modules == []  # before: the first file was always kept, whatever its size
     files = [dense, *small]
-    kept = parse_modules(files, max_nodes=1_500)
+    parsing = parse_modules(files, max_nodes=1_500)
+    kept = parsing.modules
     assert sum(count_nodes(m.tree) for m in kept) <= 1_500
     assert [m.source.path for m in kept] == ["s0.py", "s1.py", "s2.py"]
-    assert dense.status == "too-large" and "parse budget" in (dense.error or "")
-    assert all(f.status == "too-large" for f in small[3:])
+    marks = {m.path: m for m in parsing.marks}
+    assert marks["dense.py"].status == "too-large" and "parse budget" in marks["dense.py"].error
+    assert sorted(marks) == ["dense.py", "s3.py", "s4.py"] and all(m.status == "too-large" for m in marks.values())
+    assert all(f.status == "ok" for f in files)  # the files stay as read: the marks are applied to copies
 
 
 def test_four_dense_one_mib_files_stay_within_memory(tmp_path: Path) -> None:
@@ -88,7 +91,7 @@ def test_files_that_fit_alone_but_not_together_are_counted(lines: int) -> None:
     """Each file is parsed only when its bound fits the budget on its own; its real count then
     decides: what is held never passes the budget."""
     files = [make_source_file(f"f{i}.py", b"a\n" * lines + b"b" * i) for i in range(4)]
-    kept = parse_modules(files, max_nodes=400_000)
+    kept = parse_modules(files, max_nodes=400_000).modules
     held = sum(count_nodes(m.tree) for m in kept)
     assert 0 < held <= 400_000
     assert len(kept) == 400_000 // (3 * lines + 1)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import fnmatch
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -277,6 +278,12 @@ def validate(data: dict[str, Any], text: str, source: str) -> dict[str, dict[str
             if not _type_ok(kind, given[key]):
                 raise fail(key_line(text, section, key), f"[{section}] {key} must be {kind}")
             checked[section][key] = given[key]
+    _check_references(checked, text, fail)
+    return checked
+
+
+def _check_references(checked: dict[str, dict[str, Any]], text: str, fail: Callable[[int, str], InputError]) -> None:
+    """What the typed keys name exists in the pack: its queues, their resources, a terminal state."""
     if not checked["queue"]["name"] and not checked["queue"]["names"]:
         raise fail(key_line(text, "queue"), "[queue] needs name (one queue) or names (several)")
     for name, held in checked["queue"]["holds"].items():
@@ -290,7 +297,6 @@ def validate(data: dict[str, Any], text: str, source: str) -> dict[str, dict[str
                 raise fail(key_line(text, "queue", key), f"[queue] {key}: {name!r} must be a queue of this pack")
     if not checked["enum"]["terminal"]:
         raise fail(key_line(text, "enum", "terminal"), "[enum] terminal must name at least one member")
-    return checked
 
 
 def queues_of(checked: dict[str, dict[str, Any]]) -> tuple[str, ...]:

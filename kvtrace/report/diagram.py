@@ -31,15 +31,46 @@ STATEMENT_LINES = 8  # a statement over more source lines than this is shown on 
 COLUMN = NODE_W + GAP
 MARGIN = 10
 BACK_EDGE_ROOM = 40  # back edges loop around the right side of the drawing
+# An edge's label has a slot of its own in a band of labels under the edge's source row, laid out
+# with the nodes: the edge runs down the slot's left side and the text sits right of it, so no
+# other edge passes through a label (they pass through their own slots in the band).
+LABEL_CHAR_W, LABEL_H = 6.0, 12  # a 10px label's character and line (wide enough for the rendered text)
+LABEL_LEAD = 10  # the slot's left part, where its own edge runs down
+LABEL_PAD = 5  # above and below the text in its band, clear of the curves entering and leaving it
+BAND_GAP = 34  # between a row of nodes and a band of labels: the edges' curves run there
+# Characters per label line, widest first: a band takes the widest that keeps it within the drawing.
+LABEL_WRAPS = (64, 40, 32, 24, 16)
+SLOTS = ("virtual", "label")  # the kinds of a long edge's slots in the rows it crosses
+# How much a horizontal run counts in placing x, by how many of its ends are slots: a run between
+# two slots of one edge weighs most, so a long edge runs straight down and bends by its ends.
+RUN_WEIGHT = (1.0, 2.0, 32.0)
+# Each sweep moves a member this much past where its neighbours want it (successive over-relaxation):
+# long edges' chains are stiff, and move to where they run straight in a third of the sweeps.
+OVER_RELAXATION = 1.8
+SWEEPS = 150  # at most; the sweeps stop once nothing moves a quarter pixel
 
 
 @dataclass
 class Diagram:
     backend: Backend
-    graph: nx.DiGraph  # nodes: kind, label, path, line, css (list), layer, order, x, y; edges: states, css
+    graph: nx.DiGraph  # nodes: kind, label, path, line, css (list), lines, h; edges: states, css, text
     pinned: list[str]
-    width: int
-    height: int
+    _size: tuple[int, int] | None = None
+
+    # Laid out when first drawn (the mermaid block of the markdown report needs no coordinates):
+    # then the nodes have layer, x, y and the edges points, side, label (see _layout).
+    @property
+    def width(self) -> int:
+        return self._laid_out()[0]
+
+    @property
+    def height(self) -> int:
+        return self._laid_out()[1]
+
+    def _laid_out(self) -> tuple[int, int]:
+        if self._size is None:
+            self._size = _layout(self.graph)
+        return self._size
 
 
 def node_id(node: tuple) -> str:
@@ -181,8 +212,20 @@ def backend_diagram(report: Report, backend: Backend) -> Diagram:
     for n, data in g.nodes(data=True):
         data["lines"] = node_lines(report, data)
         data["h"] = max(NODE_H, 12 + len(data["lines"]) * LINE_H)
-    width, height = _layout(g)
-    return Diagram(backend, g, pinned, width, height)
+    shown = [s for s in states if s in returned]
+    for a, b, data in g.edges(data=True):
+        data["text"] = edge_text(a, data, shown)
+    return Diagram(backend, g, pinned)
+
+
+def edge_text(source: tuple, data: dict, shown: list[str]) -> str:
+    """What an edge's label says: the states that take it ("every state" when that is all of
+    the drawn states), "waits:" before them on a wait; nothing out of a state node (the state is
+    the node above) nor on an edge no state takes."""
+    if source[0] == "state" or not data["states"]:
+        return ""
+    states = "every state" if len(shown) > 2 and set(data["states"]) >= set(shown) else ", ".join(data["states"])
+    return f"waits: {states}" if "wait" in data["css"] else states
 
 
 def wrap_text(text: str, width: int) -> list[str]:
@@ -387,79 +430,185 @@ def _layers(g: nx.DiGraph) -> dict[tuple, int]:
     return layer
 
 
-def _layout(g: nx.DiGraph) -> tuple[int, int]:
-    """Sugiyama-style: layers top to bottom; an edge spanning several layers gets a virtual slot
-    in each layer it crosses (so it is routed around nodes, not through them); barycentre
-    sweeps order each layer; x, y (and each edge's `points`) are written into the graph."""
-    layer = _layers(g)
+@dataclass
+class _Rows:
+    """The rows of a layout: each layer's nodes and, under a layer whose edges carry labels, a band
+    of labels; an edge spanning rows has a slot in each row between (`("label" | "virtual", a, b, row)`)."""
+    routing: nx.DiGraph  # the nodes and the slots, each edge between consecutive rows
+    level: dict[tuple, int]  # the row of each node and slot
+    rows: dict[int, list[tuple]]  # each row's nodes and slots, left to right once ordered
+    bands: set[int]
+    chains: dict[tuple[tuple, tuple], list[tuple]]  # an edge's slots, top to bottom
+
+
+def _rows(g: nx.DiGraph, layer: dict[tuple, int]) -> _Rows:
+    labelled = {(a, b) for a, b in g.edges() if layer[b] > layer[a] and g.edges[a, b]["text"]}
+    banded = sorted({layer[a] for a, _ in labelled})
+    row = {k: k + sum(1 for j in banded if j < k) for k in set(layer.values())}
     routing = nx.DiGraph()
     routing.add_nodes_from(g)
-    chains: dict[tuple, list[tuple]] = {}
+    level = {n: row[layer[n]] for n in g}
+    chains: dict[tuple[tuple, tuple], list[tuple]] = {}
     for a, b in g.edges():
-        if layer[b] - layer[a] > 1:
-            chain = [("virtual", a, b, k) for k in range(layer[a] + 1, layer[b])]
-            for k, v in zip(range(layer[a] + 1, layer[b]), chain):
-                layer[v] = k
+        if level[b] - level[a] > 1:
+            chain = [("label" if (a, b) in labelled and k == level[a] + 1 else "virtual", a, b, k)
+                     for k in range(level[a] + 1, level[b])]
+            level.update({v: v[3] for v in chain})
             nx.add_path(routing, [a, *chain, b])
             chains[(a, b)] = chain
         else:
             routing.add_edge(a, b)
-    columns: dict[int, list[tuple]] = {}
+    rows: dict[int, list[tuple]] = {}
     for n in routing:
-        columns.setdefault(layer[n], []).append(n)
+        rows.setdefault(level[n], []).append(n)
+    return _Rows(routing, level, rows, {row[k] + 1 for k in banded}, chains)
+
+
+def _order(g: nx.DiGraph, r: _Rows) -> None:
+    """Barycentre sweeps: each row ordered by the mean position of its neighbours; the states keep
+    the enum's order, the outcomes theirs."""
     outcome_rank = {("outcome", o): i for i, o in enumerate(OUTCOME_ORDER)}
     state_rank = {n: i for i, n in enumerate(n for n in g if g.nodes[n]["kind"] == "state")}
 
     def initial(n: tuple) -> tuple:
-        if n[0] == "virtual":
+        if n[0] in ("virtual", "label"):
             n = n[1]
         data = g.nodes[n]
         return (state_rank.get(n, 0), outcome_rank.get(n, 0), data["path"], data["line"], str(n))
 
-    for nodes in columns.values():
+    for nodes in r.rows.values():
         nodes.sort(key=initial)
-    # Barycentre sweeps: each layer ordered by the mean position of its neighbours.
     for sweep in range(6):
-        order = {n: i for nodes in columns.values() for i, n in enumerate(nodes)}
+        order = {n: i for nodes in r.rows.values() for i, n in enumerate(nodes)}
         down = sweep % 2 == 0
-        keys = sorted(columns) if down else sorted(columns, reverse=True)
-        for col in keys[1:]:
-            if col == 0:
-                continue  # the states keep the enum's order
+        for at in sorted(r.rows, reverse=not down)[1:]:
+            if at == 0:
+                continue
 
             def centre(n: tuple) -> float:
-                near = [order[m] for m in (routing.predecessors(n) if down else routing.successors(n))
-                        if layer[m] != layer[n]]
+                near = [order[m] for m in (r.routing.predecessors(n) if down else r.routing.successors(n))]
                 return sum(near) / len(near) if near else order[n]
 
-            columns[col].sort(key=lambda n: (centre(n), initial(n)))
-            order.update({n: i for i, n in enumerate(columns[col])})
-    def width_of(n: tuple) -> int:
-        return VIRTUAL_W if n[0] == "virtual" else NODE_W
+            r.rows[at].sort(key=lambda n: (centre(n), initial(n)))
+            order.update({n: i for i, n in enumerate(r.rows[at])})
 
-    spans = {col: sum(width_of(n) for n in nodes) + GAP * (len(nodes) - 1) for col, nodes in columns.items()}
-    widest = max(spans.values(), default=NODE_W)
-    heights = {col: max([g.nodes[n].get("h", NODE_H) for n in nodes if n[0] != "virtual"] + [NODE_H])
-               for col, nodes in columns.items()}
+
+def _place(r: _Rows, width: dict[tuple, float], anchor: dict[tuple, float], widest: float) -> dict[tuple, float]:
+    """Each node's and slot's left x: in its row's order, GAP apart, within the drawing, and as
+    near as that allows to straight edges. Sweeps over the rows until nothing moves, each row
+    placed where the weighted sum of its edges' squared horizontal runs is least (isotonic
+    regression by pooling adjacent violators); a run between two slots of a long edge weighs
+    most, so a long edge runs straight down and bends next to its ends."""
+    index = {n: i for i, n in enumerate(r.level)}
+    centre = [0.0] * len(index)  # where each one's edges meet it
+    # Per row: its room to move, its members (index, x - shift, (neighbour, weight) per edge, sum of weights).
+    rows: list[tuple[float, list[tuple[int, float, list[tuple[int, float]], float]]]] = []
+    for at in sorted(r.rows):
+        packed, members = 0.0, []
+        for n in r.rows[at]:
+            near = [(index[m], RUN_WEIGHT[(n[0] in SLOTS) + (m[0] in SLOTS)])
+                    for m in (*r.routing.predecessors(n), *r.routing.successors(n))]
+            members.append((index[n], packed + anchor[n], near, sum(w for _, w in near)))  # x = shift + base
+            packed += width[n] + GAP
+        room = widest - (packed - GAP)
+        for i, base, _, _ in members:
+            centre[i] = MARGIN + room / 2 + base  # centred, until placed
+        rows.append((room, members))
+    for _ in range(SWEEPS):
+        moved = 0.0
+        for room, members in rows:
+            blocks: list[list[float]] = []  # pooled members: [weighted sum of wanted shifts, weight, count]
+            for i, base, near, total in members:
+                wanted = sum(w * centre[m] for m, w in near) / total if near else centre[i]
+                wanted = centre[i] + OVER_RELAXATION * (wanted - centre[i])
+                total = total or 1e-3
+                blocks.append([(wanted - base) * total, total, 1])
+                while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] > blocks[-1][0] / blocks[-1][1]:
+                    s, w, c = blocks.pop()
+                    blocks[-1] = [blocks[-1][0] + s, blocks[-1][1] + w, blocks[-1][2] + c]
+            shifts = [min(max(s / w, MARGIN), MARGIN + room) for s, w, c in blocks for _ in range(int(c))]
+            for (i, base, _, _), shift in zip(members, shifts):
+                moved = max(moved, abs(centre[i] - shift - base))
+                centre[i] = shift + base
+        if moved < 0.25:
+            break
+    return {n: centre[i] - anchor[n] for n, i in index.items()}
+
+
+def _straighten(r: _Rows, x: dict[tuple, float], width: dict[tuple, float], anchor: dict[tuple, float],
+                widest: float) -> None:
+    """Each long edge's run through the rows (its slots after the label's) moved onto one vertical
+    line where its neighbours in every row leave room for one, the nearest to its slots' median;
+    longest edges first. The placement leaves them drifting a little at every row."""
+    place = {n: i for nodes in r.rows.values() for i, n in enumerate(nodes)}
+
+    def room(n: tuple) -> tuple[float, float]:
+        """The lines the slot's edge may run down, between its neighbours in its row."""
+        row, i = r.rows[r.level[n]], place[n]
+        low = x[row[i - 1]] + width[row[i - 1]] + GAP if i else MARGIN
+        high = x[row[i + 1]] - GAP - width[n] if i + 1 < len(row) else MARGIN + widest - width[n]
+        return low + anchor[n], high + anchor[n]
+
+    runs = [[v for v in chain if v[0] == "virtual"] for chain in r.chains.values()]
+    for run in sorted((run for run in runs if len(run) > 1), key=len, reverse=True):
+        rooms = [room(v) for v in run]
+        low, high = max(lo for lo, _ in rooms), min(hi for _, hi in rooms)
+        if low <= high:
+            lines = sorted(x[v] + anchor[v] for v in run)
+            line = min(max(lines[len(lines) // 2], low), high)
+            x.update({v: line - anchor[v] for v in run})
+
+
+def _layout(g: nx.DiGraph) -> tuple[int, int]:
+    """Sugiyama-style: layers top to bottom; an edge spanning several rows gets a slot in each row
+    it crosses (so it is routed around nodes, not through them); under each layer whose edges are
+    labelled, a band where each label has a slot of its own (as dot lays labels out), so no edge
+    passes through another's label. Written into the graph: x, y of the nodes; per edge `points`
+    (the slots it passes: the x it runs down at, top, bottom), `side` (the x a back edge runs up
+    at) and, when labelled, `label` ((x, first baseline), its lines)."""
+    layer = _layers(g)
+    r = _rows(g, layer)
+    _order(g, r)
+    texts = {n: g.edges[n[1], n[2]]["text"] for n in r.level if n[0] == "label"}
+
+    def span(nodes: list[tuple], wrap: int) -> float:
+        return sum(_slot_width(n, texts, wrap) for n in nodes) + GAP * (len(nodes) - 1)
+
+    widest = max((span(nodes, 0) for at, nodes in r.rows.items() if at not in r.bands), default=NODE_W)
+    # Each band's labels on lines as long as keep it within the widest row of nodes, else as short as they go.
+    wraps = {at: next((w for w in LABEL_WRAPS if span(r.rows[at], w) <= widest), LABEL_WRAPS[-1]) for at in r.bands}
+    widest = max([widest] + [span(r.rows[at], wraps[at]) for at in r.bands])
+    lines = {n: wrap_text(text, wraps[r.level[n]]) for n, text in texts.items()}
+    width = {n: _slot_width(n, texts, wraps.get(r.level[n], 0)) for n in r.level}
+    anchor = {n: LABEL_LEAD / 2 if n[0] == "label" else width[n] / 2 for n in r.level}  # where edges meet it
+    heights = {at: max(len(lines[n]) * LABEL_H for n in nodes if n in lines) + 2 * LABEL_PAD if at in r.bands else
+               max([g.nodes[n].get("h", NODE_H) for n in nodes if n[0] != "virtual"] + [NODE_H])
+               for at, nodes in r.rows.items()}
     tops: dict[int, int] = {}
     y = MARGIN
-    for col in sorted(columns):
-        tops[col] = y
-        y += heights[col] + ROW_GAP
-    position: dict[tuple, tuple[int, int]] = {}
-    for col, nodes in columns.items():
-        x = MARGIN + (widest - spans[col]) / 2
-        for n in nodes:
-            position[n] = (int(x), tops[col])
-            x += width_of(n) + GAP
+    for at in sorted(r.rows):
+        tops[at] = y
+        y += heights[at] + (BAND_GAP if at in r.bands or at + 1 in r.bands else ROW_GAP)
+    x = _place(r, width, anchor, widest)
+    _straighten(r, x, width, anchor, widest)
     for n in g:
-        g.nodes[n].update(layer=layer[n], x=position[n][0], y=position[n][1])
+        g.nodes[n].update(layer=layer[n], x=round(x[n]), y=tops[r.level[n]])
         g.nodes[n].setdefault("h", NODE_H)
-    for a, b in g.edges():
-        # The virtual slots the edge passes through, top to bottom: (centre x, top, bottom).
-        g.edges[a, b]["points"] = [(position[v][0] + VIRTUAL_W // 2, tops[layer[v]], tops[layer[v]] + heights[layer[v]])
-                                   for v in chains.get((a, b), [])]
-    return 2 * MARGIN + widest + BACK_EDGE_ROOM, y - ROW_GAP + MARGIN
+    side = MARGIN + widest + BACK_EDGE_ROOM / 2  # right of every node and label
+    for (a, b), data in g.edges.items():
+        slots = r.chains.get((a, b), [])
+        data["points"] = [(round(x[v] + anchor[v]), tops[v[3]], tops[v[3]] + heights[v[3]]) for v in slots]
+        data["side"] = side
+        for slot in (v for v in slots if v[0] == "label"):
+            top = tops[slot[3]] + (heights[slot[3]] - len(lines[slot]) * LABEL_H) / 2
+            data["label"] = ((round(x[slot]) + LABEL_LEAD, top + LABEL_H - 2.5), lines[slot])
+    return int(2 * MARGIN + widest + BACK_EDGE_ROOM), y - ROW_GAP + MARGIN
+
+
+def _slot_width(n: tuple, texts: dict[tuple, str], wrap: int) -> float:
+    if n[0] == "label":
+        return LABEL_LEAD + max(len(line) for line in wrap_text(texts[n], wrap or LABEL_WRAPS[0])) * LABEL_CHAR_W + 4
+    return VIRTUAL_W if n[0] == "virtual" else NODE_W
 
 
 def diagrams(report: Report) -> list[Diagram]:

@@ -18,7 +18,7 @@ from kvtrace.baseline import counts_against, mark
 from kvtrace.model import Report
 from kvtrace.report import modes_line, state_fate_lines
 from kvtrace.report.excerpt import excerpt
-from kvtrace.report.diagram import LINE_H, NODE_W, Diagram, diagrams, drawn_queue, node_id
+from kvtrace.report.diagram import LABEL_H, LINE_H, NODE_W, Diagram, diagrams, drawn_queue, node_id
 from kvtrace.report.links import Permalinks, permalinks
 from kvtrace.report.verdicts import OK, Grid, by_severity, summary_line, unknown_returns, verdict_grids
 
@@ -35,7 +35,8 @@ svg text{font:12px system-ui,sans-serif;pointer-events:none}svg text.code{font:1
 .state.pinned rect{fill:#ffebe9;stroke:#cf222e;stroke-width:2.5}.state.pinned text{fill:#a40e26;font-weight:700}
 .state.dropped rect{stroke:#bc4c00;stroke-dasharray:4 2}
 .outcome-kept rect{fill:#fff8c5}.outcome-leaves rect{fill:#dafbe1}.outcome-raises rect{fill:#fbefff}.outcome-dropped rect{fill:#fff1e5;stroke:#bc4c00}
-.wayout.ok rect{fill:#dafbe1;stroke:#1a7f37}.wayout.missing rect{fill:#ffebe9;stroke:#cf222e;stroke-dasharray:5 3}.wayout.partial rect{stroke-dasharray:2 2}
+.wayout.ok rect{fill:#dafbe1;stroke:#1a7f37}.wayout.missing rect{fill:#ffebe9;stroke:#cf222e;stroke-dasharray:5 3}\
+.wayout.partial rect{stroke-dasharray:2 2}
 .edge{fill:none;stroke:#8c959f;stroke-width:1.3}.edge.pinned{stroke:#cf222e;stroke-width:2}.edge.missing{stroke:#cf222e;stroke-dasharray:5 3}
 .edge.wait{stroke:#9a6700;stroke-dasharray:2 3}
 .site-wait rect{fill:#fff8c5;stroke:#9a6700;stroke-dasharray:4 2}
@@ -77,42 +78,34 @@ def _diagram_svg(page: _Page, diagram: Diagram) -> str:
            f'role="img" aria-label="state diagram of the {escape(diagram.backend.name)} backend">',
            '<defs><marker id="arrow" viewBox="0 0 10 10" refX="10" refY="5" markerWidth="7" markerHeight="7" '
            'orient="auto-start-reverse"><path d="M0,0L10,5L0,10z" fill="#8c959f"/></marker></defs>']
-    # (label, edge start, first stop, the edge's index); every edge's drawn points, to keep labels off them.
-    wanted: list[tuple[str, tuple[float, float], tuple[float, float], int]] = []
-    drawn: list[list[tuple[float, float]]] = []
+    labels: list[str] = []
     for index, (a, b, data) in enumerate(g.edges(data=True)):
         na, nb = g.nodes[a], g.nodes[b]
         x1, y1 = na["x"] + NODE_W / 2, na["y"] + na["h"]
         x2, y2 = nb["x"] + NODE_W / 2, nb["y"]
-        segments: list[tuple[tuple[float, float], ...]] = []  # a line (2 points) or a cubic Bezier (4)
-        if y2 <= y1:  # a back edge: around the right side of both nodes
-            side = max(na["x"], nb["x"]) + NODE_W + 30
-            segments.append(((na["x"] + NODE_W, y1 - na["h"] / 2), (side, y1), (side, y2),
-                             (nb["x"] + NODE_W, y2 + nb["h"] / 2)))
+        if y2 <= y1:  # a back edge: up the right side of the drawing, clear of every node and label
+            side = data["side"]
+            d = (f"M{na['x'] + NODE_W},{y1 - na['h'] / 2} C{side},{y1 - na['h'] / 2} {side},{y1} {side},{y1}"
+                 f" L{side},{y2} C{side},{y2} {side},{y2 + nb['h'] / 2} {nb['x'] + NODE_W},{y2 + nb['h'] / 2}")
         else:
-            # Through the centres of the virtual slots of a long edge, one curve per layer gap.
-            slots = data["points"]
-            stops = [(x1, y1), *[(px, top) for px, top, _ in slots], (x2, y2)]
-            for i, (sx, sy) in enumerate(stops[1:]):
-                px, py = stops[i]
-                if i > 0:  # straight down through the slot, then curve to the next one
-                    segments.append(((px, py), (px, slots[i - 1][2])))
-                    py = slots[i - 1][2]
-                mid = (py + sy) / 2
-                segments.append(((px, py), (px, mid), (sx, mid), (sx, sy)))
-        d = f"M{segments[0][0][0]},{segments[0][0][1]}" + "".join(
-            f" L{seg[1][0]},{seg[1][1]}" if len(seg) == 2 else
-            f" C{seg[1][0]},{seg[1][1]} {seg[2][0]},{seg[2][1]} {seg[3][0]},{seg[3][1]}" for seg in segments)
-        drawn.append([point for seg in segments for point in _sampled(seg)])
+            # Through the slots of the rows it crosses: straight down each slot, one curve per gap.
+            d = f"M{x1},{y1}"
+            px, py = x1, y1
+            for sx, top, bottom in [*data["points"], (x2, y2, y2)]:
+                mid = (py + top) / 2
+                d += f" C{px},{mid} {sx},{mid} {sx},{top}"
+                if bottom > top:
+                    d += f" L{sx},{bottom}"
+                px, py = sx, bottom
         css = " ".join(["edge", *data["css"]])
         states = ", ".join(data["states"]) or "not covered"
         out.append(f'<path class="{css}" d="{d}" data-edge="{index}" marker-end="url(#arrow)">'
                    f'<title>{escape(states)}</title></path>')
-        if a[0] != "state" and y2 > y1 and data["states"]:
-            first = stops[1]
-            shown = "every state" if len(data["states"]) == len(diagram_states(diagram)) and len(data["states"]) > 2 \
-                else states
-            wanted.append((f"waits: {shown}" if "wait" in data["css"] else shown, (x1, y1), first, index))
+        if "label" in data:
+            (x, baseline), lines = data["label"]
+            spans = "".join(f'<tspan x="{x:.0f}" y="{baseline + i * LABEL_H:.0f}">{escape(line)}</tspan>'
+                            for i, line in enumerate(lines))
+            labels.append(f'<text class="elabel" data-edge="{index}" x="{x:.0f}" y="{baseline:.0f}">{spans}</text>')
     for n, data in g.nodes(data=True):
         tip = data["tip"]
         where = f"{data['path']}:{data['line']}" if data["path"] else ""
@@ -128,95 +121,12 @@ def _diagram_svg(page: _Page, diagram: Diagram) -> str:
                 f'<title>{escape(title)}</title>'
                 f'<rect x="{data["x"]}" y="{data["y"]}" width="{NODE_W}" height="{data["h"]}" rx="6"/>{texts}</g>')
         out.append(f'<a href="{escape(page.href(data["path"], data["line"]))}">{body}</a>' if data["path"] else body)
-    out += _edge_labels(wanted, g, diagram.width, drawn)  # drawn last, over the edges and nodes
+    out += labels  # drawn last, over the edges and nodes
     out.append("</svg>")
     return "\n".join(out)
 
 
 CODE_CLASS = ' class="code"'
-
-
-LABEL_CHAR_W, LABEL_H = 6.0, 12  # an edge label's box at 10px (wide enough to hold the rendered text)
-# Where along its first curve a label may sit, in order: the middle first, then out to the ends.
-LABEL_AT = (0.5, 0.42, 0.58, 0.35, 0.65, 0.28, 0.72, 0.2, 0.8, 0.14, 0.86, 0.08, 0.92)
-# Else beside the edge, right then left, this far from it: near first, on one line then on two.
-LABEL_GAPS = ((4, 24), (56,))
-
-
-def _sampled(segment: tuple[tuple[float, float], ...], steps: int = 32) -> list[tuple[float, float]]:
-    """Points along a line or a cubic Bezier, close enough that a label box meets one if it meets the edge."""
-    if len(segment) == 2:
-        (ax, ay), (bx, by) = segment
-        return [(ax + (bx - ax) * i / steps, ay + (by - ay) * i / steps) for i in range(steps + 1)]
-    (ax, ay), (bx, by), (cx, cy), (dx, dy) = segment
-    points = []
-    for i in range(steps + 1):
-        t = i / steps
-        u = 1 - t
-        points.append((u ** 3 * ax + 3 * u * u * t * bx + 3 * u * t * t * cx + t ** 3 * dx,
-                       u ** 3 * ay + 3 * u * u * t * by + 3 * u * t * t * cy + t ** 3 * dy))
-    return points
-
-
-def _edge_labels(wanted: list[tuple[str, tuple[float, float], tuple[float, float], int]], g, width: int,
-                 drawn: list[list[tuple[float, float]]]) -> list[str]:
-    """Each edge's states on the edge's first curve (from its source down to the next layer),
-    centred on it or beside it, on one line or else on two, at the first place where its box
-    meets no node, no label already placed and no other edge; where every place does, at the one
-    of least overlap (nodes and labels weigh more than a crossing edge)."""
-    taken = [(d["x"], d["y"], d["x"] + NODE_W, d["y"] + d["h"]) for _, d in g.nodes(data=True)]
-    out = []
-    for label, (x1, y1), (sx, sy), index in wanted:
-        mid = (y1 + sy) / 2
-        others = [p for i, points in enumerate(drawn) if i != index for p in points]
-        best: tuple[float, float, float, list[str]] | None = None
-        for gaps, lines in [(gaps, lines) for gaps in LABEL_GAPS for lines in _label_forms(label)]:
-            w = max(len(line) for line in lines) * LABEL_CHAR_W + 4
-            h = LABEL_H * len(lines)
-            for t in LABEL_AT:
-                # The cubic Bezier the edge is drawn with: (x1,y1) C (x1,mid) (sx,mid) (sx,sy).
-                u = 1 - t
-                on_x = u ** 3 * x1 + 3 * u * u * t * x1 + 3 * u * t * t * sx + t ** 3 * sx
-                y = u ** 3 * y1 + 3 * u * u * t * mid + 3 * u * t * t * mid + t ** 3 * sy
-                for shift in (0.0, *(side * (w / 2 + gap) for gap in gaps for side in (1, -1))):
-                    x = min(max(on_x + shift, w / 2 + 2), width - w / 2 - 2)
-                    box = (x - w / 2, y - h / 2, x + w / 2, y + h / 2)
-                    crossed = sum(1 for px, py in others
-                                  if box[0] - 1 <= px <= box[2] + 1 and box[1] - 1 <= py <= box[3] + 1)
-                    overlap = sum(_overlap(box, other) for other in taken) * 100 + crossed
-                    if best is None or overlap < best[0]:
-                        best = (overlap, x, y, lines)
-                    if not overlap:
-                        break
-                if best is not None and not best[0]:
-                    break
-            if best is not None and not best[0]:
-                break
-        assert best is not None  # LABEL_AT is not empty: every label has a place
-        _, x, y, lines = best
-        w = max(len(line) for line in lines) * LABEL_CHAR_W + 4
-        h = LABEL_H * len(lines)
-        taken.append((x - w / 2, y - h / 2, x + w / 2, y + h / 2))
-        top = y - h / 2 + LABEL_H / 2 + 3.5  # the first line's baseline
-        spans = "".join(f'<tspan x="{x:.0f}" y="{top + i * LABEL_H:.0f}">{escape(line)}</tspan>'
-                        for i, line in enumerate(lines))
-        out.append(f'<text class="elabel" data-edge="{index}" x="{x:.0f}" y="{top:.0f}" '
-                   f'text-anchor="middle">{spans}</text>')
-    return out
-
-
-def _label_forms(label: str) -> list[list[str]]:
-    """The label on one line, then (a list of states) on two lines split at the comma nearest its middle."""
-    forms = [[label]]
-    commas = [i for i, c in enumerate(label) if c == ","]
-    if commas:
-        cut = min(commas, key=lambda i: abs(i - len(label) / 2))
-        forms.append([label[:cut + 1], label[cut + 1:].strip()])
-    return forms
-
-
-def _overlap(a: tuple[float, float, float, float], b: tuple[float, float, float, float]) -> float:
-    return max(0.0, min(a[2], b[2]) - max(a[0], b[0])) * max(0.0, min(a[3], b[3]) - max(a[1], b[1]))
 
 
 def _folded_steps(page: _Page, diagram: Diagram) -> list[str]:
@@ -233,10 +143,6 @@ def _folded_steps(page: _Page, diagram: Diagram) -> list[str]:
         out.append(f'<li><a href="{escape(page.href(d["path"], d["line"]))}">{escape(d["label"])}</a><ul>{steps}</ul></li>')
     out.append("</ul></details>")
     return out
-
-
-def diagram_states(diagram: Diagram) -> list[str]:
-    return [n[1] for n in diagram.graph if n[0] == "state" and "unreturned" not in diagram.graph.nodes[n]["css"]]
 
 
 def _grid_html(grid: Grid) -> str:

@@ -255,7 +255,8 @@ REPORT_SCHEMA: dict[str, Any] = {
                     "function": {"type": ["string", "null"],
                                  "description": "qualified name of the function path:line is in"},
                     "fingerprint": {"type": "string",
-                                    "description": "rule|queue|backend|state|role ('-' for none): what a baseline matches; never a line or the function the code is in"},
+                                    "description": "rule|queue|backend|state|role ('-' for none): what a baseline matches; "
+                                                   "never a line or the function the code is in"},
                     "suppressed": {"type": "string", "description": "path:line of the `# kvtrace: ignore` comment"},
                     "baseline": {"enum": ["new", "unchanged"], "description": "compared with --baseline"},
                 },

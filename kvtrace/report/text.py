@@ -20,7 +20,7 @@ from rich.text import Text
 from kvtrace import __version__
 from kvtrace.baseline import counts_against
 from kvtrace.freeing import Freeing, abort_ended, abort_ends_text, scheduler_aborts, what_frees
-from kvtrace.model import Backend, Evidence, Gap, Report, SourceFile
+from kvtrace.model import Backend, Evidence, Gap, QueueReport, Report, SourceFile
 from kvtrace.report import modes_line, state_fate_lines
 from kvtrace.report.excerpt import without_annotation
 from kvtrace.report.places import Places
@@ -153,7 +153,7 @@ def _grid_width(grid, by_state: bool) -> int:
 def _grid(report: Report, console: Console) -> None:
     """One grid per queue. Names in the cells when they fit (states as columns, else backends
     as columns), else rule codes with a legend: a name is never folded or cut."""
-    queues = report.queues or [None]
+    queues: list[QueueReport] | list[None] = report.queues or [None]
     for number, queue in enumerate(queues):
         if number:
             console.print()
@@ -293,8 +293,7 @@ def _what_frees(frees: list[Freeing], console: Console) -> None:
 
 
 def _excerpt(source: SourceFile | None, line: int, width: int, context: int = 2) -> Syntax | None:
-    text = source.text if source is not None else None
-    if not text:
+    if source is None or not source.text:
         return None
     lines = source.lines
     if not 1 <= line <= len(lines):

@@ -239,7 +239,7 @@ def _connect(conn: SshConnection, host: ResolvedHost, sock: socket.socket | para
         if deadline.expired:
             raise deadline.error() from None
         raise _connect_error(exc, host, options, known) from exc
-    key = client.get_transport().get_remote_server_key()  # type: ignore[union-attr]
+    key = client.get_transport().get_remote_server_key()
     conn.log(f"ssh: host key {key.get_name()} {key.fingerprint} ok; authenticated as {host.user} in {ms(t1)}")
     return client
 

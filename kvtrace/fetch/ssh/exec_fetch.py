@@ -75,7 +75,8 @@ class ExecFetch(Route):
             stream = ChannelStream(chan, cap, total_cap_message(self.label, limits), self.where,
                                    conn.deadline, conn.options.read_timeout)
             if not stream.skip_to(MARKER, within=1 << 16):
-                return self._no_stream(chan, stream)
+                self._no_stream(chan, stream)  # raises, or says why SFTP is used instead
+                return None
             root_real = stream.token().decode("utf-8", "surrogateescape")
             searched = stream.token(limit=8) == b"1"
             collected = Collected(self.label, limits, root_real, conn.log)
@@ -100,7 +101,7 @@ class ExecFetch(Route):
             result = collected.finish()
             conn.log(f"ssh: exec fetch: {len(listing.readable)} readable .py files listed ({listed_bytes} bytes), "
                      f"{len(asked)} fetched ({stream.count - listed_bytes} bytes) in {ms(t0)} (exit {status})")
-            if some and not package_roots(result.files, wanted, self.label):
+            if some and wanted is not None and not package_roots(result.files, wanted, self.label):
                 raise NeedsAll()
             return result
         finally:
@@ -165,20 +166,7 @@ class ExecFetch(Route):
                 if name is not None:
                     collected.add(name, too_large(name, _ls_size(ls_line), self.limits))
             elif kind in (b"U", b"R"):
-                raw = stream.token()
-                name = self._name(raw, collected)
-                if name is None:
-                    continue
-                if kind == b"U":
-                    collected.add(name, SourceFile(name, b"", "", status="unreadable", error="Permission denied"))
-                elif name not in listing.raw:
-                    listing.readable.append(name)
-                    listing.raw[name] = raw
-                    if len(listing.readable) > self.limits.max_files:
-                        raise LimitExceeded(
-                            f"{self.label}: more than {self.limits.max_files} .py files; "
-                            "point kvtrace at the disaggregation folder or raise --max-files"
-                        )
+                self._file_record(kind, stream, collected, listing)
             elif kind == b"L":
                 name = self._name(stream.token(), collected)
                 real = stream.token().decode("utf-8", "surrogateescape")
@@ -190,20 +178,40 @@ class ExecFetch(Route):
                 except ValueError:
                     raise RemoteError(f"{self.where}: the remote fetch stream is malformed (a byte count)") from None
             elif kind in (b"K", b"Q"):
-                hits = listing.enum_hits if kind == b"K" else listing.queue_hits
-                while raw := stream.token():  # names, then an empty one; each file at most once a kind
-                    if len(hits) > self.limits.max_files:
-                        raise RemoteError(f"{self.where}: the remote named more than {self.limits.max_files} "
-                                          "files holding a name; stopped")
-                    name = relative(raw.decode("utf-8", "surrogateescape"))
-                    if name is not None:
-                        hits.add(name)
+                self._hits_record(listing.enum_hits if kind == b"K" else listing.queue_hits, stream)
             elif kind == b"D":
                 name = self._name(stream.token(), collected)
                 if name is not None:
                     collected.notes.append(f"{self.where}: cannot list {name}/: permission denied")
             else:
                 raise RemoteError(f"{self.where}: the remote fetch stream is malformed (record {kind[:8]!r})")
+
+    def _file_record(self, kind: bytes, stream: ChannelStream, collected: Collected, listing: Listing) -> None:
+        """A .py file: readable (R, listed to fetch) or not (U, reported as unreadable)."""
+        raw = stream.token()
+        name = self._name(raw, collected)
+        if name is None:
+            return
+        if kind == b"U":
+            collected.add(name, SourceFile(name, b"", "", status="unreadable", error="Permission denied"))
+        elif name not in listing.raw:
+            listing.readable.append(name)
+            listing.raw[name] = raw
+            if len(listing.readable) > self.limits.max_files:
+                raise LimitExceeded(
+                    f"{self.label}: more than {self.limits.max_files} .py files; "
+                    "point kvtrace at the disaggregation folder or raise --max-files"
+                )
+
+    def _hits_record(self, hits: set[str], stream: ChannelStream) -> None:
+        """The files holding a name (the enum's, K, or a queue's, Q)."""
+        while raw := stream.token():  # names, then an empty one; each file at most once a kind
+            if len(hits) > self.limits.max_files:
+                raise RemoteError(f"{self.where}: the remote named more than {self.limits.max_files} "
+                                  "files holding a name; stopped")
+            name = relative(raw.decode("utf-8", "surrogateescape"))
+            if name is not None:
+                hits.add(name)
 
     def _name(self, raw: bytes, collected: Collected) -> str | None:
         name = relative(raw.decode("utf-8", "surrogateescape"))
@@ -217,22 +225,23 @@ class ExecFetch(Route):
         message = total_cap_message(self.label, self.limits)
         for member in tar.members():
             name = relative(member.name)
-            keep = name is not None and utf8_name(name, collected.notes, self.where) and (asked is None or name in asked)
+            kept = name if name is not None and utf8_name(name, collected.notes, self.where) \
+                and (asked is None or name in asked) else None
             fits = member.size <= self.limits.max_file_bytes
-            if keep and member.kind == "file" and fits:
-                collected.add(name, make_source_file(name, tar.read_data(member)))
+            if kept is not None and member.kind == "file" and fits:
+                collected.add(kept, make_source_file(kept, tar.read_data(member)))
                 continue
             if not fits:
                 member_over_limit(member, stream, message)
             tar.skip_data(member)
-            if not keep:
+            if kept is None:
                 continue
             if member.kind == "file":  # grew after find looked
-                collected.add(name, oversized_file(name, member.size, self.limits))
+                collected.add(kept, oversized_file(kept, member.size, self.limits))
             elif member.kind == "hardlink":  # a second name for an inode tar already sent
-                collected.link(collected.hardlinks, name, relative(member.linkname) or "")
+                collected.link(collected.hardlinks, kept, relative(member.linkname) or "")
             elif member.kind == "symlink":
-                collected.link(collected.symlinks, name, member.linkname)
+                collected.link(collected.symlinks, kept, member.linkname)
             # Devices, fifos, dirs: never part of the tree.
 
     def _exit_status(self, chan: paramiko.Channel) -> int:

@@ -46,7 +46,7 @@ class SftpFetch(Route):
         """Before every request: the deadline, and each wait capped by what is left of it."""
         deadline = self.conn.deadline
         deadline.check()
-        sftp.get_channel().settimeout(deadline.cap(self.conn.options.read_timeout))  # type: ignore[union-attr]
+        sftp.get_channel().settimeout(deadline.cap(self.conn.options.read_timeout))
 
     def _walk(self, sftp: paramiko.SFTPClient) -> FetchResult:
         self._tick(sftp)
@@ -83,19 +83,10 @@ class SftpFetch(Route):
                 notes.append(f"{self.where}: cannot list {rel_dir}/: permission denied")
                 continue
             for raw, attr in entries:
-                try:
-                    name = raw.decode("utf-8")
-                except UnicodeDecodeError:
-                    shown = posixpath.join(rel_dir.encode(), raw) if rel_dir else raw
-                    notes.append(f"{self.where}: skipped {shown!r}: file name is not UTF-8")
+                named = self._entry_name(raw, rel_dir, notes)
+                if named is None:
                     continue
-                if "/" in name or name in ("", ".", ".."):  # a hostile server's path, not a name
-                    notes.append(f"{self.where}: skipped {name!r} in {rel_dir or '.'}/: not a plain file name")
-                    continue
-                rel = posixpath.join(rel_dir, name) if rel_dir else name
-                if len(rel) > MAX_PATH:
-                    notes.append(f"{self.where}: skipped {rel[:80]!r}...: path longer than {MAX_PATH}")
-                    continue
+                name, rel = named
                 mode = attr.st_mode or 0
                 if stat.S_ISDIR(mode):  # lstat attributes: a link to a dir is S_ISLNK, not walked
                     if not name.startswith(".") and name != "__pycache__":
@@ -109,6 +100,23 @@ class SftpFetch(Route):
                     if sf is not None:
                         collected.add(rel, sf)
         return collected.finish()
+
+    def _entry_name(self, raw: bytes, rel_dir: str, notes: list[str]) -> tuple[str, str] | None:
+        """A listed entry's name and its path below the root, or None (noted) when it cannot be one."""
+        try:
+            name = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            shown = posixpath.join(rel_dir.encode(), raw) if rel_dir else raw
+            notes.append(f"{self.where}: skipped {shown!r}: file name is not UTF-8")
+            return None
+        if "/" in name or name in ("", ".", ".."):  # a hostile server's path, not a name
+            notes.append(f"{self.where}: skipped {name!r} in {rel_dir or '.'}/: not a plain file name")
+            return None
+        rel = posixpath.join(rel_dir, name) if rel_dir else name
+        if len(rel) > MAX_PATH:
+            notes.append(f"{self.where}: skipped {rel[:80]!r}...: path longer than {MAX_PATH}")
+            return None
+        return name, rel
 
     def _link(self, sftp: paramiko.SFTPClient, collected: Collected, full: str, rel: str, name: str) -> None:
         """A link to a folder (any name) is recorded with the folder's real path, a .py link
