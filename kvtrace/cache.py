@@ -34,10 +34,12 @@ import dataclasses
 import gc
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 import re
 import stat
+import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -471,3 +473,114 @@ def scan_cached(fetched: FetchResult, pack: Pack | None, cache: Cache | None,
         if cache is not None:
             cache.put(key, frozen)
     return report, False
+
+
+# --- renderings ------------------------------------------------------------------------------
+# A cached rescan still spent most of its time making the report (rich's layout, the excerpts'
+# highlighting, what frees each request): the finished text is kept beside the scan's entry, under
+# the sha256 of everything it is made from, so a rescan is a lookup, then writing the same bytes.
+
+RENDERING = "kvtrace-rendering 1"
+
+
+def rendered(cache: Cache, reports: list[Report], options: tuple[object, ...], render: Callable[[], str]) -> str:
+    """What `render()` makes of `reports` with `options` (the format and every setting it reads),
+    from the cache when the same reports were rendered so before, here, by this code."""
+    try:
+        key = rendering_key(reports, options)
+    except (OSError, TypeError, ValueError):  # a value the codec does not know, a working folder gone
+        return render()
+    payload = cache.get(key)
+    if payload is not None:
+        text = _rendering_from(payload, key)
+        if text is not None:
+            return text
+        cache.discard(key)
+    from kvtrace.outside import OUTSIDE_READS
+
+    OUTSIDE_READS.clear()
+    text = render()
+    outside = [[target, module, _outside_digest(found)] for (target, module), found in OUTSIDE_READS.items()]
+    cache.put(key, json.dumps({"key": key, "outside": outside, "text": text}).encode())
+    return text
+
+
+def rendering_key(reports: list[Report], options: tuple[object, ...]) -> str:
+    """sha256 of what a rendering is made from: this code and the libraries that lay text out,
+    the options, where it is run from (paths are shown as they open from there), and each report
+    whole: its analysis (the cache's own encoding), its files' hashes, and where its target is."""
+    from kvtrace.cachecodec import encode_report
+
+    digest = hashlib.sha256(f"{RENDERING}\n{code_digest()}\n{sys.version}\n{_library_stamp()}\n".encode())
+    digest.update(repr(options).encode("utf-8", "surrogateescape"))
+    digest.update(f"\n{os.path.realpath(os.getcwd())}\n".encode("utf-8", "surrogateescape"))
+    for report in reports:
+        files = [[f.path, f.sha256, f.status, f.error] for f in report.files]
+        digest.update(encode_report({"files": files, "place": _place(report.target)}, report))
+    return digest.hexdigest()
+
+
+def _place(target_text: str) -> list[object] | None:
+    """Where a local target is on disk (Places and SARIF show paths against it): whether it is
+    there, a file, and the folder it resolves to through links."""
+    from kvtrace.target import LocalTarget, parse_target
+
+    try:
+        target = parse_target(target_text)
+    except Exception:  # noqa: BLE001 -- a label, not a target: shown as it is
+        return None
+    if not isinstance(target, LocalTarget):
+        return None
+    path = str(target.path)
+    return [os.path.exists(path), os.path.isfile(path), os.path.realpath(path)]
+
+
+_LIBRARY_STAMP: str | None = None
+
+
+def _library_stamp() -> str:
+    """The installed rich and pygments (their files' names, sizes and times): another version lays
+    the same report out otherwise. Found without importing them."""
+    global _LIBRARY_STAMP
+    if _LIBRARY_STAMP is None:
+        parts = []
+        for name in ("rich", "pygments"):
+            spec = importlib.util.find_spec(name)
+            folder = os.path.dirname(spec.origin) if spec is not None and spec.origin else None
+            listing: list[tuple[str, int, int]] = []
+            if folder:
+                with os.scandir(folder) as entries:
+                    for entry in entries:
+                        if entry.is_file(follow_symlinks=False):
+                            info = entry.stat(follow_symlinks=False)
+                            listing.append((entry.name, info.st_size, info.st_mtime_ns))
+            parts.append(f"{name} {folder} {sorted(listing)}")
+        _LIBRARY_STAMP = hashlib.sha256("\n".join(parts).encode("utf-8", "surrogateescape")).hexdigest()
+    return _LIBRARY_STAMP
+
+
+def _outside_digest(found: object) -> str:
+    return hashlib.sha256(json.dumps(found).encode("utf-8", "surrogateescape")).hexdigest()
+
+
+def _rendering_from(payload: bytes, key: str) -> str | None:
+    """The text an entry holds, or None when it is not a rendering for `key` or a module it read
+    from outside the scanned files (kvtrace.outside.module_beside) no longer reads the same."""
+    try:
+        entry = json.loads(payload)
+        if not isinstance(entry, dict) or entry.get("key") != key or not isinstance(entry.get("text"), str):
+            return None
+        outside = entry["outside"]
+        if not isinstance(outside, list):
+            return None
+        if outside:
+            from kvtrace.outside import module_beside
+
+            for target, module, digest in outside:
+                if not (isinstance(target, str) and isinstance(module, str)):
+                    return None
+                if _outside_digest(module_beside(target, module)) != digest:
+                    return None
+        return entry["text"]
+    except Exception:  # any damage at all is a miss, never a crash
+        return None

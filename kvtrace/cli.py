@@ -385,7 +385,7 @@ def run_scan(request: ScanRequest) -> int:
                    for r in results for report in r.reports}
     reports = [report for r in results for report in r.reports]
     if reports:
-        _write_reports(reports, request, prepared.output_format, gate_levels)
+        _write_reports(reports, request, prepared.output_format, gate_levels, prepared.cache)
     try:
         _tell_stderr(results, reports, request, prepared, overrides, gate_levels)
     except BrokenPipeError:  # `2>&1 | head`
@@ -495,13 +495,13 @@ def _keep_backends(results: list, request: ScanRequest, prepared: _Prepared, ove
 
 
 def _write_reports(reports: list[Report], request: ScanRequest, output_format: OutputFormat,
-                   gate_levels: dict[str, tuple[str, str]]) -> None:
+                   gate_levels: dict[str, tuple[str, str]], cache=None) -> None:
     """The report (stdout or --output), then --graph and --write-baseline."""
     write_baseline = request.write_baseline
     try:
         try:
             _write(reports, output_format, request.output, request.no_map, request.sarif_root, gate_levels,
-                   request.detail)
+                   request.detail, cache)
         except BrokenPipeError:  # `| head`: the files below are still written, the code kept
             closed_pipe(sys.stdout)
         if request.graph is not None:
@@ -674,24 +674,44 @@ def gap_line(gap, places=None) -> str:
 
 def _write(reports: list[Report], fmt: OutputFormat, output: Path | None, no_map: bool,
            sarif_root: Path | None, gate_levels: dict[str, tuple[str, str]] | None = None,
-           detail: str = "summary") -> None:
+           detail: str = "summary", cache=None) -> None:
     from kvtrace.report import render_text_stream
 
     if fmt is OutputFormat.text:
-        if output is not None:
+        if cache is not None and not (output is None and sys.stdout.isatty()):  # plain text: kept whole
+            from kvtrace.cache import rendered
+            from kvtrace.report import plain_width, render_plain
+
+            width = plain_width(piped=output is None)
+            text = rendered(cache, reports, ("text", width, no_map),
+                            lambda: render_plain(reports, width=width, show_map=not no_map))
+            if output is not None:
+                output.write_text(text, encoding="utf-8")
+            else:
+                sys.stdout.write(text)
+        elif output is not None:
             with output.open("w", encoding="utf-8") as handle:
                 render_text_stream(reports, handle, terminal=False, show_map=not no_map)
         else:
             render_text_stream(reports, sys.stdout, terminal=sys.stdout.isatty(), show_map=not no_map)
         return
     if fmt is OutputFormat.json:
-        from kvtrace.report.json import render as render_json
+        def render_json() -> str:  # imported only when not kept
+            from kvtrace.report.json import render
 
-        text = render_json(reports)
+            return render(reports)
+
+        text = render_json() if cache is None else _rendered(cache, reports, ("json",), render_json)
     elif fmt is OutputFormat.sarif:
-        from kvtrace.report.sarif import render as render_sarif
+        root = sarif_root or Path.cwd()
 
-        text = render_sarif(reports, root=sarif_root or Path.cwd())
+        def render_sarif() -> str:  # imported only when not kept: it imports the rules' table
+            from kvtrace.report.sarif import render
+
+            return render(reports, root=root)
+
+        text = render_sarif() if cache is None else _rendered(
+            cache, reports, ("sarif", str(root), os.path.realpath(root)), render_sarif)
     elif fmt is OutputFormat.github:
         from kvtrace.report.github import render as render_github
 
@@ -712,6 +732,12 @@ def _write(reports: list[Report], fmt: OutputFormat, output: Path | None, no_map
         output.write_text(text, encoding="utf-8")
     else:
         sys.stdout.write(text)
+
+
+def _rendered(cache, reports: list[Report], options: tuple, render) -> str:
+    from kvtrace.cache import rendered
+
+    return rendered(cache, reports, options, render)
 
 
 def setup_logging(verbose: bool, quiet: bool) -> None:
@@ -1055,8 +1081,12 @@ def run() -> None:
     trees, the index, the paths explored) at interpreter exit costs ~0.1-0.2 s and achieves
     nothing, so it is skipped with os._exit, as mypy does; every file kvtrace writes is closed by
     then. In-process callers (tests, `kvtrace.cli.main([...])`) keep a normal SystemExit."""
+    import gc
+
     global _process_ends_with_command
     _process_ends_with_command = True
+    gc.freeze()  # what the imports built lives as long as the process: never scanned again
+    gc.enable()  # (python -m kvtrace imports with it off)
     try:
         main()
         code: object = EXIT_CLEAN

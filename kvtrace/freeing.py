@@ -27,7 +27,6 @@ from kvtrace.model import Backend, Evidence, Report, SourceFile, StateVerdict, T
 
 ENV_NAME = re.compile(r"^[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+$")
 NAME = re.compile(r"[A-Za-z_]\w*")
-MAX_MODULE = 4 << 20
 
 
 @dataclass(frozen=True)
@@ -245,6 +244,8 @@ def timeout_setting(report: Report, check: TimeoutCheck) -> EnvSetting | None:
     for name in reversed(names):  # the compared value is usually last: `elapsed < self.x.timeout`
         assigned = re.compile(rf"^\s*(?:[\w.]+\.)?{re.escape(name)}\s*(?::[^=]*)?=(?!=)\s*(.+)$")
         for source in files:
+            if name not in (source.text or ""):  # the pattern holds the name: no line of this file can match
+                continue
             for number, text in enumerate(source.lines, 1):
                 match = assigned.match(text)
                 if not match:
@@ -296,7 +297,9 @@ def _env_read(report: Report, path: str, line: int, expression: ast.expr) -> Env
 def _declaration(report: Report, path: str, registry: str, variable: str) -> tuple[str | None, Evidence] | None:
     """`VARIABLE = EnvInt(300)` in the module `registry` is imported from (or any scanned file)."""
     declared = re.compile(rf"^\s*{re.escape(variable)}\s*(?::[^=]*)?=\s*(.+)$")
-    candidates: list[tuple[str, list[str]]] = [(f.path, f.lines) for f in report.files]
+    # Only files that hold the name can declare it (splitting every file into lines was most of a
+    # cached text report's time).
+    candidates: list[tuple[str, list[str]]] = [(f.path, f.lines) for f in report.files if variable in (f.text or "")]
     module = _imported_from(_source_lines(report, path), registry)
     if module is not None:
         on_disk = _module_on_disk(report, module)
@@ -320,37 +323,6 @@ def _imported_from(lines: list[str], name: str) -> str | None:
 
 
 def _module_on_disk(report: Report, module: str) -> tuple[str, list[str]] | None:
-    """A module of the scanned package that kvtrace did not read (sglang.srt.environ), found
-    beside a local target: the report path is relative to the target, as the others."""
-    from kvtrace.gitfiles import read_bounded
-    from kvtrace.target import LocalTarget, parse_target
+    from kvtrace.outside import module_beside
 
-    try:
-        target = parse_target(report.target)
-    except Exception:  # noqa: BLE001 -- not a target any more: nothing to read
-        return None
-    if not isinstance(target, LocalTarget):
-        return None
-    base = target.path.resolve()
-    parts = module.split(".")
-    # The package's top folder is where the report's files start from, or a parent of the target.
-    for top in [base, *base.parents][:8]:
-        if top.name != parts[0]:
-            continue
-        candidate = top.joinpath(*parts[1:]).with_suffix(".py")
-        data = read_bounded(candidate, MAX_MODULE)
-        if data is not None:
-            try:
-                shown = candidate.relative_to(base).as_posix()
-            except ValueError:
-                shown = str(candidate)
-            return shown, data.decode("utf-8", "replace").splitlines()
-    root = base / parts[0]
-    if (base / parts[0]).is_dir():
-        candidate = root.joinpath(*parts[1:]).with_suffix(".py")
-        data = read_bounded(candidate, MAX_MODULE)
-        if data is not None:
-            return candidate.relative_to(base).as_posix(), data.decode("utf-8", "replace").splitlines()
-    return None
-
-
+    return module_beside(report.target, module)

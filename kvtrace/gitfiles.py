@@ -21,31 +21,13 @@ from bisect import bisect_left
 from dataclasses import dataclass, field
 from pathlib import Path
 
-SMALL = 1 << 20  # HEAD, refs, config, gitdir/commondir files
+from kvtrace.outside import read_bounded
+
 PACKED_REFS = 64 << 20
 LOOSE_OBJECT = 64 << 20
 MAX_DELTA_DEPTH = 64
 MAX_TREE_DEPTH = 64
 SHA_HEX = frozenset("0123456789abcdef")
-
-
-def read_bounded(path: Path, limit: int = SMALL) -> bytes | None:
-    """A regular file's bytes (None: a link, not a regular file, larger than `limit`, unreadable)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
-    except OSError:
-        return None
-    try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
-            return None
-        with os.fdopen(fd, "rb", closefd=False) as handle:
-            data = handle.read(limit + 1)
-        return data if len(data) <= limit else None
-    except OSError:
-        return None
-    finally:
-        os.close(fd)
 
 
 def _text(path: Path) -> str | None:

@@ -185,12 +185,12 @@ def test_cli_cache_info_clear_and_no_cache(tree: Path, tmp_path: Path) -> None:
     warm = kvtrace(cache_dir, "scan", str(tree), "--format", "json", "-v")
     assert warm.returncode == 1 and "cached result" in warm.stderr
     assert json.loads(warm.stdout)["reports"][0]["findings"] == json.loads(cold.stdout)["reports"][0]["findings"]
-    info = kvtrace(cache_dir, "cache", "info")
-    assert info.returncode == 0 and str(cache_dir) in info.stdout and "entries  1" in info.stdout
+    info = kvtrace(cache_dir, "cache", "info")  # the report and its JSON rendering
+    assert info.returncode == 0 and str(cache_dir) in info.stdout and "entries  2" in info.stdout
     bypass = kvtrace(cache_dir, "scan", str(tree), "--no-cache", "-v")
     assert bypass.returncode == 1 and "analysed in" in bypass.stderr
     cleared = kvtrace(cache_dir, "cache", "clear")
-    assert cleared.returncode == 0 and "removed 1 entries" in cleared.stdout
+    assert cleared.returncode == 0 and "removed 2 entries" in cleared.stdout
     assert "entries  0" in kvtrace(cache_dir, "cache", "info").stdout
 
 

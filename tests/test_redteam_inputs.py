@@ -160,7 +160,8 @@ def test_a_forged_clean_entry_in_a_folder_others_can_write_is_not_used(tree: Pat
     read: a forged clean report made a pinned tree exit 0."""
     own = tmp_path / "own"
     assert run("scan", str(tree), "-q", env={"KVTRACE_CACHE_DIR": str(own)}).returncode == 1
-    [genuine] = [p for p in own.iterdir() if not p.name.startswith(".")]
+    # The report's entry (the other one is its text rendering, kvtrace.cache.rendered).
+    [genuine] = [p for p in own.iterdir() if not p.name.startswith(".") and b'"outside": ' not in p.read_bytes()[:300]]
     hostile = tmp_path / "hostile"
     hostile.mkdir()
     (hostile / genuine.name).write_bytes(_forge_clean(genuine.read_bytes()))
@@ -217,9 +218,9 @@ def test_cache_clear_and_eviction_remove_only_what_kvtrace_wrote(tree: Path, tmp
     assert {n: (cache / n).read_bytes() for n in mine} == mine
     assert run("scan", str(tree), "-q", env=env).returncode == 1
     ours = [p.name for p in cache.iterdir() if p.name not in mine]
-    assert len(ours) == 1, ours
+    assert len(ours) == 2, ours  # the report and its text rendering
     cleared = run("cache", "clear", env=env)
-    assert cleared.returncode == 0 and "removed 1 entries" in cleared.stdout, cleared.stdout + cleared.stderr
+    assert cleared.returncode == 0 and "removed 2 entries" in cleared.stdout, cleared.stdout + cleared.stderr
     assert sorted(p.name for p in cache.iterdir()) == sorted(mine)
 
 

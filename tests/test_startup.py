@@ -90,3 +90,17 @@ def test_several_scans_in_one_process_still_free_their_garbage() -> None:
     assert one.stdout.splitlines()[-1] == "False", one.stderr[-2000:]
     assert two.stdout.splitlines()[-1] == "True", two.stderr[-2000:]
     assert every.stdout.splitlines()[-1] == "True", every.stderr[-2000:]
+
+
+def test_python_m_kvtrace_imports_with_the_collector_off_and_run_turns_it_back_on() -> None:
+    """`python -m kvtrace` imports with the cyclic collector off (its passes over modules and
+    classes find nothing); run() freezes what the imports built and turns it back on, so a fleet,
+    which keeps it on, frees its garbage as before."""
+    probe = ("import gc, runpy\n"
+             "from kvtrace import cli\n"
+             "real_run = cli.run\n"
+             "cli.run = lambda: (print('run', gc.isenabled(), flush=True), real_run())\n"
+             "cli.main = lambda: print('main', gc.isenabled(), gc.get_freeze_count() > 0, flush=True)\n"
+             "runpy.run_module('kvtrace', run_name='__main__')\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.stdout.splitlines() == ["run False", "main True True"], done.stdout + done.stderr

@@ -15,6 +15,7 @@ path: a token is replaced only when it is one of those paths, whole (not part of
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable
 from pathlib import Path, PurePosixPath
@@ -47,15 +48,13 @@ class Places:
         self.known = frozenset(p for p in known if p)
         # A cheap test before the regex: the text must hold what every path of the scan ends with.
         self._needle = ".py" if all(p.endswith(".py") for p in self.known) else ""
-        self._pattern: re.Pattern[str] | None = None
-        if self.prefix and self.known:
-            alternatives = "|".join(re.escape(p) for p in sorted(self.known, key=len, reverse=True))
-            self._pattern = re.compile(rf"(?<![{_PATH_CHARS}])(?:{alternatives})(?![\w/])")
+        # Longest first: at one place the longer of two paths wins.
+        self._longest_first = sorted(self.known, key=len, reverse=True) if self.prefix else []
 
     @property
     def moves(self) -> bool:
         """Whether any path is shown differently from the report's own."""
-        return self._pattern is not None
+        return bool(self._longest_first)
 
     def path(self, path: str) -> str:
         """One report path as it opens from here (unchanged when it is not one of the scan's)."""
@@ -65,9 +64,14 @@ class Places:
 
     def text(self, text: str) -> str:
         """A message or note with every path of the scan in it shown as it opens from here."""
-        if self._pattern is None or self._needle not in text:
+        if not self._longest_first or self._needle not in text:
             return text
-        return self._pattern.sub(lambda m: _join(self.prefix, m.group()), text)
+        # Only the paths the text holds can match: one pattern of all of them took longer to
+        # compile than a cached rescan's whole lookup.
+        present = [p for p in self._longest_first if p in text]
+        if not present:
+            return text
+        return _pattern(tuple(present)).sub(lambda m: _join(self.prefix, m.group()), text)
 
     def shown(self) -> dict[str, str]:
         """Each path as shown -> the report's path (to link a shown path to its upstream line)."""
@@ -76,9 +80,15 @@ class Places:
     def localized(self, value: T) -> T:
         """A copy of a report (or any of its parts) with every path and every text in it shown as
         it opens from here. The target, the package root and raw data keep the report's form."""
-        if self._pattern is None:
+        if not self._longest_first:
             return value
         return rewrite_strings(value, self.text, _SKIPPED_FIELDS)
+
+
+@functools.lru_cache(maxsize=256)
+def _pattern(paths: tuple[str, ...]) -> re.Pattern[str]:
+    alternatives = "|".join(re.escape(p) for p in paths)
+    return re.compile(rf"(?<![{_PATH_CHARS}])(?:{alternatives})(?![\w/])")
 
 
 def _join(prefix: str, path: str) -> str:

@@ -1,0 +1,76 @@
+"""Files a report reads from outside the scanned tree: a module of the scanned package that
+kvtrace did not read (sglang.srt.environ, where a timeout's default is declared), found beside a
+local target. Apart from kvtrace.freeing, which asks for them, so that a rendering kept in the
+cache (kvtrace.cache.rendered) reads them again without importing what wrote the report."""
+
+from __future__ import annotations
+
+import os
+import stat
+from pathlib import Path
+
+MAX_MODULE = 4 << 20
+SMALL = 1 << 20  # HEAD, refs, config, gitdir/commondir files (read_bounded's default)
+
+# (target, module) -> what module_beside found there in this run: a rendering kept in the cache
+# is reused only while each of these still reads the same.
+OUTSIDE_READS: dict[tuple[str, str], tuple[str, list[str]] | None] = {}
+
+
+def read_bounded(path: Path, limit: int = SMALL) -> bytes | None:
+    """A regular file's bytes (None: a link, not a regular file, larger than `limit`, unreadable)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
+        return None
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_size > limit:
+            return None
+        with os.fdopen(fd, "rb", closefd=False) as handle:
+            data = handle.read(limit + 1)
+        return data if len(data) <= limit else None
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def module_beside(target_text: str, module: str) -> tuple[str, list[str]] | None:
+    """(its path as the report shows it, its lines) of `module` beside the target, or None: the
+    report path is relative to the target, as the others."""
+    found = _module_beside(target_text, module)
+    OUTSIDE_READS[(target_text, module)] = found
+    return found
+
+
+def _module_beside(target_text: str, module: str) -> tuple[str, list[str]] | None:
+    from kvtrace.target import LocalTarget, parse_target
+
+    try:
+        target = parse_target(target_text)
+    except Exception:  # noqa: BLE001 -- not a target any more: nothing to read
+        return None
+    if not isinstance(target, LocalTarget):
+        return None
+    base = target.path.resolve()
+    parts = module.split(".")
+    # The package's top folder is where the report's files start from, or a parent of the target.
+    for top in [base, *base.parents][:8]:
+        if top.name != parts[0]:
+            continue
+        candidate = top.joinpath(*parts[1:]).with_suffix(".py")
+        data = read_bounded(candidate, MAX_MODULE)
+        if data is not None:
+            try:
+                shown = candidate.relative_to(base).as_posix()
+            except ValueError:
+                shown = str(candidate)
+            return shown, data.decode("utf-8", "replace").splitlines()
+    root = base / parts[0]
+    if (base / parts[0]).is_dir():
+        candidate = root.joinpath(*parts[1:]).with_suffix(".py")
+        data = read_bounded(candidate, MAX_MODULE)
+        if data is not None:
+            return candidate.relative_to(base).as_posix(), data.decode("utf-8", "replace").splitlines()
+    return None
