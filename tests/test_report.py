@@ -481,3 +481,34 @@ def test_role_all_at_80_by_50_both_roles_answers_are_on_the_end_screen() -> None
     assert "12 warnings: nixl pins WaitingForInput only if two requests share a bootstrap_room · 10 notes" in flat
     assert flat.endswith("21 warnings · 8 notes")  # the decode side's summary, last
     assert sum(line.startswith("In short") for line in out) == 2  # each once, not once per report and again
+
+
+def test_the_no_timeout_box_cites_poll_and_names_its_file(tmp_path: Path) -> None:
+    """Before: where abort() ends a state through the manager's table, the "no timeout" box took
+    the abort box's place, abort()'s write (0.5.14: `no timeout: ... · conn.py:925`, the
+    `update_status(room, KVPoll.Failed)` line), and mermaid named a bare `conn.py`."""
+    import networkx as nx
+
+    from kvtrace.report.diagram import Diagram, _way_out, mermaid
+    from kvtrace.report.places import Places
+
+    tree = tmp_path / "nixl-pin"
+    shutil.copytree(EXAMPLES / "nixl-pin", tree)
+    report = scan_path(tree)
+    nixl = next(b for b in report.backends if b.name == "nixl")
+    kept_states = ["Bootstrapping", "WaitingForInput", "Transferring"]
+    graph = nx.DiGraph()
+    graph.add_node(("check", 1), kind="check")
+    graph.add_node(("outcome", "kept"), kind="outcome", label="kept", path="", line=0, css=[])
+    graph.add_edge(("check", 1), ("outcome", "kept"), states=kept_states)
+    _way_out(graph, nixl, kept_states, nixl.returns)
+    abort, no_timeout = graph.nodes[("wayout", "abort")], graph.nodes[("wayout", "no-timeout")]
+    assert nixl.poll is not None and (abort["path"], abort["line"]) != (nixl.poll.path, nixl.poll.line)
+    assert (no_timeout["path"], no_timeout["line"]) == (nixl.poll.path, nixl.poll.line)
+    graph.remove_node(("check", 1))
+    for edge in graph.edges:
+        graph.edges[edge].setdefault("css", [])
+    text = mermaid(Diagram(nixl, graph, []), Places(report, cwd=tmp_path).path)
+    [box] = [line for line in text.splitlines() if "n_wayout_no_timeout[" in line]
+    assert box.endswith(f' · nixl-pin/{nixl.poll.path}:{nixl.poll.line}"]'), box
+    assert f"· nixl-pin/{abort['path']}:{abort['line']}\"" in text

@@ -35,7 +35,7 @@ def render(reports: list[Report], detail: str = "summary") -> str:
 
 def _report(report: Report, detail: str, budget: int | None) -> str:
     links = permalinks(report)
-    drawn = diagrams(report)  # from the report's own paths (the queue graph's), labels name files only
+    drawn = diagrams(report)  # from the report's own paths (the queue graph's); mermaid shows them via places
     frees = {d.backend.name: what_frees(report, d.backend) for d in drawn if d.pinned}
     places = Places(report, extra=(e.path for found in frees.values() for f in found for e in f.evidence))
     if links is not None:
@@ -44,10 +44,10 @@ def _report(report: Report, detail: str, budget: int | None) -> str:
     pinning = [d for d in drawn if d.pinned]
     out: list[str] = [f"# {prose(title_line(report))}", ""]
     out += _answer(report)
-    out += _what_pins(report, pinning, frees, links)
+    out += _what_pins(report, pinning, frees, links, places)
     out += _other_findings(report, links)
     out += ["## Environment", "", *environment_lines(report), ""]
-    folded = _folded_sections(report, [d for d in drawn if not d.pinned] if pinning else drawn, links, detail)
+    folded = _folded_sections(report, [d for d in drawn if not d.pinned] if pinning else drawn, links, detail, places)
     head = "\n".join(out) + "\n"
     body: list[str] = []
     left_out: list[str] = []
@@ -122,7 +122,8 @@ def _finding_entry(report: Report, f, links: Permalinks | None, evidence: bool, 
     return out
 
 
-def _what_pins(report: Report, pinning: list, frees: dict[str, list[Freeing]], links: Permalinks | None) -> list[str]:
+def _what_pins(report: Report, pinning: list, frees: dict[str, list[Freeing]], links: Permalinks | None,
+               places: Places) -> list[str]:
     """Each error with its chain and code; per backend that pins, its way out and one diagram."""
     errors = [f for f in by_severity(report.findings) if f.severity == "error"]
     if not errors and not pinning:
@@ -148,7 +149,7 @@ def _what_pins(report: Report, pinning: list, frees: dict[str, list[Freeing]], l
         for f in errors:
             if f.backend == b.name:
                 out += _finding_entry(report, f, links, evidence=True, excerpt=True)
-        out += ["", mermaid_legend(), "", "```mermaid", mermaid(diagram).rstrip("\n"), "```", ""]
+        out += ["", mermaid_legend(), "", "```mermaid", mermaid(diagram, places.path).rstrip("\n"), "```", ""]
     return out
 
 
@@ -166,7 +167,7 @@ def _other_findings(report: Report, links: Permalinks | None) -> list[str]:
 
 
 def _folded_sections(report: Report, more_diagrams: list, links: Permalinks | None,
-                     detail: str) -> list[tuple[str, list[str]]]:
+                     detail: str, places: Places) -> list[tuple[str, list[str]]]:
     """(what it is, markdown) of the detail sections, most useful first."""
     full = detail == "full"
     sections: list[tuple[str, list[str]]] = []
@@ -179,7 +180,7 @@ def _folded_sections(report: Report, more_diagrams: list, links: Permalinks | No
     of = f" of {queue.name}" if queue is not None and len(report.queues) > 1 else ""
     for diagram in more_diagrams:
         verdict = f"pins {', '.join(diagram.pinned)}" if diagram.pinned else "no pinned state"
-        rows = [mermaid_legend(), "", "```mermaid", mermaid(diagram).rstrip("\n"), "```"]
+        rows = [mermaid_legend(), "", "```mermaid", mermaid(diagram, places.path).rstrip("\n"), "```"]
         sections.append((f"the state diagram of {diagram.backend.name}",
                          _fold(f"State diagram{of}: {diagram.backend.name} ({diagram.backend.sender}): {verdict}",
                                rows, full)))
