@@ -512,3 +512,43 @@ def test_the_no_timeout_box_cites_poll_and_names_its_file(tmp_path: Path) -> Non
     [box] = [line for line in text.splitlines() if "n_wayout_no_timeout[" in line]
     assert box.endswith(f' · nixl-pin/{nixl.poll.path}:{nixl.poll.line}"]'), box
     assert f"· nixl-pin/{abort['path']}:{abort['line']}\"" in text
+
+
+def test_a_deadline_not_reached_on_the_pinning_run_is_told_so_on_0_4_8() -> None:
+    """Before: 0.4.8 mooncake Bootstrapping read "no timeout covers it ... until the server
+    restarts" citing the timeout check (conn.py:728), while the note beside said "this backend has
+    a deadline for Bootstrapping" and the diagram drew "L728 timeout: Bootstrapping". The check
+    ends Bootstrapping only on runs of poll() that reach it; the report says which condition it
+    sits under, read from the code, and the diagram's box says it is not reached for the pin."""
+    from kvtrace.freeing import what_frees
+    from kvtrace.report.diagram import diagrams
+    from tests.sglang_wheels import sglang_tree
+
+    tree = sglang_tree("0.4.8")
+    report = scan_path(tree)
+    mooncake = next(b for b in report.backends if b.name == "mooncake")
+    [check] = [t for t in mooncake.timeouts if "Bootstrapping" in t.covers]
+    assert mooncake.verdicts["Bootstrapping"].pinned  # what the case is about
+    [freeing] = [f for f in what_frees(report, mooncake) if f.state == "Bootstrapping"]
+    assert "no timeout covers it" not in freeing.text
+    guard = re.search(rf"the timeout check at {re.escape(check.path)}:{check.line} \(it runs only when `([^`]+)` holds, "
+                      rf"{re.escape(check.path)}:(\d+)\), which ends Bootstrapping on other runs of poll\(\), is not "
+                      r"reached on the run that keeps it, so the request stays until the server restarts", freeing.text)
+    assert guard, freeing.text
+    source = (tree / check.path).read_text().splitlines()
+    assert source[int(guard.group(2)) - 1].strip() == f"if {guard.group(1)}:" and int(guard.group(2)) < check.line
+    assert "timeout" not in " ".join(e.note for e in freeing.evidence if (e.path, e.line) == (check.path, check.line))
+    box = next(d for d in diagrams(report) if d.backend.name == "mooncake").graph.nodes[("wayout", "timeout", 0)]
+    assert box["label"] == f"L{check.line} timeout, not reached for pinned Bootstrapping"
+
+
+@pytest.mark.parametrize(("code", "guard"), [
+    ("def f(x):\n    if x.a is not None:\n        y = 1\n        pass\n        if y > 2:\n            return 3\n", ("x.a is not None", 2)),
+    ("def f(x):\n    if x:\n        pass\n    else:\n        if y > 2:\n            return 3\n", None),
+    ("def f(x):\n    if x:\n        pass\n    elif x.b:\n        if y > 2:\n            return 3\n", ("x.b", 4)),
+])
+def test_the_condition_a_timeout_check_sits_under(code: str, guard: tuple[str, int] | None) -> None:
+    """The innermost `if` whose body holds the check; an `else` names none (its condition is a negation)."""
+    from kvtrace.freeing import _innermost_guard
+
+    assert _innermost_guard(code, 5) == guard

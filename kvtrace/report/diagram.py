@@ -373,11 +373,19 @@ def _way_out(g: nx.DiGraph, backend: Backend, states: list[str], returned: list[
     g.add_edge(kept, ("wayout", "abort"), states=reached, css=[] if reached else ["missing"])
     covered: set[str] = set()
     for i, t in enumerate(backend.timeouts):
-        covers = [s for s in kept_states if s in t.covers]
+        # A check that ends a state on other runs of poll() but is not reached on the run that
+        # pins it (the state's verdict is "no way out") is no way out for it.
+        unreached = [s for s in t.covers if s in backend.verdicts and backend.verdicts[s].pinned]
+        covers = [s for s in kept_states if s in t.covers and s not in unreached]
         covered.update(covers)
-        g.add_node(("wayout", "timeout", i), kind="wayout", label=f"L{t.line} timeout: {', '.join(t.covers) or 'none'}",
+        ends = [s for s in t.covers if s not in unreached]
+        label = f"L{t.line} timeout: {', '.join(ends) or 'none'}" if ends or not unreached else f"L{t.line} timeout"
+        if unreached:
+            label += f"{';' if ends else ','} not reached for pinned {', '.join(unreached)}"
+        g.add_node(("wayout", "timeout", i), kind="wayout", label=label,
                    path=t.path, line=t.line, css=["wayout", "ok" if covers else "partial"],
-                   tip=f"timeout check covering {', '.join(t.covers) or 'no state'}")
+                   tip=f"timeout check covering {', '.join(t.covers) or 'no state'}"
+                   + (f"; not reached on the run of poll() that pins {', '.join(unreached)}" if unreached else ""))
         g.add_edge(kept, ("wayout", "timeout", i), states=covers, css=[] if covers else ["missing"])
     uncovered = [s for s in kept_states if s in returned and s not in covered]
     if uncovered:
