@@ -533,7 +533,7 @@ def _tell_stderr(results: list, reports: list[Report], request: ScanRequest, pre
     if quiet and metrics is not None:  # -q hides the fleet summary, not the gauge that was asked for
         for r in results:
             if r.metrics is not None and (r.metrics.error or not r.metrics.gauges):
-                typer.echo(plain(f"kvtrace: metrics: {r.target}: {r.metrics.summary()[0]}"), err=True)
+                typer.echo(plain(f"kvtrace: {r.target}: {r.metrics.summary()[0]}"), err=True)
     # Every format: with stdout in a file, stderr is where the verdict shows. Concise output on
     # stdout ends with that verdict already (a hook's log holds both streams: say it once).
     if not quiet and not (output_format is OutputFormat.concise and request.output is None):

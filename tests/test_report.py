@@ -321,7 +321,9 @@ def test_a_gauge_that_cannot_be_read_shows_under_quiet() -> None:
                          "--metrics-seconds", "0", "-f", "json")
     assert result.returncode == 1
     [line] = [line for line in result.stderr.splitlines() if "metrics" in line]
-    assert line.startswith("kvtrace: metrics: examples/nixl-pin: metrics http://127.0.0.1:") and "cannot read" in line
+    # Before: "kvtrace: metrics: examples/nixl-pin: metrics http://..." (metrics said twice).
+    assert line.startswith("kvtrace: examples/nixl-pin: metrics http://127.0.0.1:") and "cannot read" in line
+    assert line.split("http://")[0].count("metrics") == 1
 
 
 def test_fleet_summary_names_the_backend_once_per_finding() -> None:
