@@ -334,10 +334,17 @@ def test_fleet_summary_names_the_backend_once_per_finding() -> None:
                  "path": f"srt/disaggregation/{b}/conn.py", "line": 10} for b in ("ascend", "mooncake")]
     findings += [{"rule": "unhandled-state", "severity": "warning", "backend": None, "state": "Success",
                   "path": "srt/disaggregation/prefill.py", "line": 5}] * 2
+    # Before: a finding of no backend read "queue" whatever it was about (a manager's check_status()).
+    findings += [{"rule": "unhandled-state", "severity": "warning", "backend": None, "state": "Success",
+                  "queue": "disagg_prefill_inflight_queue", "path": "srt/disaggregation/prefill.py", "line": 6},
+                 {"rule": "absent-room-default", "severity": "warning", "backend": None, "state": "WaitingForInput",
+                  "queue": None, "function": "NixlKVManager.check_status", "path": "srt/nixl/conn.py", "line": 7}]
     assert verdicts_of(findings) == [
         "note[no-timeout] ascend WaitingForInput (srt/disaggregation/ascend/conn.py:10)",
         "note[no-timeout] mooncake WaitingForInput (srt/disaggregation/mooncake/conn.py:10)",
-        "warning[unhandled-state] queue Success (srt/disaggregation/prefill.py:5)"]
+        "warning[unhandled-state] Success (srt/disaggregation/prefill.py:5)",
+        "warning[unhandled-state] disagg_prefill_inflight_queue Success (srt/disaggregation/prefill.py:6)",
+        "warning[absent-room-default] NixlKVManager.check_status() WaitingForInput (srt/nixl/conn.py:7)"]
 
 
 def test_wording_of_unhandled_state_and_abort_ignored_on_0_5_23() -> None:
@@ -554,3 +561,24 @@ def test_the_condition_a_timeout_check_sits_under(code: str, guard: tuple[str, i
     from kvtrace.freeing import _innermost_guard
 
     assert _innermost_guard(code, 5) == guard
+
+
+def test_fleet_and_merge_summaries_fold_to_the_terminal_and_paths_open_from_here(tmp_path: Path) -> None:
+    """Before: the fleet summary of a scan named each finding's file relative to its target
+    (`disaggregation/nixl/conn.py:89`, which does not open from the working directory), and
+    neither it nor `kvtrace merge` was folded to the terminal's width (COLUMNS=60 here)."""
+    scan = kvtrace("scan", "examples/nixl-pin", "examples/healthy", env={"COLUMNS": "60"})
+    assert scan.returncode == 1, scan.stderr
+    summary = scan.stdout[scan.stdout.index("Fleet: 2 hosts"):]
+    lines = summary.splitlines()
+    assert len(lines) > 10 and all(len(line) <= 60 or " " not in line.strip() for line in lines), lines
+    assert "examples/nixl-pin/disaggregation/nixl/conn.py:89)" in summary
+    assert_paths_resolve(summary, ROOT)
+    # Unfolded with no terminal width to follow: one greppable line per verdict.
+    wide = kvtrace("scan", "examples/nixl-pin", "examples/healthy", "-f", "json", "-o", str(tmp_path / "r.json"))
+    made = tmp_path / "r.json"
+    assert wide.returncode == 1 and made.exists()
+    merged = kvtrace("merge", str(made), env={"COLUMNS": "60"}).stdout
+    assert merged.startswith("Fleet: 2 hosts") and all(len(line) <= 60 or " " not in line.strip()
+                                                      for line in merged.splitlines())
+    assert "warning[absent-room-default] NixlKVManager.check_status() WaitingForInput" in " ".join(merged.split())
