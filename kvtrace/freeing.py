@@ -150,12 +150,9 @@ def _innermost_guard(text: str, line: int) -> tuple[str, int] | None:
                 continue
             first, last = stmts[0].lineno, max(s.end_lineno or s.lineno for s in stmts)
             if first <= line <= last and first > best[0]:
-                guarded = isinstance(node, ast.If) and branch == "body"
-                best = (first, node if guarded else None)
-    node = best[1]
-    if node is None:
-        return None
-    return ast.unparse(node.test), node.lineno
+                best = (first, node if isinstance(node, ast.If) and branch == "body" else None)
+    guard = best[1]
+    return (ast.unparse(guard.test), guard.lineno) if guard is not None else None
 
 
 def abort_mechanism(verdict: StateVerdict, backend: Backend) -> str:
