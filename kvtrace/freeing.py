@@ -19,6 +19,7 @@ EnvInt(300)`) is read from the module the registry is imported from.
 from __future__ import annotations
 
 import ast
+import functools
 import keyword
 import re
 from dataclasses import dataclass, field
@@ -108,8 +109,8 @@ def what_frees(report: Report, backend: Backend, abort_method: str = "abort") ->
 
 def _unreached_timeouts(report: Report, timeouts: list[TimeoutCheck], state: str) -> str:
     """Why no timeout frees a pinned state: none covers it, or the checks that end it on other runs
-    of poll() are not reached on the run that keeps the request (named with the condition they sit
-    under, read from the code: `if self.init_time is not None:`, set only by a later step)."""
+    of poll() are not reached on the run that keeps the request (each named with the condition it
+    sits under, read from the code, so the reader sees what that run lacks)."""
     if not timeouts:
         return "no timeout covers it"
     told = []
@@ -117,11 +118,8 @@ def _unreached_timeouts(report: Report, timeouts: list[TimeoutCheck], state: str
         guard = _guard_of(report, t.path, t.line)
         under = f" (it runs only when `{guard[0]}` holds, {t.path}:{guard[1]})" if guard else ""
         told.append(f"the timeout check at {t.path}:{t.line}{under}")
-    verb = "is" if len(told) == 1 else "are"
-    return f"{' and '.join(told)}, which ends {state} on other runs of poll(), {verb} not reached on the run that keeps it"
-
-
-_GUARDS: dict[tuple[str, str, int], tuple[str, int] | None] = {}
+    ends, reached = ("ends", "is") if len(told) == 1 else ("end", "are")
+    return f"{' and '.join(told)}, which {ends} {state} on other runs of poll(), {reached} not reached on the run that keeps it"
 
 
 def _guard_of(report: Report, path: str, line: int) -> tuple[str, int] | None:
@@ -129,14 +127,10 @@ def _guard_of(report: Report, path: str, line: int) -> tuple[str, int] | None:
     with its line; None when the innermost enclosing branch is an `else` (its condition is a
     negation, told wrongly by quoting the test) or the file cannot be read."""
     source = next((f for f in report.files if f.path == path), None)
-    if source is None or not source.text:
-        return None
-    key = (path, source.sha256, line)
-    if key not in _GUARDS:
-        _GUARDS[key] = _innermost_guard(source.text, line)
-    return _GUARDS[key]
+    return _innermost_guard(source.text, line) if source is not None and source.text else None
 
 
+@functools.lru_cache(maxsize=64)
 def _innermost_guard(text: str, line: int) -> tuple[str, int] | None:
     try:
         tree = ast.parse(text)
