@@ -16,7 +16,7 @@ import traceback
 from enum import Enum
 from pathlib import Path
 from collections.abc import Iterator
-from typing import Annotated, NamedTuple, Optional
+from typing import Annotated, NamedTuple, Optional, TextIO
 
 import typer
 
@@ -533,18 +533,21 @@ def _tell_stderr(results: list, reports: list[Report], request: ScanRequest, pre
     if quiet and metrics is not None:  # -q hides the fleet summary, not the gauge that was asked for
         for r in results:
             if r.metrics is not None and (r.metrics.error or not r.metrics.gauges):
-                typer.echo(plain(f"kvtrace: metrics: {r.target}: {r.metrics.summary()[0]}"), err=True)
+                typer.echo(plain(f"kvtrace: {r.target}: {r.metrics.summary()[0]}"), err=True)
     # Every format: with stdout in a file, stderr is where the verdict shows. Concise output on
     # stdout ends with that verdict already (a hook's log holds both streams: say it once).
     if not quiet and not (output_format is OutputFormat.concise and request.output is None):
         report_failures(results, gate_levels)
     if not quiet and (len(prepared.targets) > 1 or metrics is not None):
-        summary = render_summary([s for r in results  # one per report: --all names each package
-                                  for s in summaries(r, _fail_on_source(prepared.settings.get(r.target), overrides)[0])])
+        hosts = [s for r in results  # one per report: --all names each package
+                 for s in summaries(r, _fail_on_source(prepared.settings.get(r.target), overrides)[0])]
+
+        def summary(width: int) -> str:
+            return render_summary(hosts, width)
         if output_format is OutputFormat.text and request.output is None:
-            typer.echo("\n" + summary, nl=False)
+            typer.echo("\n" + summary(_summary_width(sys.stdout)), nl=False)
         else:
-            typer.echo(summary, err=True, nl=False)
+            typer.echo(summary(_summary_width(sys.stderr)), err=True, nl=False)
 
 
 def _fail_on_source(settings, overrides) -> tuple[str, str]:
@@ -884,8 +887,20 @@ def merge(
     if output_format == "json":
         typer.echo(json.dumps(summary_json(hosts), indent=2))
     else:
-        typer.echo(render_summary(hosts), nl=False)
+        typer.echo(render_summary(hosts, _summary_width(sys.stdout)), nl=False)
     raise typer.Exit(verdict.code)
+
+
+def _summary_width(stream: TextIO) -> int:
+    """A fleet summary's width, as the text report's: a terminal's (stdout piped to `less`: the
+    terminal the user looks at), else unfolded, one greppable line per verdict."""
+    from kvtrace.report import plain_width
+
+    try:
+        terminal = stream.isatty()
+    except (ValueError, AttributeError):  # a closed or replaced stream
+        terminal = False
+    return plain_width(piped=terminal or stream is sys.stdout)
 
 
 cache_app = typer.Typer(no_args_is_help=True, rich_markup_mode=None,

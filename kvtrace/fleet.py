@@ -456,10 +456,11 @@ class HostSummary:
 def verdicts_of(findings: Iterable[dict[str, Any]]) -> list[str]:
     lines = []
     for f in findings:
-        # The rule is in the brackets; what follows names the backend (or the queue) and the state.
-        subject = f.get("backend") or "queue"
+        # The rule is in the brackets; what follows names what the finding is about (the backend,
+        # else the queue, else the function it is in; never a made-up "queue") and the state.
+        subject = f.get("backend") or f.get("queue") or (f"{f['function']}()" if f.get("function") else "")
         what = f"{subject} can pin {f.get('state')}" if f.get("rule") == "pinned-state" and f.get("backend") \
-            else subject + (f" {f.get('state')}" if f.get("state") else "")
+            else " ".join(p for p in (subject, f.get("state")) if p)
         if f.get("premise"):  # a finding that holds only under a premise says which, as the report does
             what += f" only if {f.get('premise')}"
         line = f"{f.get('severity')}[{f.get('rule')}] {what} ({f.get('path')}:{f.get('line')})"
@@ -498,9 +499,13 @@ def summaries(result: HostResult, fail_on: str = DEFAULT_FAIL_ON) -> list[HostSu
         return [HostSummary(result.target, result.exit_code, error=result.error)]
     out = []
     gauges = result.metrics.summary() if result.metrics is not None else []
+    from kvtrace.report.places import Places
+
     for report in result.reports:
-        findings = [{"rule": f.rule, "severity": f.severity, "backend": f.backend, "state": f.state, "path": f.path,
-                     "line": f.line, "premise": f.premise} for f in report.findings]
+        shown = Places(report)  # a summary line's path:line opens from where the user stands
+        findings = [{"rule": f.rule, "severity": f.severity, "backend": f.backend, "state": f.state,
+                     "path": shown.path(f.path), "line": f.line, "premise": f.premise, "queue": f.queue,
+                     "function": f.function} for f in report.findings]
         version = result.sglang_version if report is result.report else \
             (report.version.version if report.version else None)
         code = result.exit_code if len(result.reports) == 1 else exit_code_for(report, fail_on)
@@ -509,8 +514,11 @@ def summaries(result: HostResult, fail_on: str = DEFAULT_FAIL_ON) -> list[HostSu
     return out
 
 
-def render_summary(hosts: list[HostSummary]) -> str:
-    """Plain text, one block per host then the groups of identical trees; greppable when piped."""
+def render_summary(hosts: list[HostSummary], width: int = 1000) -> str:
+    """Plain text, one block per host then the groups of identical trees; greppable when piped
+    to a file (the default width folds nothing), folded at spaces to a terminal's `width`."""
+    from kvtrace.diff import fold
+
     count = f"{len(hosts)} host" + ("s" if len(hosts) != 1 else "")
     lines = [f"Fleet: {count}, exit {worst_exit(h.exit_code for h in hosts)} (worst host)"]
     for h in hosts:
@@ -533,7 +541,7 @@ def render_summary(hosts: list[HostSummary]) -> str:
             lines.append(f"  tree {tree[:12]} ({count}): {', '.join(members)}")
     # Host names, paths, versions and gauge labels come from targets, trees, pages and JSON files
     # made elsewhere: each line is one line, with no control character reaching the terminal.
-    return "".join(plain(line) + "\n" for line in lines)
+    return "".join(fold(plain(line), width) + "\n" for line in lines)
 
 
 def summary_json(hosts: list[HostSummary]) -> dict[str, Any]:

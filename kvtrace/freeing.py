@@ -19,6 +19,7 @@ EnvInt(300)`) is read from the module the registry is imported from.
 from __future__ import annotations
 
 import ast
+import functools
 import keyword
 import re
 from dataclasses import dataclass, field
@@ -89,8 +90,11 @@ def what_frees(report: Report, backend: Backend, abort_method: str = "abort") ->
             called = f" ({_callers_text(callers, abort_method)}, to no effect)" if callers else \
                 f" (nothing in the scanned code calls {abort_method}() for a request in {queues} either)"
             how, text = "nothing", ("nothing in this release frees it: abort() does not end it" + called +
-                                    " and no timeout covers it, so the request stays until the server restarts")
-            evidence += list(verdict.chain[:3]) + callers[:1]
+                                    f" and {_unreached_timeouts(report, timeouts, state)}, so the request stays "
+                                    "until the server restarts")
+            # A timeout that ends the state on other runs of poll() is no way out on the run that
+            # keeps it: its lines are in the text, its setting is no answer.
+            evidence = list(verdict.chain[:3]) + callers[:1]
         elif verdict.way_out is WayOut.UNKNOWN and not parts:
             how, text = "unknown", f"not decided: {verdict.how}"
         else:
@@ -101,6 +105,48 @@ def what_frees(report: Report, backend: Backend, abort_method: str = "abort") ->
             text = "; ".join(parts) or verdict.how
         found.append(Freeing(state, how, text, evidence))
     return found
+
+
+def _unreached_timeouts(report: Report, timeouts: list[TimeoutCheck], state: str) -> str:
+    """Why no timeout frees a pinned state: none covers it, or the checks that end it on other runs
+    of poll() are not reached on the run that keeps the request (each named with the condition it
+    sits under, read from the code, so the reader sees what that run lacks)."""
+    if not timeouts:
+        return "no timeout covers it"
+    told = []
+    for t in timeouts:
+        guard = _guard_of(report, t.path, t.line)
+        under = f" (it runs only when `{guard[0]}` holds, {t.path}:{guard[1]})" if guard else ""
+        told.append(f"the timeout check at {t.path}:{t.line}{under}")
+    ends, reached = ("ends", "is") if len(told) == 1 else ("end", "are")
+    return f"{' and '.join(told)}, which {ends} {state} on other runs of poll(), {reached} not reached on the run that keeps it"
+
+
+def _guard_of(report: Report, path: str, line: int) -> tuple[str, int] | None:
+    """The condition of the innermost `if` whose body holds `line` (not the check's own test),
+    with its line; None when the innermost enclosing branch is an `else` (its condition is a
+    negation, told wrongly by quoting the test) or the file cannot be read."""
+    source = next((f for f in report.files if f.path == path), None)
+    return _innermost_guard(source.text, line) if source is not None and source.text else None
+
+
+@functools.lru_cache(maxsize=64)
+def _innermost_guard(text: str, line: int) -> tuple[str, int] | None:
+    try:
+        tree = ast.parse(text)
+    except (SyntaxError, ValueError):
+        return None
+    best: tuple[int, ast.If | None] = (0, None)
+    for node in ast.walk(tree):
+        for branch in ("body", "orelse"):
+            stmts = getattr(node, branch, None)
+            if not isinstance(stmts, list) or not stmts or not isinstance(stmts[0], ast.stmt):
+                continue
+            first, last = stmts[0].lineno, max(s.end_lineno or s.lineno for s in stmts)
+            if first <= line <= last and first > best[0]:
+                best = (first, node if isinstance(node, ast.If) and branch == "body" else None)
+    guard = best[1]
+    return (ast.unparse(guard.test), guard.lineno) if guard is not None else None
 
 
 def abort_mechanism(verdict: StateVerdict, backend: Backend) -> str:

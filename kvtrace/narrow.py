@@ -14,6 +14,10 @@ from kvtrace.model import Report
 def keep_backends(report: Report, wanted: tuple[str, ...]) -> None:
     names = {b.name for b in report.backends} | {g.subject for g in report.gaps if g.kind == "backend"}
     missing = [name for name in wanted if name not in names]
+    ignored = [name for name in missing if name in report.filters.ignored_backends]
+    if ignored:  # in the tree, but the other option took it out first
+        raise InputError(f"{report.target}: --backend {', '.join(ignored)}: removed by --ignore-backend (or ignore-backends in "
+                         "the config): the two options name the same backend, so no row would be left")
     if missing:
         # Unlike a name to leave out, a name to keep that the tree lacks would leave no row:
         # a gate that looks at nothing. Refused, naming what there is.

@@ -164,6 +164,10 @@ def _parse_url(text: str) -> SshTarget:
             f"{text}: not a valid ssh:// target; expected ssh://[user@]host[:port]/path"
         ) from None
     path = unquote(slash + path)
+    if port is not None and not slash:
+        # As `host:2299` (a port and no path): a scan of the login directory is never what was meant.
+        raise InputError(f"{text}: no path given (after port {port}); write {text}/PATH, e.g. "
+                         f"{text}/opt/venv/lib/python3.11/site-packages/sglang")
     if path.startswith("/~"):  # ssh://host/~/x is x below the login directory (as git reads it)
         path = path[1:]
     return SshTarget(unquote(user) if user else None, host, port, path or ".", text)

@@ -298,6 +298,28 @@ def test_markdown_bug_report_fits_an_issue(tmp_path: Path, version: str) -> None
     assert "## Release map: disagg_prefill_inflight_queue" in full and "Left out to keep" not in full
 
 
+@pytest.mark.parametrize("version", ["0.5.12", "0.5.6.post2"])
+def test_markdown_keeps_the_chain_of_a_warning_level_pin(tmp_path: Path, version: str) -> None:
+    """Before: on 0.5.12 ... 0.5.22 the pins are warnings (each holds under a premise) and their
+    chains (entry, drain loop, keep, premise) were in the folded evidence, the first thing left out
+    to stay under budget, while four diagrams of backends that pin nothing stayed: 0 chain lines."""
+    from kvtrace.report.diagram import diagrams
+    from kvtrace.scan import scan_path
+
+    site = _installed(tmp_path, version)
+    md = kvtrace("scan", "site-packages/sglang", "-f", "markdown", cwd=tmp_path).stdout
+    assert len(md) < 60_000
+    report = scan_path(site / "sglang")
+    pinning = {d.backend.name for d in diagrams(report) if d.pinned}
+    pins = [f for f in report.findings if f.rule == "pinned-state" and f.backend in pinning]
+    assert [f for f in pins if f.severity == "warning"]  # what the case is about
+    answer = md.split("## Findings")[0]
+    for f in pins:
+        assert f"- **pinned-state** ({f.severity}) in `{f.queue}` [`site-packages/sglang/{f.path}:{f.line}`]" in answer
+        for e in f.evidence:  # every link of the chain, with its line
+            assert f"  - [`site-packages/sglang/{e.path}:{e.line}`]" in answer, (f.backend, e)
+
+
 def _with_environ(site: Path, version: str) -> None:
     """An installed release has srt/environ.py (the env registry); the test trees keep only the
     files kvtrace scans, so it is taken from the same wheel."""

@@ -291,3 +291,30 @@ def test_the_result_cache_keys_on_why_a_file_was_not_read(tmp_path: Path) -> Non
         assert result.returncode == 3
         reasons.append(json.loads(result.stdout)["reports"][0]["gaps"][0]["reason"])
     assert str(tmp_path / "one" / "elsewhere") in reasons[0] and str(tmp_path / "two" / "elsewhere") in reasons[1]
+
+
+def test_keeping_a_backend_the_other_option_left_out_says_so() -> None:
+    """Before: `--backend nixl --ignore-backend nixl` said "no such backend in this tree", though
+    the tree has it: the other option had removed it."""
+    result = kvtrace("scan", str(NIXL_PIN), "--backend", "nixl", "--ignore-backend", "nixl")
+    assert result.returncode == 2
+    assert result.stderr.splitlines() == [
+        f"kvtrace: error: {NIXL_PIN}: --backend nixl: removed by --ignore-backend (or ignore-backends in the config): "
+        "the two options name the same backend, so no row would be left"]
+    typo = kvtrace("scan", str(NIXL_PIN), "--backend", "nixxl")
+    assert typo.returncode == 2 and "no such backend in this tree" in typo.stderr
+
+
+@pytest.mark.parametrize("target", ["ssh://root@127.0.0.1:2299", "root@127.0.0.1:2299"])
+def test_a_port_and_no_path_gets_the_same_hint_in_both_forms(target: str) -> None:
+    """Before: `ssh://root@127.0.0.1:2299` scanned the login directory (and on a refused port,
+    failed after trying to connect) while `root@127.0.0.1:2299` said no path was given."""
+    from kvtrace.errors import InputError
+    from kvtrace.target import parse_target
+
+    with pytest.raises(InputError) as caught:
+        parse_target(target)
+    message = str(caught.value)
+    assert message.startswith(f"{target}: no path given (") and "\n" not in message
+    assert f"write {target}{'/' if target.startswith('ssh://') else ':'}PATH, e.g. " in message
+    assert parse_target("ssh://root@127.0.0.1:2299/").path == "/"  # a path given: the root

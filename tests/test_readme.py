@@ -105,8 +105,10 @@ def test_fleet_sample_is_what_kvtrace_prints(tmp_path: Path) -> None:
         shown = "~/.cache/kvtrace-tests/trees/0.5.2/sglang"
         args = command.split()[1:]
         args = [str(tree) if a == shown else a.replace(":30000/", f":{server.server_port}/") for a in args]
+        # As written in a file: no COLUMNS (a test runner may export one), so the summary is unfolded.
         result = subprocess.run([sys.executable, "-m", "kvtrace", *args, "--no-cache"], cwd=tmp_path,
-                                capture_output=True, text=True, timeout=300)
+                                capture_output=True, text=True, timeout=300,
+                                env={k: v for k, v in os.environ.items() if k != "COLUMNS"})
     finally:
         server.shutdown()
         thread.join()

@@ -321,7 +321,9 @@ def test_a_gauge_that_cannot_be_read_shows_under_quiet() -> None:
                          "--metrics-seconds", "0", "-f", "json")
     assert result.returncode == 1
     [line] = [line for line in result.stderr.splitlines() if "metrics" in line]
-    assert line.startswith("kvtrace: metrics: examples/nixl-pin: metrics http://127.0.0.1:") and "cannot read" in line
+    # Before: "kvtrace: metrics: examples/nixl-pin: metrics http://..." (metrics said twice).
+    assert line.startswith("kvtrace: examples/nixl-pin: metrics http://127.0.0.1:") and "cannot read" in line
+    assert line.split("http://")[0].count("metrics") == 1
 
 
 def test_fleet_summary_names_the_backend_once_per_finding() -> None:
@@ -332,10 +334,17 @@ def test_fleet_summary_names_the_backend_once_per_finding() -> None:
                  "path": f"srt/disaggregation/{b}/conn.py", "line": 10} for b in ("ascend", "mooncake")]
     findings += [{"rule": "unhandled-state", "severity": "warning", "backend": None, "state": "Success",
                   "path": "srt/disaggregation/prefill.py", "line": 5}] * 2
+    # Before: a finding of no backend read "queue" whatever it was about (a manager's check_status()).
+    findings += [{"rule": "unhandled-state", "severity": "warning", "backend": None, "state": "Success",
+                  "queue": "disagg_prefill_inflight_queue", "path": "srt/disaggregation/prefill.py", "line": 6},
+                 {"rule": "absent-room-default", "severity": "warning", "backend": None, "state": "WaitingForInput",
+                  "queue": None, "function": "NixlKVManager.check_status", "path": "srt/nixl/conn.py", "line": 7}]
     assert verdicts_of(findings) == [
         "note[no-timeout] ascend WaitingForInput (srt/disaggregation/ascend/conn.py:10)",
         "note[no-timeout] mooncake WaitingForInput (srt/disaggregation/mooncake/conn.py:10)",
-        "warning[unhandled-state] queue Success (srt/disaggregation/prefill.py:5)"]
+        "warning[unhandled-state] Success (srt/disaggregation/prefill.py:5)",
+        "warning[unhandled-state] disagg_prefill_inflight_queue Success (srt/disaggregation/prefill.py:6)",
+        "warning[absent-room-default] NixlKVManager.check_status() WaitingForInput (srt/nixl/conn.py:7)"]
 
 
 def test_wording_of_unhandled_state_and_abort_ignored_on_0_5_23() -> None:
@@ -481,3 +490,95 @@ def test_role_all_at_80_by_50_both_roles_answers_are_on_the_end_screen() -> None
     assert "12 warnings: nixl pins WaitingForInput only if two requests share a bootstrap_room · 10 notes" in flat
     assert flat.endswith("21 warnings · 8 notes")  # the decode side's summary, last
     assert sum(line.startswith("In short") for line in out) == 2  # each once, not once per report and again
+
+
+def test_the_no_timeout_box_cites_poll_and_names_its_file(tmp_path: Path) -> None:
+    """Before: where abort() ends a state through the manager's table, the "no timeout" box took
+    the abort box's place, abort()'s write (0.5.14: `no timeout: ... · conn.py:925`, the
+    `update_status(room, KVPoll.Failed)` line), and mermaid named a bare `conn.py`."""
+    import networkx as nx
+
+    from kvtrace.report.diagram import Diagram, _way_out, mermaid
+    from kvtrace.report.places import Places
+
+    tree = tmp_path / "nixl-pin"
+    shutil.copytree(EXAMPLES / "nixl-pin", tree)
+    report = scan_path(tree)
+    nixl = next(b for b in report.backends if b.name == "nixl")
+    kept_states = ["Bootstrapping", "WaitingForInput", "Transferring"]
+    graph = nx.DiGraph()
+    graph.add_node(("check", 1), kind="check")
+    graph.add_node(("outcome", "kept"), kind="outcome", label="kept", path="", line=0, css=[])
+    graph.add_edge(("check", 1), ("outcome", "kept"), states=kept_states)
+    _way_out(graph, nixl, kept_states, nixl.returns)
+    abort, no_timeout = graph.nodes[("wayout", "abort")], graph.nodes[("wayout", "no-timeout")]
+    assert nixl.poll is not None and (abort["path"], abort["line"]) != (nixl.poll.path, nixl.poll.line)
+    assert (no_timeout["path"], no_timeout["line"]) == (nixl.poll.path, nixl.poll.line)
+    graph.remove_node(("check", 1))
+    for edge in graph.edges:
+        graph.edges[edge].setdefault("css", [])
+    text = mermaid(Diagram(nixl, graph, []), Places(report, cwd=tmp_path).path)
+    [box] = [line for line in text.splitlines() if "n_wayout_no_timeout[" in line]
+    assert box.endswith(f' · nixl-pin/{nixl.poll.path}:{nixl.poll.line}"]'), box
+    assert f"· nixl-pin/{abort['path']}:{abort['line']}\"" in text
+
+
+def test_a_deadline_not_reached_on_the_pinning_run_is_told_so_on_0_4_8() -> None:
+    """Before: 0.4.8 mooncake Bootstrapping read "no timeout covers it ... until the server
+    restarts" citing the timeout check (conn.py:728), while the note beside said "this backend has
+    a deadline for Bootstrapping" and the diagram drew "L728 timeout: Bootstrapping". The check
+    ends Bootstrapping only on runs of poll() that reach it; the report says which condition it
+    sits under, read from the code, and the diagram's box says it is not reached for the pin."""
+    from kvtrace.freeing import what_frees
+    from kvtrace.report.diagram import diagrams
+    from tests.sglang_wheels import sglang_tree
+
+    tree = sglang_tree("0.4.8")
+    report = scan_path(tree)
+    mooncake = next(b for b in report.backends if b.name == "mooncake")
+    [check] = [t for t in mooncake.timeouts if "Bootstrapping" in t.covers]
+    assert mooncake.verdicts["Bootstrapping"].pinned  # what the case is about
+    [freeing] = [f for f in what_frees(report, mooncake) if f.state == "Bootstrapping"]
+    assert "no timeout covers it" not in freeing.text
+    guard = re.search(rf"the timeout check at {re.escape(check.path)}:{check.line} \(it runs only when `([^`]+)` holds, "
+                      rf"{re.escape(check.path)}:(\d+)\), which ends Bootstrapping on other runs of poll\(\), is not "
+                      r"reached on the run that keeps it, so the request stays until the server restarts", freeing.text)
+    assert guard, freeing.text
+    source = (tree / check.path).read_text().splitlines()
+    assert source[int(guard.group(2)) - 1].strip() == f"if {guard.group(1)}:" and int(guard.group(2)) < check.line
+    assert "timeout" not in " ".join(e.note for e in freeing.evidence if (e.path, e.line) == (check.path, check.line))
+    box = next(d for d in diagrams(report) if d.backend.name == "mooncake").graph.nodes[("wayout", "timeout", 0)]
+    assert box["label"] == f"L{check.line} timeout, not reached for pinned Bootstrapping"
+
+
+@pytest.mark.parametrize(("code", "guard"), [
+    ("def f(x):\n    if x.a is not None:\n        y = 1\n        pass\n        if y > 2:\n            return 3\n", ("x.a is not None", 2)),
+    ("def f(x):\n    if x:\n        pass\n    else:\n        if y > 2:\n            return 3\n", None),
+    ("def f(x):\n    if x:\n        pass\n    elif x.b:\n        if y > 2:\n            return 3\n", ("x.b", 4)),
+])
+def test_the_condition_a_timeout_check_sits_under(code: str, guard: tuple[str, int] | None) -> None:
+    """The innermost `if` whose body holds the check; an `else` names none (its condition is a negation)."""
+    from kvtrace.freeing import _innermost_guard
+
+    assert _innermost_guard(code, 5) == guard
+
+
+def test_fleet_and_merge_summaries_fold_to_the_terminal_and_paths_open_from_here(tmp_path: Path) -> None:
+    """Before: the fleet summary of a scan named each finding's file relative to its target
+    (`disaggregation/nixl/conn.py:89`, which does not open from the working directory), and
+    neither it nor `kvtrace merge` was folded to the terminal's width (COLUMNS=60 here)."""
+    scan = kvtrace("scan", "examples/nixl-pin", "examples/healthy", env={"COLUMNS": "60"})
+    assert scan.returncode == 1, scan.stderr
+    summary = scan.stdout[scan.stdout.index("Fleet: 2 hosts"):]
+    lines = summary.splitlines()
+    assert len(lines) > 10 and all(len(line) <= 60 or " " not in line.strip() for line in lines), lines
+    assert "examples/nixl-pin/disaggregation/nixl/conn.py:89)" in summary
+    assert_paths_resolve(summary, ROOT)
+    # Unfolded with no terminal width to follow: one greppable line per verdict.
+    wide = kvtrace("scan", "examples/nixl-pin", "examples/healthy", "-f", "json", "-o", str(tmp_path / "r.json"))
+    made = tmp_path / "r.json"
+    assert wide.returncode == 1 and made.exists()
+    merged = kvtrace("merge", str(made), env={"COLUMNS": "60"}).stdout
+    assert merged.startswith("Fleet: 2 hosts") and all(len(line) <= 60 or " " not in line.strip()
+                                                      for line in merged.splitlines())
+    assert "warning[absent-room-default] NixlKVManager.check_status() WaitingForInput" in " ".join(merged.split())

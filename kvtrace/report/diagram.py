@@ -13,7 +13,7 @@ import io
 import re
 import textwrap
 import tokenize
-
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import networkx as nx
@@ -352,7 +352,8 @@ def _way_out(g: nx.DiGraph, backend: Backend, states: list[str], returned: list[
     if not kept_states:
         return
     poll = backend.poll
-    path, line = (poll.path, poll.line) if poll else (backend.path, backend.line)
+    poll_path, poll_line = (poll.path, poll.line) if poll else (backend.path, backend.line)
+    path, line = poll_path, poll_line
     ended = [s for s in kept_states if s in abort_ended(backend)]
     if backend.reads_abort_state:
         label, css = f"abort: poll() reads {backend.abort_state}", ["wayout", "ok"]
@@ -372,18 +373,27 @@ def _way_out(g: nx.DiGraph, backend: Backend, states: list[str], returned: list[
     g.add_edge(kept, ("wayout", "abort"), states=reached, css=[] if reached else ["missing"])
     covered: set[str] = set()
     for i, t in enumerate(backend.timeouts):
-        covers = [s for s in kept_states if s in t.covers]
+        # A check that ends a state on other runs of poll() but is not reached on the run that
+        # pins it (the state's verdict is "no way out") is no way out for it.
+        unreached = [s for s in t.covers if s in backend.verdicts and backend.verdicts[s].pinned]
+        covers = [s for s in kept_states if s in t.covers and s not in unreached]
         covered.update(covers)
-        g.add_node(("wayout", "timeout", i), kind="wayout", label=f"L{t.line} timeout: {', '.join(t.covers) or 'none'}",
+        ends = [s for s in t.covers if s not in unreached]
+        label = f"L{t.line} timeout: {', '.join(ends) or 'none'}" if ends or not unreached else f"L{t.line} timeout"
+        if unreached:
+            label += f"{';' if ends else ','} not reached for pinned {', '.join(unreached)}"
+        g.add_node(("wayout", "timeout", i), kind="wayout", label=label,
                    path=t.path, line=t.line, css=["wayout", "ok" if covers else "partial"],
-                   tip=f"timeout check covering {', '.join(t.covers) or 'no state'}")
+                   tip=f"timeout check covering {', '.join(t.covers) or 'no state'}"
+                   + (f"; not reached on the run of poll() that pins {', '.join(unreached)}" if unreached else ""))
         g.add_edge(kept, ("wayout", "timeout", i), states=covers, css=[] if covers else ["missing"])
     uncovered = [s for s in kept_states if s in returned and s not in covered]
     if uncovered:
         # Without a timeout the abort state is the only way out; without either, the state pins.
         severity = "partial" if backend.reads_abort_state else "missing"
+        # Cited at poll(), where a timeout would be checked: the abort box may have moved to abort()'s write.
         g.add_node(("wayout", "no-timeout"), kind="wayout", label=f"no timeout: {', '.join(uncovered)}",
-                   path=path, line=line, css=["wayout", severity],
+                   path=poll_path, line=poll_line, css=["wayout", severity],
                    tip=f"no timeout check in {backend.sender}.poll() covers {', '.join(uncovered)}")
         g.add_edge(kept, ("wayout", "no-timeout"), states=uncovered, css=[severity])
 
@@ -628,14 +638,16 @@ def _mermaid_text(text: str) -> str:
             .replace("`", "#96;"))
 
 
-def mermaid(diagram: Diagram) -> str:
-    """The diagram as a mermaid flowchart (GitHub renders ```mermaid blocks)."""
+def mermaid(diagram: Diagram, shown: Callable[[str], str] | None = None) -> str:
+    """The diagram as a mermaid flowchart (GitHub renders ```mermaid blocks). A way-out box names
+    its file whole, as `shown` gives it (as it opens from the working directory): the drain's
+    steps all sit in one file, the way out in another (several backends have a `conn.py`)."""
     g = diagram.graph
     out = ["flowchart TD"]
     for n, data in g.nodes(data=True):
         file = data["path"].rsplit("/", 1)[-1]
         if data["kind"] == "wayout" and data["path"]:
-            label = f"{data['label']} · {file}:{data['line']}"
+            label = f"{data['label']} · {(shown or str)(data['path'])}:{data['line']}"
         elif data["kind"] not in ("state", "outcome", "wayout"):
             label = f"{file}:{data['line']} {data['label'].split(' ', 1)[1]}"  # "L58 keep" -> "prefill.py:58 keep"
         else:

@@ -35,7 +35,7 @@ def render(reports: list[Report], detail: str = "summary") -> str:
 
 def _report(report: Report, detail: str, budget: int | None) -> str:
     links = permalinks(report)
-    drawn = diagrams(report)  # from the report's own paths (the queue graph's), labels name files only
+    drawn = diagrams(report)  # from the report's own paths (the queue graph's); mermaid shows them via places
     frees = {d.backend.name: what_frees(report, d.backend) for d in drawn if d.pinned}
     places = Places(report, extra=(e.path for found in frees.values() for f in found for e in f.evidence))
     if links is not None:
@@ -44,21 +44,23 @@ def _report(report: Report, detail: str, budget: int | None) -> str:
     pinning = [d for d in drawn if d.pinned]
     out: list[str] = [f"# {prose(title_line(report))}", ""]
     out += _answer(report)
-    out += _what_pins(report, pinning, frees, links)
-    out += _other_findings(report, links)
+    out += _what_pins(report, pinning, frees, links, places)
+    out += _other_findings(report, links, pinning)
     out += ["## Environment", "", *environment_lines(report), ""]
-    folded = _folded_sections(report, [d for d in drawn if not d.pinned] if pinning else drawn, links, detail)
+    folded = _folded_sections(report, pinning, [d for d in drawn if not d.pinned] if pinning else drawn, links, detail,
+                              places)
     head = "\n".join(out) + "\n"
-    body: list[str] = []
-    left_out: list[str] = []
     room = None if budget is None else budget - len(head) - 400  # the closing note's own room
-    for name, lines in folded:
-        text = "\n".join(lines) + "\n"
-        if room is None or len(text) <= room:
-            body.append(text)
-            room = None if room is None else room - len(text)
-        else:
-            left_out.append(name)
+    # What does not fit is left out, the other backends' diagrams first when a backend pins (the
+    # pins' own chains are above); the rest keeps its place in the document.
+    texts = ["\n".join(lines) + "\n" for _, lines, _ in folded]
+    kept: set[int] = set()
+    for i in sorted(range(len(folded)), key=lambda i: folded[i][2]):
+        if room is None or len(texts[i]) <= room:
+            kept.add(i)
+            room = None if room is None else room - len(texts[i])
+    body = [texts[i] for i in range(len(folded)) if i in kept]
+    left_out = [folded[i][0] for i in range(len(folded)) if i not in kept]
     if left_out:
         body.append(f"*Left out to keep this report under {MARKDOWN_BUDGET:,} characters: "
                     f"{prose(', '.join(left_out))}. `kvtrace scan ... --format markdown --detail full` "
@@ -122,7 +124,8 @@ def _finding_entry(report: Report, f, links: Permalinks | None, evidence: bool, 
     return out
 
 
-def _what_pins(report: Report, pinning: list, frees: dict[str, list[Freeing]], links: Permalinks | None) -> list[str]:
+def _what_pins(report: Report, pinning: list, frees: dict[str, list[Freeing]], links: Permalinks | None,
+               places: Places) -> list[str]:
     """Each error with its chain and code; per backend that pins, its way out and one diagram."""
     errors = [f for f in by_severity(report.findings) if f.severity == "error"]
     if not errors and not pinning:
@@ -145,47 +148,61 @@ def _what_pins(report: Report, pinning: list, frees: dict[str, list[Freeing]], l
             where = ", ".join(code_link(e.path, e.line, links) for e in cited[:3])
             out.append(f"- {prose(freeing.state)}: {prose(freeing.text)}" + (f" ({where})" if where else ""))
         out.append("")
-        for f in errors:
+        for f in _chained(report, pinning):
             if f.backend == b.name:
                 out += _finding_entry(report, f, links, evidence=True, excerpt=True)
-        out += ["", mermaid_legend(), "", "```mermaid", mermaid(diagram).rstrip("\n"), "```", ""]
+        out += ["", mermaid_legend(), "", "```mermaid", mermaid(diagram, places.path).rstrip("\n"), "```", ""]
     return out
 
 
-def _other_findings(report: Report, links: Permalinks | None) -> list[str]:
-    others = [f for f in by_severity(report.findings) if f.severity != "error"]
+def _chained(report: Report, pinning: list) -> list:
+    """The findings told above with their chain: every error, and each pin of a backend that pins
+    (a warning when it holds only under a premise: its chain is what the reader checks it by)."""
+    named = {d.backend.name for d in pinning}
+    return [f for f in by_severity(report.findings)
+            if f.severity == "error" or (f.rule == "pinned-state" and f.backend in named)]
+
+
+def _other_findings(report: Report, links: Permalinks | None, pinning: list) -> list[str]:
+    above = _chained(report, pinning)
+    others = [f for f in by_severity(report.findings) if not any(f is g for g in above)]
     out = [f"## Findings ({len(report.findings)})", ""]
     if not report.findings:
         return out + ["None.", ""]
-    errors = len(report.findings) - len(others)
-    if errors:
-        out += [f"{errors} error{'s' if errors > 1 else ''} above; the others, worst first:", ""]
+    errors = sum(f.severity == "error" for f in above)
+    pins = len(above) - errors
+    if above:
+        told = [f"{n} {word}{'s' if n > 1 else ''}" for n, word in ((errors, "error"), (pins, "pin")) if n]
+        out += [f"{' and '.join(told)} above; the others, worst first:", ""]
     for f in others:
         out += _finding_entry(report, f, links, evidence=False, excerpt=False)
     return out + [""]
 
 
-def _folded_sections(report: Report, more_diagrams: list, links: Permalinks | None,
-                     detail: str) -> list[tuple[str, list[str]]]:
-    """(what it is, markdown) of the detail sections, most useful first."""
+def _folded_sections(report: Report, pinning: list, more_diagrams: list, links: Permalinks | None,
+                     detail: str, places: Places) -> list[tuple[str, list[str], bool]]:
+    """(what it is, markdown, whether it is left out first) of the detail sections, most useful
+    first; when a backend pins, the other backends' diagrams are what is left out first."""
     full = detail == "full"
-    sections: list[tuple[str, list[str]]] = []
-    others = [f for f in by_severity(report.findings) if f.severity != "error"]
+    sections: list[tuple[str, list[str], bool]] = []
+    above = _chained(report, pinning)
+    others = [f for f in by_severity(report.findings) if not any(f is g for g in above)]
     if others:
         rows = [row for f in others for row in _finding_entry(report, f, links, evidence=True, excerpt=True)]
         sections.append(("the evidence and code of each warning and note",
-                         _fold("Evidence and code of each warning and note", rows, full)))
+                         _fold("Evidence and code of each warning and note", rows, full), False))
     queue = drawn_queue(report)
     of = f" of {queue.name}" if queue is not None and len(report.queues) > 1 else ""
     for diagram in more_diagrams:
         verdict = f"pins {', '.join(diagram.pinned)}" if diagram.pinned else "no pinned state"
-        rows = [mermaid_legend(), "", "```mermaid", mermaid(diagram).rstrip("\n"), "```"]
+        rows = [mermaid_legend(), "", "```mermaid", mermaid(diagram, places.path).rstrip("\n"), "```"]
         sections.append((f"the state diagram of {diagram.backend.name}",
                          _fold(f"State diagram{of}: {diagram.backend.name} ({diagram.backend.sender}): {verdict}",
-                               rows, full)))
+                               rows, full), bool(pinning)))
     for queue in report.queues:
-        sections.append((f"the release map of {queue.name}", _fold(f"Release map: {queue.name}", _map(queue, links), full)))
-    sections.append(("the backends table", _fold("Backends", _backends(report, links), full)))
+        sections.append((f"the release map of {queue.name}",
+                         _fold(f"Release map: {queue.name}", _map(queue, links), full), False))
+    sections.append(("the backends table", _fold("Backends", _backends(report, links), full), False))
     return sections
 
 
