@@ -170,7 +170,8 @@ def test_fleet_over_real_sshd_one_failing_one_with_metrics(fleet: Fleet, site_pa
     # Connection set-up is timed in -v.
     assert "authenticated as" in result.stderr and "tcp connect" in result.stderr
     # The summary (stderr for JSON output) groups the two identical trees and shows the gauge.
-    summary = result.stderr[result.stderr.index("Fleet: 3 hosts"):]
+    # Read unfolded: the summary folds to the terminal's width (80 when there is none).
+    summary = " ".join(result.stderr[result.stderr.index("Fleet: 3 hosts"):].split())
     assert "exit 2 (worst host)" in summary and f"sglang {VERSION}" in summary
     # The time shown is the one measured from the first sample to the last (a busy machine
     # makes it longer than the 1 s interval asked for, never shorter).
@@ -228,7 +229,7 @@ def test_local_fleet_identical_trees_and_worst_exit(tmp_path: Path) -> None:
     assert result.returncode == 1, result.stderr  # findings on two hosts, none failed
     assert result.stderr.count("analysed in") == 2 and result.stderr.count("cached result") == 1
     assert "Fleet: 3 hosts, exit 1 (worst host)" in result.stdout
-    assert f"(2 hosts): {a}, {b}" in result.stdout
+    assert f"(2 hosts): {a}, {b}" in " ".join(result.stdout.split())  # folded to the terminal's width
     assert "\x1b[" not in result.stdout + result.stderr  # piped: no progress display, no colour
     quiet = kvtrace("scan", str(a), str(b), "--quiet", "--format", "json")
     assert quiet.returncode == 1 and quiet.stderr == ""

@@ -136,7 +136,13 @@ def _what_pins(report: Report, pinning: list, frees: dict[str, list[Freeing]], l
         if f.backend not in named:
             out += _finding_entry(report, f, links, evidence=True, excerpt=True)
     shown = {b.name: b for b in report.backends}
-    for diagram in pinning:
+    chained = _chained(report, pinning)
+    rank = {"error": 0, "warning": 1, "note": 2}
+
+    def worst(diagram) -> int:  # a backend with an error is told before one pinned under a premise
+        return min((rank.get(f.severity, 3) for f in chained if f.backend == diagram.backend.name), default=3)
+
+    for diagram in sorted(pinning, key=worst):
         b = shown.get(diagram.backend.name, diagram.backend)  # the backend with its paths as shown
         poll = f" at {code_link(b.poll.path, b.poll.line, links)}" if b.poll else ""
         queue = drawn_queue(report)
@@ -148,7 +154,7 @@ def _what_pins(report: Report, pinning: list, frees: dict[str, list[Freeing]], l
             where = ", ".join(code_link(e.path, e.line, links) for e in cited[:3])
             out.append(f"- {prose(freeing.state)}: {prose(freeing.text)}" + (f" ({where})" if where else ""))
         out.append("")
-        for f in _chained(report, pinning):
+        for f in chained:
             if f.backend == b.name:
                 out += _finding_entry(report, f, links, evidence=True, excerpt=True)
         out += ["", mermaid_legend(), "", "```mermaid", mermaid(diagram, places.path).rstrip("\n"), "```", ""]
