@@ -136,13 +136,11 @@ def _what_pins(report: Report, pinning: list, frees: dict[str, list[Freeing]], l
         if f.backend not in named:
             out += _finding_entry(report, f, links, evidence=True, excerpt=True)
     shown = {b.name: b for b in report.backends}
-    chained = _chained(report, pinning)
-    rank = {"error": 0, "warning": 1, "note": 2}
-
-    def worst(diagram) -> int:  # a backend with an error is told before one pinned under a premise
-        return min((rank.get(f.severity, 3) for f in chained if f.backend == diagram.backend.name), default=3)
-
-    for diagram in sorted(pinning, key=worst):
+    chained = _chained(report, pinning)  # worst first, so a backend with an error comes before
+    first: dict[str | None, int] = {}    # one pinned only under a premise
+    for i, f in enumerate(chained):
+        first.setdefault(f.backend, i)
+    for diagram in sorted(pinning, key=lambda d: first.get(d.backend.name, len(chained))):
         b = shown.get(diagram.backend.name, diagram.backend)  # the backend with its paths as shown
         poll = f" at {code_link(b.poll.path, b.poll.line, links)}" if b.poll else ""
         queue = drawn_queue(report)
@@ -169,9 +167,14 @@ def _chained(report: Report, pinning: list) -> list:
             if f.severity == "error" or (f.rule == "pinned-state" and f.backend in named)]
 
 
+def _not_chained(report: Report, chained: list) -> list:
+    """The findings not told with their chain in "What fails", worst first."""
+    return [f for f in by_severity(report.findings) if not any(f is g for g in chained)]
+
+
 def _other_findings(report: Report, links: Permalinks | None, pinning: list) -> list[str]:
     above = _chained(report, pinning)
-    others = [f for f in by_severity(report.findings) if not any(f is g for g in above)]
+    others = _not_chained(report, above)
     out = [f"## Findings ({len(report.findings)})", ""]
     if not report.findings:
         return out + ["None.", ""]
@@ -191,8 +194,7 @@ def _folded_sections(report: Report, pinning: list, more_diagrams: list, links: 
     first; when a backend pins, the other backends' diagrams are what is left out first."""
     full = detail == "full"
     sections: list[tuple[str, list[str], bool]] = []
-    above = _chained(report, pinning)
-    others = [f for f in by_severity(report.findings) if not any(f is g for g in above)]
+    others = _not_chained(report, _chained(report, pinning))
     if others:
         rows = [row for f in others for row in _finding_entry(report, f, links, evidence=True, excerpt=True)]
         sections.append(("the evidence and code of each warning and note",
