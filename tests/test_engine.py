@@ -589,3 +589,33 @@ def test_locals_are_joined_past_the_limit_rather_than_cut() -> None:
     ends, log = explore(body, {**REQ, "p": POLL}, max_paths=64)
     assert not log.truncated
     assert returns(ends) == {POLL, frozenset({"Failed"})}
+
+
+def test_the_forked_childs_problems_come_back_typed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sender analysis may run in a forked child: what it could not do crosses as `Problem`
+    records (kind, text, path:line), through the same JSON codec as its senders, not as prose."""
+    from kvtrace.cachecodec import decode_record, encode_record
+    from kvtrace.fetch.local import fetch_local
+    from kvtrace.model import Problem, SendersResult
+    from kvtrace.pipeline import _senders_out, index, parse
+
+    real = cst.parse_module
+
+    def no_abort(source: str, *args: object, **kwargs: object) -> cst.Module:
+        if source.lstrip().startswith("def abort("):
+            raise cst.ParserSyntaxError("simulated", lines=[source], raw_line=1, raw_column=0)
+        return real(source)
+
+    monkeypatch.setattr(cst, "parse_module", no_abort)
+    example = Path(__file__).resolve().parent.parent / "examples" / "nixl-pin"
+    lines = (example / "disaggregation" / "nixl" / "conn.py").read_text().splitlines()
+    abort_line = next(number for number, text in enumerate(lines, 1) if text.lstrip().startswith("def abort("))
+    pack = load_pack()
+    fetched = fetch_local(example)
+    parsed = parse(fetched, pack, None)
+    indexed = index(parsed, pack, fetched.target)
+    payload = _senders_out(indexed.index, pack, indexed.domain, parsed.root, lambda position: True)
+    result = decode_record(payload, SendersResult)
+    assert result.problems and all(isinstance(p, Problem) and p.kind is ProblemKind.UNPARSED for p in result.problems)
+    assert f"disaggregation/nixl/conn.py:{abort_line}" in {p.where for p in result.problems}, result.problems
+    assert encode_record(result) == payload
