@@ -592,12 +592,13 @@ def test_locals_are_joined_past_the_limit_rather_than_cut() -> None:
 
 
 def test_the_forked_childs_problems_come_back_typed(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The sender analysis may run in a forked child: what it could not do crosses as `Problem`
-    records (kind, text, path:line), through the same JSON codec as its senders, not as prose."""
-    from kvtrace.cachecodec import decode_record, encode_record
+    """The sender analysis runs beside the queue's, in a forked child, when the tree is big enough
+    (here always): what either process could not do comes back as `Problem` records (kind, text,
+    path:line) through the cache's JSON codec, not as prose. Both backends' abort() are refused."""
+    from kvtrace import pipeline
+    from kvtrace.beside import Beside
     from kvtrace.fetch.local import fetch_local
-    from kvtrace.model import Problem, SendersResult
-    from kvtrace.pipeline import _senders_out, index, parse
+    from kvtrace.model import Problem
 
     real = cst.parse_module
 
@@ -608,14 +609,13 @@ def test_the_forked_childs_problems_come_back_typed(monkeypatch: pytest.MonkeyPa
 
     monkeypatch.setattr(cst, "parse_module", no_abort)
     example = Path(__file__).resolve().parent.parent / "examples" / "nixl-pin"
-    lines = (example / "disaggregation" / "nixl" / "conn.py").read_text().splitlines()
-    abort_line = next(number for number, text in enumerate(lines, 1) if text.lstrip().startswith("def abort("))
     pack = load_pack()
     fetched = fetch_local(example)
-    parsed = parse(fetched, pack, None)
-    indexed = index(parsed, pack, fetched.target)
-    payload = _senders_out(indexed.index, pack, indexed.domain, parsed.root, lambda position: True)
-    result = decode_record(payload, SendersResult)
-    assert result.problems and all(isinstance(p, Problem) and p.kind is ProblemKind.UNPARSED for p in result.problems)
-    assert f"disaggregation/nixl/conn.py:{abort_line}" in {p.where for p in result.problems}, result.problems
-    assert encode_record(result) == payload
+    parsed = pipeline.parse(fetched, pack, None)
+    analysed = pipeline.graph(parsed, pipeline.index(parsed, pack, fetched.target), pack, Beside, parallel_min_bytes=0)
+    aborts = set()
+    for backend in ("mooncake", "nixl"):
+        lines = (example / "disaggregation" / backend / "conn.py").read_text().splitlines()
+        aborts.add(f"disaggregation/{backend}/conn.py:{next(n for n, t in enumerate(lines, 1) if t.lstrip().startswith('def abort('))}")
+    assert all(isinstance(p, Problem) and p.kind is ProblemKind.UNPARSED for p in analysed.problems), analysed.problems
+    assert {p.where for p in analysed.problems} == aborts, analysed.problems
