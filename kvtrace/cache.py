@@ -35,7 +35,6 @@ import gc
 import hashlib
 import importlib.util
 import json
-import logging
 import os
 import re
 import stat
@@ -46,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, cast, get_args
 
-from kvtrace import __version__
+from kvtrace import __version__, log
 from kvtrace.errors import InputError
 from kvtrace.model import FetchResult, FileStatus, Report, SourceFile
 
@@ -62,8 +61,6 @@ TEMP_NAME = re.compile(r"\.kvtrace-tmp-[0-9a-f]{32}")
 # Entries of kvtrace before the data-only format (pickles): removed by `cache clear`, never read.
 LEGACY_NAME, LEGACY_MAGIC = re.compile(r"[0-9a-f]{64}\.report"), b"kvtrace-cache 1\n"
 _OPEN_ENTRY = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-
-log = logging.getLogger("kvtrace")
 
 
 def cache_dir() -> Path:
@@ -509,14 +506,14 @@ def rendering_key(reports: list[Report], options: tuple[object, ...]) -> str:
     """sha256 of what a rendering is made from: this code and the libraries that lay text out,
     the options, where it is run from (paths are shown as they open from there), and each report
     whole: its analysis (the cache's own encoding), its files' hashes, and where its target is."""
-    from kvtrace.cachecodec import encode_report
+    from kvtrace.cachecodec import key_bytes
 
     digest = hashlib.sha256(f"{RENDERING}\n{code_digest()}\n{sys.version}\n{_library_stamp()}\n".encode())
     digest.update(repr(options).encode("utf-8", "surrogateescape"))
     digest.update(f"\n{os.path.realpath(os.getcwd())}\n".encode("utf-8", "surrogateescape"))
     for report in reports:
         files = [[f.path, f.sha256, f.status, f.error] for f in report.files]
-        digest.update(encode_report({"files": files, "place": _place(report.target)}, report))
+        digest.update(key_bytes({"files": files, "place": _place(report.target)}, report))
     return digest.hexdigest()
 
 

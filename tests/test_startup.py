@@ -104,3 +104,28 @@ def test_python_m_kvtrace_imports_with_the_collector_off_and_run_turns_it_back_o
              "runpy.run_module('kvtrace', run_name='__main__')\n")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.stdout.splitlines() == ["run False", "main True True"], done.stdout + done.stderr
+
+
+def test_the_console_script_starts_as_python_m_kvtrace_does() -> None:
+    """The `kvtrace` command pip installs runs `from <module> import <function>; sys.exit(<function>())`
+    for pyproject.toml's entry point: that function imports the CLI with the collector off, as
+    `python -m kvtrace` does, and hands over to run()."""
+    import tomllib
+
+    entry = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["kvtrace"]
+    module, function = entry.split(":")
+    probe = ("import gc, sys\n"
+             "from kvtrace import cli\n"
+             "real_run = cli.run\n"
+             "cli.run = lambda: (print('run', gc.isenabled(), flush=True), real_run())\n"
+             "cli.main = lambda: print('main', gc.isenabled(), gc.get_freeze_count() > 0, flush=True)\n"
+             f"from {module} import {function}\n"
+             f"sys.exit({function}())\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.stdout.splitlines() == ["run False", "main True True"], done.stdout + done.stderr
+    assert done.returncode == 0, done.stderr
+    # And the real thing, through that entry point: a scan's verdict is the process's exit code.
+    scan = subprocess.run([sys.executable, "-c", f"import sys; from {module} import {function}; sys.exit({function}())",
+                           "scan", str(EXAMPLES / "nixl-pin"), "--no-cache", "--format", "json"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert scan.returncode == 1 and json.loads(scan.stdout)["reports"][0]["findings"], scan.stderr[-2000:]
