@@ -129,3 +129,65 @@ def test_the_console_script_starts_as_python_m_kvtrace_does() -> None:
                            "scan", str(EXAMPLES / "nixl-pin"), "--no-cache", "--format", "json"],
                           capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert scan.returncode == 1 and json.loads(scan.stdout)["reports"][0]["findings"], scan.stderr[-2000:]
+
+
+_DATACLASS_PROBE = '''
+import dataclasses, json, sys, types
+from kvtrace import dataclass_code
+dataclass_code._FOLDER = sys.argv[1]
+dataclass_code.install()
+module = types.ModuleType("probe_package.shapes")
+sys.modules[module.__name__] = module
+exec(compile("""
+import dataclasses
+@dataclasses.dataclass(frozen=True)
+class Point:
+    x: int
+    y: 'list[int]' = dataclasses.field(default_factory=list)
+@dataclasses.dataclass(order=True)
+class Row:
+    name: str
+    size: int = 3
+""", "shapes", "exec"), module.__dict__)
+Point, Row = module.Point, module.Row
+try:
+    Point(1).x = 2
+    frozen = "changed"
+except dataclasses.FrozenInstanceError:
+    frozen = "refused"
+seen = {"eq": Point(1, [2]) == Point(1, [2]), "ne": Point(1) != Point(2), "hash": hash(Point(1, ())) == hash(Point(1, ())),
+        "repr": [repr(Point(1, [2])), repr(Row("a"))], "order": Row("a", 1) < Row("a", 2), "frozen": frozen,
+        "replace": repr(dataclasses.replace(Row("a"), size=5)), "fields": [f.name for f in dataclasses.fields(Point)],
+        "annotations": [repr(Point.__init__.__annotations__), repr(Row.__init__.__annotations__)],
+        "compiled": sorted(dataclass_code._added)}
+dataclass_code.save()
+print(json.dumps(seen))
+'''
+
+
+def test_dataclass_methods_are_compiled_once_and_behave_the_same(tmp_path: Path) -> None:
+    """kvtrace.dataclass_code: the methods dataclasses writes are compiled on the first run and run
+    from the kept code after, with the same behaviour (and annotations) as without it; a damaged
+    file is compiled again, never an error; KVTRACE_NO_CODE_CACHE=1 leaves dataclasses alone."""
+    import os
+
+    def probe(**env: str) -> dict:
+        done = subprocess.run([sys.executable, "-c", _DATACLASS_PROBE, str(tmp_path)], capture_output=True, text=True,
+                              timeout=120, env={**os.environ, **env})
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout)
+
+    plain = probe(KVTRACE_NO_CODE_CACHE="1")
+    assert plain["compiled"] == [] and not list(tmp_path.iterdir())
+    first = probe()
+    kept = list(tmp_path.glob("dataclass-code.probe_package.*.marshal"))
+    assert first["compiled"] == ["probe_package"] and len(kept) == 1
+    again = probe()
+    assert again["compiled"] == []  # every method came from the kept code
+    kept[0].write_bytes(b"damaged")
+    repaired = probe()
+    assert repaired["compiled"] == ["probe_package"]
+    for seen in (first, again, repaired):
+        assert {k: v for k, v in seen.items() if k != "compiled"} == {k: v for k, v in plain.items() if k != "compiled"}
+    assert plain["frozen"] == "refused" and plain["eq"] and plain["hash"] and plain["order"]
+    assert "Point(x=1, y=[2])" in plain["repr"][0]
