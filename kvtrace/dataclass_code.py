@@ -14,7 +14,8 @@ The code objects are kept per top-level package (kvtrace, libcst, rich, ...) in 
 place and the trust of the .pyc files Python itself runs from there. A file that is missing,
 damaged, from another Python, or not writable costs the compile, never the run. `save()` (called
 by cli.run before the process ends) writes a package's file only when this run compiled
-something new for it. KVTRACE_NO_CODE_CACHE=1 turns it off.
+something new for it, and, as Python's bytecode, not under PYTHONDONTWRITEBYTECODE.
+KVTRACE_NO_CODE_CACHE=1 turns it off.
 """
 
 from __future__ import annotations
@@ -79,7 +80,10 @@ def install() -> None:
 
 
 def save() -> None:
-    """Write each package's file that gained code in this run (atomically; never fails the run)."""
+    """Write each package's file that gained code in this run (atomically; never fails the run).
+    Not under PYTHONDONTWRITEBYTECODE (python -B), which keeps Python's own bytecode unwritten."""
+    if sys.dont_write_bytecode:
+        return
     for package in sorted(_added):
         known = _known[package]
         if len(known) > _MAX_ENTRIES:

@@ -172,8 +172,10 @@ def test_dataclass_methods_are_compiled_once_and_behave_the_same(tmp_path: Path)
     import os
 
     def probe(**env: str) -> dict:
+        # Written as Python writes bytecode: not under PYTHONDONTWRITEBYTECODE (checked last).
+        written = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
         done = subprocess.run([sys.executable, "-c", _DATACLASS_PROBE, str(tmp_path)], capture_output=True, text=True,
-                              timeout=120, env={**os.environ, **env})
+                              timeout=120, env={**written, **env})
         assert done.returncode == 0, done.stderr[-2000:]
         return json.loads(done.stdout)
 
@@ -191,3 +193,5 @@ def test_dataclass_methods_are_compiled_once_and_behave_the_same(tmp_path: Path)
         assert {k: v for k, v in seen.items() if k != "compiled"} == {k: v for k, v in plain.items() if k != "compiled"}
     assert plain["frozen"] == "refused" and plain["eq"] and plain["hash"] and plain["order"]
     assert "Point(x=1, y=[2])" in plain["repr"][0]
+    kept[0].unlink()
+    assert probe(PYTHONDONTWRITEBYTECODE="1")["compiled"] == ["probe_package"] and not kept[0].exists()
