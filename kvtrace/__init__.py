@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from typing import Any, Callable
 
 __version__ = "0.1.0"
@@ -17,6 +18,7 @@ class LazyLog:
     def __init__(self) -> None:
         self.level = self.WARNING
         self.pending: Callable[[], None] | None = None
+        self._setting_up = threading.Lock()  # a fleet's threads may say their first lines at once
 
     def debug(self, message: str, *args: Any, **kwargs: Any) -> None:
         if self.level <= self.DEBUG:
@@ -29,9 +31,11 @@ class LazyLog:
     def _say(self, level: int, message: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
         import logging
 
-        setup, self.pending = self.pending, None
-        if setup is not None:
-            setup()
+        if self.pending is not None:
+            with self._setting_up:
+                setup, self.pending = self.pending, None
+                if setup is not None:
+                    setup()
         logging.getLogger("kvtrace").log(level, message, *args, **kwargs)
 
 

@@ -195,3 +195,15 @@ def test_dataclass_methods_are_compiled_once_and_behave_the_same(tmp_path: Path)
     assert "Point(x=1, y=[2])" in plain["repr"][0]
     kept[0].unlink()
     assert probe(PYTHONDONTWRITEBYTECODE="1")["compiled"] == ["probe_package"] and not kept[0].exists()
+
+
+def test_logging_is_imported_only_when_a_line_is_shown() -> None:
+    """kvtrace.LazyLog: a scan that says nothing on stderr but its verdict never imports `logging`;
+    -v still shows the fetch and analysis steps, one `kvtrace:` line each."""
+    quiet, modules = imported_by("scan", str(EXAMPLES / "nixl-pin"), "--no-cache", "--format", "json")
+    assert quiet.returncode == 1 and "kvtrace" in modules, quiet.stderr[-2000:]
+    assert "logging" not in modules
+    verbose = subprocess.run([sys.executable, "-m", "kvtrace", "scan", str(EXAMPLES / "nixl-pin"), "--no-cache", "-v",
+                              "--format", "json"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    steps = [line for line in verbose.stderr.splitlines() if "fetched" in line and "analysed in" in line]
+    assert verbose.returncode == 1 and len(steps) == 1 and steps[0].startswith("kvtrace: "), verbose.stderr[-2000:]
