@@ -16,7 +16,7 @@ import re
 from kvtrace.freeing import Freeing, abort_ended, abort_ends_text, scheduler_aborts, what_frees
 from kvtrace.model import Report
 from kvtrace.report import modes_line, state_fate_lines
-from kvtrace.report.bugreport import code_link, environment_lines, excerpt_details
+from kvtrace.report.bugreport import code_link, environment_lines, excerpt_details, linked_prose
 from kvtrace.report.diagram import diagrams, drawn_queue, mermaid, mermaid_legend
 from kvtrace.report.links import Permalinks, permalinks
 from kvtrace.report.mdtext import cell, code, html, prose
@@ -40,13 +40,14 @@ def _report(report: Report, detail: str, budget: int | None) -> str:
     places = Places(report, extra=(e.path for found in frees.values() for f in found for e in f.evidence))
     if links is not None:
         links.shown = places.shown()  # a path shown from the working directory links to its upstream line
+        links.known = frozenset(links.shown or places.known)  # and each mention of it in prose too
     report, frees = places.localized((report, frees))  # every path as it opens from where the reader stands
     pinning = [d for d in drawn if d.pinned]
     out: list[str] = [f"# {prose(title_line(report))}", ""]
-    out += _answer(report)
+    out += _answer(report, links)
     out += _what_pins(report, pinning, frees, links, places)
     out += _other_findings(report, links, pinning)
-    out += ["## Environment", "", *environment_lines(report), ""]
+    out += ["## Environment", "", *environment_lines(report, links), ""]
     folded = _folded_sections(report, pinning, [d for d in drawn if not d.pinned] if pinning else drawn, links, detail,
                               places)
     head = "\n".join(out) + "\n"
@@ -85,40 +86,40 @@ def title_line(report: Report) -> str:
     return f"kvtrace: {answer}{incomplete}" + (f" ({where})" if where else "")
 
 
-def _answer(report: Report) -> list[str]:
-    out = [f"**{prose(summary_line(report))}**", ""]
+def _answer(report: Report, links: Permalinks | None) -> list[str]:
+    out = [f"**{linked_prose(summary_line(report), links)}**", ""]
     if report.filters.active:  # a narrowed scan says so before its verdicts, as the text header does
         out += [f"Filters: {prose(report.filters.describe())}.", ""]
     if report.gaps:
-        out.append(f"> **INCOMPLETE**: {prose(gap_text(report.gaps))}")
+        out.append(f"> **INCOMPLETE**: {linked_prose(gap_text(report.gaps), links)}")
         out.append("")
         for gap in report.gaps:
             subject = code(gap.subject) if gap.kind == "file" else f"backend {code(gap.subject)}" \
                 if gap.kind == "backend" else "scan"
-            out.append(f"- {subject}: {prose(gap.reason)}")
+            out.append(f"- {subject}: {linked_prose(gap.reason, links)}")
         out.append("")
     for grid in verdict_grids(report):
         if grid.backends:
-            out += _grid(grid)
+            out += _grid(grid, links)
     return out
 
 
-def _grid(grid: Grid) -> list[str]:
+def _grid(grid: Grid, links: Permalinks | None) -> list[str]:
     out = [f"Verdicts for {code(grid.queue)}:", "",
            "| backend | " + " | ".join(cell(prose(s)) for s in grid.states) + " |",
            "|---" * (len(grid.states) + 1) + "|"]
     for backend in grid.backends:
-        cells = [f"**{prose(text)}**" if severity == "error" else prose(text)
+        cells = [f"**{linked_prose(text, links)}**" if severity == "error" else linked_prose(text, links)
                  for text, severity in (grid.cells[backend, s] for s in grid.states)]
         out.append(f"| {cell(prose(backend))} | " + " | ".join(cell(c) for c in cells) + " |")
-    return out + ["", prose(grid.legend), ""]
+    return out + ["", linked_prose(grid.legend, links), ""]
 
 
 def _finding_entry(report: Report, f, links: Permalinks | None, evidence: bool, excerpt: bool) -> list[str]:
     of = f" in {code(f.queue)}" if f.queue and len(report.queues) > 1 else ""
-    out = [f"- **{prose(f.rule)}** ({prose(f.severity)}){of} {code_link(f.path, f.line, links)}: {prose(f.message)}"]
+    out = [f"- **{prose(f.rule)}** ({prose(f.severity)}){of} {code_link(f.path, f.line, links)}: {linked_prose(f.message, links)}"]
     if evidence:
-        out += [f"  - {code_link(e.path, e.line, links)} {prose(e.note)}" for e in f.evidence]
+        out += [f"  - {code_link(e.path, e.line, links)} {linked_prose(e.note, links)}" for e in f.evidence]
     if excerpt:
         out += ["", *("  " + row if row else "" for row in excerpt_details(report, f.path, f.line, links)), ""]
     return out
@@ -150,7 +151,7 @@ def _what_pins(report: Report, pinning: list, frees: dict[str, list[Freeing]], l
         for freeing in frees.get(b.name, []):
             cited = [e for e in freeing.evidence if f"{e.path}:{e.line}" not in freeing.text]  # not twice
             where = ", ".join(code_link(e.path, e.line, links) for e in cited[:3])
-            out.append(f"- {prose(freeing.state)}: {prose(freeing.text)}" + (f" ({where})" if where else ""))
+            out.append(f"- {prose(freeing.state)}: {linked_prose(freeing.text, links)}" + (f" ({where})" if where else ""))
         out.append("")
         for f in chained:
             if f.backend == b.name:
@@ -223,16 +224,16 @@ def _fold(summary: str, rows: list[str], full: bool) -> list[str]:
 def _map(queue, links: Permalinks | None) -> list[str]:
     out = ["| kind | path:line | function | states |", "|---|---|---|---|"]
     for s in queue.sites:
-        note = f" ({prose(s.note)})" if s.note else ""
-        note += f" (only when {prose(s.mode)})" if s.mode else ""
+        note = f" ({linked_prose(s.note, links)})" if s.note else ""
+        note += f" (only when {linked_prose(s.mode, links)})" if s.mode else ""
         out.append(f"| {prose(s.kind)} | {cell(code_link(s.path, s.line, links))} | {cell(code(s.function))} | "
                    f"{cell(prose(', '.join(s.states)) + note)} |")
     modes = modes_line(queue)
     if modes:
-        out += ["", prose(modes)]
+        out += ["", linked_prose(modes, links)]
     out += ["", "| state | fate |", "|---|---|"]
     for state, fate in queue.states.items():
-        described = "<br>".join(cell(prose(f"{mode}: {text}" if mode else text)) for mode, text in state_fate_lines(queue, fate))
+        described = "<br>".join(cell(linked_prose(f"{mode}: {text}" if mode else text, links)) for mode, text in state_fate_lines(queue, fate))
         out.append(f"| {cell(prose(state))} | {described} |")
     return out
 
@@ -244,10 +245,10 @@ def _backends(report: Report, links: Permalinks | None) -> list[str]:
     for b in report.backends:
         poll = cell(code_link(b.poll.path, b.poll.line, links)) if b.poll else "-"
         timeouts = "; ".join(f"{code_link(t.path, t.line, links)} {prose(', '.join(t.covers))}" for t in b.timeouts) or "none"
-        returns = "<br>".join([prose(", ".join(b.returns)) or "-"] + [prose(u) for u in unknown_returns(b)])
-        ways = "<br>".join(prose(f"{state}: {way_out_text(v, abort_called)}") for state, v in b.verdicts.items()) or "-"
+        returns = "<br>".join([prose(", ".join(b.returns)) or "-"] + [linked_prose(u, links) for u in unknown_returns(b)])
+        ways = "<br>".join(linked_prose(f"{state}: {way_out_text(v, abort_called)}", links) for state, v in b.verdicts.items()) or "-"
         reads = "yes" if b.reads_abort_state else \
-            f"no; {cell(prose(abort_ends_text(b)))}" if abort_ended(b) else "no"
+            f"no; {cell(linked_prose(abort_ends_text(b), links))}" if abort_ended(b) else "no"
         out.append(f"| {cell(prose(b.name))} | {cell(code(b.sender))} | {poll} | {cell(returns)} | "
                    f"{reads} | {cell(timeouts)} | {cell(ways)} |")
     return out
