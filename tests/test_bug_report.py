@@ -425,3 +425,17 @@ def test_a_default_declared_outside_the_scanned_folder_says_so(tmp_path: Path) -
     mooncake = next(b for b in report.backends if b.name == "mooncake")
     boot = next(f for f in what_frees(report, mooncake) if f.state == "Bootstrapping")
     assert "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, default 300" in boot.text and "unknown" not in boot.text
+
+
+def test_a_backend_with_no_finding_of_its_own_still_says_what_frees_the_state_it_keeps(tmp_path: Path) -> None:
+    """Before: 0.5.23's fake backend keeps WaitingForInput (the drain's queue-level silent-wait)
+    and its timeout covers it (fake/conn.py:92, SGLANG_DISAGGREGATION_WAITING_TIMEOUT), so no
+    no-timeout note names it; the text report printed "what frees" only under a backend's own
+    findings, and fake had none: no line at all."""
+    site = _installed(tmp_path, "0.5.23")
+    _with_environ(site, "0.5.23")
+    out = " ".join(kvtrace("scan", "site-packages/sglang", "--backend", "fake", cwd=tmp_path).stdout.split())
+    told = re.search(r"what frees WaitingForInput: (.*?)(?= what frees |$)", out)
+    assert told is not None, out[-2000:]
+    assert re.search(r"a timeout frees it: SGLANG_DISAGGREGATION_WAITING_TIMEOUT, default \d+ \(checked at "
+                     r"site-packages/sglang/srt/disaggregation/fake/conn\.py:92\)", told.group(1)), told.group(1)
