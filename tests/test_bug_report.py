@@ -439,3 +439,27 @@ def test_a_backend_with_no_finding_of_its_own_still_says_what_frees_the_state_it
     assert told is not None, out[-2000:]
     assert re.search(r"a timeout frees it: SGLANG_DISAGGREGATION_WAITING_TIMEOUT, default \d+ \(checked at "
                      r"site-packages/sglang/srt/disaggregation/fake/conn\.py:92\)", told.group(1)), told.group(1)
+
+
+def test_each_queue_names_only_the_states_it_keeps_in_what_frees_on_0_4_8(tmp_path: Path) -> None:
+    """Before: 0.4.8's section "mooncake pins WaitingForInput in disagg_prefill_inflight_queue"
+    listed what frees Bootstrapping too, which the inflight drain never keeps (it raises there;
+    only the bootstrap queue keeps and pins it)."""
+    from kvtrace.model import Outcome
+    from kvtrace.scan import scan_path
+
+    site = _installed(tmp_path, "0.4.8")
+    report = scan_path(site / "sglang")
+    kept = {q.name: {s for s, fate in q.states.items() if Outcome.KEPT in fate.fate} for q in report.queues}
+    assert "Bootstrapping" not in kept["disagg_prefill_inflight_queue"]  # what the case is about
+    md = kvtrace("scan", "site-packages/sglang", "-f", "markdown", cwd=tmp_path).stdout
+    section = md.split("### mooncake pins ", 1)[1].split("\n- **", 1)[0]
+    heading = section.splitlines()[0]
+    assert heading == ("WaitingForInput in `disagg_prefill_inflight_queue`; "
+                       "Bootstrapping in `disagg_prefill_bootstrap_queue`"), heading
+    blocks = dict(re.findall(r"^In `(\w+)`:\n\n((?:- .*\n)+)", section, re.M))
+    assert set(blocks) == {"disagg_prefill_inflight_queue", "disagg_prefill_bootstrap_queue"}
+    mooncake = next(b for b in report.backends if b.name == "mooncake")
+    for queue, block in blocks.items():
+        told = set(re.findall(r"^- (\w+):", block, re.M))
+        assert told == kept[queue] & set(mooncake.verdicts), (queue, told)

@@ -14,7 +14,7 @@ from __future__ import annotations
 import re
 
 from kvtrace.freeing import Freeing, abort_ended, abort_ends_text, scheduler_aborts, what_frees
-from kvtrace.model import Report
+from kvtrace.model import Outcome, Report
 from kvtrace.report import modes_line, state_fate_lines
 from kvtrace.report.bugreport import code_link, environment_lines, excerpt_details, linked_prose
 from kvtrace.report.diagram import diagrams, drawn_queue, mermaid, mermaid_legend
@@ -144,20 +144,54 @@ def _what_pins(report: Report, pinning: list, frees: dict[str, list[Freeing]], l
     for diagram in sorted(pinning, key=lambda d: first.get(d.backend.name, len(chained))):
         b = shown.get(diagram.backend.name, diagram.backend)  # the backend with its paths as shown
         poll = f" at {code_link(b.poll.path, b.poll.line, links)}" if b.poll else ""
-        queue = drawn_queue(report)
-        of = f" in {code(queue.name)}" if queue is not None and len(report.queues) > 1 else ""
-        out += [f"### {prose(b.name)} pins {prose(', '.join(diagram.pinned))}{of}", "",
+        out += [f"### {prose(b.name)} pins {_pins_per_queue(report, diagram, chained)}", "",
                 f"{code(b.sender + '.poll()')}{poll}. What frees each state it can return and keep:", ""]
-        for freeing in frees.get(b.name, []):
-            cited = [e for e in freeing.evidence if f"{e.path}:{e.line}" not in freeing.text]  # not twice
-            where = ", ".join(code_link(e.path, e.line, links) for e in cited[:3])
-            out.append(f"- {prose(freeing.state)}: {linked_prose(freeing.text, links)}" + (f" ({where})" if where else ""))
-        out.append("")
+        told: dict[str, str] = {}  # state -> the queue it was told for (what frees it is the backend's)
+        for queue, kept in _kept_per_queue(report, frees.get(b.name, [])):
+            if len(report.queues) > 1:  # each queue names only the states it keeps
+                out += [f"In {code(queue)}:", ""]
+            for freeing in kept:
+                if freeing.state in told:
+                    out.append(f"- {prose(freeing.state)}: as in {code(told[freeing.state])}")
+                    continue
+                told[freeing.state] = queue
+                cited = [e for e in freeing.evidence if f"{e.path}:{e.line}" not in freeing.text]  # not twice
+                where = ", ".join(code_link(e.path, e.line, links) for e in cited[:3])
+                out.append(f"- {prose(freeing.state)}: {linked_prose(freeing.text, links)}" + (f" ({where})" if where else ""))
+            out.append("")
         for f in chained:
             if f.backend == b.name:
                 out += _finding_entry(report, f, links, evidence=True, excerpt=True)
         out += ["", mermaid_legend(), "", "```mermaid", mermaid(diagram, places.path).rstrip("\n"), "```", ""]
     return out
+
+
+def _pins_per_queue(report: Report, diagram, chained: list) -> str:
+    """`WaitingForInput` (one queue), or each queue with the states this backend pins in it, the
+    drawn queue first: `WaitingForInput in `inflight`; Bootstrapping in `bootstrap``."""
+    drawn = drawn_queue(report)
+    if drawn is None or len(report.queues) < 2:
+        return prose(", ".join(diagram.pinned))
+    pins: dict[str, list[str]] = {drawn.name: list(diagram.pinned)}
+    for f in chained:
+        if f.rule == "pinned-state" and f.backend == diagram.backend.name and f.queue and f.state:
+            states = pins.setdefault(f.queue, [])
+            if f.state not in states:
+                states.append(f.state)
+    return "; ".join(f"{prose(', '.join(states))} in {code(queue)}" for queue, states in pins.items() if states)
+
+
+def _kept_per_queue(report: Report, frees: list[Freeing]) -> list[tuple[str, list[Freeing]]]:
+    """(queue, what frees each state it keeps): a state another queue keeps is not this queue's
+    to tell (0.4.8: only the bootstrap queue keeps Bootstrapping). The drawn queue first."""
+    drawn = drawn_queue(report)
+    queues = sorted(report.queues, key=lambda q: q is not drawn)
+    found = []
+    for queue in queues:
+        kept = [f for f in frees if f.state in queue.states and Outcome.KEPT in queue.states[f.state].fate]
+        if kept:
+            found.append((queue.name, kept))
+    return found
 
 
 def _chained(report: Report, pinning: list) -> list:
