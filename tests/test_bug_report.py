@@ -463,3 +463,22 @@ def test_each_queue_names_only_the_states_it_keeps_in_what_frees_on_0_4_8(tmp_pa
     for queue, block in blocks.items():
         told = set(re.findall(r"^- (\w+):", block, re.M))
         assert told == kept[queue] & set(mooncake.verdicts), (queue, told)
+
+
+@pytest.mark.parametrize(("version", "clauses"), [
+    ("0.5.9", ["nixl pins Bootstrapping and WaitingForInput", "WaitingForInput and Transferring crash the scheduler",
+               "nixl's poll() raises instead of returning Failed"]),
+    ("0.4.8", ["mooncake pins Bootstrapping and WaitingForInput", "nixl pins Bootstrapping and WaitingForInput"]),
+])
+def test_the_markdown_title_reads_as_a_sentence(tmp_path: Path, version: str, clauses: list[str]) -> None:
+    """Before: 0.5.9's title read "queue state-crash WaitingForInput, Transferring; nixl:
+    poll-raises" (a rule's name where a verb goes, "queue" for the drain). No rule's name is left."""
+    from kvtrace.rulemeta import RULES
+
+    _installed(tmp_path, version)
+    title = kvtrace("scan", "site-packages/sglang", "-f", "markdown", cwd=tmp_path).stdout.splitlines()[0]
+    assert title.startswith("# kvtrace: ") and title.endswith(f" (sglang {version})"), title
+    for clause in clauses:
+        assert clause in title, title
+    assert not [r.name for r in RULES if r.name in title], title
+    assert not re.search(r"(: |; )queue ", title) and ": poll" not in title, title

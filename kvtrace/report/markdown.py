@@ -74,9 +74,9 @@ def title_line(report: Report) -> str:
     errors named, else the counts; then what was scanned."""
     parts = summary_line(report).split(" · INCOMPLETE")[0].split(" · ")
     if re.match(r"^\d+ errors?: ", parts[0]):
-        # The errors named, and the pins that hold only under a premise (named with it).
+        # The errors named as sentences, and the pins that hold only under a premise (named with it).
         conditional = [p.split(": ", 1)[1] for p in parts[1:] if re.match(r"^\d+ warnings?: ", p)]
-        answer = "; ".join([parts[0].split(": ", 1)[1], *conditional])
+        answer = "; ".join([*_error_sentences(report), *conditional])
     else:
         answer = " · ".join(["no errors", *parts]) if report.findings else parts[0]
     version = report.version.version if report.version else (report.host_facts or {}).get("sglang_version")
@@ -84,6 +84,53 @@ def title_line(report: Report) -> str:
     where = ", ".join(p for p in (f"sglang {version}" if version else None, queue) if p)
     incomplete = " · INCOMPLETE" if report.gaps else ""
     return f"kvtrace: {answer}{incomplete}" + (f" ({where})" if where else "")
+
+
+# What an error says in a title, as a clause: {subject} is the backend (else the drain), {states}
+# the states it is about ("WaitingForInput and Transferring"), {s} the verb's ending for them.
+_TITLE_CLAUSES = {
+    "pinned-state": "{subject} pins {states}",
+    "dropped-state": "{subject} drops {states}",
+    "state-crash": "{states} crash{es} the scheduler{from_backend}",
+    "poll-raises": "{owner} poll() raises instead of returning Failed{on_states}",
+    "unhandled-state": "{states} reach{es} no branch of the drain{from_backend}",
+    "release-leak": "{states} end{s} without release or answer{from_backend}",
+    "abort-ignored": "{owner} poll() ignores abort(){on_states}",
+    "no-timeout": "{subject} has no deadline for {states}",
+    "silent-wait": "{states} wait{s} with no trace{from_backend}",
+    "undrained-queue": "the queue is never drained",
+}
+
+
+def _error_sentences(report: Report) -> list[str]:
+    """Each error as a clause: `nixl pins Bootstrapping and WaitingForInput`, `WaitingForInput
+    and Transferring crash the scheduler`, `nixl's poll() raises instead of returning Failed`;
+    a rule with no clause here by its title (`nixl: failed can be overwritten`)."""
+    from kvtrace.baseline import counts_against
+    from kvtrace.rulemeta import find_rule_meta
+
+    order = {name: i for q in report.queues for i, name in enumerate(q.states)}
+    errors = sorted((f for f in report.findings if f.severity == "error" and counts_against(f)),
+                    key=lambda f: order.get(f.state or "", len(order)))
+    what: dict[tuple[str | None, str], list[str]] = {}
+    for f in errors:
+        states = what.setdefault((f.backend, f.rule), [])
+        if f.state and f.state not in states:
+            states.append(f.state)
+    told = []
+    for (backend, rule), states in what.items():
+        joined = states[0] if len(states) == 1 else ", ".join(states[:-1]) + " and " + states[-1] if states else ""
+        one = len(states) == 1
+        fields = {"subject": backend or "the drain", "owner": f"{backend}'s" if backend else "the",
+                  "states": joined or "a state", "s": "s" if one else "", "es": "es" if one else "",
+                  "from_backend": f" (from {backend})" if backend else "", "on_states": f" on {joined}" if joined else ""}
+        clause = _TITLE_CLAUSES.get(rule)
+        if clause is None:
+            meta = find_rule_meta(rule)
+            title = meta.title if meta is not None else rule
+            clause = "{subject}: " + title[:1].lower() + title[1:] + (" ({states})" if states else "")
+        told.append(clause.format(**fields))
+    return told
 
 
 def _answer(report: Report, links: Permalinks | None) -> list[str]:
