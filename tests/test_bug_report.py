@@ -482,3 +482,53 @@ def test_the_markdown_title_reads_as_a_sentence(tmp_path: Path, version: str, cl
         assert clause in title, title
     assert not [r.name for r in RULES if r.name in title], title
     assert not re.search(r"(: |; )queue ", title) and ": poll" not in title, title
+
+
+def _many_pinning_backends(count: int, evidence_times: int = 6, pad: int = 0):
+    """examples/nixl-pin's report with `count` more backends that pin as nixl does (each with a
+    longer chain): pins' chains alone far past the budget."""
+    import dataclasses
+
+    from kvtrace.scan import scan_path
+
+    report = scan_path(EXAMPLES / "nixl-pin")
+    nixl = next(b for b in report.backends if b.name == "nixl")
+    pins = [f for f in report.findings if f.backend == "nixl"]
+    backends, findings = list(report.backends), list(report.findings)
+    for i in range(count):
+        name = f"nixl{i:04d}" + "x" * pad
+        backends.append(dataclasses.replace(nixl, name=name))
+        findings += [dataclasses.replace(f, backend=name, evidence=list(f.evidence) * evidence_times) for f in pins]
+    return dataclasses.replace(report, backends=backends, findings=findings)
+
+
+def test_markdown_stays_under_budget_when_the_pins_chains_alone_would_pass_it() -> None:
+    """Before: only the folded sections were trimmed; the pins' chains never were, so 40 pinning
+    backends made a 400,000-character report (0.5.13 and 0.5.14 were at 59,857 of 60,000)."""
+    from kvtrace.report.markdown import MARKDOWN_BUDGET, render
+
+    report = _many_pinning_backends(40)
+    full = render([report], detail="full")
+    assert len(full) > 3 * MARKDOWN_BUDGET  # what the case is about
+    md = render([report])
+    assert len(md) < MARKDOWN_BUDGET
+    # The first pins whole: heading, what frees, chain and diagram, in the order of the full report.
+    told = re.findall(r"^### (\S+) pins ", md, re.M)
+    assert told and told == re.findall(r"^### (\S+) pins ", full, re.M)[:len(told)]
+    assert md.count("```mermaid") >= len(told)
+    for name in told:
+        section = md.split(f"### {name} pins ", 1)[1].split("\n### ", 1)[0]
+        assert "- **pinned-state** (error)" in section and "```mermaid" in section
+    left = [line for line in md.splitlines() if "chains (pinning backends and errors) left out" in line]
+    assert len(left) == 1 and f"*{41 - len(told)} more " in left[0] and "--detail full" in left[0], left
+    assert md.count("```") % 2 == 0
+
+
+def test_markdown_stays_under_budget_when_the_answer_alone_would_pass_it() -> None:
+    """Forty backends named with 2,000 characters each: the title and the verdict grid are over
+    the budget by themselves; the last guard cuts the document at a line and says so."""
+    from kvtrace.report.markdown import MARKDOWN_BUDGET, render
+
+    md = render([_many_pinning_backends(40, evidence_times=1, pad=2000)])
+    assert len(md) < MARKDOWN_BUDGET
+    assert md.rstrip().endswith("writes it all.*") and md.count("```") % 2 == 0

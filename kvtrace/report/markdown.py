@@ -43,15 +43,15 @@ def _report(report: Report, detail: str, budget: int | None) -> str:
         links.known = frozenset(links.shown or places.known)  # and each mention of it in prose too
     report, frees = places.localized((report, frees))  # every path as it opens from where the reader stands
     pinning = [d for d in drawn if d.pinned]
-    out: list[str] = [f"# {prose(title_line(report))}", ""]
-    out += _answer(report, links)
-    out += _what_pins(report, pinning, frees, links, places)
-    out += _other_findings(report, links, pinning)
-    out += ["## Environment", "", *environment_lines(report, links), ""]
+    answer = "\n".join([f"# {prose(title_line(report))}", "", *_answer(report, links)]) + "\n"
+    environment = "\n".join(["## Environment", "", *environment_lines(report, links), ""]) + "\n"
+    pins, findings = _what_pins(report, pinning, frees, links, places), _other_findings(report, links, pinning)
+    room = None if budget is None else budget - len(answer) - len(environment) - 400  # the closing note's own room
+    told, room = _fitted(pins, room, "chains (pinning backends and errors)", named=True)
+    listed, room = _fitted(findings, room, "findings", named=False)
+    head = answer + told + listed + environment
     folded = _folded_sections(report, pinning, [d for d in drawn if not d.pinned] if pinning else drawn, links, detail,
                               places)
-    head = "\n".join(out) + "\n"
-    room = None if budget is None else budget - len(head) - 400  # the closing note's own room
     # What does not fit is left out, the other backends' diagrams first when a backend pins (the
     # pins' own chains are above); the rest keeps its place in the document.
     texts = ["\n".join(lines) + "\n" for _, lines, _ in folded]
@@ -66,7 +66,51 @@ def _report(report: Report, detail: str, budget: int | None) -> str:
         body.append(f"*Left out to keep this report under {MARKDOWN_BUDGET:,} characters: "
                     f"{prose(', '.join(left_out))}. `kvtrace scan ... --format markdown --detail full` "
                     "writes them.*\n")
-    return head + "".join(body)
+    document = head + "".join(body)
+    return document if budget is None or len(document) <= budget else _cut(document, budget)
+
+
+NOTE_ROOM = 600  # characters kept for each "left out" line (its names are cut to fit)
+
+
+def _fitted(blocks: list[tuple[str, list[str]]], room: int | None, what: str,
+            named: bool) -> tuple[str, int | None]:
+    """The blocks' markdown, the first ones whole while they fit in `room` (their headings'
+    lines, named "", always), then one line saying how many were left out and which option
+    writes them all; and the room left."""
+    texts = ["\n".join(lines) + "\n" for _, lines in blocks]
+    if room is None:
+        return "".join(texts), None
+    room -= sum(len(t) for (name, _), t in zip(blocks, texts) if not name)
+    last = max((i for i, (name, _) in enumerate(blocks) if name), default=-1)
+    kept, left = [], []
+    for i, ((name, _), text) in enumerate(zip(blocks, texts)):
+        # Room for the note is kept while a block may follow that does not fit.
+        if name and (left or len(text) > room - (0 if i == last else NOTE_ROOM)):
+            left.append(name)  # the first ones whole: once one does not fit, the rest follow it out
+            continue
+        kept.append(text)
+        room -= len(text) if name else 0
+    if left:
+        names = ": " + ", ".join(left[:8]) + (f" and {len(left) - 8} more" if len(left) > 8 else "") if named else ""
+        note = (f"*{len(left)} more {what} left out to keep this report under {MARKDOWN_BUDGET:,} characters"
+                f"{prose(names)}. `kvtrace scan ... --format markdown --detail full` writes them all; "
+                "`--format json` holds every finding with its chain.*\n\n")
+        note = note if len(note) <= NOTE_ROOM else note[:NOTE_ROOM - 6].rsplit(" ", 1)[0] + " …*\n\n"
+        kept.insert(len(kept) - (1 if not blocks[-1][0] else 0), note)
+        room -= len(note)
+    return "".join(kept), room
+
+
+def _cut(document: str, budget: int) -> str:
+    """The last guard, for an answer alone (title and verdict grids) over the budget: the document
+    cut at a line, a code fence left open closed, and a line that says so."""
+    note = (f"\n*Cut here to keep this report under {MARKDOWN_BUDGET:,} characters: "
+            "`kvtrace scan ... --format markdown --detail full` writes it all.*\n")
+    text = document[:max(0, budget - len(note) - 8)].rsplit("\n", 1)[0] + "\n"
+    if len(re.findall(r"^```", text, re.M)) % 2:
+        text += "```\n"
+    return text + note
 
 
 def title_line(report: Report) -> str:
@@ -173,16 +217,17 @@ def _finding_entry(report: Report, f, links: Permalinks | None, evidence: bool, 
 
 
 def _what_pins(report: Report, pinning: list, frees: dict[str, list[Freeing]], links: Permalinks | None,
-               places: Places) -> list[str]:
-    """Each error with its chain and code; per backend that pins, its way out and one diagram."""
+               places: Places) -> list[tuple[str, list[str]]]:
+    """Each error with its chain and code; per backend that pins, its way out and one diagram:
+    (what it is, its lines), worst first, after the heading's own ("" names it)."""
     errors = [f for f in by_severity(report.findings) if f.severity == "error"]
     if not errors and not pinning:
         return []
-    out = ["## What fails", ""]
+    blocks: list[tuple[str, list[str]]] = [("", ["## What fails", ""])]
     named = {d.backend.name for d in pinning}
     for f in errors:
         if f.backend not in named:
-            out += _finding_entry(report, f, links, evidence=True, excerpt=True)
+            blocks.append((f"{f.rule} at {f.path}:{f.line}", _finding_entry(report, f, links, evidence=True, excerpt=True)))
     shown = {b.name: b for b in report.backends}
     chained = _chained(report, pinning)  # worst first, so a backend with an error comes before
     first: dict[str | None, int] = {}    # one pinned only under a premise
@@ -191,7 +236,7 @@ def _what_pins(report: Report, pinning: list, frees: dict[str, list[Freeing]], l
     for diagram in sorted(pinning, key=lambda d: first.get(d.backend.name, len(chained))):
         b = shown.get(diagram.backend.name, diagram.backend)  # the backend with its paths as shown
         poll = f" at {code_link(b.poll.path, b.poll.line, links)}" if b.poll else ""
-        out += [f"### {prose(b.name)} pins {_pins_per_queue(report, diagram, chained)}", "",
+        out = [f"### {prose(b.name)} pins {_pins_per_queue(report, diagram, chained)}", "",
                 f"{code(b.sender + '.poll()')}{poll}. What frees each state it can return and keep:", ""]
         told: dict[str, str] = {}  # state -> the queue it was told for (what frees it is the backend's)
         for queue, kept in _kept_per_queue(report, frees.get(b.name, [])):
@@ -210,7 +255,8 @@ def _what_pins(report: Report, pinning: list, frees: dict[str, list[Freeing]], l
             if f.backend == b.name:
                 out += _finding_entry(report, f, links, evidence=True, excerpt=True)
         out += ["", mermaid_legend(), "", "```mermaid", mermaid(diagram, places.path).rstrip("\n"), "```", ""]
-    return out
+        blocks.append((b.name, out))
+    return blocks
 
 
 def _pins_per_queue(report: Report, diagram, chained: list) -> str:
@@ -254,20 +300,21 @@ def _not_chained(report: Report, chained: list) -> list:
     return [f for f in by_severity(report.findings) if not any(f is g for g in chained)]
 
 
-def _other_findings(report: Report, links: Permalinks | None, pinning: list) -> list[str]:
+def _other_findings(report: Report, links: Permalinks | None, pinning: list) -> list[tuple[str, list[str]]]:
+    """The heading's lines ("" names them), then one block per finding not told above."""
     above = _chained(report, pinning)
     others = _not_chained(report, above)
     out = [f"## Findings ({len(report.findings)})", ""]
     if not report.findings:
-        return out + ["None.", ""]
+        return [("", out + ["None.", ""])]
     errors = sum(f.severity == "error" for f in above)
     pins = len(above) - errors
     if above:
         told = [f"{n} {word}{'s' if n > 1 else ''}" for n, word in ((errors, "error"), (pins, "pin")) if n]
         out += [f"{' and '.join(told)} above; the others, worst first:", ""]
-    for f in others:
-        out += _finding_entry(report, f, links, evidence=False, excerpt=False)
-    return out + [""]
+    return [("", out), *((f"{f.rule} at {f.path}:{f.line}", _finding_entry(report, f, links, evidence=False,
+                                                                             excerpt=False)) for f in others),
+            ("", [""])]
 
 
 def _folded_sections(report: Report, pinning: list, more_diagrams: list, links: Permalinks | None,
