@@ -83,8 +83,10 @@ def test_markdown_bug_report(checkout: tuple[Path, str]) -> None:
     link = (f"[`python/sglang/srt/{NIXL}:{poll}`](https://github.com/example-org/sglang-fork/blob/{commit}/"
             f"python/sglang/srt/{NIXL}#L{poll})")
     assert link in md
-    block = re.search(rf"<details><summary>python/sglang/srt/disaggregation/nixl/conn\.py:{poll}</summary>\n\n *```python\n(.*?)\n *```",
-                      md, re.S)
+    # The excerpt's summary names the line and links it too.
+    summary = (f'<summary><a href="https://github.com/example-org/sglang-fork/blob/{commit}/python/sglang/srt/{NIXL}'
+               f'#L{poll}"><code>python/sglang/srt/{NIXL}:{poll}</code></a></summary>')
+    block = re.search(rf"<details>{re.escape(summary)}\n\n *```python\n(.*?)\n *```", md, re.S)
     assert block and f"> {poll} |     def poll(self) -> KVPoll:" in block.group(1)
     assert len(block.group(1).splitlines()) == 7  # three lines either side
     assert md.count("```mermaid") == 2  # nixl's, which pins, and mooncake's, folded (it fits)
