@@ -83,7 +83,8 @@ def _fitted(blocks: list[tuple[str, list[str]]], room: int | None, what: str,
         return "".join(texts), None
     room -= sum(len(t) for (name, _), t in zip(blocks, texts) if not name)
     last = max((i for i, (name, _) in enumerate(blocks) if name), default=-1)
-    kept, left = [], []
+    kept: list[str] = []
+    left: list[str] = []
     for i, ((name, _), text) in enumerate(zip(blocks, texts)):
         # Room for the note is kept while a block may follow that does not fit.
         if name and (left or len(text) > room - (0 if i == last else NOTE_ROOM)):
