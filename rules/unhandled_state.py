@@ -4,6 +4,8 @@ from typing import TYPE_CHECKING
 
 from kvtrace.model import EventKind, Evidence, Finding, Outcome
 from kvtrace.rules.base import Rule, Sample, ScanContext, drain_evidence, path_evidence, returned_by
+from kvtrace.rules.premise import clause, crash_premise
+from kvtrace.rules.reentry_premise import reentry_premise
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain
 from kvtrace.rules.state_crash import crash_sites
 
@@ -35,6 +37,18 @@ _CATCH_ALL_ASSERTS = '''\
             else:
                 assert req.metadata_buffer_index is not None
                 undone_reqs.append(req)'''
+
+# A catch-all that runs a helper asserting a number, not the poll value: `prefix_len` is an int
+# (None made 0, or whatever the request carries), and `== 0` tests that int, not Failed (= 0).
+_CATCH_ALL_ASSERTS_A_NUMBER = (_CATCH_ALL_ASSERTS.replace(
+    "assert req.metadata_buffer_index is not None", "self.reserve(req, req.prefix_len)"), '''
+    def reserve(self, req, prefix_len=None):
+        if prefix_len is None:
+            prefix_len = 0
+        if self.sparse_mode:
+            assert prefix_len == 0
+        req.reserved_len = prefix_len
+''')
 
 
 class UnhandledState(Rule):
@@ -69,7 +83,8 @@ class UnhandledState(Rule):
     severity = "warning"
 
     VALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES)}),
-             Sample({"disaggregation/prefill.py": drain(_CATCH_ALL_ASSERTS)})]
+             Sample({"disaggregation/prefill.py": drain(_CATCH_ALL_ASSERTS)}),
+             Sample({"disaggregation/prefill.py": drain(*_CATCH_ALL_ASSERTS_A_NUMBER)})]
     INVALID = [
         Sample({"disaggregation/prefill.py": drain(_ELSE_RAISES)}, expect=((None, "Bootstrapping"),)),
         Sample({"disaggregation/prefill.py": drain(_CATCH_ALL_KEEPS)}, expect=((None, "Failed"),)),
@@ -101,6 +116,9 @@ class UnhandledState(Rule):
             # Where the drain does test S (on other paths), the crash is the path's, not the loop's.
             tested = sorted({e.line for events, _ in queue.paths.get(state, []) for e in events
                              if e.kind == EventKind.CHECK and e.detail == "T"})
+            # What the state reaching the raise rests on, as for state-crash (a state the poll
+            # answers only for a room another receiver or sender moved there).
+            premise = (crash_premise(ctx, state) or reentry_premise(ctx, state)) if crashes else None
             for (path, line), events in crashes.items():
                 raise_event = next(e for e in reversed(events) if e.kind == EventKind.RAISE)
                 helper = raise_event.function != queue.drain.func.qualname
@@ -113,7 +131,11 @@ class UnhandledState(Rule):
                            f"line {line} ({raise_event.function}): the exception leaves the drain loop (a scheduler crash)")
                 evidence = drain_evidence(ctx) + path_evidence(events, state) + [
                     Evidence(path, line, f"raise: {state} not expected here")]
-                findings.append(self.finding(message, path, line, None, state, evidence))
+                if premise is not None:
+                    message += "; " + clause(premise)
+                    evidence += [e for e in premise.why if e not in evidence]
+                findings.append(self.finding(message, path, line, None, state, evidence,
+                                             premise.text if premise else None))
             for events in kept[:1]:
                 keep = next((e for e in events if e.kind == EventKind.KEEP), None)
                 if keep is not None:

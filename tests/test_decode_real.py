@@ -9,6 +9,7 @@ from kvtrace.model import Report
 from kvtrace.packs import load_pack
 from kvtrace.scan import scan_path
 from kvtrace.rules.premise import SHARED_ROOM
+from kvtrace.rules.reentry_premise import ROOM_REUSED
 from tests.sglang_wheels import sglang_tree
 
 DECODE = "sglang/srt/disaggregation/decode.py"
@@ -153,6 +154,13 @@ def test_prealloc_crash_names_its_premise(report: Report) -> None:
     lines = {(e.path, e.line) for e in crash.evidence if e.note.startswith("premise:")}
     assert {(DECODE, 256), ("sglang/srt/managers/scheduler.py", 1351),
             ("sglang/srt/managers/scheduler.py", 1783)} <= lines, lines
+    # Transferring reaches the same raise (no receiver is seen returning it, so it is
+    # unhandled-state's, not a crash): it rests on the same premise, and says so.
+    unhandled = next(f for f in report.findings if f.rule == "unhandled-state" and f.state == "Transferring")
+    assert (unhandled.path, unhandled.line, unhandled.severity) == (DECODE, 342, "warning")
+    assert unhandled.premise == crash.premise and "true only if" in unhandled.message
+    assert {(DECODE, 256), ("sglang/srt/managers/scheduler.py", 1351)} <= {
+        (e.path, e.line) for e in unhandled.evidence if e.note.startswith("premise:")}
 
 
 def test_skip_poll_names_the_thread_that_stores_failed(report: Report) -> None:
@@ -394,22 +402,33 @@ def test_known_miss_success_kept_in_the_prealloc_queue_0_4_6_post5() -> None:
                 and f.queue == "disagg_decode_prealloc_queue"]
 
 
-def test_0_5_13_decode_has_no_error_and_a_known_false_warning_at_the_hisparse_assert() -> None:
+def test_0_5_13_decode_has_no_error_and_no_state_unhandled_at_the_hisparse_assert() -> None:
     """The decode pack on 0.5.13 (decode.py as read by hand): complete, no path limit, no error.
-    A kvtrace miss kept as such: `_pre_alloc(..., prefix_len: Optional[int] = None, ...)` (1246)
-    sets `prefix_len = 0` when None, and under `if self.scheduler.enable_hisparse:` (1307) asserts
-    `prefix_len == 0` (1310), an invariant of the HiSparse mode, not about the poll value. The
-    engine binds the unbound parameter to every KVPoll value and reads `== 0` as a test for
-    Failed (= 0), so every state "matches no test" there: five false unhandled-state warnings.
-    When the engine stops taking an int parameter for the poll value, this fails: drop them."""
+    `_pre_alloc(..., prefix_len: Optional[int] = None, ...)` (1246) sets `prefix_len = 0` when
+    None (1257-1258; the other caller, pop_preallocated 924, passes `prefix_match.l1_prefix_len` or
+    `0`), and under `if self.scheduler.enable_hisparse:` (1307) asserts `prefix_len == 0` (1310):
+    an invariant of the HiSparse mode about an int, not about the poll value. It fails, if ever, for
+    every state alike, so no state is unhandled there (kvtrace used to read `== 0` as a test for
+    Failed = 0 and reported all five states)."""
     report = decode_scan("0.5.13")
     assert not [p for p in report.problems if "path limit" in p or "cut short" in p], report.problems
     assert not [(f.rule, f.backend, f.path, f.line) for f in report.findings if f.severity == "error"]
     lines = (sglang_tree("0.5.13") / DECODE).read_text().splitlines()
     assert lines[1310 - 1].strip() == "assert prefix_len == 0"
     assert lines[1307 - 1].strip() == "if self.scheduler.enable_hisparse:"
-    at_assert = {f.state for f in report.findings if f.rule == "unhandled-state" and f.line == 1310}
-    assert at_assert == {"Bootstrapping", "WaitingForInput", "Transferring", "Success", "Failed"}
+    assert [lines[1257 - 1].strip(), lines[1258 - 1].strip()] == ["if prefix_len is None:", "prefix_len = 0"]
+    assert not [f for f in report.findings if (f.path, f.line) == (_srt("decode.py"), 1310)]
+    # The drain's own tests of the poll value are still read: the Unexpected-poll-case raise of
+    # _update_handshake_waiters (665; Bootstrapping, WaitingForInput and Failed have branches,
+    # 630-664) is reached by Success and Transferring only. A request in the prealloc queue holds
+    # no KV memory, so no transfer into it has started: its receiver answers those states only
+    # from a room another receiver moved there (a request added again with its bootstrap_room, or
+    # two requests sharing one: sglang#6857, #40125); the finding says so and is a warning.
+    assert lines[665 - 1].strip() == 'raise ValueError(f"Unexpected poll case: {poll}")'
+    at_raise = [f for f in report.findings if (f.path, f.line) == (_srt("decode.py"), 665)]
+    assert {f.state for f in at_raise} == {"Success", "Transferring"}
+    assert all(f.severity == "warning" and f.premise == ROOM_REUSED for f in at_raise), \
+        [(f.rule, f.severity, f.premise) for f in at_raise]
 
 
 def test_0_5_23_decode_keyerror_rests_on_a_shared_room() -> None:
