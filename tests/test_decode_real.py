@@ -129,13 +129,15 @@ def test_decode_findings(report: Report) -> None:
     assert not any(f.rule == "pinned-state" and "prealloc" in f.message for f in report.findings)
 
 
-@pytest.mark.parametrize("version", ["0.5.14"])
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.23"])
 def test_decode_pack_completes_without_a_path_limit(version: str) -> None:
     """Issue 22: pop_preallocated's prealloc loop (decode.py 868-1060 in 0.5.14) runs each
     request through allocation helpers that enter other helpers or not and do nothing to it,
     after a poll pass and an abort pass: their combinations passed the per-statement limit,
     and the scan was incomplete with every state of both queues `kept, leaves, raises`.
-    (0.5.23 still passes the limit in pop_preallocated after widen, fold and coarsen: not listed.)"""
+    0.5.23 passed it in pop_preallocated (decode.py 1788, 1816); it completes since the HiSparse
+    `assert prefix_len == 0` in _pre_alloc (2324) is no longer read as a test of the poll value
+    (issue 22's item 1: a comparison tells the poll state only for a value that came from the poll)."""
     scanned = decode_scan(version)  # the same scan as the 0.5.14 rows of HAND_READ
     assert not [p for p in scanned.problems if "path limit" in p or "cut short" in p], scanned.problems
     assert {q.name for q in scanned.queues} == {"disagg_decode_prealloc_queue", "disagg_decode_transfer_queue"}
@@ -429,6 +431,61 @@ def test_0_5_13_decode_has_no_error_and_no_state_unhandled_at_the_hisparse_asser
     assert {f.state for f in at_raise} == {"Success", "Transferring"}
     assert all(f.severity == "warning" and f.premise == ROOM_REUSED for f in at_raise), \
         [(f.rule, f.severity, f.premise) for f in at_raise]
+
+
+def test_0_5_22_decode_raises_read_by_hand() -> None:
+    """0.5.22 decode.py, three raises in the prealloc queue's drain, read by hand:
+    - `_update_handshake_waiters` (1094): Bootstrapping / WaitingForInput / Failed have branches
+      (1123-1147), `else: raise ValueError("Unexpected poll case")` (1149). Success and
+      Transferring reach it only from a room another receiver moved there: a request re-added
+      with its bootstrap_room (`add(..., is_rebootstrap=True)` 784 -> `_create_receiver_and_enqueue`
+      883 builds a new receiver for `req.bootstrap_room`, and CommonKVReceiver.__init__ skips
+      storing the room when it is already in the table) or two requests sharing one
+      (sglang#40125, #6857). A warning that says so.
+    - `raise NotImplementedError("HiSparse device-only PD transfer currently requires the Mooncake
+      backend")` (1751), under `if self.transfer_backend != TransferBackend.MOONCAKE:` (1750) in
+      pop_preallocated: a configuration refused whatever the poll value, reached by every state
+      alike: no state is unhandled there.
+    - `assert prefix_len == 0` (2253, _pre_alloc under enable_hisparse): an int, not the poll."""
+    report = decode_scan("0.5.22")
+    lines = (sglang_tree("0.5.22") / DECODE).read_text().splitlines()
+    assert lines[1149 - 1].strip() == 'raise ValueError(f"Unexpected poll case: {poll}")'
+    assert lines[1750 - 1].strip() == "if self.transfer_backend != TransferBackend.MOONCAKE:"
+    assert lines[1751 - 1].strip() == "raise NotImplementedError("
+    assert lines[2253 - 1].strip() == "assert prefix_len == 0"
+    at = {line: [f for f in report.findings if (f.path, f.line) == (_srt("decode.py"), line)] for line in (1149, 1751, 2253)}
+    assert {f.state for f in at[1149]} == {"Success", "Transferring"}
+    assert all((f.rule, f.severity, f.premise) == ("unhandled-state", "warning", ROOM_REUSED) for f in at[1149])
+    assert at[1751] == [] and at[2253] == [], [(f.rule, f.state, f.line) for f in at[1751] + at[2253]]
+    assert not [f for f in report.findings if f.severity == "error"]
+
+
+def test_0_5_23_decode_raises_and_the_failed_transfer_release_read_by_hand() -> None:
+    """0.5.23 decode.py, read by hand:
+    - `raise ValueError("Unexpected poll case")` (1179, _update_handshake_waiters): Success and
+      Transferring only, a warning resting on a room another receiver moved there (as 0.5.22).
+    - `raise NotImplementedError(` (1809) under `if self.transfer_backend != TransferBackend.MOONCAKE:`
+      (1808): a configuration refused whatever the poll value: no per-state finding.
+    - release-leak Failed at `prepare_abort(` (2885, pop_transferred) was false: the Failed branch
+      puts the request in `failed` (2907); after the loop `for (i, decode_req, _), hold in
+      zip(failed, held):` (2964) either releases it at once (`self._release_request(decode_req)`
+      2969, whose body calls `release_kv_cache` 2820) or defers it (`self._defer_release` 2966 ->
+      `self._deferred_releases`, emptied by resolve_deferred_releases 3046, run on every scheduler
+      iteration 3467, -> _do_release -> `_release_request` 3023; sglang#35049). The metadata buffer
+      is freed after the loop (2988) or at _do_release. No kv_cache leaks."""
+    report = decode_scan("0.5.23")
+    lines = (sglang_tree("0.5.23") / DECODE).read_text().splitlines()
+    assert lines[1179 - 1].strip() == 'raise ValueError(f"Unexpected poll case: {poll}")'
+    assert lines[1809 - 1].strip() == "raise NotImplementedError("
+    assert lines[2885 - 1].strip() == "prepare_abort("
+    assert lines[2964 - 1].strip() == "for (i, decode_req, _), hold in zip(failed, held):"
+    assert lines[2969 - 1].strip() == "self._release_request(decode_req)"
+    at = {line: [f for f in report.findings if (f.path, f.line) == (_srt("decode.py"), line)] for line in (1179, 1809, 2885)}
+    assert {f.state for f in at[1179]} == {"Success", "Transferring"}
+    assert all((f.rule, f.severity, f.premise) == ("unhandled-state", "warning", ROOM_REUSED) for f in at[1179])
+    assert at[1809] == [] and at[2885] == [], [(f.rule, f.state, f.line) for f in at[1809] + at[2885]]
+    assert not [f for f in report.findings if f.rule == "release-leak"]
+    assert not [f for f in report.findings if f.severity == "error"]
 
 
 def test_0_5_23_decode_keyerror_rests_on_a_shared_room() -> None:
