@@ -239,6 +239,15 @@ def main() -> None:
                 lambda argv=argv: run_process(argv, env), lambda: run_process(typer_floor, env), r)
             line("import typer, rich.console (process)", typer_t)
             line(f"kvtrace warm, cached, -f {fmt}", cli_warm)
+        # The `kvtrace` command pip installs (pyproject's entry point) starts as `python -m kvtrace` does.
+        console = Path(sys.executable).parent / "kvtrace"
+        console_ratio = None
+        if console.exists():
+            console_cli = [str(console)] + warm_cli["json"][3:]
+            run_process(console_cli, env)
+            (console_t, _), (_, _), console_ratio = paired(
+                lambda: run_process(console_cli, env), lambda: run_process(typer_floor, env), r)
+            line("kvtrace warm, -f json, console script", console_t)
         (cold_t, cold_m), (ast_t, _), inprocess_ratio = paired(
             lambda: run_python("kvtrace-cold", str(tree), env=env), lambda: run_python("ast", str(tree), env=env), r)
         line("kvtrace cold (in-process, reference)", cold_t, cold_m)
@@ -274,6 +283,10 @@ def main() -> None:
         print(f"  {'  (in-process, reference)':44} {inprocess_ratio:6.2f}x")
         for fmt, ratio in warm_ratios.items():
             results.append(verdict(f"warm -f {fmt}: kvtrace / typer+rich import", ratio, 1.5))
+        if console_ratio is not None:
+            print(f"  {'  (-f json, the kvtrace console script)':44} {console_ratio:6.2f}x")
+        else:
+            not_measured("  (-f json, the kvtrace console script)", f"no {console}")
         if "fleet" in ssh_rows:
             results.append(verdict("fleet of 16, cold: kvtrace / 16 ssh tar", ssh_rows["fleet"], 0.8))
         else:

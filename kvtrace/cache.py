@@ -35,7 +35,6 @@ import gc
 import hashlib
 import importlib.util
 import json
-import logging
 import os
 import re
 import stat
@@ -46,7 +45,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, cast, get_args
 
-from kvtrace import __version__
+from kvtrace import __version__, log
 from kvtrace.errors import InputError
 from kvtrace.model import FetchResult, FileStatus, Report, SourceFile
 
@@ -62,8 +61,6 @@ TEMP_NAME = re.compile(r"\.kvtrace-tmp-[0-9a-f]{32}")
 # Entries of kvtrace before the data-only format (pickles): removed by `cache clear`, never read.
 LEGACY_NAME, LEGACY_MAGIC = re.compile(r"[0-9a-f]{64}\.report"), b"kvtrace-cache 1\n"
 _OPEN_ENTRY = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
-
-log = logging.getLogger("kvtrace")
 
 
 def cache_dir() -> Path:
@@ -94,8 +91,9 @@ _CODE_DIGEST: str | None = None
 
 
 def code_digest() -> str:
-    """kvtrace's version plus the bytes of its own code: an edited checkout never reuses results
-    computed by other code, even when the version string did not move."""
+    """kvtrace's version plus the stamp of each of its code files (`code_stamp`): an edited
+    checkout never reuses results computed by other code, even when the version string did not
+    move."""
     global _CODE_DIGEST
     if _CODE_DIGEST is None:
         digest = hashlib.sha256(__version__.encode())
@@ -104,13 +102,23 @@ def code_digest() -> str:
         spec = importlib.util.find_spec("kvtrace.rules")
         rules = [Path(p) for p in (spec.submodule_search_locations or [])] if spec else []
         for folder in [package, *rules]:
-            found = _code_files(str(folder), (".py", ".toml"))
-            for suffix in (".py", ".toml"):
-                for relative in found[suffix]:
-                    with open(os.path.join(folder, relative), "rb") as code:
-                        digest.update(relative.encode() + b"\0" + code.read())
+            digest.update(code_stamp(str(folder)))
         _CODE_DIGEST = digest.hexdigest()
     return _CODE_DIGEST
+
+
+def code_stamp(folder: str) -> bytes:
+    """Each .py and .toml file below `folder`: its name, size and modification time (to the
+    nanosecond). Python runs a file's cached bytecode while its size and modification time (to
+    the second) match, so this tells kvtrace's code apart as well as the interpreter does,
+    without reading its ~1 MB on every run."""
+    found = _code_files(folder, (".py", ".toml"))
+    parts = []
+    for suffix in (".py", ".toml"):
+        for relative in found[suffix]:
+            info = os.stat(os.path.join(folder, relative))
+            parts.append(f"{relative}\0{info.st_size}\0{info.st_mtime_ns}\n")
+    return "".join(parts).encode("utf-8", "surrogateescape")
 
 
 def _code_files(folder: str, suffixes: tuple[str, ...]) -> dict[str, list[str]]:
@@ -509,14 +517,14 @@ def rendering_key(reports: list[Report], options: tuple[object, ...]) -> str:
     """sha256 of what a rendering is made from: this code and the libraries that lay text out,
     the options, where it is run from (paths are shown as they open from there), and each report
     whole: its analysis (the cache's own encoding), its files' hashes, and where its target is."""
-    from kvtrace.cachecodec import encode_report
+    from kvtrace.cachecodec import key_bytes
 
     digest = hashlib.sha256(f"{RENDERING}\n{code_digest()}\n{sys.version}\n{_library_stamp()}\n".encode())
     digest.update(repr(options).encode("utf-8", "surrogateescape"))
     digest.update(f"\n{os.path.realpath(os.getcwd())}\n".encode("utf-8", "surrogateescape"))
     for report in reports:
         files = [[f.path, f.sha256, f.status, f.error] for f in report.files]
-        digest.update(encode_report({"files": files, "place": _place(report.target)}, report))
+        digest.update(key_bytes({"files": files, "place": _place(report.target)}, report))
     return digest.hexdigest()
 
 

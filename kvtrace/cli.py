@@ -7,8 +7,8 @@ errors into exit 4)."""
 # No `from __future__ import annotations` here: typer reads every command's signature on each run,
 # and string annotations cost it an eval() apiece (~0.1 s of every run, the cached rescan's too).
 
+import functools
 import json
-import logging
 import os
 import re
 import sys
@@ -16,11 +16,11 @@ import traceback
 from enum import Enum
 from pathlib import Path
 from collections.abc import Iterator
-from typing import Annotated, NamedTuple, Optional, TextIO
+from typing import Annotated, Any, NamedTuple, Optional, TextIO
 
 import typer
 
-from kvtrace import __version__
+from kvtrace import __version__, log
 from kvtrace.errors import (
     EXIT_CLEAN,
     EXIT_FINDINGS,
@@ -33,7 +33,6 @@ from kvtrace.errors import (
 from kvtrace.safe_text import plain
 from kvtrace.model import FetchLimits, Report
 
-log = logging.getLogger("kvtrace")
 
 EXIT_CODES_HELP = (
     "Exit codes: 0 no findings, 1 findings (see --fail-on), 2 usage or input error (nothing "
@@ -445,8 +444,6 @@ def _compare_with_baseline(baseline_prints: dict, target: str, report: Report) -
 
 def _scan_targets(request: ScanRequest, prepared: _Prepared) -> list:
     """Each target fetched and scanned (kvtrace.fleet); a result per target, its error said on stderr."""
-    import functools
-
     from kvtrace.fleet import FleetOptions, Progress, run_fleet
 
     options = FleetOptions(prepared.packs, prepared.settings, request.limits, request.ssh, request.jobs, prepared.cache,
@@ -745,11 +742,19 @@ def _rendered(cache, reports: list[Report], options: tuple, render) -> str:
 
 def setup_logging(verbose: bool, quiet: bool) -> None:
     """-v: steps and timings; -q: errors only. Rich on a terminal; plain unwrapped lines when
-    stderr is redirected (a CI log), so no line is folded."""
-    level = logging.DEBUG if verbose else logging.WARNING
-    log.handlers.clear()
-    log.propagate = False
-    if sys.stderr.isatty():
+    stderr is redirected (a CI log), so no line is folded. The handler is made (and `logging`
+    imported) when the first line is shown (kvtrace.LazyLog)."""
+    log.level = log.DEBUG if verbose else log.WARNING
+    log.pending = functools.partial(_start_logging, log.level, quiet, sys.stderr)
+
+
+def _start_logging(level: int, quiet: bool, stream: TextIO) -> None:
+    import logging
+
+    logger = logging.getLogger("kvtrace")
+    logger.handlers.clear()
+    logger.propagate = False
+    if stream.isatty():
         from rich.console import Console
         from rich.logging import RichHandler
 
@@ -757,21 +762,19 @@ def setup_logging(verbose: bool, quiet: bool) -> None:
                                                markup=False, highlighter=None)
         handler.setFormatter(logging.Formatter("%(message)s"))
     else:
-        handler = logging.StreamHandler(sys.stderr)
+        handler = logging.StreamHandler(stream)
         handler.setFormatter(logging.Formatter("kvtrace: %(message)s"))
     if quiet:  # errors, and the warnings that stay loud (`extra={"loud": True}`: a refused cache folder)
         handler.addFilter(lambda record: record.levelno >= logging.ERROR or getattr(record, "loud", False))
-    handler.addFilter(_SafeRecord())
-    log.addHandler(handler)
-    log.setLevel(level)
+    handler.addFilter(_safe_record)
+    logger.addHandler(handler)
+    logger.setLevel(level)
 
 
-class _SafeRecord(logging.Filter):
+def _safe_record(record: Any) -> bool:  # a logging.LogRecord
     """Log lines carry outside text (remote stderr, file names): print it inert, on one line."""
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        record.msg, record.args = plain(record.getMessage()), ()
-        return True
+    record.msg, record.args = plain(record.getMessage()), ()
+    return True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1042,7 +1045,6 @@ def main(argv: list[str] | None = None) -> None:
     """Run the CLI: usage errors are one line (exit 2), internal errors exit 4, Ctrl-C 130."""
     import signal
 
-    logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     signal.signal(signal.SIGINT, _on_sigint)
     args = sys.argv[1:] if argv is None else argv
     exceptions = _click_exceptions()
@@ -1117,7 +1119,11 @@ def run() -> None:
             stream.flush()
         except (BrokenPipeError, OSError, ValueError):  # a closed pipe: the code is still the verdict
             pass
-    logging.shutdown()
+    if "logging" in sys.modules:
+        sys.modules["logging"].shutdown()
+    compiled = sys.modules.get("kvtrace.dataclass_code")  # installed by kvtrace.__main__
+    if compiled is not None:
+        compiled.save()
     os._exit(code)
 
 

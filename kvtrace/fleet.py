@@ -580,9 +580,33 @@ def summaries_from_json(data: Any, source: str, fail_on: str = DEFAULT_FAIL_ON) 
             gauges = MetricsSample(metrics.get("url", "?"), seconds=metrics.get("seconds", 0.0),
                                    samples=metrics.get("samples", 0), gauges=metrics.get("gauges") or {},
                                    error=metrics.get("error")).summary()
+        on = _opened_on(report)  # the file on the host that made the report, not one here
+        findings = [{**f, "path": on + str(f["path"])} if isinstance(f, dict) and f.get("path") else f for f in findings]
         hosts.append(HostSummary(str(report.get("host") or report["target"]), code, None,
                                  report.get("sglang_version"), digest.hexdigest(), verdicts_of(findings), gauges))
     return hosts
+
+
+def _opened_on(report: dict[str, Any]) -> str:
+    """What goes before a report's target-relative path so that it names the file on the machine
+    it was read on: `user@host:/srv/sglang/` for a scan over SSH, `<host>:<target>/` for a local
+    scan on a host that named itself (the target as given there: relative to where it ran when
+    it was typed so), `<target>/` when no host is known."""
+    from kvtrace.target import SshTarget, parse_target
+
+    target = str(report["target"])
+    try:
+        parsed = parse_target(target)
+    except Exception:  # noqa: BLE001 -- a label that is not a target: its paths as the report has them
+        return ""
+    if isinstance(parsed, SshTarget):
+        host, folder = parsed.display, parsed.path
+    else:
+        host, folder = str(report.get("host") or ""), target
+    if folder.endswith(".py"):  # a file scanned alone: its findings' paths are its name
+        folder = folder.rpartition("/")[0]
+    folder = "" if folder in ("", ".") else folder.rstrip("/") + "/"
+    return f"{host}:{folder}" if host else folder
 
 
 # A kvtrace/1 report (before kvtrace/2): the keys a merge reads.

@@ -74,6 +74,7 @@ class Event:
     line: int
     function: str
     detail: str = ""
+    after_loop: bool = False  # done after the drain loop, for each request of a finished list
 
     # Paths are merged by hashing after every statement; each event is hashed once, not per merge.
     __hash__ = _cached_hash

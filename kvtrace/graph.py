@@ -670,12 +670,12 @@ def _post_loop_effects(index: Index, pack: Pack, func: FuncRef, body: CstBody, d
                 if isinstance(inner, cst.Call):
                     for kind, callee in through(inner):
                         effects.setdefault(listed, []).append(Event(
-                            kind, func.path, body.line(inner), func.qualname, callee + " (after the loop)"))
+                            kind, func.path, body.line(inner), func.qualname, callee + " (after the loop)", after_loop=True))
         elif isinstance(node, cst.Call) and (kind := kind_of(dotted(node.func))):
             for arg in node.args:
                 if isinstance(arg.value, cst.Name):
                     effects.setdefault(arg.value.value, []).append(Event(
-                        kind, func.path, body.line(node), func.qualname, dotted(node.func) + " (after the loop)"))
+                        kind, func.path, body.line(node), func.qualname, dotted(node.func) + " (after the loop)", after_loop=True))
     return effects
 
 
@@ -823,6 +823,8 @@ def _add_paths(graph: StateGraph, state: str, state_paths: list[QueuePath]) -> N
             data = graph.nodes[node]
             data.setdefault("details", set()).add(e.detail)
             data.setdefault("detail", e.detail)  # the first seen: the release map's note
+            if e.after_loop:
+                data["after_loop"] = True  # the diagram says so without reading the note's words
             if e.kind is EventKind.CHECK:
                 taken = data.setdefault("taken", set())  # states that take the true branch
                 if e.detail == "T":

@@ -83,8 +83,10 @@ def test_markdown_bug_report(checkout: tuple[Path, str]) -> None:
     link = (f"[`python/sglang/srt/{NIXL}:{poll}`](https://github.com/example-org/sglang-fork/blob/{commit}/"
             f"python/sglang/srt/{NIXL}#L{poll})")
     assert link in md
-    block = re.search(rf"<details><summary>python/sglang/srt/disaggregation/nixl/conn\.py:{poll}</summary>\n\n *```python\n(.*?)\n *```",
-                      md, re.S)
+    # The excerpt's summary names the line and links it too.
+    summary = (f'<summary><a href="https://github.com/example-org/sglang-fork/blob/{commit}/python/sglang/srt/{NIXL}'
+               f'#L{poll}"><code>python/sglang/srt/{NIXL}:{poll}</code></a></summary>')
+    block = re.search(rf"<details>{re.escape(summary)}\n\n *```python\n(.*?)\n *```", md, re.S)
     assert block and f"> {poll} |     def poll(self) -> KVPoll:" in block.group(1)
     assert len(block.group(1).splitlines()) == 7  # three lines either side
     assert md.count("```mermaid") == 2  # nixl's, which pins, and mooncake's, folded (it fits)
@@ -298,6 +300,35 @@ def test_markdown_bug_report_fits_an_issue(tmp_path: Path, version: str) -> None
     assert "## Release map: disagg_prefill_inflight_queue" in full and "Left out to keep" not in full
 
 
+def unlinked_mentions(markdown: str) -> list[str]:
+    """Each `path:line` outside a link, in prose, tables and `<details>` (code blocks aside: a
+    mermaid or python block cannot hold a link)."""
+    text = re.sub(r"^(```+|~~~+)[^\n]*\n.*?^\1[ \t]*$", "", markdown, flags=re.S | re.M)
+    text = re.sub(r"\[(?:[^\[\]]|\\\[|\\\])*\]\(https://[^)]+\)", "", text)
+    text = re.sub(r'<a href="https://[^"]+">.*?</a>', "", text)
+    return re.findall(r"[\w./\\-]+\.py:\d+", text)
+
+
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.23"])
+def test_every_path_line_in_the_markdown_of_an_installed_release_is_a_link(tmp_path: Path, version: str) -> None:
+    """Before: 0.5.14 had 42 mentions not linked ("What frees" lines, way-out cells, notes, the
+    fates, the excerpts' summaries), 0.5.23 43. Each link names a line of the installed file."""
+    site = _installed(tmp_path, version)
+    _with_environ(site, version)
+    md = kvtrace("scan", "site-packages/sglang", "-f", "markdown", cwd=tmp_path).stdout
+    assert unlinked_mentions(md) == []
+    base = f"https://github.com/sgl-project/sglang/blob/v{version}/python/"
+    links = set(re.findall(r"\]\((https://[^)]+)\)", md)) | set(re.findall(r'<a href="(https://[^"]+)"', md))
+    assert len(links) > 20 and all(link.startswith(base) for link in links)
+    for link in links:
+        path, line = link[len(base):].split("#L")
+        assert 0 < int(line) <= len((site / path).read_text().splitlines()), link
+    # Neither a release nor a pushed checkout: no link at all, the mentions as they were.
+    shutil.rmtree(site / f"sglang-{version}.dist-info")
+    plain = kvtrace("scan", "site-packages/sglang", "-f", "markdown", cwd=tmp_path).stdout
+    assert "](https://" not in plain and "<a href" not in plain and len(unlinked_mentions(plain)) > 50
+
+
 @pytest.mark.parametrize("version", ["0.5.12", "0.5.6.post2"])
 def test_markdown_keeps_the_chain_of_a_warning_level_pin(tmp_path: Path, version: str) -> None:
     """Before: on 0.5.12 ... 0.5.22 the pins are warnings (each holds under a premise) and their
@@ -396,3 +427,110 @@ def test_a_default_declared_outside_the_scanned_folder_says_so(tmp_path: Path) -
     mooncake = next(b for b in report.backends if b.name == "mooncake")
     boot = next(f for f in what_frees(report, mooncake) if f.state == "Bootstrapping")
     assert "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, default 300" in boot.text and "unknown" not in boot.text
+
+
+def test_a_backend_with_no_finding_of_its_own_still_says_what_frees_the_state_it_keeps(tmp_path: Path) -> None:
+    """Before: 0.5.23's fake backend keeps WaitingForInput (the drain's queue-level silent-wait)
+    and its timeout covers it (fake/conn.py:92, SGLANG_DISAGGREGATION_WAITING_TIMEOUT), so no
+    no-timeout note names it; the text report printed "what frees" only under a backend's own
+    findings, and fake had none: no line at all."""
+    site = _installed(tmp_path, "0.5.23")
+    _with_environ(site, "0.5.23")
+    out = " ".join(kvtrace("scan", "site-packages/sglang", "--backend", "fake", cwd=tmp_path).stdout.split())
+    told = re.search(r"what frees WaitingForInput: (.*?)(?= what frees |$)", out)
+    assert told is not None, out[-2000:]
+    assert re.search(r"a timeout frees it: SGLANG_DISAGGREGATION_WAITING_TIMEOUT, default \d+ \(checked at "
+                     r"site-packages/sglang/srt/disaggregation/fake/conn\.py:92\)", told.group(1)), told.group(1)
+
+
+def test_each_queue_names_only_the_states_it_keeps_in_what_frees_on_0_4_8(tmp_path: Path) -> None:
+    """Before: 0.4.8's section "mooncake pins WaitingForInput in disagg_prefill_inflight_queue"
+    listed what frees Bootstrapping too, which the inflight drain never keeps (it raises there;
+    only the bootstrap queue keeps and pins it)."""
+    from kvtrace.model import Outcome
+    from kvtrace.scan import scan_path
+
+    site = _installed(tmp_path, "0.4.8")
+    report = scan_path(site / "sglang")
+    kept = {q.name: {s for s, fate in q.states.items() if Outcome.KEPT in fate.fate} for q in report.queues}
+    assert "Bootstrapping" not in kept["disagg_prefill_inflight_queue"]  # what the case is about
+    md = kvtrace("scan", "site-packages/sglang", "-f", "markdown", cwd=tmp_path).stdout
+    section = md.split("### mooncake pins ", 1)[1].split("\n- **", 1)[0]
+    heading = section.splitlines()[0]
+    assert heading == ("WaitingForInput in `disagg_prefill_inflight_queue`; "
+                       "Bootstrapping in `disagg_prefill_bootstrap_queue`"), heading
+    blocks = dict(re.findall(r"^In `(\w+)`:\n\n((?:- .*\n)+)", section, re.M))
+    assert set(blocks) == {"disagg_prefill_inflight_queue", "disagg_prefill_bootstrap_queue"}
+    mooncake = next(b for b in report.backends if b.name == "mooncake")
+    for queue, block in blocks.items():
+        told = set(re.findall(r"^- (\w+):", block, re.M))
+        assert told == kept[queue] & set(mooncake.verdicts), (queue, told)
+
+
+@pytest.mark.parametrize(("version", "clauses"), [
+    ("0.5.9", ["nixl pins Bootstrapping and WaitingForInput", "WaitingForInput and Transferring crash the scheduler",
+               "nixl's poll() raises instead of returning Failed"]),
+    ("0.4.8", ["mooncake pins Bootstrapping and WaitingForInput", "nixl pins Bootstrapping and WaitingForInput"]),
+])
+def test_the_markdown_title_reads_as_a_sentence(tmp_path: Path, version: str, clauses: list[str]) -> None:
+    """Before: 0.5.9's title read "queue state-crash WaitingForInput, Transferring; nixl:
+    poll-raises" (a rule's name where a verb goes, "queue" for the drain). No rule's name is left."""
+    from kvtrace.rulemeta import RULES
+
+    _installed(tmp_path, version)
+    title = kvtrace("scan", "site-packages/sglang", "-f", "markdown", cwd=tmp_path).stdout.splitlines()[0]
+    assert title.startswith("# kvtrace: ") and title.endswith(f" (sglang {version})"), title
+    for clause in clauses:
+        assert clause in title, title
+    assert not [r.name for r in RULES if r.name in title], title
+    assert not re.search(r"(: |; )queue ", title) and ": poll" not in title, title
+
+
+def _many_pinning_backends(count: int, evidence_times: int = 6, pad: int = 0):
+    """examples/nixl-pin's report with `count` more backends that pin as nixl does (each with a
+    longer chain): pins' chains alone far past the budget."""
+    import dataclasses
+
+    from kvtrace.scan import scan_path
+
+    report = scan_path(EXAMPLES / "nixl-pin")
+    nixl = next(b for b in report.backends if b.name == "nixl")
+    pins = [f for f in report.findings if f.backend == "nixl"]
+    backends, findings = list(report.backends), list(report.findings)
+    for i in range(count):
+        name = f"nixl{i:04d}" + "x" * pad
+        backends.append(dataclasses.replace(nixl, name=name))
+        findings += [dataclasses.replace(f, backend=name, evidence=list(f.evidence) * evidence_times) for f in pins]
+    return dataclasses.replace(report, backends=backends, findings=findings)
+
+
+def test_markdown_stays_under_budget_when_the_pins_chains_alone_would_pass_it() -> None:
+    """Before: only the folded sections were trimmed; the pins' chains never were, so 40 pinning
+    backends made a 400,000-character report (0.5.13 and 0.5.14 were at 59,857 of 60,000)."""
+    from kvtrace.report.markdown import MARKDOWN_BUDGET, render
+
+    report = _many_pinning_backends(40)
+    full = render([report], detail="full")
+    assert len(full) > 3 * MARKDOWN_BUDGET  # what the case is about
+    md = render([report])
+    assert len(md) < MARKDOWN_BUDGET
+    # The first pins whole: heading, what frees, chain and diagram, in the order of the full report.
+    told = re.findall(r"^### (\S+) pins ", md, re.M)
+    assert told and told == re.findall(r"^### (\S+) pins ", full, re.M)[:len(told)]
+    assert md.count("```mermaid") >= len(told)
+    for name in told:
+        section = md.split(f"### {name} pins ", 1)[1].split("\n### ", 1)[0]
+        assert "- **pinned-state** (error)" in section and "```mermaid" in section
+    left = [line for line in md.splitlines() if "chains (pinning backends and errors) left out" in line]
+    assert len(left) == 1 and f"*{41 - len(told)} more " in left[0] and "--detail full" in left[0], left
+    assert md.count("```") % 2 == 0
+
+
+def test_markdown_stays_under_budget_when_the_answer_alone_would_pass_it() -> None:
+    """Forty backends named with 2,000 characters each: the title and the verdict grid are over
+    the budget by themselves; the last guard cuts the document at a line and says so."""
+    from kvtrace.report.markdown import MARKDOWN_BUDGET, render
+
+    md = render([_many_pinning_backends(40, evidence_times=1, pad=2000)])
+    assert len(md) < MARKDOWN_BUDGET
+    assert md.rstrip().endswith("writes it all.*") and md.count("```") % 2 == 0

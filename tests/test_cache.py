@@ -227,3 +227,30 @@ def test_code_files_are_what_rglob_lists(tmp_path: Path) -> None:
                       if not any(part in ("loop", "__pycache__") for part in p.relative_to(folder).parts)]
             assert _code_files(str(folder), (".py", ".toml"))[suffix] == listed
     assert _code_files(str(tmp_path), (".py",))[".py"] == [".hidden/e.py", "A.py", "a/b.py", "a/c/d.py", "a-b.py", "a.py"]
+
+
+def test_the_code_stamp_changes_with_every_write_to_the_code(tmp_path: Path) -> None:
+    """The code digest stamps each .py and .toml file by name, size and modification time, as
+    Python does before it runs a file's bytecode: an edit of the same size, a new file, a removed
+    one and a renamed one each change it; a folder left alone and other files do not."""
+    from kvtrace.cache import code_stamp
+
+    for name in ("a.py", "packs/p.toml", "sub/b.py"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text("x = 1\n")
+        os.utime(tmp_path / name, ns=(1_700_000_000_000_000_000, 1_700_000_000_000_000_000))
+    first = code_stamp(str(tmp_path))
+    assert code_stamp(str(tmp_path)) == first
+    (tmp_path / "notes.txt").write_text("not code")
+    assert code_stamp(str(tmp_path)) == first
+    (tmp_path / "a.py").write_text("x = 2\n")  # the same size: told apart by its modification time
+    edited = code_stamp(str(tmp_path))
+    assert edited != first
+    os.utime(tmp_path / "a.py", ns=(1_700_000_000_000_000_000, 1_700_000_000_000_000_001))  # 1 ns apart
+    assert code_stamp(str(tmp_path)) not in (first, edited)
+    (tmp_path / "packs" / "q.toml").write_text("")
+    added = code_stamp(str(tmp_path))
+    (tmp_path / "packs" / "q.toml").rename(tmp_path / "packs" / "r.toml")
+    renamed = code_stamp(str(tmp_path))
+    (tmp_path / "packs" / "r.toml").unlink()
+    assert len({first, edited, added, renamed, code_stamp(str(tmp_path))}) == 5

@@ -326,3 +326,24 @@ def test_text_header_names_the_installed_version_of_a_folder_scanned(site_packag
     first, second = result.stdout.splitlines()[:2]
     assert f"· sglang {VERSION} ·" in first, first
     assert "version from the installed package's metadata" in second, second
+
+
+def test_merge_names_each_finding_file_on_the_host_it_was_read_on(tmp_path: Path) -> None:
+    """Before: `kvtrace merge` printed the JSON's target-relative paths
+    (`disaggregation/nixl/conn.py:84`), which name no file on the machine reading the merge nor
+    say which host's it is. Now `host:target/path:line`: the host a local scan named itself
+    with, or the SSH target's own `user@host:folder`."""
+    out = tmp_path / "local.json"
+    kvtrace("scan", "examples/nixl-pin", "--format", "json", "-o", str(out))
+    data = json.loads(out.read_text())
+    report = data["reports"][0]
+    pin = next(f for f in report["findings"] if f["rule"] == "pinned-state")
+    report["host"] = "prefill-7"
+    out.write_text(json.dumps(data))
+    over_ssh = tmp_path / "ssh.json"
+    report["target"], report["host"] = "ops@prefill-8:/srv/sglang", "prefill-8"
+    over_ssh.write_text(json.dumps(data))
+    text = kvtrace("merge", str(out), str(over_ssh)).stdout
+    assert f"(prefill-7:examples/nixl-pin/{pin['path']}:{pin['line']})" in text, text
+    assert f"(ops@prefill-8:/srv/sglang/{pin['path']}:{pin['line']})" in text, text
+    assert f"({pin['path']}:" not in text

@@ -582,3 +582,33 @@ def test_fleet_and_merge_summaries_fold_to_the_terminal_and_paths_open_from_here
     assert merged.startswith("Fleet: 2 hosts") and all(len(line) <= 60 or " " not in line.strip()
                                                       for line in merged.splitlines())
     assert "warning[absent-room-default] NixlKVManager.check_status() WaitingForInput" in " ".join(merged.split())
+
+
+def test_the_diagram_reads_after_the_loop_from_the_graph_not_from_the_note() -> None:
+    """Before: diagram.py found "(after the loop)" in the node's note text (issue 17: evidence
+    kinds recovered from prose). It reads the node's `after_loop` now, which the engine sets on
+    the events it records after the drain loop: a note that says the words changes no label."""
+    import copy
+    import dataclasses
+
+    from kvtrace.report.diagram import diagrams
+    from kvtrace.scan import scan_path
+
+    report = scan_path(Path(__file__).parent.parent / "examples" / "nixl-pin")
+
+    def labels(r) -> dict[int, str]:
+        graph = diagrams(r)[0].graph
+        return {data["line"]: data["label"] for _, data in graph.nodes(data=True) if data.get("kind") == "release"}
+
+    assert labels(report)[80] == "L80 release (after the loop)"
+    flipped = copy.deepcopy(report.graph)
+    for node, data in flipped["nodes"]:
+        if data.get("after_loop"):
+            del data["after_loop"]  # its note still says "(after the loop)"
+            assert any("(after the loop)" in d for d in data["details"])
+        elif node[0] == "release":
+            data["after_loop"] = True
+    relabelled = labels(dataclasses.replace(report, graph=flipped))
+    assert relabelled[80] == "L80 release"
+    assert [line for line, label in relabelled.items() if label.endswith("(after the loop)")] == \
+        [line for line in labels(report) if line != 80]

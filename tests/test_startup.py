@@ -104,3 +104,106 @@ def test_python_m_kvtrace_imports_with_the_collector_off_and_run_turns_it_back_o
              "runpy.run_module('kvtrace', run_name='__main__')\n")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
     assert done.stdout.splitlines() == ["run False", "main True True"], done.stdout + done.stderr
+
+
+def test_the_console_script_starts_as_python_m_kvtrace_does() -> None:
+    """The `kvtrace` command pip installs runs `from <module> import <function>; sys.exit(<function>())`
+    for pyproject.toml's entry point: that function imports the CLI with the collector off, as
+    `python -m kvtrace` does, and hands over to run()."""
+    import tomllib
+
+    entry = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["scripts"]["kvtrace"]
+    module, function = entry.split(":")
+    probe = ("import gc, sys\n"
+             "from kvtrace import cli\n"
+             "real_run = cli.run\n"
+             "cli.run = lambda: (print('run', gc.isenabled(), flush=True), real_run())\n"
+             "cli.main = lambda: print('main', gc.isenabled(), gc.get_freeze_count() > 0, flush=True)\n"
+             f"from {module} import {function}\n"
+             f"sys.exit({function}())\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.stdout.splitlines() == ["run False", "main True True"], done.stdout + done.stderr
+    assert done.returncode == 0, done.stderr
+    # And the real thing, through that entry point: a scan's verdict is the process's exit code.
+    scan = subprocess.run([sys.executable, "-c", f"import sys; from {module} import {function}; sys.exit({function}())",
+                           "scan", str(EXAMPLES / "nixl-pin"), "--no-cache", "--format", "json"],
+                          capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert scan.returncode == 1 and json.loads(scan.stdout)["reports"][0]["findings"], scan.stderr[-2000:]
+
+
+_DATACLASS_PROBE = '''
+import dataclasses, json, sys, types
+from kvtrace import dataclass_code
+dataclass_code._FOLDER = sys.argv[1]
+dataclass_code.install()
+module = types.ModuleType("probe_package.shapes")
+sys.modules[module.__name__] = module
+exec(compile("""
+import dataclasses
+@dataclasses.dataclass(frozen=True)
+class Point:
+    x: int
+    y: 'list[int]' = dataclasses.field(default_factory=list)
+@dataclasses.dataclass(order=True)
+class Row:
+    name: str
+    size: int = 3
+""", "shapes", "exec"), module.__dict__)
+Point, Row = module.Point, module.Row
+try:
+    Point(1).x = 2
+    frozen = "changed"
+except dataclasses.FrozenInstanceError:
+    frozen = "refused"
+seen = {"eq": Point(1, [2]) == Point(1, [2]), "ne": Point(1) != Point(2), "hash": hash(Point(1, ())) == hash(Point(1, ())),
+        "repr": [repr(Point(1, [2])), repr(Row("a"))], "order": Row("a", 1) < Row("a", 2), "frozen": frozen,
+        "replace": repr(dataclasses.replace(Row("a"), size=5)), "fields": [f.name for f in dataclasses.fields(Point)],
+        "annotations": [repr(Point.__init__.__annotations__), repr(Row.__init__.__annotations__)],
+        "compiled": sorted(dataclass_code._added)}
+dataclass_code.save()
+print(json.dumps(seen))
+'''
+
+
+def test_dataclass_methods_are_compiled_once_and_behave_the_same(tmp_path: Path) -> None:
+    """kvtrace.dataclass_code: the methods dataclasses writes are compiled on the first run and run
+    from the kept code after, with the same behaviour (and annotations) as without it; a damaged
+    file is compiled again, never an error; KVTRACE_NO_CODE_CACHE=1 leaves dataclasses alone."""
+    import os
+
+    def probe(**env: str) -> dict:
+        # Written as Python writes bytecode: not under PYTHONDONTWRITEBYTECODE (checked last).
+        written = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+        done = subprocess.run([sys.executable, "-c", _DATACLASS_PROBE, str(tmp_path)], capture_output=True, text=True,
+                              timeout=120, env={**written, **env})
+        assert done.returncode == 0, done.stderr[-2000:]
+        return json.loads(done.stdout)
+
+    plain = probe(KVTRACE_NO_CODE_CACHE="1")
+    assert plain["compiled"] == [] and not list(tmp_path.iterdir())
+    first = probe()
+    kept = list(tmp_path.glob("dataclass-code.probe_package.*.marshal"))
+    assert first["compiled"] == ["probe_package"] and len(kept) == 1
+    again = probe()
+    assert again["compiled"] == []  # every method came from the kept code
+    kept[0].write_bytes(b"damaged")
+    repaired = probe()
+    assert repaired["compiled"] == ["probe_package"]
+    for seen in (first, again, repaired):
+        assert {k: v for k, v in seen.items() if k != "compiled"} == {k: v for k, v in plain.items() if k != "compiled"}
+    assert plain["frozen"] == "refused" and plain["eq"] and plain["hash"] and plain["order"]
+    assert "Point(x=1, y=[2])" in plain["repr"][0]
+    kept[0].unlink()
+    assert probe(PYTHONDONTWRITEBYTECODE="1")["compiled"] == ["probe_package"] and not kept[0].exists()
+
+
+def test_logging_is_imported_only_when_a_line_is_shown() -> None:
+    """kvtrace.LazyLog: a scan that says nothing on stderr but its verdict never imports `logging`;
+    -v still shows the fetch and analysis steps, one `kvtrace:` line each."""
+    quiet, modules = imported_by("scan", str(EXAMPLES / "nixl-pin"), "--no-cache", "--format", "json")
+    assert quiet.returncode == 1 and "kvtrace" in modules, quiet.stderr[-2000:]
+    assert "logging" not in modules
+    verbose = subprocess.run([sys.executable, "-m", "kvtrace", "scan", str(EXAMPLES / "nixl-pin"), "--no-cache", "-v",
+                              "--format", "json"], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    steps = [line for line in verbose.stderr.splitlines() if "fetched" in line and "analysed in" in line]
+    assert verbose.returncode == 1 and len(steps) == 1 and steps[0].startswith("kvtrace: "), verbose.stderr[-2000:]

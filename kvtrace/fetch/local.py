@@ -15,16 +15,14 @@ from __future__ import annotations
 
 import errno
 import hashlib
-import logging
 import os
 import stat
 from collections.abc import Callable
 from pathlib import Path
 
+from kvtrace import log
 from kvtrace.errors import InputError, LimitExceeded
 from kvtrace.model import FetchLimits, FetchResult, SourceFile
-
-log = logging.getLogger("kvtrace")
 
 
 def make_source_file(path: str, data: bytes) -> SourceFile:

@@ -42,19 +42,19 @@ def target_from_cwd(report: Report) -> str:
     return relative if not relative.startswith("../../..") else str(target.resolve())
 
 
-def sglang_version(report: Report) -> str | None:
+def sglang_version(report: Report, links: Permalinks | None = None) -> str | None:
     """Markdown naming the SGLang version and where it was read."""
     detected = getattr(report, "version", None)  # read from the tree's version.py
     if detected is not None:
-        return f"{prose(detected.package)} {prose(detected.version)} ({code(f'{detected.path}:{detected.line}')})"
+        return f"{prose(detected.package)} {prose(detected.version)} ({code_link(detected.path, detected.line, links)})"
     facts = getattr(report, "host_facts", None) or {}
     return f"sglang {prose(str(facts['sglang_version']))}" if facts.get("sglang_version") else None
 
 
-def environment_lines(report: Report) -> list[str]:
+def environment_lines(report: Report, links: Permalinks | None = None) -> list[str]:
     """The `Environment` block: versions, command, target."""
     lines = [f"- kvtrace {__version__}, Python {platform.python_version()}"]
-    detected = sglang_version(report)
+    detected = sglang_version(report, links)
     lines.append(f"- {detected}" if detected else "- SGLang version: not found in the scanned tree")
     command = invocation()
     if command:
@@ -68,6 +68,19 @@ def code_link(path: str, line: int, links: Permalinks | None) -> str:
     return link(code(f"{path}:{line}"), links.url(path, line) if links else None)
 
 
+def linked_prose(text: str, links: Permalinks | None) -> str:
+    """`prose(text)` with each `path:line` of the scan in it linked to its line (as code_link
+    writes it), so a sentence's lines open upstream as a table's do; unchanged without links."""
+    found = links.mentions(text) if links is not None else []
+    if not found:
+        return prose(text)
+    out, at = [], 0
+    for start, end, path, line in found:
+        out += [prose(text[at:start]), code_link(path, line, links)]
+        at = end
+    return "".join([*out, prose(text[at:])])
+
+
 def excerpt_details(report: Report, path: str, line: int, links: Permalinks | None, context: int = 3) -> list[str]:
     """A folded block with the code around path:line (the line itself marked)."""
     rows = excerpt(report, path, line, context)
@@ -77,5 +90,7 @@ def excerpt_details(report: Report, path: str, line: int, links: Permalinks | No
     body = [f"{'>' if n == line else ' '} {n:{width}d} | {text}" for n, text in rows]
     longest = max((len(run) for row in body for run in re.findall(r"`{3,}|~{3,}", row)), default=2)
     fence = "`" * max(3, longest + 1)
-    return ["<details><summary>" + html(f"{path}:{line}") + "</summary>", "", f"{fence}python", *body, fence, "",
+    url = links.url(path, line) if links is not None else None
+    summary = f'<a href="{html(url)}"><code>{html(f"{path}:{line}")}</code></a>' if url else html(f"{path}:{line}")
+    return ["<details><summary>" + summary + "</summary>", "", f"{fence}python", *body, fence, "",
             "</details>"]

@@ -79,9 +79,10 @@ def node_id(node: tuple) -> str:
     return "n-" + "".join(c if c.isalnum() else "-" for c in text)
 
 
-def _site_label(kind: str, details: set[str], line: int, wait_note: str | None = None) -> str:
+def _site_label(kind: str, details: set[str], line: int, wait_note: str | None = None,
+                after_loop: bool = False) -> str:
     shown = sorted(d for d in details if d not in ("T", "F"))
-    after = " (after the loop)" if any("(after the loop)" in d for d in shown) else ""
+    after = " (after the loop)" if after_loop else ""
     if kind == "wait":
         return f"L{line} waits: {wait_note}" if wait_note else f"L{line} waits (tests no poll value)"
     if kind == "helper" and shown:
@@ -328,7 +329,7 @@ def _add_site(g: nx.DiGraph, flow: nx.DiGraph, node: tuple, outcome_lines: dict[
     inside = "".join(f"\n  L{at} {what} in {fn}" for what, _, at, fn in sorted(folded, key=lambda f: (f[1], f[2])))
     tip = (f"keeps the request without testing the poll value: a wait, not a verdict on the state, in "
            f"{data.get('function', '?')}" if kind == "wait" else f"{kind} in {data.get('function', '?')}")
-    g.add_node(node, kind=kind, label=_site_label(kind, data.get("details", set()), line, note),
+    g.add_node(node, kind=kind, label=_site_label(kind, data.get("details", set()), line, note, bool(data.get("after_loop"))),
                path=path, line=line, css=["site", f"site-{kind}"],
                tip=tip + (f"; folded inside ({len(folded)} steps):{inside}" if folded else ""), folded=folded)
 

@@ -26,7 +26,8 @@ CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0 auto;max-width:1500px;padding:16px 24px;color:#1f2328}
 h1{font-size:22px;margin:0 0 4px}h2{font-size:18px;margin:28px 0 6px;border-bottom:1px solid #d0d7de}
 .meta{color:#59636e}.bad{color:#b42318;font-weight:600}.good{color:#1a7f37;font-weight:600}
-table{border-collapse:collapse;margin:8px 0}td,th{border:1px solid #d0d7de;padding:3px 8px;text-align:left;vertical-align:top}
+table{border-collapse:collapse;margin:8px 0;max-width:100%}
+td,th{border:1px solid #d0d7de;padding:3px 8px;text-align:left;vertical-align:top;overflow-wrap:anywhere}
 code,pre{font:12px/1.4 ui-monospace,SFMono-Regular,Menlo,monospace}pre{background:#f6f8fa;padding:8px;overflow:auto;margin:4px 0}
 .hl{background:#fff1b8;display:block}.diagram{overflow-x:auto;border:1px solid #d0d7de;border-radius:6px;margin:6px 0}
 svg text{font:12px system-ui,sans-serif;pointer-events:none}svg text.code{font:11px ui-monospace,Menlo,monospace;fill:#59636e}

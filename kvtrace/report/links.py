@@ -13,6 +13,7 @@ Nothing from the scanned tree is run: the checkout's `.git` is read as files
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
@@ -32,6 +33,20 @@ class Permalinks:
     bases: dict[str, str] = field(default_factory=dict)  # report path -> URL of that file
     default: str | None = None  # prefix for every path (an installed release's tag)
     shown: dict[str, str] = field(default_factory=dict)  # a path as shown to the reader -> report path
+    known: frozenset[str] = frozenset()  # the paths (as shown) that prose may mention: the scan's own
+
+    def mentions(self, text: str) -> list[tuple[int, int, str, int]]:
+        """(start, end, path, line) of each `path:line` in `text` whose path is one the scan read
+        (never a guess at what looks like a path) and that has a link."""
+        present = [p for p in self.known if p in text]
+        if not present:
+            return []
+        found = []
+        for match in _mention_pattern(tuple(sorted(present, key=len, reverse=True))).finditer(text):
+            path, line = match.group(1), int(match.group(2))
+            if self.url(path, line) is not None:
+                found.append((match.start(), match.end(), path, line))
+        return found
 
     def url(self, path: str, line: int) -> str | None:
         path = self.shown.get(path, path)
@@ -39,6 +54,12 @@ class Permalinks:
         if base is None:
             return None
         return f"{base}#L{line}" if line > 0 else base
+
+
+@functools.lru_cache(maxsize=256)
+def _mention_pattern(paths: tuple[str, ...]) -> re.Pattern[str]:
+    alternatives = "|".join(re.escape(p) for p in paths)
+    return re.compile(rf"(?<![\w./~+-])({alternatives}):(\d+)(?!\d)")
 
 
 def github_repo(url: str) -> str | None:

@@ -14,9 +14,9 @@ from __future__ import annotations
 import re
 
 from kvtrace.freeing import Freeing, abort_ended, abort_ends_text, scheduler_aborts, what_frees
-from kvtrace.model import Report
+from kvtrace.model import Outcome, Report
 from kvtrace.report import modes_line, state_fate_lines
-from kvtrace.report.bugreport import code_link, environment_lines, excerpt_details
+from kvtrace.report.bugreport import code_link, environment_lines, excerpt_details, linked_prose
 from kvtrace.report.diagram import diagrams, drawn_queue, mermaid, mermaid_legend
 from kvtrace.report.links import Permalinks, permalinks
 from kvtrace.report.mdtext import cell, code, html, prose
@@ -40,17 +40,18 @@ def _report(report: Report, detail: str, budget: int | None) -> str:
     places = Places(report, extra=(e.path for found in frees.values() for f in found for e in f.evidence))
     if links is not None:
         links.shown = places.shown()  # a path shown from the working directory links to its upstream line
+        links.known = frozenset(links.shown or places.known)  # and each mention of it in prose too
     report, frees = places.localized((report, frees))  # every path as it opens from where the reader stands
     pinning = [d for d in drawn if d.pinned]
-    out: list[str] = [f"# {prose(title_line(report))}", ""]
-    out += _answer(report)
-    out += _what_pins(report, pinning, frees, links, places)
-    out += _other_findings(report, links, pinning)
-    out += ["## Environment", "", *environment_lines(report), ""]
+    answer = "\n".join([f"# {prose(title_line(report))}", "", *_answer(report, links)]) + "\n"
+    environment = "\n".join(["## Environment", "", *environment_lines(report, links), ""]) + "\n"
+    pins, findings = _what_pins(report, pinning, frees, links, places), _other_findings(report, links, pinning)
+    room = None if budget is None else budget - len(answer) - len(environment) - 400  # the closing note's own room
+    told, room = _fitted(pins, room, "chains (pinning backends and errors)", named=True)
+    listed, room = _fitted(findings, room, "findings", named=False)
+    head = answer + told + listed + environment
     folded = _folded_sections(report, pinning, [d for d in drawn if not d.pinned] if pinning else drawn, links, detail,
                               places)
-    head = "\n".join(out) + "\n"
-    room = None if budget is None else budget - len(head) - 400  # the closing note's own room
     # What does not fit is left out, the other backends' diagrams first when a backend pins (the
     # pins' own chains are above); the rest keeps its place in the document.
     texts = ["\n".join(lines) + "\n" for _, lines, _ in folded]
@@ -65,7 +66,52 @@ def _report(report: Report, detail: str, budget: int | None) -> str:
         body.append(f"*Left out to keep this report under {MARKDOWN_BUDGET:,} characters: "
                     f"{prose(', '.join(left_out))}. `kvtrace scan ... --format markdown --detail full` "
                     "writes them.*\n")
-    return head + "".join(body)
+    document = head + "".join(body)
+    return document if budget is None or len(document) <= budget else _cut(document, budget)
+
+
+NOTE_ROOM = 600  # characters kept for each "left out" line (its names are cut to fit)
+
+
+def _fitted(blocks: list[tuple[str, list[str]]], room: int | None, what: str,
+            named: bool) -> tuple[str, int | None]:
+    """The blocks' markdown, the first ones whole while they fit in `room` (their headings'
+    lines, named "", always), then one line saying how many were left out and which option
+    writes them all; and the room left."""
+    texts = ["\n".join(lines) + "\n" for _, lines in blocks]
+    if room is None:
+        return "".join(texts), None
+    room -= sum(len(t) for (name, _), t in zip(blocks, texts) if not name)
+    last = max((i for i, (name, _) in enumerate(blocks) if name), default=-1)
+    kept: list[str] = []
+    left: list[str] = []
+    for i, ((name, _), text) in enumerate(zip(blocks, texts)):
+        # Room for the note is kept while a block may follow that does not fit.
+        if name and (left or len(text) > room - (0 if i == last else NOTE_ROOM)):
+            left.append(name)  # the first ones whole: once one does not fit, the rest follow it out
+            continue
+        kept.append(text)
+        room -= len(text) if name else 0
+    if left:
+        names = ": " + ", ".join(left[:8]) + (f" and {len(left) - 8} more" if len(left) > 8 else "") if named else ""
+        note = (f"*{len(left)} more {what} left out to keep this report under {MARKDOWN_BUDGET:,} characters"
+                f"{prose(names)}. `kvtrace scan ... --format markdown --detail full` writes them all; "
+                "`--format json` holds every finding with its chain.*\n\n")
+        note = note if len(note) <= NOTE_ROOM else note[:NOTE_ROOM - 6].rsplit(" ", 1)[0] + " …*\n\n"
+        kept.insert(len(kept) - (1 if not blocks[-1][0] else 0), note)
+        room -= len(note)
+    return "".join(kept), room
+
+
+def _cut(document: str, budget: int) -> str:
+    """The last guard, for an answer alone (title and verdict grids) over the budget: the document
+    cut at a line, a code fence left open closed, and a line that says so."""
+    note = (f"\n*Cut here to keep this report under {MARKDOWN_BUDGET:,} characters: "
+            "`kvtrace scan ... --format markdown --detail full` writes it all.*\n")
+    text = document[:max(0, budget - len(note) - 8)].rsplit("\n", 1)[0] + "\n"
+    if len(re.findall(r"^```", text, re.M)) % 2:
+        text += "```\n"
+    return text + note
 
 
 def title_line(report: Report) -> str:
@@ -73,9 +119,9 @@ def title_line(report: Report) -> str:
     errors named, else the counts; then what was scanned."""
     parts = summary_line(report).split(" · INCOMPLETE")[0].split(" · ")
     if re.match(r"^\d+ errors?: ", parts[0]):
-        # The errors named, and the pins that hold only under a premise (named with it).
+        # The errors named as sentences, and the pins that hold only under a premise (named with it).
         conditional = [p.split(": ", 1)[1] for p in parts[1:] if re.match(r"^\d+ warnings?: ", p)]
-        answer = "; ".join([parts[0].split(": ", 1)[1], *conditional])
+        answer = "; ".join([*_error_sentences(report), *conditional])
     else:
         answer = " · ".join(["no errors", *parts]) if report.findings else parts[0]
     version = report.version.version if report.version else (report.host_facts or {}).get("sglang_version")
@@ -85,56 +131,104 @@ def title_line(report: Report) -> str:
     return f"kvtrace: {answer}{incomplete}" + (f" ({where})" if where else "")
 
 
-def _answer(report: Report) -> list[str]:
-    out = [f"**{prose(summary_line(report))}**", ""]
+# What an error says in a title, as a clause: {subject} is the backend (else the drain), {states}
+# the states it is about ("WaitingForInput and Transferring"), {s} the verb's ending for them.
+_TITLE_CLAUSES = {
+    "pinned-state": "{subject} pins {states}",
+    "dropped-state": "{subject} drops {states}",
+    "state-crash": "{states} crash{es} the scheduler{from_backend}",
+    "poll-raises": "{owner} poll() raises instead of returning Failed{on_states}",
+    "unhandled-state": "{states} reach{es} no branch of the drain{from_backend}",
+    "release-leak": "{states} end{s} without release or answer{from_backend}",
+    "abort-ignored": "{owner} poll() ignores abort(){on_states}",
+    "no-timeout": "{subject} has no deadline for {states}",
+    "silent-wait": "{states} wait{s} with no trace{from_backend}",
+    "undrained-queue": "the queue is never drained",
+}
+
+
+def _error_sentences(report: Report) -> list[str]:
+    """Each error as a clause: `nixl pins Bootstrapping and WaitingForInput`, `WaitingForInput
+    and Transferring crash the scheduler`, `nixl's poll() raises instead of returning Failed`;
+    a rule with no clause here by its title (`nixl: failed can be overwritten`)."""
+    from kvtrace.baseline import counts_against
+    from kvtrace.rulemeta import find_rule_meta
+
+    order = {name: i for q in report.queues for i, name in enumerate(q.states)}
+    errors = sorted((f for f in report.findings if f.severity == "error" and counts_against(f)),
+                    key=lambda f: order.get(f.state or "", len(order)))
+    what: dict[tuple[str | None, str], list[str]] = {}
+    for f in errors:
+        states = what.setdefault((f.backend, f.rule), [])
+        if f.state and f.state not in states:
+            states.append(f.state)
+    told = []
+    for (backend, rule), states in what.items():
+        joined = states[0] if len(states) == 1 else ", ".join(states[:-1]) + " and " + states[-1] if states else ""
+        one = len(states) == 1
+        fields = {"subject": backend or "the drain", "owner": f"{backend}'s" if backend else "the",
+                  "states": joined or "a state", "s": "s" if one else "", "es": "es" if one else "",
+                  "from_backend": f" (from {backend})" if backend else "", "on_states": f" on {joined}" if joined else ""}
+        clause = _TITLE_CLAUSES.get(rule)
+        if clause is None:
+            meta = find_rule_meta(rule)
+            title = meta.title if meta is not None else rule
+            clause = "{subject}: " + title[:1].lower() + title[1:] + (" ({states})" if states else "")
+        told.append(clause.format(**fields))
+    return told
+
+
+def _answer(report: Report, links: Permalinks | None) -> list[str]:
+    out = [f"**{linked_prose(summary_line(report), links)}**", ""]
     if report.filters.active:  # a narrowed scan says so before its verdicts, as the text header does
         out += [f"Filters: {prose(report.filters.describe())}.", ""]
     if report.gaps:
-        out.append(f"> **INCOMPLETE**: {prose(gap_text(report.gaps))}")
+        out.append(f"> **INCOMPLETE**: {linked_prose(gap_text(report.gaps), links)}")
         out.append("")
         for gap in report.gaps:
             subject = code(gap.subject) if gap.kind == "file" else f"backend {code(gap.subject)}" \
                 if gap.kind == "backend" else "scan"
-            out.append(f"- {subject}: {prose(gap.reason)}")
+            out.append(f"- {subject}: {linked_prose(gap.reason, links)}")
         out.append("")
     for grid in verdict_grids(report):
         if grid.backends:
-            out += _grid(grid)
+            out += _grid(grid, links)
     return out
 
 
-def _grid(grid: Grid) -> list[str]:
+def _grid(grid: Grid, links: Permalinks | None) -> list[str]:
     out = [f"Verdicts for {code(grid.queue)}:", "",
            "| backend | " + " | ".join(cell(prose(s)) for s in grid.states) + " |",
            "|---" * (len(grid.states) + 1) + "|"]
     for backend in grid.backends:
-        cells = [f"**{prose(text)}**" if severity == "error" else prose(text)
+        cells = [f"**{linked_prose(text, links)}**" if severity == "error" else linked_prose(text, links)
                  for text, severity in (grid.cells[backend, s] for s in grid.states)]
         out.append(f"| {cell(prose(backend))} | " + " | ".join(cell(c) for c in cells) + " |")
-    return out + ["", prose(grid.legend), ""]
+    return out + ["", linked_prose(grid.legend, links), ""]
 
 
 def _finding_entry(report: Report, f, links: Permalinks | None, evidence: bool, excerpt: bool) -> list[str]:
     of = f" in {code(f.queue)}" if f.queue and len(report.queues) > 1 else ""
-    out = [f"- **{prose(f.rule)}** ({prose(f.severity)}){of} {code_link(f.path, f.line, links)}: {prose(f.message)}"]
+    out = [f"- **{prose(f.rule)}** ({prose(f.severity)}){of} {code_link(f.path, f.line, links)}: {linked_prose(f.message, links)}"]
     if evidence:
-        out += [f"  - {code_link(e.path, e.line, links)} {prose(e.note)}" for e in f.evidence]
+        out += [f"  - {code_link(e.path, e.line, links)} {linked_prose(e.note, links)}" for e in f.evidence]
     if excerpt:
         out += ["", *("  " + row if row else "" for row in excerpt_details(report, f.path, f.line, links)), ""]
     return out
 
 
 def _what_pins(report: Report, pinning: list, frees: dict[str, list[Freeing]], links: Permalinks | None,
-               places: Places) -> list[str]:
-    """Each error with its chain and code; per backend that pins, its way out and one diagram."""
+               places: Places) -> list[tuple[str, list[str]]]:
+    """Each error with its chain and code; per backend that pins, its way out and one diagram:
+    (what it is, its lines), worst first, after the heading's own ("" names it)."""
     errors = [f for f in by_severity(report.findings) if f.severity == "error"]
     if not errors and not pinning:
         return []
-    out = ["## What fails", ""]
+    blocks: list[tuple[str, list[str]]] = [("", ["## What fails", ""])]
     named = {d.backend.name for d in pinning}
     for f in errors:
         if f.backend not in named:
-            out += _finding_entry(report, f, links, evidence=True, excerpt=True)
+            blocks.append((f"{f.rule} at {f.path}:{f.line}", _finding_entry(report, f, links, evidence=True, excerpt=True)))
     shown = {b.name: b for b in report.backends}
     chained = _chained(report, pinning)  # worst first, so a backend with an error comes before
     first: dict[str | None, int] = {}    # one pinned only under a premise
@@ -143,20 +237,55 @@ def _what_pins(report: Report, pinning: list, frees: dict[str, list[Freeing]], l
     for diagram in sorted(pinning, key=lambda d: first.get(d.backend.name, len(chained))):
         b = shown.get(diagram.backend.name, diagram.backend)  # the backend with its paths as shown
         poll = f" at {code_link(b.poll.path, b.poll.line, links)}" if b.poll else ""
-        queue = drawn_queue(report)
-        of = f" in {code(queue.name)}" if queue is not None and len(report.queues) > 1 else ""
-        out += [f"### {prose(b.name)} pins {prose(', '.join(diagram.pinned))}{of}", "",
+        out = [f"### {prose(b.name)} pins {_pins_per_queue(report, diagram, chained)}", "",
                 f"{code(b.sender + '.poll()')}{poll}. What frees each state it can return and keep:", ""]
-        for freeing in frees.get(b.name, []):
-            cited = [e for e in freeing.evidence if f"{e.path}:{e.line}" not in freeing.text]  # not twice
-            where = ", ".join(code_link(e.path, e.line, links) for e in cited[:3])
-            out.append(f"- {prose(freeing.state)}: {prose(freeing.text)}" + (f" ({where})" if where else ""))
-        out.append("")
+        told: dict[str, str] = {}  # state -> the queue it was told for (what frees it is the backend's)
+        for queue, kept in _kept_per_queue(report, frees.get(b.name, [])):
+            if len(report.queues) > 1:  # each queue names only the states it keeps
+                out += [f"In {code(queue)}:", ""]
+            for freeing in kept:
+                if freeing.state in told:
+                    out.append(f"- {prose(freeing.state)}: as in {code(told[freeing.state])}")
+                    continue
+                told[freeing.state] = queue
+                cited = [e for e in freeing.evidence if f"{e.path}:{e.line}" not in freeing.text]  # not twice
+                where = ", ".join(code_link(e.path, e.line, links) for e in cited[:3])
+                out.append(f"- {prose(freeing.state)}: {linked_prose(freeing.text, links)}" + (f" ({where})" if where else ""))
+            out.append("")
         for f in chained:
             if f.backend == b.name:
                 out += _finding_entry(report, f, links, evidence=True, excerpt=True)
         out += ["", mermaid_legend(), "", "```mermaid", mermaid(diagram, places.path).rstrip("\n"), "```", ""]
-    return out
+        blocks.append((b.name, out))
+    return blocks
+
+
+def _pins_per_queue(report: Report, diagram, chained: list) -> str:
+    """`WaitingForInput` (one queue), or each queue with the states this backend pins in it, the
+    drawn queue first: `WaitingForInput in `inflight`; Bootstrapping in `bootstrap``."""
+    drawn = drawn_queue(report)
+    if drawn is None or len(report.queues) < 2:
+        return prose(", ".join(diagram.pinned))
+    pins: dict[str, list[str]] = {drawn.name: list(diagram.pinned)}
+    for f in chained:
+        if f.rule == "pinned-state" and f.backend == diagram.backend.name and f.queue and f.state:
+            states = pins.setdefault(f.queue, [])
+            if f.state not in states:
+                states.append(f.state)
+    return "; ".join(f"{prose(', '.join(states))} in {code(queue)}" for queue, states in pins.items() if states)
+
+
+def _kept_per_queue(report: Report, frees: list[Freeing]) -> list[tuple[str, list[Freeing]]]:
+    """(queue, what frees each state it keeps): a state another queue keeps is not this queue's
+    to tell (0.4.8: only the bootstrap queue keeps Bootstrapping). The drawn queue first."""
+    drawn = drawn_queue(report)
+    queues = sorted(report.queues, key=lambda q: q is not drawn)
+    found = []
+    for queue in queues:
+        kept = [f for f in frees if f.state in queue.states and Outcome.KEPT in queue.states[f.state].fate]
+        if kept:
+            found.append((queue.name, kept))
+    return found
 
 
 def _chained(report: Report, pinning: list) -> list:
@@ -172,20 +301,21 @@ def _not_chained(report: Report, chained: list) -> list:
     return [f for f in by_severity(report.findings) if not any(f is g for g in chained)]
 
 
-def _other_findings(report: Report, links: Permalinks | None, pinning: list) -> list[str]:
+def _other_findings(report: Report, links: Permalinks | None, pinning: list) -> list[tuple[str, list[str]]]:
+    """The heading's lines ("" names them), then one block per finding not told above."""
     above = _chained(report, pinning)
     others = _not_chained(report, above)
     out = [f"## Findings ({len(report.findings)})", ""]
     if not report.findings:
-        return out + ["None.", ""]
+        return [("", out + ["None.", ""])]
     errors = sum(f.severity == "error" for f in above)
     pins = len(above) - errors
     if above:
         told = [f"{n} {word}{'s' if n > 1 else ''}" for n, word in ((errors, "error"), (pins, "pin")) if n]
         out += [f"{' and '.join(told)} above; the others, worst first:", ""]
-    for f in others:
-        out += _finding_entry(report, f, links, evidence=False, excerpt=False)
-    return out + [""]
+    return [("", out), *((f"{f.rule} at {f.path}:{f.line}", _finding_entry(report, f, links, evidence=False,
+                                                                             excerpt=False)) for f in others),
+            ("", [""])]
 
 
 def _folded_sections(report: Report, pinning: list, more_diagrams: list, links: Permalinks | None,
@@ -223,16 +353,16 @@ def _fold(summary: str, rows: list[str], full: bool) -> list[str]:
 def _map(queue, links: Permalinks | None) -> list[str]:
     out = ["| kind | path:line | function | states |", "|---|---|---|---|"]
     for s in queue.sites:
-        note = f" ({prose(s.note)})" if s.note else ""
-        note += f" (only when {prose(s.mode)})" if s.mode else ""
+        note = f" ({linked_prose(s.note, links)})" if s.note else ""
+        note += f" (only when {linked_prose(s.mode, links)})" if s.mode else ""
         out.append(f"| {prose(s.kind)} | {cell(code_link(s.path, s.line, links))} | {cell(code(s.function))} | "
                    f"{cell(prose(', '.join(s.states)) + note)} |")
     modes = modes_line(queue)
     if modes:
-        out += ["", prose(modes)]
+        out += ["", linked_prose(modes, links)]
     out += ["", "| state | fate |", "|---|---|"]
     for state, fate in queue.states.items():
-        described = "<br>".join(cell(prose(f"{mode}: {text}" if mode else text)) for mode, text in state_fate_lines(queue, fate))
+        described = "<br>".join(cell(linked_prose(f"{mode}: {text}" if mode else text, links)) for mode, text in state_fate_lines(queue, fate))
         out.append(f"| {cell(prose(state))} | {described} |")
     return out
 
@@ -244,10 +374,10 @@ def _backends(report: Report, links: Permalinks | None) -> list[str]:
     for b in report.backends:
         poll = cell(code_link(b.poll.path, b.poll.line, links)) if b.poll else "-"
         timeouts = "; ".join(f"{code_link(t.path, t.line, links)} {prose(', '.join(t.covers))}" for t in b.timeouts) or "none"
-        returns = "<br>".join([prose(", ".join(b.returns)) or "-"] + [prose(u) for u in unknown_returns(b)])
-        ways = "<br>".join(prose(f"{state}: {way_out_text(v, abort_called)}") for state, v in b.verdicts.items()) or "-"
+        returns = "<br>".join([prose(", ".join(b.returns)) or "-"] + [linked_prose(u, links) for u in unknown_returns(b)])
+        ways = "<br>".join(linked_prose(f"{state}: {way_out_text(v, abort_called)}", links) for state, v in b.verdicts.items()) or "-"
         reads = "yes" if b.reads_abort_state else \
-            f"no; {cell(prose(abort_ends_text(b)))}" if abort_ended(b) else "no"
+            f"no; {cell(linked_prose(abort_ends_text(b), links))}" if abort_ended(b) else "no"
         out.append(f"| {cell(prose(b.name))} | {cell(code(b.sender))} | {poll} | {cell(returns)} | "
                    f"{reads} | {cell(timeouts)} | {cell(ways)} |")
     return out

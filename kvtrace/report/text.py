@@ -48,7 +48,9 @@ def render(report: Report, console: Console, show_map: bool = True, in_short: bo
     """`in_short=False`: the answer is not repeated at the end of this report, because several
     reports are printed one after the other and `render_in_short` repeats each one's after all."""
     shown = finding_groups(report)
-    frees = {b.name: what_frees(report, b) for b in report.backends if b.name in shown}
+    # Every backend that keeps a state gets its way out, findings of its own or not: a state a
+    # timeout covers raises no no-timeout note, and a queue-level silent-wait names no backend.
+    frees = {b.name: what_frees(report, b) for b in report.backends if b.name in shown or b.verdicts}
     # Paths as they open from the working directory; names and notes come from the scanned tree:
     # no control character reaches the terminal.
     places = Places(report, extra=(e.path for found in frees.values() for f in found for e in f.evidence))
@@ -62,6 +64,10 @@ def render(report: Report, console: Console, show_map: bool = True, in_short: bo
     for backend, items in groups.items():
         console.print()
         _backend_findings(report, backend, items, files, frees.get(backend or ""), console)
+    for b in report.backends:
+        if b.name not in groups and frees.get(b.name):
+            console.print()
+            _backend_findings(report, b.name, [], files, frees[b.name], console)
     console.print()
     summary = summary_line(report)
     style = "bold red" if any(f.severity == "error" and counts_against(f) for f in report.findings) else "bold green"
