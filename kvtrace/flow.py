@@ -26,7 +26,7 @@ from kvtrace.parse import CstFunction
 from kvtrace.model import SITE_KINDS, EventKind
 from kvtrace.packs import Pack
 from kvtrace.syntax import dotted, enum_member, self_attr, walk
-from kvtrace.states import ABSENT, FALSE, NONE, NOW, OTHER, POLLS, ROLES, TRUE, Domain, Val, refine
+from kvtrace.states import ABSENT, FALSE, INT, MARKERS, NONE, NOW, OTHER, POLLS, ROLES, TRUE, Domain, Val, refine
 
 MAX_PATHS = 4096  # per statement; past this the analysis says it is incomplete
 # Path steps (one statement run on one live path) one exploration may take in all, helper runs
@@ -1029,10 +1029,12 @@ class Explorer:
             read = self.read_self_attr(node, path, frame)
             value = self.self_attr_value(key, path)
             if self.c.all_facts and frame.prefix == "" and path.attr(key) is None and value != d.universe \
-                    and len(value) > 1:
+                    and len(value - MARKERS) > 1:
                 # A sender starts from one configuration: the first read of an attribute
                 # fixes which of its assigned values it holds, for every later call too.
-                return [(read.set_attr(key, frozenset({token})), frozenset({token})) for token in sorted(value)]
+                marks = value & MARKERS
+                return [(read.set_attr(key, frozenset({token}) | marks), frozenset({token}) | marks)
+                        for token in sorted(value - MARKERS)]
             return [(read, value)]
         return [(p, d.universe) for p, _ in self.eval(node.value, path, frame)]
 
@@ -1158,7 +1160,7 @@ class Explorer:
             member = self.c.domain.member_for_int(int(node.evaluated_value))
         except ValueError:
             member = None
-        return frozenset({member}) if member else frozenset({OTHER})
+        return frozenset({member, INT}) if member else frozenset({OTHER})
 
     def constant_unary(self, node: cst.UnaryOperation, frame: Frame | None) -> Val | None:
         if isinstance(node.operator, cst.Minus) and isinstance(node.expression, cst.Integer):
@@ -1241,6 +1243,7 @@ class Explorer:
             target = node.value if isinstance(node, cst.Name) else None
             about = bool(d.states(value)) and self._is_state_valued(value) and target not in self.c.guards
             key = fact_key(node, frame)
+            marks = value & MARKERS
             yes, no = value & d.truthy(), value & d.falsy()
             if not value - {TRUE, FALSE, NONE} and value:  # a plain bool/None: exact
                 yes, no = value & {TRUE}, value & {FALSE, NONE}
@@ -1250,6 +1253,7 @@ class Explorer:
                 yes, no = d.truthy() - {OTHER}, d.falsy() - {OTHER}
             for truth, part in ((True, yes), (False, no)):
                 if part:
+                    part = part | marks
                     q = p.bind(target, part) if target and p.get(target) is not None else p
                     if key is not None and target is None and self.keeps_fact(node, frame):
                         q = q.set_attr(key, part)
@@ -1257,8 +1261,11 @@ class Explorer:
         return out
 
     def _is_state_valued(self, value: Val) -> bool:
-        """A value narrower than 'anything' that holds enum members: the poll value or alike."""
-        return value != self.c.domain.universe
+        """A value that holds enum members because it is the poll value or a copy of it (a
+        poll(), the status table, a `KVPoll.X`), not one that merely could be an int equal to
+        a member: an unknown (the universe, or what is left of it after `is None`: it keeps
+        OTHER) or a number written in the code (INT)."""
+        return value != self.c.domain.universe and OTHER not in value and INT not in value
 
     def compare(self, node: cst.Comparison, path: PathState, frame: Frame) -> list[tuple[PathState, bool, bool]]:
         if len(node.comparisons) > 1:
@@ -1542,6 +1549,7 @@ class Explorer:
         """max()/min() of enum members by their int values (update_status's `max(old, new)`)."""
         d = self.c.domain
         number = {m: v for m, v in zip(d.members, d.values) if v is not None}
+        values = [v - MARKERS for v in values]  # `max(status, 0)`: the number is the member's value
         if not all(v and v <= set(number) for v in values):
             return d.universe
         pick = max if which == "max" else min
@@ -1610,7 +1618,7 @@ def ast_constant(value: ast.expr, domain: Domain) -> Val | None:
             return frozenset({str(value.value)})
         if isinstance(value.value, int):
             member = domain.member_for_int(value.value)
-            return frozenset({member}) if member else frozenset({OTHER})
+            return frozenset({member, INT}) if member else frozenset({OTHER})
         return frozenset({OTHER})
     named = enum_member(value, domain.enum)
     if named is not None and named in domain.members:

@@ -645,21 +645,48 @@ def _post_loop_effects(index: Index, pack: Pack, func: FuncRef, body: CstBody, d
         return EventKind.RELEASE if pack.is_release(callee) else EventKind.ABORT if pack.is_abort(callee) \
             else EventKind.ANSWER if pack.is_answer(callee) else None
 
+    def through(call: cst.Call) -> list[tuple[EventKind, str]]:
+        """The pack's calls a call makes: itself, or those in the body of the method of the
+        drain's class it names (`self._release_request(decode_req)` -> `release_kv_cache`)."""
+        callee = dotted(call.func)
+        if (kind := kind_of(callee)):
+            return [(kind, callee)]
+        me = callee.split(".")
+        if len(me) != 2 or me[0] != "self" or func.owner is None:
+            return []
+        helper = index.find_method(func.owner, me[1])
+        if helper is None or helper is func:
+            return []
+        return [(kind, name) for n in walk_ast(helper.node) if isinstance(n, ast.Call)
+                for name in [dotted(n.func)] if (kind := kind_of(name))]
+
     inside_loop = {id(n) for n in walk(drain_loop)}
     for node in walk(body.node):
         if id(node) in inside_loop:
             continue
-        if isinstance(node, cst.For) and isinstance(node.iter, cst.Name):
+        if isinstance(node, cst.For) and (listed := _iterated_list(node.iter)) is not None:
+            # `for req in done:`, `for i, req in enumerate(done):`, `for (i, req, _), hold in zip(failed, held):`
             for inner in walk(node.body):
-                if isinstance(inner, cst.Call) and (kind := kind_of(dotted(inner.func))):
-                    effects.setdefault(node.iter.value, []).append(Event(
-                        kind, func.path, body.line(inner), func.qualname, dotted(inner.func) + " (after the loop)", after_loop=True))
+                if isinstance(inner, cst.Call):
+                    for kind, callee in through(inner):
+                        effects.setdefault(listed, []).append(Event(
+                            kind, func.path, body.line(inner), func.qualname, callee + " (after the loop)", after_loop=True))
         elif isinstance(node, cst.Call) and (kind := kind_of(dotted(node.func))):
             for arg in node.args:
                 if isinstance(arg.value, cst.Name):
                     effects.setdefault(arg.value.value, []).append(Event(
                         kind, func.path, body.line(node), func.qualname, dotted(node.func) + " (after the loop)", after_loop=True))
     return effects
+
+
+def _iterated_list(it: cst.BaseExpression) -> str | None:
+    """The list a loop goes over: a name, or the first sequence of `enumerate()` / `zip()`."""
+    if isinstance(it, cst.Name):
+        return it.value
+    if isinstance(it, cst.Call) and dotted(it.func) in ("enumerate", "zip") and it.args \
+            and isinstance(it.args[0].value, cst.Name) and it.args[0].star == "":
+        return it.args[0].value.value
+    return None
 
 
 def outcome_of(events: tuple[Event, ...] | list[Event], term: str | None, removal: bool = False) -> Outcome:

@@ -135,7 +135,10 @@ RULES: tuple[RuleMeta, ...] = (
             '    Reports S when such a path raises (an `else: raise`, an `assert False`: the exception\n'
             "    leaves the scheduler's event loop) and `state-crash` does not already report it there\n"
             '    (a backend returns S and every path that tests it raises), or when S is terminal and the catch-all keeps it (a\n'
-            "    finished transfer that never leaves). A catch-all that drops S is `dropped-state`'s.\n"
+            "    finished transfer that never leaves). A catch-all that drops S is `dropped-state`'s. A raise\n"
+            '    every state reaches alike (a configuration the code refuses, an assert on something else than\n'
+            '    the poll value) tests no state: it is not reported per state. A raise a state reaches only\n'
+            '    through a room another receiver moved there says so (the premise, as for `state-crash`).\n'
             '\n'
             'Why it matters:\n'
             '    A state the author did not expect is exactly the one a new backend or a timeout starts\n'

@@ -18,6 +18,11 @@ NOW = "@now"
 # The room is not in the manager's status table (popped, deleted, or never stored).
 ABSENT = "@absent"
 ROLES = frozenset({REQ, KEEP, POLLS})
+# A number written in the code (`prefix_len = 0`): it equals the member of its value (KVPoll is a
+# plain int class), but it is no poll value, so a test of it says nothing about the poll state.
+INT = "@int"
+# Tokens that say where a value came from, not what it holds: a split keeps them on every part.
+MARKERS = frozenset({INT})
 
 
 @dataclass(frozen=True)
@@ -63,12 +68,18 @@ def refine(op: str, value: Val, constants: Val) -> tuple[Val, Val]:
     `constants` is the exact set of possible right-hand values; for ==/is it must be a single
     token to be decidable on the false side, for in/not in it is the container's elements.
     """
+    marks, held, constants = value & MARKERS, value - MARKERS, constants - MARKERS
+    yes, no = _split(op, held, constants)
+    return (yes | marks if yes else yes), (no | marks if no else no)
+
+
+def _split(op: str, value: Val, constants: Val) -> tuple[Val, Val]:
     if op in ("==", "is"):
         if len(constants) == 1:
             return value & constants, value - constants
         return value & constants, value
     if op in ("!=", "is not"):
-        yes, no = refine("==", value, constants)
+        yes, no = _split("==", value, constants)
         return no, yes
     if op == "in":
         return value & constants, value - constants

@@ -16,6 +16,18 @@ _RELEASE_WITHOUT_ANSWER = STANDARD_BRANCHES.replace(
     "                prepare_abort(req, \"transfer failed\")\n                done_reqs.append(req)",
     "            elif poll == KVPoll.Failed:\n                release_kv_cache(req, self.tree_cache)")
 
+# Failed is released after the loop, by a method of the drain's class called in a loop over the
+# finished list with its indices (as 0.5.23's decode transfer queue does: `for (i, decode_req, _),
+# hold in zip(failed, held): ... self._release_request(decode_req)`).
+_RELEASED_BY_A_HELPER_AFTER_THE_LOOP = drain(_ABORT_WITHOUT_RELEASE, '''
+    def release_request(self, req):
+        release_kv_cache(req, self.tree_cache)
+''').replace(
+    "        for req in done_reqs:\n            self.req_to_metadata_buffer_idx_allocator.free(req.metadata_buffer_index)\n",
+    "        for i, req in enumerate(done_reqs):\n"
+    "            self.req_to_metadata_buffer_idx_allocator.free(req.metadata_buffer_index)\n"
+    "            self.release_request(req)\n")
+
 
 class ReleaseLeak(Rule):
     """A request ends in the drain loop without giving back what it holds, or without an answer.
@@ -50,7 +62,8 @@ class ReleaseLeak(Rule):
     title = "Request ends without release or answer"
     severity = "warning"
 
-    VALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES)})]
+    VALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES)}),
+             Sample({"disaggregation/prefill.py": _RELEASED_BY_A_HELPER_AFTER_THE_LOOP})]
     INVALID = [
         Sample({"disaggregation/prefill.py": drain(_ABORT_WITHOUT_RELEASE)}, expect=((None, "Failed"),)),
         Sample({"disaggregation/prefill.py": drain(_RELEASE_WITHOUT_ANSWER)}, expect=((None, "Failed"),)),

@@ -4,6 +4,8 @@ from typing import TYPE_CHECKING
 
 from kvtrace.model import EventKind, Evidence, Finding, Outcome
 from kvtrace.rules.base import Rule, Sample, ScanContext, drain_evidence, path_evidence, returned_by
+from kvtrace.rules.premise import clause, crash_premise
+from kvtrace.rules.reentry_premise import reentry_premise
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain
 from kvtrace.rules.state_crash import crash_sites
 
@@ -36,6 +38,30 @@ _CATCH_ALL_ASSERTS = '''\
                 assert req.metadata_buffer_index is not None
                 undone_reqs.append(req)'''
 
+# A catch-all that runs a helper asserting a number, not the poll value: `prefix_len` is an int
+# (None made 0, or whatever the request carries), and `== 0` tests that int, not Failed (= 0).
+_CATCH_ALL_ASSERTS_A_NUMBER = (_CATCH_ALL_ASSERTS.replace(
+    "assert req.metadata_buffer_index is not None", "self.reserve(req, req.prefix_len)"), '''
+    def reserve(self, req, prefix_len=None):
+        if prefix_len is None:
+            prefix_len = 0
+        if self.sparse_mode:
+            assert prefix_len == 0
+        req.reserved_len = prefix_len
+''')
+
+# After the chain, every request runs a helper that refuses a configuration: the raise is reached
+# by every state alike (Success and Failed on the paths that matched them too), so it is no state
+# falling to a catch-all.
+_CONFIGURATION_CHECK = (STANDARD_BRANCHES.replace(
+    "            else:\n                undone_reqs.append(req)",
+    "            else:\n                undone_reqs.append(req)\n            self.reserve(req)"), '''
+    def reserve(self, req):
+        if self.sparse_mode and self.transfer_backend != "mooncake":
+            raise NotImplementedError("sparse mode needs the mooncake backend")
+        req.reserved = True
+''')
+
 
 class UnhandledState(Rule):
     """A poll state no branch of the drain loop handles: it crashes the scheduler or is kept for ever.
@@ -46,7 +72,10 @@ class UnhandledState(Rule):
         Reports S when such a path raises (an `else: raise`, an `assert False`: the exception
         leaves the scheduler's event loop) and `state-crash` does not already report it there
         (a backend returns S and every path that tests it raises), or when S is terminal and the catch-all keeps it (a
-        finished transfer that never leaves). A catch-all that drops S is `dropped-state`'s.
+        finished transfer that never leaves). A catch-all that drops S is `dropped-state`'s. A raise
+        every state reaches alike (a configuration the code refuses, an assert on something else than
+        the poll value) tests no state: it is not reported per state. A raise a state reaches only
+        through a room another receiver moved there says so (the premise, as for `state-crash`).
 
     Why it matters:
         A state the author did not expect is exactly the one a new backend or a timeout starts
@@ -69,7 +98,9 @@ class UnhandledState(Rule):
     severity = "warning"
 
     VALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES)}),
-             Sample({"disaggregation/prefill.py": drain(_CATCH_ALL_ASSERTS)})]
+             Sample({"disaggregation/prefill.py": drain(_CATCH_ALL_ASSERTS)}),
+             Sample({"disaggregation/prefill.py": drain(*_CATCH_ALL_ASSERTS_A_NUMBER)}),
+             Sample({"disaggregation/prefill.py": drain(*_CONFIGURATION_CHECK)})]
     INVALID = [
         Sample({"disaggregation/prefill.py": drain(_ELSE_RAISES)}, expect=((None, "Bootstrapping"),)),
         Sample({"disaggregation/prefill.py": drain(_CATCH_ALL_KEEPS)}, expect=((None, "Failed"),)),
@@ -80,6 +111,7 @@ class UnhandledState(Rule):
         if queue.drain is None:
             return []
         findings = []
+        alike = _raised_by_every_state(queue.paths, ctx.domain.members)
         for state in ctx.domain.members:
             # Paths on which the poll value was tested and no test matched: S fell to a catch-all.
             # A path that keeps S without testing it at all (a mode: "not my turn yet") is not one.
@@ -90,6 +122,7 @@ class UnhandledState(Rule):
                 raise_event = next((e for e in reversed(events) if e.kind == EventKind.RAISE), None)
                 if outcome == Outcome.RAISES and raise_event is not None \
                         and (raise_event.path, raise_event.line) not in certain \
+                        and (raise_event.path, raise_event.line) not in alike \
                         and not _assert_not_about_poll(raise_event, events):
                     crashes.setdefault((raise_event.path, raise_event.line), events)
             # A terminal state that a catch-all keeps on one path and lets out on another of the same
@@ -101,6 +134,9 @@ class UnhandledState(Rule):
             # Where the drain does test S (on other paths), the crash is the path's, not the loop's.
             tested = sorted({e.line for events, _ in queue.paths.get(state, []) for e in events
                              if e.kind == EventKind.CHECK and e.detail == "T"})
+            # What the state reaching the raise rests on, as for state-crash (a state the poll
+            # answers only for a room another receiver or sender moved there).
+            premise = (crash_premise(ctx, state) or reentry_premise(ctx, state)) if crashes else None
             for (path, line), events in crashes.items():
                 raise_event = next(e for e in reversed(events) if e.kind == EventKind.RAISE)
                 helper = raise_event.function != queue.drain.func.qualname
@@ -113,7 +149,11 @@ class UnhandledState(Rule):
                            f"line {line} ({raise_event.function}): the exception leaves the drain loop (a scheduler crash)")
                 evidence = drain_evidence(ctx) + path_evidence(events, state) + [
                     Evidence(path, line, f"raise: {state} not expected here")]
-                findings.append(self.finding(message, path, line, None, state, evidence))
+                if premise is not None:
+                    message += "; " + clause(premise)
+                    evidence += [e for e in premise.why if e not in evidence]
+                findings.append(self.finding(message, path, line, None, state, evidence,
+                                             premise.text if premise else None))
             for events in kept[:1]:
                 keep = next((e for e in events if e.kind == EventKind.KEEP), None)
                 if keep is not None:
@@ -136,6 +176,22 @@ def _assert_not_about_poll(raise_event: Event, events: list[Event]) -> bool:
     to a catch-all. An assert on the poll value records its test at the same line."""
     return raise_event.detail == "assert" and not any(
         e.kind == EventKind.CHECK and (e.path, e.line) == (raise_event.path, raise_event.line) for e in events)
+
+
+def _raised_by_every_state(paths: dict, states: tuple[str, ...]) -> set[tuple[str, int]]:
+    """The raise sites every poll state reaches (on any of its paths, matched or not): a check of
+    something else than the poll value (a configuration the code refuses, an invariant), which
+    raises whatever the state, when its own condition holds. A crash at configuration, if that
+    configuration is used, not a state the drain forgot: no state is unhandled there."""
+    reached: list[set[tuple[str, int]]] = []
+    for state in states:
+        sites = set()
+        for events, outcome in paths.get(state, []):
+            raise_event = next((e for e in reversed(events) if e.kind == EventKind.RAISE), None)
+            if outcome == Outcome.RAISES and raise_event is not None:
+                sites.add((raise_event.path, raise_event.line))
+        reached.append(sites)
+    return set.intersection(*reached) if reached else set()
 
 
 def _unmatched(paths: list) -> list:

@@ -9,6 +9,7 @@ from kvtrace.model import ProblemKind, Report
 from kvtrace.packs import load_pack
 from kvtrace.scan import scan_path
 from kvtrace.rules.premise import SHARED_ROOM
+from kvtrace.rules.reentry_premise import ROOM_REUSED
 from tests.sglang_wheels import sglang_tree
 
 DECODE = "sglang/srt/disaggregation/decode.py"
@@ -128,13 +129,15 @@ def test_decode_findings(report: Report) -> None:
     assert not any(f.rule == "pinned-state" and "prealloc" in f.message for f in report.findings)
 
 
-@pytest.mark.parametrize("version", ["0.5.14"])
+@pytest.mark.parametrize("version", ["0.5.14", "0.5.23"])
 def test_decode_pack_completes_without_a_path_limit(version: str) -> None:
     """Issue 22: pop_preallocated's prealloc loop (decode.py 868-1060 in 0.5.14) runs each
     request through allocation helpers that enter other helpers or not and do nothing to it,
     after a poll pass and an abort pass: their combinations passed the per-statement limit,
     and the scan was incomplete with every state of both queues `kept, leaves, raises`.
-    (0.5.23 still passes the limit in pop_preallocated after widen, fold and coarsen: not listed.)"""
+    0.5.23 passed it in pop_preallocated (decode.py 1788, 1816); it completes since the HiSparse
+    `assert prefix_len == 0` in _pre_alloc (2324) is no longer read as a test of the poll value
+    (issue 22's item 1: a comparison tells the poll state only for a value that came from the poll)."""
     scanned = decode_scan(version)  # the same scan as the 0.5.14 rows of HAND_READ
     assert not [p for p in scanned.problems if p.kind in (ProblemKind.PATH_LIMIT, ProblemKind.CUT)], scanned.problems
     assert {q.name for q in scanned.queues} == {"disagg_decode_prealloc_queue", "disagg_decode_transfer_queue"}
@@ -153,6 +156,13 @@ def test_prealloc_crash_names_its_premise(report: Report) -> None:
     lines = {(e.path, e.line) for e in crash.evidence if e.note.startswith("premise:")}
     assert {(DECODE, 256), ("sglang/srt/managers/scheduler.py", 1351),
             ("sglang/srt/managers/scheduler.py", 1783)} <= lines, lines
+    # Transferring reaches the same raise (no receiver is seen returning it, so it is
+    # unhandled-state's, not a crash): it rests on the same premise, and says so.
+    unhandled = next(f for f in report.findings if f.rule == "unhandled-state" and f.state == "Transferring")
+    assert (unhandled.path, unhandled.line, unhandled.severity) == (DECODE, 342, "warning")
+    assert unhandled.premise == crash.premise and "true only if" in unhandled.message
+    assert {(DECODE, 256), ("sglang/srt/managers/scheduler.py", 1351)} <= {
+        (e.path, e.line) for e in unhandled.evidence if e.note.startswith("premise:")}
 
 
 def test_skip_poll_names_the_thread_that_stores_failed(report: Report) -> None:
@@ -394,22 +404,90 @@ def test_known_miss_success_kept_in_the_prealloc_queue_0_4_6_post5() -> None:
                 and f.queue == "disagg_decode_prealloc_queue"]
 
 
-def test_0_5_13_decode_has_no_error_and_a_known_false_warning_at_the_hisparse_assert() -> None:
+def test_0_5_13_decode_has_no_error_and_no_state_unhandled_at_the_hisparse_assert() -> None:
     """The decode pack on 0.5.13 (decode.py as read by hand): complete, no path limit, no error.
-    A kvtrace miss kept as such: `_pre_alloc(..., prefix_len: Optional[int] = None, ...)` (1246)
-    sets `prefix_len = 0` when None, and under `if self.scheduler.enable_hisparse:` (1307) asserts
-    `prefix_len == 0` (1310), an invariant of the HiSparse mode, not about the poll value. The
-    engine binds the unbound parameter to every KVPoll value and reads `== 0` as a test for
-    Failed (= 0), so every state "matches no test" there: five false unhandled-state warnings.
-    When the engine stops taking an int parameter for the poll value, this fails: drop them."""
+    `_pre_alloc(..., prefix_len: Optional[int] = None, ...)` (1246) sets `prefix_len = 0` when
+    None (1257-1258; the other caller, pop_preallocated 924, passes `prefix_match.l1_prefix_len` or
+    `0`), and under `if self.scheduler.enable_hisparse:` (1307) asserts `prefix_len == 0` (1310):
+    an invariant of the HiSparse mode about an int, not about the poll value. It fails, if ever, for
+    every state alike, so no state is unhandled there (kvtrace used to read `== 0` as a test for
+    Failed = 0 and reported all five states)."""
     report = decode_scan("0.5.13")
     assert not [p for p in report.problems if p.kind in (ProblemKind.PATH_LIMIT, ProblemKind.CUT)], report.problems
     assert not [(f.rule, f.backend, f.path, f.line) for f in report.findings if f.severity == "error"]
     lines = (sglang_tree("0.5.13") / DECODE).read_text().splitlines()
     assert lines[1310 - 1].strip() == "assert prefix_len == 0"
     assert lines[1307 - 1].strip() == "if self.scheduler.enable_hisparse:"
-    at_assert = {f.state for f in report.findings if f.rule == "unhandled-state" and f.line == 1310}
-    assert at_assert == {"Bootstrapping", "WaitingForInput", "Transferring", "Success", "Failed"}
+    assert [lines[1257 - 1].strip(), lines[1258 - 1].strip()] == ["if prefix_len is None:", "prefix_len = 0"]
+    assert not [f for f in report.findings if (f.path, f.line) == (_srt("decode.py"), 1310)]
+    # The drain's own tests of the poll value are still read: the Unexpected-poll-case raise of
+    # _update_handshake_waiters (665; Bootstrapping, WaitingForInput and Failed have branches,
+    # 630-664) is reached by Success and Transferring only. A request in the prealloc queue holds
+    # no KV memory, so no transfer into it has started: its receiver answers those states only
+    # from a room another receiver moved there (a request added again with its bootstrap_room, or
+    # two requests sharing one: sglang#6857, #40125); the finding says so and is a warning.
+    assert lines[665 - 1].strip() == 'raise ValueError(f"Unexpected poll case: {poll}")'
+    at_raise = [f for f in report.findings if (f.path, f.line) == (_srt("decode.py"), 665)]
+    assert {f.state for f in at_raise} == {"Success", "Transferring"}
+    assert all(f.severity == "warning" and f.premise == ROOM_REUSED for f in at_raise), \
+        [(f.rule, f.severity, f.premise) for f in at_raise]
+
+
+def test_0_5_22_decode_raises_read_by_hand() -> None:
+    """0.5.22 decode.py, three raises in the prealloc queue's drain, read by hand:
+    - `_update_handshake_waiters` (1094): Bootstrapping / WaitingForInput / Failed have branches
+      (1123-1147), `else: raise ValueError("Unexpected poll case")` (1149). Success and
+      Transferring reach it only from a room another receiver moved there: a request re-added
+      with its bootstrap_room (`add(..., is_rebootstrap=True)` 784 -> `_create_receiver_and_enqueue`
+      883 builds a new receiver for `req.bootstrap_room`, and CommonKVReceiver.__init__ skips
+      storing the room when it is already in the table) or two requests sharing one
+      (sglang#40125, #6857). A warning that says so.
+    - `raise NotImplementedError("HiSparse device-only PD transfer currently requires the Mooncake
+      backend")` (1751), under `if self.transfer_backend != TransferBackend.MOONCAKE:` (1750) in
+      pop_preallocated: a configuration refused whatever the poll value, reached by every state
+      alike: no state is unhandled there.
+    - `assert prefix_len == 0` (2253, _pre_alloc under enable_hisparse): an int, not the poll."""
+    report = decode_scan("0.5.22")
+    lines = (sglang_tree("0.5.22") / DECODE).read_text().splitlines()
+    assert lines[1149 - 1].strip() == 'raise ValueError(f"Unexpected poll case: {poll}")'
+    assert lines[1750 - 1].strip() == "if self.transfer_backend != TransferBackend.MOONCAKE:"
+    assert lines[1751 - 1].strip() == "raise NotImplementedError("
+    assert lines[2253 - 1].strip() == "assert prefix_len == 0"
+    _handshake_raise_rests_on_a_reused_room_and_nothing_at(report, 1149, quiet=(1751, 2253))
+
+
+def _handshake_raise_rests_on_a_reused_room_and_nothing_at(report: Report, raise_line: int, quiet: tuple[int, ...]) -> None:
+    """The Unexpected-poll-case raise: Success and Transferring, warnings on a reused room; no
+    finding at the `quiet` lines of decode.py; no error anywhere."""
+    at = {line: [f for f in report.findings if (f.path, f.line) == (_srt("decode.py"), line)] for line in (raise_line, *quiet)}
+    assert {f.state for f in at[raise_line]} == {"Success", "Transferring"}
+    assert all((f.rule, f.severity, f.premise) == ("unhandled-state", "warning", ROOM_REUSED) for f in at[raise_line])
+    assert not [f for line in quiet for f in at[line]], [(f.rule, f.state, f.line) for line in quiet for f in at[line]]
+    assert not [f for f in report.findings if f.severity == "error"]
+
+
+def test_0_5_23_decode_raises_and_the_failed_transfer_release_read_by_hand() -> None:
+    """0.5.23 decode.py, read by hand:
+    - `raise ValueError("Unexpected poll case")` (1179, _update_handshake_waiters): Success and
+      Transferring only, a warning resting on a room another receiver moved there (as 0.5.22).
+    - `raise NotImplementedError(` (1809) under `if self.transfer_backend != TransferBackend.MOONCAKE:`
+      (1808): a configuration refused whatever the poll value: no per-state finding.
+    - release-leak Failed at `prepare_abort(` (2885, pop_transferred) was false: the Failed branch
+      puts the request in `failed` (2907); after the loop `for (i, decode_req, _), hold in
+      zip(failed, held):` (2964) either releases it at once (`self._release_request(decode_req)`
+      2969, whose body calls `release_kv_cache` 2820) or defers it (`self._defer_release` 2966 ->
+      `self._deferred_releases`, emptied by resolve_deferred_releases 3046, run on every scheduler
+      iteration 3467, -> _do_release -> `_release_request` 3023; sglang#35049). The metadata buffer
+      is freed after the loop (2988) or at _do_release. No kv_cache leaks."""
+    report = decode_scan("0.5.23")
+    lines = (sglang_tree("0.5.23") / DECODE).read_text().splitlines()
+    assert lines[1179 - 1].strip() == 'raise ValueError(f"Unexpected poll case: {poll}")'
+    assert lines[1809 - 1].strip() == "raise NotImplementedError("
+    assert lines[2885 - 1].strip() == "prepare_abort("
+    assert lines[2964 - 1].strip() == "for (i, decode_req, _), hold in zip(failed, held):"
+    assert lines[2969 - 1].strip() == "self._release_request(decode_req)"
+    _handshake_raise_rests_on_a_reused_room_and_nothing_at(report, 1179, quiet=(1809, 2885))
+    assert not [f for f in report.findings if f.rule == "release-leak"]
 
 
 def test_0_5_23_decode_keyerror_rests_on_a_shared_room() -> None:

@@ -30,7 +30,7 @@ from kvtrace.rules.manager_model import manager_methods
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain
 from kvtrace import scan
 from kvtrace.scan import scan_path
-from kvtrace.states import OTHER, Domain, Val
+from kvtrace.states import INT, OTHER, Domain, Val
 from tests.property import _support, gen, oracle
 from tests.test_rules import write_tree
 
@@ -168,7 +168,7 @@ UNIVERSE = DOMAIN.universe
     ("unknown_name", UNIVERSE),
     ("KVPoll.Failed", frozenset({"Failed"})),  # an attribute: an enum member, else unknown
     ("p.value", UNIVERSE),
-    ("2", frozenset({"WaitingForInput"})),  # an integer: the member with that value, else other
+    ("2", frozenset({"WaitingForInput", INT})),  # an integer: the member with that value (a number, no poll value), else other
     ("7", frozenset({OTHER})),
     ("-1", UNIVERSE),  # arithmetic is unknown (its calls still run)
     ("'text'", frozenset({OTHER})),  # strings, f-strings, floats: something else
