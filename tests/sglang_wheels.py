@@ -53,3 +53,26 @@ def sglang_tree(version: str) -> Path:
                 target.write_bytes(data)
     marker.write_text("ok")
     return root
+
+
+def sglang_package(version: str) -> Path:
+    """`<cache>/packages/<version>/sglang/...`: every .py file of the released package, as pip installs
+    it (the thin `sglang_tree` keeps only what mentions the queue)."""
+    root = CACHE / "packages" / version
+    marker = root / ".complete"
+    if not marker.exists():
+        # Unpacked beside the cache and renamed into it, so a concurrent run never sees half a package.
+        root.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryDirectory(dir=root.parent) as staging, zipfile.ZipFile(wheel(version)) as archive:
+            for info in archive.infolist():
+                if info.filename.startswith("sglang/") and info.filename.endswith(".py"):
+                    target = Path(staging) / "tree" / info.filename
+                    target.parent.mkdir(parents=True, exist_ok=True)
+                    target.write_bytes(archive.read(info))
+            (Path(staging) / "tree" / ".complete").write_text("ok")
+            try:
+                os.replace(Path(staging) / "tree", root)
+            except OSError:  # another run put it there first
+                if not marker.exists():
+                    raise
+    return root / "sglang"

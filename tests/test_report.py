@@ -488,7 +488,9 @@ def test_role_all_at_80_by_50_both_roles_answers_are_on_the_end_screen() -> None
     assert re.search(r"^nixl +\S+ +\S+ +KVT001~ ", last_screen, re.M)  # the prefill side's pin
     flat = " ".join(last_screen.split())
     assert "12 warnings: nixl pins WaitingForInput only if two requests share a bootstrap_room · 10 notes" in flat
-    assert flat.endswith("21 warnings · 8 notes")  # the decode side's summary, last
+    # the decode side's summary, last (21 before the HiSparse `assert prefix_len == 0` stopped being
+    # read as a test of the poll state, five false unhandled-state warnings)
+    assert flat.endswith("16 warnings · 8 notes")
     assert sum(line.startswith("In short") for line in out) == 2  # each once, not once per report and again
 
 

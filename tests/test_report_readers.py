@@ -110,3 +110,19 @@ def test_a_failing_scan_says_so_on_stderr_in_one_line(fmt: str, tmp_path: Path) 
     assert kvtrace("scan", "examples/nixl-pin", "-f", fmt, "-o", str(out), "-q").stderr == ""
     clean = kvtrace("scan", "examples/all-clear", "-f", fmt, "-o", str(out))
     assert clean.returncode == 0 and clean.stderr == ""
+
+
+def test_an_error_is_never_told_under_a_warning_heading_on_0_5_9() -> None:
+    """Before: on 0.5.9 the PP assert at prefill.py:576 gives two state-crash errors (WaitingForInput,
+    Transferring) and a Bootstrapping warning that rests on a shared room; the text report grouped the
+    three by site and printed them under `warning[state-crash]`, the first one's severity, while the
+    summary counted the errors. A group now holds findings of one severity."""
+    from kvtrace.report.verdicts import finding_groups
+    from tests.sglang_wheels import sglang_tree
+
+    report = scan_path(sglang_tree("0.5.9") / "sglang" / "srt")
+    groups = [g for per_backend in finding_groups(report).values() for g in per_backend]
+    assert all(f.severity == g.severity for g in groups for f in g.findings)
+    at_576 = sorted((g.severity.value, tuple(g.states)) for g in groups
+                    if g.rule == "state-crash" and g.path.endswith("prefill.py") and g.line == 576)
+    assert at_576 == [("error", ("WaitingForInput", "Transferring")), ("warning", ("Bootstrapping",))]

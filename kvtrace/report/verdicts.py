@@ -236,6 +236,9 @@ def verdict_grids(report: Report, short: bool = False) -> list[Grid]:
     return [verdict_grid(report, short, queue) for queue in report.queues]
 
 
+_SHORT_PREMISE = 160  # characters: two lines at 80 columns
+
+
 def _legend(report: Report, used: set[str], partial: bool, short: bool, why: set[str]) -> list[str]:
     parts = []
     if short:
@@ -251,7 +254,10 @@ def _legend(report: Report, used: set[str], partial: bool, short: bool, why: set
         parts.append("?: " + "; or ".join(reasons))
     premises = sorted(key.split(":", 1)[1] for key in why if key.startswith("premise:"))
     if premises:
-        parts.append(f"{CONDITIONAL}: a warning, it holds only if {' or '.join(premises)}")
+        told = f"{CONDITIONAL}: a warning, it holds only if {' or '.join(premises)}"
+        # Short labels are for a narrow screen: a premise of several lines is left to its finding.
+        parts.append(told if not short or len(told) <= _SHORT_PREMISE else
+                     f"{CONDITIONAL}: a warning, it holds only under the premise its finding states")
     if partial:
         parts.append("*: checked without some of its files")
     return parts
@@ -297,7 +303,8 @@ def finding_groups(report: Report) -> dict[str | None, list[FindingGroup]]:
     backend_order = {b.name: i for i, b in enumerate(report.backends)}
     groups: dict[tuple, FindingGroup] = {}
     for f in report.findings:
-        key = (f.backend, f.rule, f.path, f.line, mark(f), f.queue)
+        # An error and a warning at one line stay apart: a group is told under one severity.
+        key = (f.backend, f.rule, f.path, f.line, mark(f), f.queue, f.severity)
         group = groups.setdefault(key, FindingGroup(f.rule, f.severity, f.path, f.line, f.backend, mark(f), f.queue))
         group.findings.append(f)
         if f.state and f.state not in group.states:

@@ -30,3 +30,10 @@ class QueueMetricsMixin:
         self.metrics_collector.set_gauge("num_prefill_bootstrap_queue_reqs", stats.bootstrap)
         self.metrics_collector.set_gauge("num_prefill_inflight_queue_reqs", stats.inflight)
         self.metrics_collector.set_gauge("num_queue_reqs", stats.waiting)
+
+
+class SchedulerQueueBinding:
+    """Where the scheduler binds the bootstrap queue object (its class is not part of this fixture)."""
+
+    def init_disaggregation_queues(self) -> None:
+        self.disagg_prefill_bootstrap_queue = PrefillBootstrapQueue()  # noqa: F821

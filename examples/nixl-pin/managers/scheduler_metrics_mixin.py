@@ -29,3 +29,10 @@ class SchedulerMetricsMixin:
             self.stats.num_prefill_inflight_queue_reqs,
             gap,
         )
+
+
+class SchedulerQueueBinding:
+    """Where the scheduler binds the bootstrap queue object (its class is not part of this fixture)."""
+
+    def init_disaggregation_queues(self) -> None:
+        self.disagg_prefill_bootstrap_queue = PrefillBootstrapQueue()  # noqa: F821

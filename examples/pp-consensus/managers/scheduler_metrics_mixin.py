@@ -25,3 +25,10 @@ class SchedulerMetricsMixin:
         self.stats.prefill_bootstrap_queue = QueueCount.from_reqs(self.disagg_prefill_bootstrap_queue.queue)
         self.stats.prefill_inflight_queue = QueueCount.from_reqs(self.disagg_prefill_inflight_queue)  # site: gauge
         self.stats.num_prefill_inflight_queue_reqs = self.stats.prefill_inflight_queue.num_reqs
+
+
+class SchedulerQueueBinding:
+    """Where the scheduler binds the bootstrap queue object (its class is not part of this fixture)."""
+
+    def init_disaggregation_queues(self) -> None:
+        self.disagg_prefill_bootstrap_queue = PrefillBootstrapQueue()  # noqa: F821

@@ -48,7 +48,7 @@ class PrefillBootstrapQueue:
         still_waiting: List[Req] = []
         for req, poll in zip(self.queue, polls):
             if poll == KVPoll.Bootstrapping:
-                still_waiting.append(req)
+                still_waiting.append(req)  # expect: silent-wait[:Bootstrapping]
             elif poll == KVPoll.Failed:
                 reason = f"bootstrap of {req.rid} failed"
                 prepare_abort(req, reason, status_code=HTTPStatus.INTERNAL_SERVER_ERROR)

@@ -39,3 +39,10 @@ class SchedulerMetricsReporter:
 class SchedulerMetricsMixin:
     def init_metrics_reporter(self: Scheduler) -> None:
         self.metrics_reporter = SchedulerMetricsReporter(self, self.metrics_collector)
+
+
+class SchedulerQueueBinding:
+    """Where the scheduler binds the bootstrap queue object (its class is not part of this fixture)."""
+
+    def init_disaggregation_queues(self) -> None:
+        self.disagg_prefill_bootstrap_queue = PrefillBootstrapQueue()  # noqa: F821

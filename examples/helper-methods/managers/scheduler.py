@@ -1,0 +1,7 @@
+"""The scheduler's side of the kvtrace fixture "helper-methods": where it binds the bootstrap queue object
+(its class is not part of this fixture; the inflight queue's drain is in disaggregation/prefill.py)."""
+
+
+class Scheduler:
+    def init_disaggregation_queues(self) -> None:
+        self.disagg_prefill_bootstrap_queue = PrefillBootstrapQueue()  # noqa: F821
