@@ -23,7 +23,7 @@ from kvtrace.managers import (
     narrowed_by_guard,
     pair_manager,
 )
-from kvtrace.model import Backend, EventKind, Evidence, PollRef, StateVerdict, TimeoutCheck, WayOut
+from kvtrace.model import Backend, EventKind, Evidence, PollRef, Problem, ProblemKind, StateVerdict, TimeoutCheck, WayOut
 from kvtrace.packs import Pack, matches
 from kvtrace.parse import parents as _parents
 from kvtrace.syntax import dotted, enum_member, self_attr
@@ -63,7 +63,7 @@ def is_abstract(func: FuncRef) -> bool:
     return False
 
 
-def analyse_backends(index: Index, pack: Pack, domain: Domain, root: str, problems: list[str],
+def analyse_backends(index: Index, pack: Pack, domain: Domain, root: str, problems: list[Problem],
                      take: Callable[[int], bool] | None = None) -> list[SenderAnalysis]:
     """Each backend's sender, in (path, line) order. `take(i)` says whether this process
     analyses the i-th sender class (kvtrace.scan shares them with a forked child); None: all."""
@@ -83,7 +83,8 @@ def analyse_backends(index: Index, pack: Pack, domain: Domain, root: str, proble
             manager = pair_manager(index, pack, domain, cls, root, mappings)
             results.append(analyse_sender(index, pack, domain, cls, root, manager, problems))
         except RecursionError:
-            problems.append(f"{cls.name}.{pack.poll_method}() is nested too deeply to analyse ({cls.path}:{cls.line})")
+            problems.append(Problem(ProblemKind.TOO_DEEP, f"{cls.name}.{pack.poll_method}() is nested too deeply to analyse "
+                                    f"({cls.path}:{cls.line})", f"{cls.path}:{cls.line}"))
     return results
 
 
@@ -96,7 +97,7 @@ def sender_classes(index: Index, pack: Pack) -> list[ClassInfo]:
 
 
 def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, root: str,
-                   manager: ManagerModel | None = None, problems: list[str] | None = None) -> SenderAnalysis:
+                   manager: ManagerModel | None = None, problems: list[Problem] | None = None) -> SenderAnalysis:
     """The sender's backend: run its poll() from each value the status table can hold for the room,
     then ask of every state it returns whether abort() or the clock ends it. The steps below, in order."""
     name = backend_folder(cls.path, root)
@@ -121,8 +122,8 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
     if runner.parse(poll) is None:
         notes.append(f"{pack.poll_method}() could not be parsed")
         if problems is not None:
-            problems.append(f"{poll.path}:{poll.line} {poll.qualname}() could not be parsed with libcst; "
-                            f"the {name} backend is not analysed")
+            problems.append(Problem(ProblemKind.UNPARSED, f"{poll.path}:{poll.line} {poll.qualname}() could not be parsed "
+                                    f"with libcst; the {name} backend is not analysed", f"{poll.path}:{poll.line}"))
         return SenderAnalysis(Backend(name, cls.name, cls.path, cls.line, ref, [], False, None, [], notes,
                                       [f"{pack.poll_method}() could not be parsed"],
                                       manager.ref if manager else None), cls, poll, manager=facts)
@@ -295,19 +296,19 @@ class _PolledStates:
 
 
 def _undecided_if_unparsed(runner: "_Runner", name: str, verdicts: dict[str, StateVerdict],
-                           problems: list[str] | None) -> dict[str, StateVerdict]:
+                           problems: list[Problem] | None) -> dict[str, StateVerdict]:
     """Code the engine did not follow (a construct, its budget, a function libcst could not parse)
     makes the backend's analysis incomplete. abort() and what it calls may be what could not be
     read: then neither a pin nor a way out through abort() is claimed (a gap); a deadline found with
     the clock alone stands."""
     if problems is not None:
-        problems.extend(f"analysis cut short at {t} (the {name} backend's analysis is incomplete)"
-                        for t in sorted(set(runner.truncated)) if isinstance(t, Cut))
+        problems.extend(Problem(ProblemKind.CUT, f"analysis cut short at {t} (the {name} backend's analysis is incomplete)",
+                                t.where) for t in sorted(set(runner.truncated)) if isinstance(t, Cut))
     if not runner.unparsed:
         return verdicts
     if problems is not None:
-        problems.extend(f"{u} could not be parsed with libcst (the {name} backend's analysis is incomplete)"
-                        for u in sorted(runner.unparsed))
+        problems.extend(Problem(ProblemKind.UNPARSED, f"{u} could not be parsed with libcst (the {name} backend's analysis "
+                                "is incomplete)", u.partition(" ")[0]) for u in sorted(runner.unparsed))
     undecided = f"not decided: {', '.join(sorted(runner.unparsed))} could not be parsed with libcst"
     return {s: v if v.way_out is WayOut.TIMEOUT else StateVerdict(s, WayOut.UNKNOWN, undecided, v.chain)
             for s, v in verdicts.items()}

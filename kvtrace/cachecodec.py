@@ -7,7 +7,7 @@ type its annotation names and refuses anything else (a wrong type, a missing or 
 enum value that does not exist). Decoders are compiled once per type, so a warm scan spends its
 time reading JSON rather than asking `typing` questions.
 
-`graph` and `host_facts` hold free-form values (tuples, sets, nested dicts): they are written
+`graphs` and `host_facts` hold free-form values (tuples, sets, nested dicts): they are written
 with explicit tags ({"tuple": [...]}, {"set": [...]}, {"dict": [[key, value], ...]}) so that
 what comes back is what went in, and only those plain types can come back.
 """
@@ -37,7 +37,7 @@ T = typing.TypeVar("T")
 # Fields left out of the typed walk: the files are stored apart (their bytes are not cached) and
 # these hold free-form plain values.
 _SKIPPED: dict[type, frozenset[str]] = {Report: frozenset({"files"})}
-_PLAIN: dict[type, frozenset[str]] = {Report: frozenset({"graph", "host_facts"})}
+_PLAIN: dict[type, frozenset[str]] = {Report: frozenset({"graphs", "host_facts"})}
 _PLAIN_TAGS = ("tuple", "set", "frozenset", "dict")
 
 

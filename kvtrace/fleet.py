@@ -25,7 +25,7 @@ from typing import Any
 
 from kvtrace.errors import (EXIT_CLEAN, EXIT_FINDINGS, EXIT_INCOMPLETE, EXIT_INPUT, EXIT_INTERNAL, AmbiguousTarget,
                             InputError, KvtraceError)
-from kvtrace.gate import DEFAULT_FAIL_ON, SEVERITY_RANK
+from kvtrace.gate import DEFAULT_FAIL_ON, fails_on
 from kvtrace.model import FetchLimits, FetchResult, Report
 from kvtrace.safe_text import plain
 
@@ -569,9 +569,8 @@ def summaries_from_json(data: Any, source: str, fail_on: str = DEFAULT_FAIL_ON) 
         findings = report.get("findings", [])
         incomplete = report["complete"] is False if "complete" in report else \
             any(f.get("status") != "ok" for f in files) or bool(report.get("problems"))
-        threshold = SEVERITY_RANK[fail_on]
         code = EXIT_INCOMPLETE if incomplete else EXIT_FINDINGS if any(
-            SEVERITY_RANK.get(f.get("severity", "note"), 0) >= threshold for f in findings) else EXIT_CLEAN
+            fails_on(f.get("severity", "note"), fail_on) for f in findings) else EXIT_CLEAN
         metrics = report.get("metrics")
         gauges = []
         if isinstance(metrics, dict):

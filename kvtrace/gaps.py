@@ -81,7 +81,7 @@ def find_gaps(report: Report, enum_path: str | None = None, index: Index | None 
     if index is not None:
         told = {g.subject for g in gaps if g.kind is GapKind.BACKEND} | checked
         gaps.extend(_hidden_by_unread_bases(index, report.root, report.files, told))
-    gaps.extend(Gap(GapKind.ANALYSIS, "scan", problem) for problem in report.problems)
+    gaps.extend(Gap(GapKind.ANALYSIS, "scan", problem.text, problem=problem.kind) for problem in report.problems)
     return gaps
 
 

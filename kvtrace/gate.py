@@ -10,25 +10,35 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Iterable
 
-from kvtrace.model import Finding
+from kvtrace.model import SEVERITIES_WORST_FIRST, Finding, Severity
 
 DEFAULT_FAIL_ON = "error"
-SEVERITY_RANK = {"note": 0, "warning": 1, "error": 2, "never": 3}
-SEVERITIES = ("error", "warning", "note")
+NEVER = "never"  # `--fail-on never`: a level above every severity
+
+
+def fails_on(severity: str, fail_on: str) -> bool:
+    """Whether a finding of `severity` is at or above `fail_on` (a level read from another
+    report that kvtrace does not know counts as a note, the least)."""
+    if fail_on == NEVER:
+        return False
+    try:
+        level = Severity(severity)
+    except ValueError:
+        level = Severity.NOTE
+    return level >= Severity(fail_on)
 
 
 def failing(findings: Iterable[Finding], fail_on: str) -> list[Finding]:
     """The findings that fail the run under `fail_on`."""
     from kvtrace.baseline import counts_against
 
-    threshold = SEVERITY_RANK[fail_on]
-    return [f for f in findings if counts_against(f) and SEVERITY_RANK.get(f.severity, 0) >= threshold]
+    return [f for f in findings if counts_against(f) and fails_on(f.severity, fail_on)]
 
 
 def counted(findings: Iterable[Finding]) -> str:
     """`2 errors, 1 warning` (severities in order, only those present)."""
     tally = Counter(f.severity for f in findings)
-    return ", ".join(f"{tally[s]} {s}{'s' if tally[s] != 1 else ''}" for s in SEVERITIES if tally[s])
+    return ", ".join(f"{tally[s]} {s}{'s' if tally[s] != 1 else ''}" for s in SEVERITIES_WORST_FIRST if tally[s])
 
 
 def fail_on_source(fail_on: str | None, from_command_line: bool, config: str | None) -> tuple[str, str]:

@@ -669,11 +669,11 @@ def _post_loop_effects(index: Index, pack: Pack, func: FuncRef, body: CstBody, d
                     for kind, callee in through(inner):
                         effects.setdefault(listed, []).append(Event(
                             kind, func.path, body.line(inner), func.qualname, callee + " (after the loop)", after_loop=True))
-        elif isinstance(node, cst.Call) and (kind := kind_of(dotted(node.func))):
+        elif isinstance(node, cst.Call) and (call_kind := kind_of(dotted(node.func))):
             for arg in node.args:
                 if isinstance(arg.value, cst.Name):
                     effects.setdefault(arg.value.value, []).append(Event(
-                        kind, func.path, body.line(node), func.qualname, dotted(node.func) + " (after the loop)", after_loop=True))
+                        call_kind, func.path, body.line(node), func.qualname, dotted(node.func) + " (after the loop)", after_loop=True))
     return effects
 
 

@@ -45,6 +45,36 @@ class Outcome(TextEnum):
 OUTCOME_ORDER: tuple[Outcome, ...] = tuple(Outcome)
 
 
+class Severity(TextEnum):
+    """How bad a finding is, ordered (NOTE < WARNING < ERROR: `max` is the worst, `sorted(...,
+    reverse=True)` worst first). Its text is the reports' lowercase level, so JSON, SARIF and text
+    read as plain strings and a reader of them gets a member back with `Severity(text)`."""
+
+    ERROR = "error"
+    WARNING = "warning"
+    NOTE = "note"
+
+    @property
+    def rank(self) -> int:
+        return _SEVERITY_RANKS[self]
+
+    def __lt__(self, other: object) -> bool:
+        return self.rank < Severity(other).rank if isinstance(other, str) else NotImplemented
+
+    def __le__(self, other: object) -> bool:
+        return self.rank <= Severity(other).rank if isinstance(other, str) else NotImplemented
+
+    def __gt__(self, other: object) -> bool:
+        return self.rank > Severity(other).rank if isinstance(other, str) else NotImplemented
+
+    def __ge__(self, other: object) -> bool:
+        return self.rank >= Severity(other).rank if isinstance(other, str) else NotImplemented
+
+
+_SEVERITY_RANKS = {Severity.NOTE: 0, Severity.WARNING: 1, Severity.ERROR: 2}
+SEVERITIES_WORST_FIRST: tuple[Severity, ...] = tuple(Severity)
+
+
 class EventKind(TextEnum):
     """What happens at one line of one path. The first group are sites (rows of the release map
     and nodes of the queue graph); the rest describe a path without being sites."""
@@ -375,14 +405,14 @@ class SendersResult:
     met and what it learned about files. Data only: loading it runs no code."""
 
     senders: list[SenderRecord]
-    problems: list[str]
+    problems: list[Problem]
     marks: list[FileMark]
 
 
 @dataclass
 class Finding:
     rule: str
-    severity: str
+    severity: Severity
     message: str
     path: str
     line: int
@@ -413,6 +443,29 @@ class GapKind(TextEnum):
     ANALYSIS = "analysis"  # a part of the analysis was cut or failed
 
 
+class ProblemKind(TextEnum):
+    """What a problem the analysis met is (a writer tells them apart by this, never by the text)."""
+
+    TOO_DEEP = "too-deep"  # code nested past Python's recursion limit: not analysed
+    UNPARSED = "unparsed"  # a function libcst could not parse
+    PATH_LIMIT = "path-limit"  # the engine's path limit: paths were cut
+    CUT = "cut"  # a run stopped following the code (a statement kind not modelled, the work budget)
+    UNDRAINED = "undrained"  # a queue neither filled nor drained in the files analysed
+    OUT_OF_VIEW = "out-of-view"  # callers, or where the queue is bound, outside the scanned folder
+    FETCH = "fetch"  # something reading the target could not do
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Something the analysis could not do: any problem makes the report INCOMPLETE (a `Gap` of
+    kind ANALYSIS). `text` is for people and is what every format prints; `where` is the
+    path:line it is about, when there is one."""
+
+    kind: ProblemKind
+    text: str
+    where: str | None = None
+
+
 @dataclass(frozen=True)
 class Gap:
     """Something the scan could not analyse; any gap makes the report INCOMPLETE. `reason` is
@@ -422,6 +475,7 @@ class Gap:
     subject: str
     reason: str
     partial: bool = False  # a backend gap: checked, but without what `reason` names (else not checked at all)
+    problem: ProblemKind | None = None  # an analysis gap: what kind of problem it is
 
 
 @dataclass(frozen=True)
@@ -475,7 +529,7 @@ class Report:
     findings: list[Finding]
     root: str = ""  # the located disaggregation folder, relative to the target
     enum: Evidence | None = None
-    problems: list[str] = field(default_factory=list)
+    problems: list[Problem] = field(default_factory=list)
     schema: str = SCHEMA
     gaps: list[Gap] = field(default_factory=list)
     version: DetectedVersion | None = None
@@ -486,6 +540,16 @@ class Report:
         return bool(self.gaps)
     # Facts about where the tree was found, set by kvtrace.fleet: host, sglang_version, metrics.
     host_facts: dict[str, object] = field(default_factory=dict)
-    # The queue graph the fates were read from, as {"nodes": [(node, attrs)], "edges": [(a, b,
-    # attrs)]} (kvtrace.report.diagram.queue_graph rebuilds it), for diagrams and --graph.
-    graph: dict[str, list[Any]] | None = field(default=None, repr=False, compare=False)
+    # Each judged queue's graph, the fates were read from, by queue name in the pack's order, as
+    # {"nodes": [(node, attrs)], "edges": [(a, b, attrs)]} (kvtrace.report.diagram.queue_graph
+    # rebuilds one); `drawn` names the one the diagrams and --graph show.
+    graphs: dict[str, dict[str, list[Any]]] = field(default_factory=dict, repr=False, compare=False)
+    drawn: str | None = None
+
+    @property
+    def graph(self) -> dict[str, Any] | None:
+        """The drawn queue's graph, with its name under "queue" (what a report carried before it
+        kept one graph per queue)."""
+        if self.drawn is None or self.drawn not in self.graphs:
+            return None
+        return {**self.graphs[self.drawn], "queue": self.drawn}

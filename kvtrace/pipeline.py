@@ -38,6 +38,8 @@ from kvtrace.model import (
     Filters,
     Finding,
     ModeInfo,
+    Problem,
+    ProblemKind,
     QueueReport,
     Report,
     SenderRecord,
@@ -72,9 +74,9 @@ class Analysed:
     """Each queue's analysis (with what could not be analysed in it), the senders, and the files in
     scope as the analysis left them (a file libcst was not handed is marked not analysed)."""
 
-    queues: list[tuple[QueueAnalysis, list[str]]]
+    queues: list[tuple[QueueAnalysis, list[Problem]]]
     senders: list[SenderAnalysis]
-    problems: list[str]
+    problems: list[Problem]
     files: list[SourceFile]
 
 
@@ -82,8 +84,9 @@ class Analysed:
 class Checked:
     findings: list[Finding]
     queue_reports: list[QueueReport]
-    problems: list[str]
-    drawn_graph: dict  # the graph of the queue the diagrams show (the first with a pinned state), as plain data
+    problems: list[Problem]
+    graphs: dict[str, dict[str, list]]  # each judged queue's graph, as plain data
+    drawn: str | None  # the queue the diagrams show: the first (in the pack's order) with a pinned state
 
 
 def parse(fetched: FetchResult, pack: Pack, root: str | None) -> Parsed:
@@ -125,7 +128,7 @@ def graph(parsed: Parsed, indexed: Indexed, pack: Pack, beside: type[Beside] = B
     claims = Claims(len(sender_classes(index, pack)))
     try:
         with beside(lambda: _senders_out(index, pack, domain, root, claims.claim), big) as child:
-            queues: list[tuple[QueueAnalysis, list[str]]] = []
+            queues: list[tuple[QueueAnalysis, list[Problem]]] = []
             for name in queue_names:
                 queue_pack = pack.for_queue(name)
                 try:
@@ -133,8 +136,8 @@ def graph(parsed: Parsed, indexed: Indexed, pack: Pack, beside: type[Beside] = B
                 except RecursionError:
                     # Pathologically nested code: say so rather than guess (the scan is marked incomplete).
                     queues.append((QueueAnalysis(None, StateGraph(), {}, static_sites(index, queue_pack)),
-                                   [f"the drain loop of {name} is nested too deeply to analyse"]))
-            sender_problems: list[str] = []
+                                   [Problem(ProblemKind.TOO_DEEP, f"the drain loop of {name} is nested too deeply to analyse")]))
+            sender_problems: list[Problem] = []
             mine = analyse_backends(index, pack, domain, root, sender_problems, claims.claim) if child.forked else None
             from_child = child.result()
     finally:
@@ -151,11 +154,12 @@ def graph(parsed: Parsed, indexed: Indexed, pack: Pack, beside: type[Beside] = B
         sender_problems = []
         senders = analyse_backends(index, pack, domain, root, sender_problems)
     files = with_marks(in_scope, marks + index.marks)
-    return Analysed(queues, senders, sorted(sender_problems), files)  # problems: the same order whichever process met them
+    # The problems in the same order whichever process met them.
+    return Analysed(queues, senders, sorted(sender_problems, key=lambda p: p.text), files)
 
 
-def _judged(pack: Pack, names: tuple[str, ...], queues: list[tuple[QueueAnalysis, list[str]]],
-            in_scope: list[SourceFile]) -> list[tuple[str, tuple[QueueAnalysis, list[str]]]]:
+def _judged(pack: Pack, names: tuple[str, ...], queues: list[tuple[QueueAnalysis, list[Problem]]],
+            in_scope: list[SourceFile]) -> list[tuple[str, tuple[QueueAnalysis, list[Problem]]]]:
     """The queues to judge: the ones named with --queue; else the pack's, but one this code neither
     fills nor drains, that no file kvtrace read (parsed or not) names, with no caller out of view,
     is not in it (a tree that models only some of a role's queues): nothing to judge and nothing
@@ -168,7 +172,7 @@ def _judged(pack: Pack, names: tuple[str, ...], queues: list[tuple[QueueAnalysis
         return pairs  # a file whose bytes were not read may hold it
     unanalysed = [f.data for f in in_scope if f.status != "ok"]
 
-    def present(name: str, queue: QueueAnalysis, problems: list[str]) -> bool:
+    def present(name: str, queue: QueueAnalysis, problems: list[Problem]) -> bool:
         return bool(queue.drain is not None or queue.unparsed or queue.unseen_callers or problems
                     or any(s.kind is EventKind.ENTRY for s in queue.static_sites)
                     or any(name.encode() in data for data in unanalysed))
@@ -182,7 +186,7 @@ def checks(parsed: Parsed, indexed: Indexed, analysed: Analysed, pack: Pack, set
 
     index, domain, senders, in_scope = indexed.index, indexed.domain, analysed.senders, analysed.files
     queue_names = pack.queues or (pack.queue,)
-    problems: list[str] = []
+    problems: list[Problem] = []
     findings = []
     queue_reports = []
     graphs = []
@@ -204,27 +208,29 @@ def checks(parsed: Parsed, indexed: Indexed, analysed: Analysed, pack: Pack, set
                         findings.append(f)
         if queue.unparsed:
             # Never a silent skip, nor a confident "undrained": the scan is incomplete (exit 3).
-            problems.append(f"could not be parsed with libcst, so the analysis of {name} is incomplete: "
-                            + ", ".join(queue.unparsed))
+            problems.append(Problem(ProblemKind.UNPARSED, f"could not be parsed with libcst, so the analysis of {name} is "
+                                    "incomplete: " + ", ".join(queue.unparsed)))
         elif queue.drain is None and not entries and not queue.unseen_callers:
             unread = [f.path for f in in_scope if f.status != "ok"]
             cause = f" (files not analysed: {', '.join(unread[:3])}{' ...' if len(unread) > 3 else ''})" if unread else ""
-            problems.append(f"self.{name} is neither filled nor drained in the analysed files{cause}")
-        problems.extend(queue.unseen_callers)
+            problems.append(Problem(ProblemKind.UNDRAINED, f"self.{name} is neither filled nor drained in the analysed files{cause}"))
+        problems.extend(Problem(ProblemKind.OUT_OF_VIEW, unseen) for unseen in queue.unseen_callers)
         limits = [t for t in queue.truncated if not isinstance(t, Cut)]
         if limits:
-            problems.append("path limit reached (results may be incomplete) at " + ", ".join(limits))
-        problems.extend(f"analysis cut short (results may be incomplete) at {t}" for t in queue.truncated if isinstance(t, Cut))
+            problems.append(Problem(ProblemKind.PATH_LIMIT, "path limit reached (results may be incomplete) at " + ", ".join(limits),
+                                    limits[0] if len(limits) == 1 else None))
+        problems.extend(Problem(ProblemKind.CUT, f"analysis cut short (results may be incomplete) at {t}", t.where)
+                        for t in queue.truncated if isinstance(t, Cut))
         queue_reports.append(_queue_report(queue_pack, model))
         graphs.append((name, queue))
     findings = silence(findings, index.modules, report_unused=UnusedSuppression in rules)
     findings.sort(key=lambda f: (f.path, f.line, f.rule, f.backend or "", f.state or ""))
     # Plain lists: reports go into the cache as JSON, without the analysis' types.
-    # The report carries one queue's graph (its diagrams): the first queue (in the pack's order)
-    # where a state is pinned, else the first, so the pictures show the answer.
+    # The diagrams show one queue: the first (in the pack's order) where a state is pinned, else
+    # the first, so the pictures show the answer.
     pinned = {f.queue for f in findings if f.rule == "pinned-state"}
-    name, queue = next(((n, q) for n, q in graphs if n in pinned), graphs[0] if graphs else (name, queue))
-    return Checked(findings, queue_reports, problems, {**queue.graph.as_data(), "queue": name})
+    drawn = next((n for n, _ in graphs if n in pinned), graphs[0][0] if graphs else None)
+    return Checked(findings, queue_reports, problems, {n: q.graph.as_data() for n, q in graphs}, drawn)
 
 
 def report(fetched: FetchResult, parsed: Parsed, indexed: Indexed, analysed: Analysed, checked: Checked,
@@ -241,9 +247,10 @@ def report(fetched: FetchResult, parsed: Parsed, indexed: Indexed, analysed: Ana
         findings=checked.findings,
         root=parsed.root,
         enum=indexed.enum,
-        problems=analysed.problems + checked.problems + list(fetched.notes),
+        problems=analysed.problems + checked.problems + [Problem(ProblemKind.FETCH, note) for note in fetched.notes],
         version=detect_version(fetched.files, parsed.root, fetched.target),
-        graph=checked.drawn_graph,
+        graphs=checked.graphs,
+        drawn=checked.drawn,
     )
     report.gaps = find_gaps(report, indexed.enum.path, indexed.index)
     assign_roles(report)  # before caching: the fingerprints' site roles come from the release map
@@ -258,7 +265,7 @@ def _senders_out(index: Index, pack: Pack, domain: Domain, root: str, take: Call
     """In the child: analyse the senders it claims; send the reports, the problems met and the
     files found not analysable (a function too deep for libcst), as JSON data, never the trees."""
 
-    problems: list[str] = []
+    problems: list[Problem] = []
     senders = analyse_backends(index, pack, domain, root, problems, take)
     records = [SenderRecord((s.cls.path, s.cls.line), s.backend, (s.poll.path, s.poll.line) if s.poll else None,
                             list(s.raise_sites), list(s.absent_raise_sites),

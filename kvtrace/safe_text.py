@@ -43,7 +43,7 @@ def needs_escaping(text: str) -> bool:
 
 
 # Fields a text writer never shows as they are: raw bytes, caches, the exported graph.
-_SKIPPED_FIELDS = frozenset({"data", "graph"})
+_SKIPPED_FIELDS = frozenset({"data", "graphs"})
 
 
 def inert(value: T) -> T:

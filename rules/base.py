@@ -8,7 +8,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
-from kvtrace.model import EventKind, Evidence, Finding, Site
+from kvtrace.model import EventKind, Evidence, Finding, Severity, Site
 
 if TYPE_CHECKING:  # the rules' docs and samples load without the analysis stack (fast `explain`)
     from kvtrace.backends import SenderAnalysis
@@ -76,7 +76,7 @@ class Rule:
         errors counts only the findings that need none. `backends`: the grid rows of a finding
         that names no one backend (a manager method several backends run)."""
         severity = "warning" if premise is not None and self.severity == "error" else self.severity
-        return Finding(self.name, severity, message, path, line, backend, state, evidence, code=self.code,
+        return Finding(self.name, Severity(severity), message, path, line, backend, state, evidence, code=self.code,
                        premise=premise, backends=backends)
 
 

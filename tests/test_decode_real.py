@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvtrace.model import Report
+from kvtrace.model import ProblemKind, Report
 from kvtrace.packs import load_pack
 from kvtrace.scan import scan_path
 from kvtrace.rules.premise import SHARED_ROOM
@@ -139,7 +139,7 @@ def test_decode_pack_completes_without_a_path_limit(version: str) -> None:
     `assert prefix_len == 0` in _pre_alloc (2324) is no longer read as a test of the poll value
     (issue 22's item 1: a comparison tells the poll state only for a value that came from the poll)."""
     scanned = decode_scan(version)  # the same scan as the 0.5.14 rows of HAND_READ
-    assert not [p for p in scanned.problems if "path limit" in p or "cut short" in p], scanned.problems
+    assert not [p for p in scanned.problems if p.kind in (ProblemKind.PATH_LIMIT, ProblemKind.CUT)], scanned.problems
     assert {q.name for q in scanned.queues} == {"disagg_decode_prealloc_queue", "disagg_decode_transfer_queue"}
 
 
@@ -413,7 +413,7 @@ def test_0_5_13_decode_has_no_error_and_no_state_unhandled_at_the_hisparse_asser
     every state alike, so no state is unhandled there (kvtrace used to read `== 0` as a test for
     Failed = 0 and reported all five states)."""
     report = decode_scan("0.5.13")
-    assert not [p for p in report.problems if "path limit" in p or "cut short" in p], report.problems
+    assert not [p for p in report.problems if p.kind in (ProblemKind.PATH_LIMIT, ProblemKind.CUT)], report.problems
     assert not [(f.rule, f.backend, f.path, f.line) for f in report.findings if f.severity == "error"]
     lines = (sglang_tree("0.5.13") / DECODE).read_text().splitlines()
     assert lines[1310 - 1].strip() == "assert prefix_len == 0"

@@ -22,7 +22,7 @@ from kvtrace.effects import QUEUE_EFFECTS, SENDER_EFFECTS, CallEffect, QueueEffe
 from kvtrace.gaps import Cut
 from kvtrace.index import Index
 from kvtrace.managers import manager_facts
-from kvtrace.model import EventKind, Gap, GapKind, SourceFile
+from kvtrace.model import EventKind, Gap, GapKind, ProblemKind, SourceFile
 from kvtrace.packs import load_pack
 from kvtrace.parse import parse_module
 from kvtrace.report.verdicts import gap_text
@@ -309,7 +309,8 @@ def test_an_unmodelled_construct_in_the_drain_makes_the_scan_incomplete(tmp_path
                     undone_reqs.append(req)''')
     report = scan_path(write_tree(tmp_path, {"disaggregation/prefill.py": source}))
     line = source.splitlines().index("            match poll:") + 1
-    assert any(f"disaggregation/prefill.py:{line} (Match statement not modelled)" in p for p in report.problems), \
+    assert any(p.kind is ProblemKind.CUT and p.where == f"disaggregation/prefill.py:{line}"
+               and f"disaggregation/prefill.py:{line} (Match statement not modelled)" in p.text for p in report.problems), \
         report.problems
 
 
@@ -425,7 +426,7 @@ def test_a_budget_gap_makes_the_scan_incomplete(tmp_path: Path, monkeypatch: pyt
     monkeypatch.setattr(flow, "MAX_STEPS", 40)
     source = drain(flag_ifs(30, " " * 12) + STANDARD_BRANCHES)
     report = scan_path(write_tree(tmp_path, {"disaggregation/prefill.py": source}))
-    assert any("work budget of 40 path steps spent" in p for p in report.problems), report.problems
+    assert any(p.kind is ProblemKind.CUT and "work budget of 40 path steps spent" in p.text for p in report.problems), report.problems
 
 
 def test_a_hundred_flag_tests_in_the_drain_finish_with_exact_fates(tmp_path: Path) -> None:
@@ -437,7 +438,7 @@ def test_a_hundred_flag_tests_in_the_drain_finish_with_exact_fates(tmp_path: Pat
               # VmHWM is this address space's peak; ru_maxrss would carry pytest's over the exec.
               "peak = next(int(l.split()[1]) / 1024 for l in open('/proc/self/status') if l.startswith('VmHWM:'))\n"
               "print(json.dumps({'fates': {s: f.fate for s, f in report.queues[0].states.items()},"
-              " 'problems': report.problems, 'rss_mb': peak}))")
+              " 'problems': [p.text for p in report.problems], 'rss_mb': peak}))")
     done = subprocess.run([sys.executable, "-c", script, str(root)], capture_output=True, text=True, timeout=20)
     assert done.returncode == 0, done.stderr
     result = json.loads(done.stdout)
@@ -517,7 +518,8 @@ class OkKVSender(BaseKVSender):
 '''
     source = drain(STANDARD_BRANCHES)
     report = scan_path(write_tree(tmp_path, {"disaggregation/prefill.py": source, "disaggregation/ok/conn.py": sender}))
-    assert any("disaggregation/ok/conn.py:6 (With statement not modelled)" in p and "ok backend" in p
+    assert any(p.kind is ProblemKind.CUT and p.where == "disaggregation/ok/conn.py:6"
+               and "disaggregation/ok/conn.py:6 (With statement not modelled)" in p.text and "ok backend" in p.text
                for p in report.problems), report.problems
 
 
@@ -587,3 +589,33 @@ def test_locals_are_joined_past_the_limit_rather_than_cut() -> None:
     ends, log = explore(body, {**REQ, "p": POLL}, max_paths=64)
     assert not log.truncated
     assert returns(ends) == {POLL, frozenset({"Failed"})}
+
+
+def test_the_forked_childs_problems_come_back_typed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The sender analysis runs beside the queue's, in a forked child, when the tree is big enough
+    (here always): what either process could not do comes back as `Problem` records (kind, text,
+    path:line) through the cache's JSON codec, not as prose. Both backends' abort() are refused."""
+    from kvtrace import pipeline
+    from kvtrace.beside import Beside
+    from kvtrace.fetch.local import fetch_local
+    from kvtrace.model import Problem
+
+    real = cst.parse_module
+
+    def no_abort(source: str, *args: object, **kwargs: object) -> cst.Module:
+        if source.lstrip().startswith("def abort("):
+            raise cst.ParserSyntaxError("simulated", lines=[source], raw_line=1, raw_column=0)
+        return real(source)
+
+    monkeypatch.setattr(cst, "parse_module", no_abort)
+    example = Path(__file__).resolve().parent.parent / "examples" / "nixl-pin"
+    pack = load_pack()
+    fetched = fetch_local(example)
+    parsed = pipeline.parse(fetched, pack, None)
+    analysed = pipeline.graph(parsed, pipeline.index(parsed, pack, fetched.target), pack, Beside, parallel_min_bytes=0)
+    aborts = set()
+    for backend in ("mooncake", "nixl"):
+        lines = (example / "disaggregation" / backend / "conn.py").read_text().splitlines()
+        aborts.add(f"disaggregation/{backend}/conn.py:{next(n for n, t in enumerate(lines, 1) if t.lstrip().startswith('def abort('))}")
+    assert all(isinstance(p, Problem) and p.kind is ProblemKind.UNPARSED for p in analysed.problems), analysed.problems
+    assert {p.where for p in analysed.problems} == aborts, analysed.problems

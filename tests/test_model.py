@@ -278,3 +278,118 @@ def test_self_attr_walk_and_mentions_attr_on_both_trees() -> None:
         assert not mentions_attr(parse("zip(queue, polls)"), "queue")  # a bare name is not an attribute
     names = [n.value for n in walk(libcst.parse_expression("f(a, g(b))")) if isinstance(n, libcst.Name)]
     assert names == ["f", "a", "g", "b"]  # libcst: depth first, source order
+
+
+# --- severity, problems and graphs as data (issue 17) ------------------------------------------
+
+def test_severity_is_ordered_and_reads_as_its_level_everywhere() -> None:
+    from kvtrace.gate import fails_on
+    from kvtrace.model import SEVERITIES_WORST_FIRST, Severity
+
+    assert sorted([Severity.NOTE, Severity.ERROR, Severity.WARNING]) == [Severity.NOTE, Severity.WARNING, Severity.ERROR]
+    assert max(Severity) is Severity.ERROR and Severity.WARNING > "note" and Severity.WARNING < "error"
+    assert SEVERITIES_WORST_FIRST == (Severity.ERROR, Severity.WARNING, Severity.NOTE)
+    assert json.dumps([Severity.ERROR]) == '["error"]' and f"{Severity.NOTE}[x]" == "note[x]" and str(Severity.WARNING) == "warning"
+    assert Severity("warning") is Severity.WARNING and {"error": 1}[Severity.ERROR] == 1
+    # The gate: at or above the level; `never` fails nothing; a level read from another report that
+    # kvtrace does not know counts as a note.
+    assert [fails_on(s, "warning") for s in ("error", "warning", "note")] == [True, True, False]
+    assert not any(fails_on(s, "never") for s in ("error", "warning", "note"))
+    assert fails_on("critical", "note") and not fails_on("critical", "warning")
+
+
+def test_findings_carry_a_severity_and_the_cache_gives_it_back() -> None:
+    from kvtrace.cachecodec import decode_report, encode_report
+    from kvtrace.model import Severity
+
+    report = scan_path(EXAMPLES / "nixl-pin")
+    assert report.findings and all(type(f.severity) is Severity for f in report.findings)
+    _, back = decode_report(encode_report({}, report))
+    assert [(f.rule, f.severity) for f in back.findings] == [(f.rule, f.severity) for f in report.findings]
+    assert all(type(f.severity) is Severity for f in back.findings)
+
+
+# A second queue in our own words: a wait list for the handshake, drained by its own class, that
+# the prefill pack knows as the bootstrap queue.
+WAIT_LIST = '''\
+from sglang.srt.disaggregation.base.conn import KVPoll
+from sglang.srt.disaggregation.utils import poll_and_all_reduce, prepare_abort
+
+
+class GreetingLine:
+    def __init__(self, scheduler, group):
+        self.scheduler = scheduler
+        self.group = group
+        self.queue = []
+
+    def join(self, req):
+        self.queue.append(req)
+
+    def pop_greeted(self):
+        polls = poll_and_all_reduce([req.disagg_kv_sender for req in self.queue], self.group)
+        greeted, still = [], []
+        for req, poll in zip(self.queue, polls):
+            if poll == KVPoll.Failed:
+                prepare_abort(req, "no greeting")
+                self.scheduler.stream_output([req], False)
+            elif poll == KVPoll.Bootstrapping:
+                still.append(req)
+            else:
+                greeted.append(req)
+        self.queue = still
+        return greeted
+
+
+class GreetingMixin:
+    def open_line(self, group):
+        self.disagg_prefill_bootstrap_queue = GreetingLine(self, group)
+
+    def arrive(self, req):
+        self.disagg_prefill_bootstrap_queue.join(req)
+
+    def let_in(self):
+        self.waiting_queue.extend(self.disagg_prefill_bootstrap_queue.pop_greeted())
+'''
+
+
+def test_the_report_keeps_one_graph_per_queue_and_draws_the_pinned_one(tmp_path: Path) -> None:
+    """Issue 17: the report carried only the drawn queue's graph. Each judged queue keeps its own;
+    `drawn` names the one the diagrams show (the first with a pin) and `graph` is that one, as before."""
+    from kvtrace.cachecodec import decode_report, encode_report
+    from kvtrace.report.diagram import drawn_queue, queue_graph
+
+    tree = tmp_path / "tree"
+    shutil.copytree(EXAMPLES / "nixl-pin", tree)
+    (tree / "disaggregation" / "greeting.py").write_text(WAIT_LIST)
+    report = scan_path(tree)
+    inflight, bootstrap = "disagg_prefill_inflight_queue", "disagg_prefill_bootstrap_queue"
+    assert list(report.graphs) == [inflight, bootstrap]  # the pack's order
+    functions = {name: {attrs.get("function") for _, attrs in graph["nodes"]} for name, graph in report.graphs.items()}
+    assert any(f and f.endswith("pop_greeted") for f in functions[bootstrap]), functions[bootstrap]
+    assert not any(f and f.endswith("pop_greeted") for f in functions[inflight]), functions[inflight]
+    assert report.drawn == inflight and any(f.rule == "pinned-state" and f.queue == inflight for f in report.findings)
+    assert report.graph == {**report.graphs[inflight], "queue": inflight}
+    drawn = drawn_queue(report)
+    assert drawn is not None and drawn.name == inflight and queue_graph(report).number_of_nodes() > 1
+    _, back = decode_report(encode_report({}, report))
+    assert back.graphs == report.graphs and back.drawn == report.drawn
+
+
+def test_problems_are_typed_with_where_they_are_and_the_gaps_say_which_kind(libcst_rejects) -> None:
+    """A function libcst cannot parse is a problem of kind UNPARSED at its path:line (here abort(),
+    met by the sender analysis, which may run in the forked child); its gap carries the kind; every
+    format keeps the text alone, as before."""
+    from kvtrace.model import GapKind, Problem, ProblemKind
+
+    libcst_rejects("abort")
+    report = scan_path(NIXL_PIN)
+    unparsed = [p for p in report.problems if p.kind is ProblemKind.UNPARSED]
+    assert unparsed and all(isinstance(p, Problem) for p in report.problems)
+    nixl = next(p for p in unparsed if "NixlKVSender.abort()" in p.text)
+    path, _, line = (nixl.where or "").partition(":")
+    assert path == "disaggregation/nixl/conn.py" and line.isdigit()
+    assert (NIXL_PIN / path).read_text().splitlines()[int(line) - 1].lstrip().startswith("def abort(")
+    analysis = [g for g in report.gaps if g.kind is GapKind.ANALYSIS]
+    assert [(g.problem, g.reason) for g in analysis] == [(p.kind, p.text) for p in report.problems]
+    document = json.loads(json_report.render([report]))["reports"][0]
+    assert document["problems"] == [p.text for p in report.problems]

@@ -86,6 +86,7 @@ def test_four_dense_one_mib_files_stay_within_memory(tmp_path: Path) -> None:
     assert len(flat) == 4 and all(f["status"] == "too-large" and "parse budget" in f["error"] for f in flat), flat
 
 
+@pytest.mark.e2e  # parses files of up to 120,000 lines at the real budget: half a minute, not for the inner loop
 @pytest.mark.parametrize("lines", [60_000, 120_000])
 def test_files_that_fit_alone_but_not_together_are_counted(lines: int) -> None:
     """Each file is parsed only when its bound fits the budget on its own; its real count then

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from kvtrace.model import ProblemKind
 from kvtrace.report.json import to_json_dict
 from kvtrace.report.sarif import to_sarif
 from kvtrace.rules.premise import SEND_SKIPPED, SHARED_ROOM
@@ -315,7 +316,8 @@ def test_a_mode_whose_caller_is_outside_the_scanned_folder_is_still_a_mode(tmp_p
     assert f"true only if {unseen}: no caller in view passes rids_to_check, and only the mode rids_to_check " \
            "passed (no caller in view) reaches it" in finding.message
     # The folder scan says what it could not see (INCOMPLETE), and names the mode as unseen.
-    assert any("outside the scanned folder are not seen: rids_to_check" in p for p in folder.problems)
+    assert any(p.kind is ProblemKind.OUT_OF_VIEW and "outside the scanned folder are not seen: rids_to_check" in p.text
+               for p in folder.problems)
     assert [m.label for m in folder.queues[0].modes] == ["rids_to_check=None", "rids_to_check passed (no caller in view)"]
 
 
@@ -340,8 +342,8 @@ def test_pp_mode_crash_seen_from_the_disaggregation_folder_alone() -> None:
     found = {(f.state, f.line, f.premise) for f in folder.findings if f.rule == "state-crash"}
     assert found == {("WaitingForInput", 576, unseen), ("Transferring", 576, unseen),
                      ("Bootstrapping", 576, f"{SHARED_ROOM} and {unseen}"), ("Bootstrapping", 602, SHARED_ROOM)}
-    assert any("process_disagg_prefill_inflight_queue (prefill.py:" in p and "outside the scanned folder are not seen"
-               in p for p in folder.problems)
+    assert any("process_disagg_prefill_inflight_queue (prefill.py:" in p.text and "outside the scanned folder are not seen"
+               in p.text for p in folder.problems if p.kind is ProblemKind.OUT_OF_VIEW)
     lines = (root / D / "prefill.py").read_text().splitlines()
     assert lines[576 - 1].strip() == "assert poll == KVPoll.Success or poll == KVPoll.Failed"
 
@@ -392,10 +394,11 @@ def test_decode_queues_bound_in_managers_are_a_gap_from_the_folder_alone() -> No
     folder = scan_path(root / D, load_pack("sglang-decode"))
     assert not [f for f in folder.findings if f.rule == "undrained-queue"]
     for queue in ("disagg_decode_prealloc_queue", "disagg_decode_transfer_queue"):
-        assert any(p.startswith(f"self.{queue} is bound outside the scanned folder") for p in folder.problems), queue
+        assert any(p.kind is ProblemKind.OUT_OF_VIEW and p.text.startswith(f"self.{queue} is bound outside the scanned folder")
+                   for p in folder.problems), queue
     whole = scan_path(root / "sglang" / "srt", load_pack("sglang-decode"))
     assert not [f for f in whole.findings if f.rule == "undrained-queue"]
-    assert not any("bound outside the scanned folder" in p for p in whole.problems)
+    assert not any(p.kind is ProblemKind.OUT_OF_VIEW and "bound outside the scanned folder" in p.text for p in whole.problems)
 
 
 # A timeout whose condition also tests the status covers only that status (issue 23 §3).

@@ -271,7 +271,7 @@ def test_the_cache_codec_round_trips_a_real_sglang_report_and_refuses_any_change
                    lambda d: d["report"]["queues"][0]["sites"][0].__setitem__("kind", "no-such-kind"),
                    lambda d: d["report"]["backends"][0]["verdicts"].__setitem__("S", {"state": "S"}),
                    lambda d: d["report"].__setitem__("extra", 1),
-                   lambda d: d["report"]["graph"].__setitem__("dict", [[{"list": []}, 1]])):
+                   lambda d: d["report"]["graphs"].__setitem__("dict", [[{"list": []}, 1]])):
         broken = json.loads(json.dumps(data))
         damage(broken)
         with pytest.raises((ValueError, TypeError)):

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from kvtrace.model import Report
+from kvtrace.model import ProblemKind, Report
 from kvtrace.rules.premise import SEND_SKIPPED, SHARED_ROOM
 from kvtrace.scan import scan_path
 from tests.sglang_wheels import sglang_tree
@@ -205,4 +205,5 @@ def test_release_verdicts(version: str) -> None:
         assert premise is not None and severity == "warning" and premise.endswith(UNSEEN_CALLER), (version, key, premise)
         if key in wide:  # the mode's callers are in view from srt/: there it is the other premise alone
             assert premise.removesuffix(UNSEEN_CALLER).removesuffix(" and ") == (wide[key][0] or ""), (version, key)
-        assert any("outside the scanned folder are not seen: rids_to_check" in p for p in folder.problems), version
+        assert any(p.kind is ProblemKind.OUT_OF_VIEW and "outside the scanned folder are not seen: rids_to_check" in p.text
+                   for p in folder.problems), version

@@ -601,14 +601,15 @@ def test_the_diagram_reads_after_the_loop_from_the_graph_not_from_the_note() -> 
         return {data["line"]: data["label"] for _, data in graph.nodes(data=True) if data.get("kind") == "release"}
 
     assert labels(report)[80] == "L80 release (after the loop)"
-    flipped = copy.deepcopy(report.graph)
+    assert report.drawn is not None
+    flipped = copy.deepcopy(report.graphs[report.drawn])
     for node, data in flipped["nodes"]:
         if data.get("after_loop"):
             del data["after_loop"]  # its note still says "(after the loop)"
             assert any("(after the loop)" in d for d in data["details"])
         elif node[0] == "release":
             data["after_loop"] = True
-    relabelled = labels(dataclasses.replace(report, graph=flipped))
+    relabelled = labels(dataclasses.replace(report, graphs={**report.graphs, report.drawn: flipped}))
     assert relabelled[80] == "L80 release"
     assert [line for line, label in relabelled.items() if label.endswith("(after the loop)")] == \
         [line for line in labels(report) if line != 80]

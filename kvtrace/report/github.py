@@ -63,7 +63,7 @@ def render(reports: list[Report], fail_on: Mapping[str, tuple[str, str]] | None 
         places = Places(report)
         lines += [annotation(report, f, places) for f in shown]
         for problem in report.problems:
-            lines.append(f"::warning title=kvtrace incomplete scan::{_data(f'{report.target}: {places.text(problem)}')}")
+            lines.append(f"::warning title=kvtrace incomplete scan::{_data(f'{report.target}: {places.text(problem.text)}')}")
         for f in report.files:
             if f.status != "ok":
                 lines.append(f"::warning file={_property(cwd_path(report, f.path))},title=kvtrace could not analyse"

@@ -102,7 +102,7 @@ def to_json_dict(report: Report) -> dict[str, Any]:
             }
             for f in report.findings
         ],
-        "problems": report.problems,
+        "problems": [problem.text for problem in report.problems],
         "filters": {"config": report.filters.config, "select": list(report.filters.select),
                     "ignore": list(report.filters.ignore),
                     "ignored_backends": list(report.filters.ignored_backends),

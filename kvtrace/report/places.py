@@ -28,7 +28,7 @@ T = TypeVar("T")
 
 # Characters a path token is made of; a known path counts only when not glued to more of them.
 _PATH_CHARS = r"\w./~+-"
-_SKIPPED_FIELDS = frozenset({"data", "graph", "target", "root", "host_facts"})
+_SKIPPED_FIELDS = frozenset({"data", "graphs", "target", "root", "host_facts"})
 
 
 class Places:

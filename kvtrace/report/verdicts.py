@@ -8,13 +8,12 @@ import re
 from dataclasses import dataclass, field
 
 from kvtrace.baseline import counts_against, mark, tally
-from kvtrace.model import Backend, Evidence, Finding, Gap, GapKind, QueueReport, Report, StateVerdict, WayOut
+from kvtrace.model import Backend, Evidence, Finding, Gap, GapKind, QueueReport, Report, SEVERITIES_WORST_FIRST, Severity, StateVerdict, WayOut
 
 OK = "ok"
 NOT_RETURNED = "-"
 UNKNOWN = "?"
 NOT_CHECKED = "?"
-SEVERITY_ORDER = {"error": 0, "warning": 1, "note": 2}
 # How the summary names what a rule found ("nixl pins WaitingForInput"); other rules by id.
 RULE_VERBS = {"pinned-state": "pins", "dropped-state": "drops"}
 
@@ -184,7 +183,7 @@ def verdict_grid(report: Report, short: bool = False, queue: QueueReport | None 
                 why.add("no-drain" if report.gaps else "undrained")
             elif hits:
                 # Among equals, the rule that says what happens to the request (pins, drops).
-                worst = min(hits, key=lambda f: (SEVERITY_ORDER.get(f.severity, 3), f.rule not in RULE_VERBS))
+                worst = min(hits, key=lambda f: (_worst_first(f.severity), f.rule not in RULE_VERBS))
                 label = rule_label(worst, short)
                 if worst.premise:  # a pin that holds only under a premise: the legend says which
                     label += CONDITIONAL
@@ -221,8 +220,8 @@ def _backend_wide(report: Report, queue: QueueReport | None, short: bool) -> dic
     for f in report.findings:
         if f.state or not f.backend or f.suppressed or not _of_queue(f, queue):
             continue
-        rank = (SEVERITY_ORDER.get(f.severity, 3), f.rule)
-        if f.backend not in worst or rank < (SEVERITY_ORDER.get(worst[f.backend].severity, 3), worst[f.backend].rule):
+        rank = (_worst_first(f.severity), f.rule)
+        if f.backend not in worst or rank < (_worst_first(worst[f.backend].severity), worst[f.backend].rule):
             worst[f.backend] = f
     if not any(f.severity == "error" for f in worst.values()):
         return {}
@@ -258,9 +257,14 @@ def _legend(report: Report, used: set[str], partial: bool, short: bool, why: set
     return parts
 
 
+def _worst_first(severity: str) -> int:
+    """A sort key: errors first, then warnings, then notes."""
+    return -Severity(severity).rank
+
+
 def by_severity(findings: list[Finding]) -> list[Finding]:
     """Errors first, then warnings, then notes; by place within each (the order a reader wants)."""
-    return sorted(findings, key=lambda f: (SEVERITY_ORDER.get(f.severity, 3), f.path, f.line, f.rule,
+    return sorted(findings, key=lambda f: (_worst_first(f.severity), f.path, f.line, f.rule,
                                            f.backend or "", f.state or ""))
 
 
@@ -303,9 +307,9 @@ def finding_groups(report: Report) -> dict[str | None, list[FindingGroup]]:
         group.findings.sort(key=lambda f: order.get(f.state or "", len(order)))
     result: dict[str | None, list[FindingGroup]] = {}
     ranked = sorted(groups.values(), key=lambda g: (
-        min(SEVERITY_ORDER.get(x.severity, 3) for x in groups.values() if x.backend == g.backend),
+        min(_worst_first(x.severity) for x in groups.values() if x.backend == g.backend),
         -1 if g.backend is None else backend_order.get(g.backend, len(backend_order)),
-        g.backend or "", SEVERITY_ORDER.get(g.severity, 3), g.path, g.line, g.rule))
+        g.backend or "", _worst_first(g.severity), g.path, g.line, g.rule))
     for group in ranked:
         result.setdefault(group.backend, []).append(group)
     return result
@@ -420,7 +424,7 @@ def summary_line(report: Report) -> str:
     parts = []
     order = {name: i for i, name in enumerate(_states(report))}
     findings = sorted((f for f in report.findings if counts_against(f)), key=lambda f: order.get(f.state or "", len(order)))
-    for severity in ("error", "warning", "note"):
+    for severity in SEVERITIES_WORST_FIRST:
         found = [f for f in findings if f.severity == severity]
         if not found:
             if severity == "warning" and findings:
