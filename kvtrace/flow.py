@@ -1885,15 +1885,17 @@ def _live_after_table(function: cst.FunctionDef) -> dict[int, frozenset[str]]:
         if finished:
             ends.append((id(node), len(tokens)))
             continue
-        if isinstance(node, cst.Name):
-            tokens.append(node.value)
-        elif isinstance(node, cst.Attribute):
-            text = dotted(node)
-            if text:
-                tokens.append(text)
-        if isinstance(node, (cst.BaseStatement, cst.BaseSmallStatement)):
+        if isinstance(node, (cst.BaseExpression, cst.BaseSmallStatement)):
+            _tokens_in(node, tokens)
+            if isinstance(node, cst.BaseSmallStatement):
+                ends.append((id(node), len(tokens)))
+            continue
+        if isinstance(node, cst.BaseStatement):
             stack.append((node, True))
-        stack.extend((child, False) for child in reversed(node.children))
+        if isinstance(node, (cst.SimpleStatementLine, cst.IndentedBlock)):  # the rest is blank lines and comments
+            stack.extend((child, False) for child in reversed(node.body))
+        else:
+            stack.extend((child, False) for child in reversed(node.children))
     table: dict[int, frozenset[str]] = {}
     seen: set[str] = set()
     at = len(tokens)
@@ -1903,3 +1905,32 @@ def _live_after_table(function: cst.FunctionDef) -> dict[int, frozenset[str]]:
             seen.add(tokens[at])
         table[ident] = frozenset(seen)
     return table
+
+
+def _tokens_in(root: cst.BaseExpression | cst.BaseSmallStatement, tokens: list[str]) -> None:
+    """Append the names and chains in an expression or a simple statement to `tokens`. Neither
+    holds a statement, so the order of its tokens does not matter to the live-after table: its
+    nodes are reached through their fields, not libcst's `children`, which rebuilds the node."""
+    stack: list[cst.CSTNode] = [root]
+    while stack:
+        node = stack.pop()
+        if isinstance(node, cst.Name):
+            tokens.append(node.value)
+            continue  # a name holds only its parentheses
+        if isinstance(node, cst.Attribute):
+            text = dotted(node)
+            if text:
+                tokens.append(text)
+        for name in _node_fields(type(node)):
+            value = getattr(node, name)
+            if isinstance(value, cst.CSTNode):
+                stack.append(value)
+            elif isinstance(value, (list, tuple)):
+                stack.extend(item for item in value if isinstance(item, cst.CSTNode))
+
+
+@lru_cache(maxsize=None)
+def _node_fields(kind: type) -> tuple[str, ...]:
+    """The fields of a libcst node class that may hold a name: parentheses and whitespace never do."""
+    return tuple(f.name for f in fields(kind)
+                 if f.name not in ("lpar", "rpar") and not f.name.startswith("whitespace"))

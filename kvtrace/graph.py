@@ -10,7 +10,7 @@ from __future__ import annotations
 import ast
 import bisect
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, NamedTuple
+from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import libcst as cst
 
@@ -494,7 +494,7 @@ def held_queue(index: Index, pack: Pack) -> tuple[ClassInfo, str] | None:
     The list is the attribute the class polls (`poll_and_all_reduce([r.receiver for r in self.X])`)
     and reassigns; the outside reads it as `self.<queue>.X` (the gauge)."""
     for module in index.modules.values():
-        for node in walk_ast(module.tree):
+        for node in index.assignments(module):
             if not isinstance(node, ast.Assign) or not isinstance(node.value, ast.Call):
                 continue
             if not any(isinstance(t, ast.Attribute) and t.attr == pack.queue for t in node.targets):
@@ -660,13 +660,11 @@ def _post_loop_effects(index: Index, pack: Pack, func: FuncRef, body: CstBody, d
         return [(kind, name) for n in walk_ast(helper.node) if isinstance(n, ast.Call)
                 for name in [dotted(n.func)] if (kind := kind_of(name))]
 
-    inside_loop = {id(n) for n in walk(drain_loop)}
-    for node in walk(body.node):
-        if id(node) in inside_loop:
-            continue
+    children: dict[int, Sequence[cst.CSTNode]] = {}  # a loop's body is walked twice
+    for node in walk(body.node, skip=drain_loop, memo=children):
         if isinstance(node, cst.For) and (listed := _iterated_list(node.iter)) is not None:
             # `for req in done:`, `for i, req in enumerate(done):`, `for (i, req, _), hold in zip(failed, held):`
-            for inner in walk(node.body):
+            for inner in walk(node.body, memo=children):
                 if isinstance(inner, cst.Call):
                     for kind, callee in through(inner):
                         effects.setdefault(listed, []).append(Event(
@@ -755,11 +753,10 @@ def _used_in_tree(index: Index, attr: str) -> bool:
 def _assigned_in_tree(index: Index, attr: str) -> bool:
     """Whether some analysed file assigns `<x>.<attr> = ...` (where the queue object is bound)."""
     for module in index.modules.values():
-        for node in walk_ast(module.tree):
-            if isinstance(node, (ast.Assign, ast.AnnAssign)):
-                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
-                if any(isinstance(t, ast.Attribute) and t.attr == attr for t in targets):
-                    return True
+        for node in index.assignments(module):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if any(isinstance(t, ast.Attribute) and t.attr == attr for t in targets):
+                return True
     return False
 
 

@@ -63,6 +63,7 @@ class Index:
         self._nodes: dict[tuple[int, tuple[type, ...]], list] = {}
         self._locals: dict[int, set[str]] = {}
         self._by_type: dict[int, dict[type, list[tuple[int, ast.AST]]]] = {}
+        self._assignments: dict[str, list[ast.Assign | ast.AnnAssign]] = {}
         self._callers: dict[str, list[tuple[FuncRef, ast.Call]]] = {}
         self._name_lines: dict[tuple[str, str], list[int]] = {}
         for module in modules:
@@ -228,6 +229,15 @@ class Index:
             else:
                 found = [node for _, node in sorted((pair for bucket in picked for pair in bucket), key=_position)]
             self._nodes[key] = found
+        return found
+
+    def assignments(self, module: ParsedModule) -> list[ast.Assign | ast.AnnAssign]:
+        """The assignments (plain and annotated) anywhere in a module, in `ast.walk` order; kept,
+        as more than one question about where a queue is bound scans every file for them."""
+        found = self._assignments.get(module.source.path)
+        if found is None:
+            found = self._assignments[module.source.path] = [
+                node for node in walk(module.tree) if type(node) is ast.Assign or type(node) is ast.AnnAssign]
         return found
 
     def calls_in(self, func: FuncRef) -> list[ast.Call]:

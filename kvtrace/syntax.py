@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import ast
 from functools import lru_cache
-from typing import TYPE_CHECKING, Iterator, Union
+from typing import TYPE_CHECKING, Iterator, Sequence, Union
 
 from kvtrace.parse import walk as _ast_walk
 
@@ -84,17 +84,27 @@ def self_attr(node: Node, self_name: str = "self") -> str | None:
     return None
 
 
-def walk(node: Node) -> Iterator[Node]:
+def walk(node: Node, skip: Node | None = None, memo: dict[int, Sequence[cst.CSTNode]] | None = None) -> Iterator[Node]:
     """Every node under `node`, itself included, in either tree (`ast`: breadth first, as
-    ast.walk; libcst: depth first in source order)."""
+    ast.walk; libcst: depth first in source order). libcst only: `skip` is a node not entered
+    (nor anything under it); `memo` keeps each node's child list by id for walks of the same
+    tree that follow, since libcst rebuilds the node to list its children."""
     if isinstance(node, ast.AST):
         yield from _ast_walk(node)
         return
     stack = [node]
     while stack:
         current = stack.pop()
+        if current is skip:
+            continue
         yield current
-        stack.extend(reversed(current.children))
+        if memo is None:
+            stack.extend(reversed(current.children))
+            continue
+        children = memo.get(id(current))
+        if children is None:
+            children = memo[id(current)] = current.children
+        stack.extend(reversed(children))
 
 
 def mentions_attr(node: Node, attr: str) -> bool:
