@@ -367,12 +367,12 @@ def find_modes(index: Index, func: FuncRef, domain: Domain, unseen_out: list[str
             Evidence(caller.path, call.lineno, f"{caller.qualname} calls {func.name}"))
     if not sites:
         sites[tuple(None for _ in params)] = []
-    # Scanning the backends' folder (or a folder holding only it), callers outside it are not seen
+    # Scanning the backends' folder itself (index.root is ""), callers outside it are not seen
     # (the pipeline-parallel loop lives in managers/): a parameter no caller in view passes is
     # still free, so it also gets a mode where it is passed a value kvtrace cannot read, and
     # the scan says what it could not see.
     unseen: set[tuple] = set()
-    for at, p in enumerate(params if not index.sees_around_root else ()):
+    for at, p in enumerate(params if not index.root else ()):
         if all(key[at] is None for key in sites):
             if unseen_out is not None:
                 unseen_out.append(f"callers of {func.qualname} ({func.path}:{func.line}) outside the scanned folder are "
@@ -722,7 +722,7 @@ def analyse_queue(index: Index, pack: Pack, domain: Domain) -> QueueAnalysis:
             for drain in drains:
                 drain.list_attr = attr
     if not drains:
-        unseen: list[str] = [] if not _used_in_tree(index, pack.queue) or _assigned_in_tree(index, pack.queue) else [
+        unseen: list[str] = [] if index.root or _assigned_in_tree(index, pack.queue) else [
             f"self.{pack.queue} is bound outside the scanned folder (nothing here assigns it), so the object that "
             f"drains it is not seen; scan the folder that holds the scheduler"]
         return QueueAnalysis(None, graph, {}, static, unparsed=sorted(set(unparsed)), unseen_callers=unseen)
@@ -742,12 +742,6 @@ def analyse_queue(index: Index, pack: Pack, domain: Domain) -> QueueAnalysis:
         _add_paths(graph, state, state_paths)
     return QueueAnalysis(drain, graph, paths, static, sorted(set(truncated)), modes, mode_paths,
                          sorted(set(unparsed)), unseen)
-
-
-def _used_in_tree(index: Index, attr: str) -> bool:
-    """Whether some analysed file reads `<x>.<attr>`: code in view works with the queue object."""
-    return any(isinstance(node, ast.Attribute) and node.attr == attr
-               for module in index.modules.values() for node in walk_ast(module.tree))
 
 
 def _assigned_in_tree(index: Index, attr: str) -> bool:

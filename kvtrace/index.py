@@ -120,12 +120,6 @@ class Index:
     def in_root(self, path: str) -> bool:
         return not self.root or path.startswith(self.root + "/")
 
-    @property
-    def sees_around_root(self) -> bool:
-        """Whether files beside the located package are in view (the scheduler that binds the queues
-        and calls the drains). A target that holds only the package folder, however deep, sees as
-        little as the package folder itself: the verdict must not depend on the folder named."""
-        return any(not self.in_root(path) for path in self.modules) if self.root else False
 
     def resolve_class(self, name: str, near: str | None = None) -> ClassInfo | None:
         """A class by name, preferring one defined in the same file, then a unique one."""
