@@ -9,12 +9,9 @@ def console() -> None:
     classes, typer's command): the cyclic collector's passes over them find nothing, so they run
     with it off; run() freezes what they built and turns it back on."""
     gc.disable()
-    from kvtrace import dataclass_code
-
-    dataclass_code.install()  # before the imports that define dataclasses (kvtrace.model, libcst)
     from kvtrace.cli import run
 
-    run()  # which saves what dataclass_code compiled
+    run()
 
 
 if __name__ == "__main__":

@@ -1121,9 +1121,6 @@ def run() -> None:
             pass
     if "logging" in sys.modules:
         sys.modules["logging"].shutdown()
-    compiled = sys.modules.get("kvtrace.dataclass_code")  # installed by kvtrace.__main__
-    if compiled is not None:
-        compiled.save()
     os._exit(code)
 
 
