@@ -745,30 +745,50 @@ def setup_logging(verbose: bool, quiet: bool) -> None:
     stderr is redirected (a CI log), so no line is folded. The handler is made (and `logging`
     imported) when the first line is shown (kvtrace.LazyLog)."""
     log.level = log.DEBUG if verbose else log.WARNING
-    log.pending = functools.partial(_start_logging, log.level, quiet, sys.stderr)
+    log.pending = functools.partial(_start_logging, log.level, quiet)
 
 
-def _start_logging(level: int, quiet: bool, stream: TextIO) -> None:
+def _start_logging(level: int, quiet: bool) -> None:
+    """Lines go to the stderr of the moment they are said, never to one bound earlier: a
+    process that runs several commands (a test session, an embedding tool) may have closed
+    the stderr that was current when logging was set up."""
     import logging
+
+    class CurrentStderr(logging.StreamHandler):
+        @property
+        def stream(self) -> TextIO:
+            return sys.stderr
+
+        @stream.setter
+        def stream(self, _: TextIO) -> None:
+            pass
 
     logger = logging.getLogger("kvtrace")
     logger.handlers.clear()
     logger.propagate = False
-    if stream.isatty():
+    if _is_terminal(sys.stderr):
         from rich.console import Console
         from rich.logging import RichHandler
 
+        # Console(stderr=True) looks sys.stderr up at each write
         handler: logging.Handler = RichHandler(console=Console(stderr=True), show_time=False, show_path=False,
                                                markup=False, highlighter=None)
         handler.setFormatter(logging.Formatter("%(message)s"))
     else:
-        handler = logging.StreamHandler(stream)
+        handler = CurrentStderr()
         handler.setFormatter(logging.Formatter("kvtrace: %(message)s"))
     if quiet:  # errors, and the warnings that stay loud (`extra={"loud": True}`: a refused cache folder)
         handler.addFilter(lambda record: record.levelno >= logging.ERROR or getattr(record, "loud", False))
     handler.addFilter(_safe_record)
     logger.addHandler(handler)
     logger.setLevel(level)
+
+
+def _is_terminal(stream: TextIO) -> bool:
+    try:
+        return stream.isatty()
+    except ValueError:  # closed
+        return False
 
 
 def _safe_record(record: Any) -> bool:  # a logging.LogRecord

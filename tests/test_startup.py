@@ -3,10 +3,13 @@ ends. Both are measured on the real command in a fresh interpreter, as a user ru
 
 from __future__ import annotations
 
+import io
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 EXAMPLES = ROOT / "examples"
@@ -141,3 +144,25 @@ def test_logging_is_imported_only_when_a_line_is_shown() -> None:
                               "--format", "json"], capture_output=True, text=True, timeout=120, cwd=ROOT)
     steps = [line for line in verbose.stderr.splitlines() if "fetched" in line and "analysed in" in line]
     assert verbose.returncode == 1 and len(steps) == 1 and steps[0].startswith("kvtrace: "), verbose.stderr[-2000:]
+
+
+def test_a_line_said_after_the_stderr_of_setup_was_closed_goes_to_the_stderr_of_the_moment(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A process that runs several commands (a test session, a tool embedding the CLI) may close
+    the stderr that was current when `-v` set logging up; the first line said afterwards used to
+    raise "I/O operation on closed file" from inside the fetch that said it."""
+    from kvtrace import log
+    from kvtrace.cli import setup_logging
+
+    saved, gone = sys.stderr, io.StringIO()
+    sys.stderr = gone
+    try:
+        setup_logging(verbose=True, quiet=False)
+    finally:
+        sys.stderr = saved
+    gone.close()
+    try:
+        log.debug("read %s after the old stderr closed", "a line")
+        assert "kvtrace: read a line after the old stderr closed" in capsys.readouterr().err
+    finally:
+        setup_logging(verbose=False, quiet=False)
