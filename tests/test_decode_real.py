@@ -373,6 +373,11 @@ _KEYERROR_AT: dict[str, tuple[str, int, tuple[str, ...]]] = {
     "0.5.12": ("common/conn.py", 191, ("ascend", "mooncake", "mori")),
     "0.5.12.post1": ("common/conn.py", 191, ("ascend", "mooncake", "mori")),
     "0.5.13": ("common/conn.py", 210, ("ascend", "mooncake", "mori")),
+    "0.5.13.post1": ("common/conn.py", 210, ("ascend", "mooncake", "mori")),
+    # 0.5.14: the rows above; the transfer queue's clear() calls are the same drains' (0.5.15.post1
+    # 835/1552/1571/1624/1722, 0.5.16 914/1714/1733/1819/1917).
+    "0.5.15.post1": ("common/conn.py", 213, ("ascend", "mooncake", "mori")),
+    "0.5.16": ("common/conn.py", 248, ("ascend", "mooncake", "mori")),
 }
 # _update_handshake_waiters: Bootstrapping, WaitingForInput and Failed have branches, `else: raise
 # ValueError(f"Unexpected poll case: {poll}")` at these lines. A request in the prealloc queue
@@ -397,6 +402,11 @@ _HANDSHAKE_RAISE_AT: dict[str, tuple[int, tuple[str, ...]]] = {
     "0.5.11": (610, ("Success", "Transferring")),
     "0.5.12": (643, ("Success", "Transferring")),
     "0.5.12.post1": (643, ("Success", "Transferring")),
+    # 0.5.13: test_0_5_13_decode_has_no_error_and_no_state_unhandled_at_the_hisparse_assert.
+    "0.5.13.post1": (665, ("Success", "Transferring")),
+    "0.5.14": (681, ("Success", "Transferring")),
+    "0.5.15.post1": (692, ("Success", "Transferring")),
+    "0.5.16": (768, ("Success", "Transferring")),
 }
 HAND_READ += [
     *[(version, "poll-raises", backend, None, path, line, "warning",
