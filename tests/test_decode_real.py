@@ -378,6 +378,7 @@ _KEYERROR_AT: dict[str, tuple[str, int, tuple[str, ...]]] = {
     # 835/1552/1571/1624/1722, 0.5.16 914/1714/1733/1819/1917).
     "0.5.15.post1": ("common/conn.py", 213, ("ascend", "mooncake", "mori")),
     "0.5.16": ("common/conn.py", 248, ("ascend", "mooncake", "mori")),
+    "0.5.17": ("common/conn.py", 310, ("ascend", "mooncake", "mori")),
 }
 # _update_handshake_waiters: Bootstrapping, WaitingForInput and Failed have branches, `else: raise
 # ValueError(f"Unexpected poll case: {poll}")` at these lines. A request in the prealloc queue
@@ -656,7 +657,7 @@ _FAKE_FALSE = ("FakeKVReceiver.poll() answers WaitingForInput (and, from 0.5.10,
                "returns Success: kvtrace does not carry what ran on the request's way into the queue")
 _MOONCAKE_BOOTSTRAPPING_FALSE = ("MooncakeKVReceiver.__init__ stores Bootstrapping and, before it returns, "
                                  "WaitingForInput or Failed; nothing else on a decode server stores Bootstrapping "
-                                 "and the table only moves up (max): a request that reached the transfer queue "
+                                 "and the table only moves up (max, Failed aside): a request that reached the transfer queue "
                                  "never reads Bootstrapping again, shared room or not")
 _NIXL_FALSE = ("NixlKVReceiver.init() sets started_transfer and init_time before the request enters the transfer "
                "queue; poll() then fails it at `elapsed >= self.kv_mgr.waiting_timeout`: kvtrace takes the "
