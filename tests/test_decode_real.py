@@ -715,3 +715,13 @@ def test_the_lines_that_make_those_transfer_queue_pins_false() -> None:
                 conn[timeout - 1].strip()] == ["self.started_transfer = True", "self.init_time = time.time()",
                                                "if not self.started_transfer:",
                                                "if elapsed >= self.kv_mgr.waiting_timeout:"], version
+
+
+@pytest.mark.parametrize("version", [*WARNING_ONLY_SCANS, "0.5.14", "0.5.19"])
+def test_releases_read_for_warnings_only_have_no_error_and_no_path_limit(version: str) -> None:
+    """From 0.5.13 the decode pack reports no error (0.5.13 and 0.5.22 have their own tests):
+    each of these scans is complete, without a path limit, and error-free (the scans the rows reuse)."""
+    report = decode_scan(version)
+    assert not [p for p in report.problems if p.kind in (ProblemKind.PATH_LIMIT, ProblemKind.CUT)], report.problems
+    assert not report.incomplete, report.gaps
+    assert not [(f.rule, f.backend, f.state, f.path, f.line) for f in report.findings if f.severity == "error"]
