@@ -383,6 +383,7 @@ _KEYERROR_AT: dict[str, tuple[str, int, tuple[str, ...]]] = {
     # 0.5.19: the rows above. 0.5.20 keeps the deferred release's clear() (_do_release, on requests
     # pop_transferred already took out of its queue), as 0.5.19.
     "0.5.20": ("common/conn.py", 393, ("ascend", "mooncake", "mori")),
+    "0.5.21": ("common/conn.py", 413, ("ascend", "mooncake", "mori")),
 }
 # _update_handshake_waiters: Bootstrapping, WaitingForInput and Failed have branches, `else: raise
 # ValueError(f"Unexpected poll case: {poll}")` at these lines. A request in the prealloc queue
@@ -412,13 +413,13 @@ _HANDSHAKE_RAISE_AT: dict[str, tuple[int, tuple[str, ...]]] = {
     "0.5.14": (681, ("Success", "Transferring")),
     "0.5.15.post1": (692, ("Success", "Transferring")),
     "0.5.16": (768, ("Success", "Transferring")),
-    # From 0.5.17 the same raise (0.5.17 804, 0.5.18 831, 0.5.19 926) is an unhandled-state warning
+    # From 0.5.17 the same raise (0.5.17 804, 0.5.18 831, 0.5.19 926, 0.5.20 942, 0.5.21 1077) is an unhandled-state warning
     # with the same premise, not a state-crash.
 }
 # Releases that have no error and that this file scans only for the warning rows above: each
 # costs a whole decode scan in CI (minutes from 0.5.15.post1 on); these rows are the ones to drop
 # if that cost is not worth it.
-WARNING_ONLY_SCANS = ("0.5.13.post1", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18")
+WARNING_ONLY_SCANS = ("0.5.13.post1", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.21")
 HAND_READ += [
     *[(version, "poll-raises", backend, None, path, line, "warning",
        "check_status indexes request_status[room]; only a request sharing the room clears it while this one is queued",
