@@ -352,6 +352,8 @@ BOTH_QUEUES = ("disagg_decode_prealloc_queue", "disagg_decode_transfer_queue")
 # SGLang's own random rooms it does not happen, maintainers on sglang#27643). A warning with that
 # premise on both queues, for every backend whose receiver reads that table (ascend's receiver is
 # mooncake's from 0.4.9; MoriKVReceiver is a CommonKVReceiver from 0.5.10).
+# The receivers that read CommonKVManager.check_status from 0.5.10.
+_COMMON_RECEIVERS = ("ascend", "mooncake", "mori")
 _KEYERROR_AT: dict[str, tuple[str, int, tuple[str, ...]]] = {
     "0.4.7": ("mooncake/conn.py", 589, ("mooncake",)),
     "0.4.7.post1": ("mooncake/conn.py", 589, ("mooncake",)),
@@ -367,23 +369,23 @@ _KEYERROR_AT: dict[str, tuple[str, int, tuple[str, ...]]] = {
     "0.5.7": ("mooncake/conn.py", 1024, ("ascend", "mooncake")),
     "0.5.8.post1": ("mooncake/conn.py", 1024, ("ascend", "mooncake")),
     "0.5.9": ("mooncake/conn.py", 1099, ("ascend",)),  # mooncake and mori: the 0.5.9 rows above
-    "0.5.10": ("common/conn.py", 179, ("ascend", "mooncake", "mori")),
-    "0.5.10.post1": ("common/conn.py", 179, ("ascend", "mooncake", "mori")),
-    "0.5.11": ("common/conn.py", 180, ("ascend", "mooncake", "mori")),
-    "0.5.12": ("common/conn.py", 191, ("ascend", "mooncake", "mori")),
-    "0.5.12.post1": ("common/conn.py", 191, ("ascend", "mooncake", "mori")),
-    "0.5.13": ("common/conn.py", 210, ("ascend", "mooncake", "mori")),
-    "0.5.13.post1": ("common/conn.py", 210, ("ascend", "mooncake", "mori")),
+    "0.5.10": ("common/conn.py", 179, _COMMON_RECEIVERS),
+    "0.5.10.post1": ("common/conn.py", 179, _COMMON_RECEIVERS),
+    "0.5.11": ("common/conn.py", 180, _COMMON_RECEIVERS),
+    "0.5.12": ("common/conn.py", 191, _COMMON_RECEIVERS),
+    "0.5.12.post1": ("common/conn.py", 191, _COMMON_RECEIVERS),
+    "0.5.13": ("common/conn.py", 210, _COMMON_RECEIVERS),
+    "0.5.13.post1": ("common/conn.py", 210, _COMMON_RECEIVERS),
     # 0.5.14: the rows above; the transfer queue's clear() calls are the same drains' (0.5.15.post1
     # 835/1552/1571/1624/1722, 0.5.16 914/1714/1733/1819/1917).
-    "0.5.15.post1": ("common/conn.py", 213, ("ascend", "mooncake", "mori")),
-    "0.5.16": ("common/conn.py", 248, ("ascend", "mooncake", "mori")),
-    "0.5.17": ("common/conn.py", 310, ("ascend", "mooncake", "mori")),
-    "0.5.18": ("common/conn.py", 315, ("ascend", "mooncake", "mori")),
+    "0.5.15.post1": ("common/conn.py", 213, _COMMON_RECEIVERS),
+    "0.5.16": ("common/conn.py", 248, _COMMON_RECEIVERS),
+    "0.5.17": ("common/conn.py", 310, _COMMON_RECEIVERS),
+    "0.5.18": ("common/conn.py", 315, _COMMON_RECEIVERS),
     # 0.5.19: the rows above. 0.5.20 keeps the deferred release's clear() (_do_release, on requests
     # pop_transferred already took out of its queue), as 0.5.19.
-    "0.5.20": ("common/conn.py", 393, ("ascend", "mooncake", "mori")),
-    "0.5.21": ("common/conn.py", 413, ("ascend", "mooncake", "mori")),
+    "0.5.20": ("common/conn.py", 393, _COMMON_RECEIVERS),
+    "0.5.21": ("common/conn.py", 413, _COMMON_RECEIVERS),
 }
 # _update_handshake_waiters: Bootstrapping, WaitingForInput and Failed have branches, `else: raise
 # ValueError(f"Unexpected poll case: {poll}")` at these lines. A request in the prealloc queue
