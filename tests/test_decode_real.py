@@ -386,6 +386,7 @@ _KEYERROR_AT: dict[str, tuple[str, int, tuple[str, ...]]] = {
     # pop_transferred already took out of its queue), as 0.5.19.
     "0.5.20": ("common/conn.py", 393, _COMMON_RECEIVERS),
     "0.5.21": ("common/conn.py", 413, _COMMON_RECEIVERS),
+    "0.5.22": ("common/conn.py", 553, _COMMON_RECEIVERS),  # 0.5.23: test_0_5_23_decode_keyerror_rests_on_a_shared_room
 }
 # _update_handshake_waiters: Bootstrapping, WaitingForInput and Failed have branches, `else: raise
 # ValueError(f"Unexpected poll case: {poll}")` at these lines. A request in the prealloc queue
