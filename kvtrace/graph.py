@@ -367,12 +367,12 @@ def find_modes(index: Index, func: FuncRef, domain: Domain, unseen_out: list[str
             Evidence(caller.path, call.lineno, f"{caller.qualname} calls {func.name}"))
     if not sites:
         sites[tuple(None for _ in params)] = []
-    # Scanning the backends' folder itself (index.root is ""), callers outside it are not seen
-    # (the pipeline-parallel loop lives in managers/): a parameter no caller in view passes is
-    # still free, so it also gets a mode where it is passed a value kvtrace cannot read, and
-    # the scan says what it could not see.
+    # When the drain's object is assembled outside the view, its other parts call it unseen
+    # (SGLang's pipeline-parallel loop is another base of the Scheduler, in managers/): a
+    # parameter no caller in view passes is still free, so it also gets a mode where it is
+    # passed a value kvtrace cannot read, and the scan says what it could not see.
     unseen: set[tuple] = set()
-    for at, p in enumerate(params if not index.root else ()):
+    for at, p in enumerate(params if not _callers_in_view(index, func) else ()):
         if all(key[at] is None for key in sites):
             if unseen_out is not None:
                 unseen_out.append(f"callers of {func.qualname} ({func.path}:{func.line}) outside the scanned folder are "
@@ -722,7 +722,7 @@ def analyse_queue(index: Index, pack: Pack, domain: Domain) -> QueueAnalysis:
             for drain in drains:
                 drain.list_attr = attr
     if not drains:
-        unseen: list[str] = [] if index.root or _assigned_in_tree(index, pack.queue) else [
+        unseen: list[str] = [] if _assigned_in_tree(index, pack.queue) or not _used_in_tree(index, pack.queue) else [
             f"self.{pack.queue} is bound outside the scanned folder (nothing here assigns it), so the object that "
             f"drains it is not seen; scan the folder that holds the scheduler"]
         return QueueAnalysis(None, graph, {}, static, unparsed=sorted(set(unparsed)), unseen_callers=unseen)
@@ -742,6 +742,27 @@ def analyse_queue(index: Index, pack: Pack, domain: Domain) -> QueueAnalysis:
         _add_paths(graph, state, state_paths)
     return QueueAnalysis(drain, graph, paths, static, sorted(set(truncated)), modes, mode_paths,
                          sorted(set(unparsed)), unseen)
+
+
+def _callers_in_view(index: Index, func: FuncRef) -> bool:
+    """Whether the code that can call `func` is in view: for a method, whether its object's class
+    is assembled in view; a module function is called in view when some call of it is."""
+    return _assembled_in_view(index, func.owner) if func.owner is not None else bool(index.callers(func.name))
+
+
+def _assembled_in_view(index: Index, cls: ClassInfo) -> bool:
+    """Whether an object of `cls` gets its class from code in view: a class in view derives from
+    it, or code in view instantiates it. Else the object is built out of view: a part of a class
+    composed there (SGLang's Scheduler composes the disaggregation mixins in managers/), or an
+    object held there (the decode queues); the unseen code may call its methods with any
+    argument and read or drain what it binds."""
+    return bool(index.subclasses_of(cls.name)) or bool(index.callers(cls.name))
+
+
+def _used_in_tree(index: Index, attr: str) -> bool:
+    """Whether some analysed file reads `<x>.<attr>`: code in view works with the queue object."""
+    return any(isinstance(node, ast.Attribute) and node.attr == attr
+               for module in index.modules.values() for node in walk_ast(module.tree))
 
 
 def _assigned_in_tree(index: Index, attr: str) -> bool:

@@ -69,6 +69,22 @@ class PrefillMixin:
 {methods}'''
 
 
+# managers/scheduler.py: the class composed of the prefill mixin, binding its queue, built by the
+# process (as SGLang's Scheduler is). With it in view, every caller of the drain is in view;
+# without it the object is assembled out of view and a drain parameter no caller passes is free.
+SCHEDULER = '''\
+from ..disaggregation.prefill import PrefillMixin
+
+
+class Scheduler(PrefillMixin):
+    def __init__(self):
+        self.disagg_prefill_inflight_queue = []
+
+
+def run_scheduler_process():
+    Scheduler().event_loop()
+'''
+
 STANDARD_BRANCHES = '''\
             if poll in [KVPoll.WaitingForInput, KVPoll.Transferring]:
                 undone_reqs.append(req)

@@ -4,7 +4,7 @@ from kvtrace.model import EventKind, Evidence, Finding, Outcome
 from kvtrace.rules.base import Rule, Sample, ScanContext, drain_evidence, path_evidence
 from kvtrace.rules.premise import clause, crash_premise, joined, unseen_caller_premise
 from kvtrace.rules.reentry_premise import reentry_premise
-from kvtrace.rules.samples import STANDARD_BRANCHES, drain, sender
+from kvtrace.rules.samples import SCHEDULER, STANDARD_BRANCHES, drain, sender
 
 # The standard chain, but Bootstrapping (which the sender below returns while it handshakes)
 # fails an assert instead of being kept.
@@ -103,10 +103,11 @@ class StateCrash(Rule):
         # Consensus that keeps a lagging state instead of asserting.
         Sample({"disaggregation/prefill.py": _pp_drain(_PP_TOLERANT),
                 "disaggregation/hand/conn.py": _HANDSHAKING}),
-        # The assert is there, but no caller in the tree passes rids_to_check: the branch is dead.
+        # The assert is there, but the scheduler composing the mixin is in view and no caller
+        # passes rids_to_check: the branch is dead.
         Sample({"disaggregation/prefill.py": drain(_PP_ASSERT).replace(
             "def drain_inflight(self):", "def drain_inflight(self, rids_to_check=None):"),
-            "disaggregation/hand/conn.py": _HANDSHAKING}),
+            "disaggregation/hand/conn.py": _HANDSHAKING, "managers/scheduler.py": SCHEDULER}),
     ]
     INVALID = [
         Sample({"disaggregation/prefill.py": drain(_ASSERTS),

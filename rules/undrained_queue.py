@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from kvtrace.rules.base import Rule, Sample, ScanContext
-from kvtrace.rules.samples import STANDARD_BRANCHES, drain
+from kvtrace.rules.samples import SCHEDULER, STANDARD_BRANCHES, drain
 from kvtrace.model import Evidence, Finding
 
 _FILL_ONLY = '''\
@@ -40,8 +40,14 @@ class UndrainedQueue(Rule):
     title = "Queue never drained"
     severity = "error"
 
-    VALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES)})]
-    INVALID = [Sample({"disaggregation/prefill.py": _FILL_ONLY}, expect=((None, None),))]
+    VALID = [
+        Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES)}),
+        # Filled, and bound nowhere in view: the object is built (and may be drained) out of view.
+        Sample({"disaggregation/prefill.py": _FILL_ONLY}),
+    ]
+    # The scheduler in view composes the mixin and binds the queue: nothing in view drains it.
+    INVALID = [Sample({"disaggregation/prefill.py": _FILL_ONLY, "managers/scheduler.py": SCHEDULER},
+                      expect=((None, None),))]
 
     def check(self, ctx: ScanContext) -> list[Finding]:
         if ctx.queue.drain is not None or ctx.queue.unparsed or ctx.queue.unseen_callers:

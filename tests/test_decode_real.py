@@ -340,6 +340,124 @@ HAND_READ = [
       for queue in ("disagg_decode_prealloc_queue", "disagg_decode_transfer_queue")],
 ]
 
+# --- Every other release, read by hand (issue 22) ---------------------------------------------
+# Releases whose decode.py drain and backend code give the same verdict are grouped; each group
+# says what was read once for all of them.
+BOTH_QUEUES = ("disagg_decode_prealloc_queue", "disagg_decode_transfer_queue")
+# MooncakeKVManager.check_status (mooncake/conn.py) and, from 0.5.10, CommonKVManager.check_status
+# (common/conn.py): `return self.request_status[bootstrap_room]`. The room is stored by the
+# receiver's constructor and popped only by `clear()`, which the drains call on a request as it
+# leaves its queue (0.4.7 pop_transferred 476, 0.5.6.post2 _commit_transfer_to_req 720, 0.5.12
+# 1432/1461): a queued request's room goes only if another request shares it (sglang#40125; with
+# SGLang's own random rooms it does not happen, maintainers on sglang#27643). A warning with that
+# premise on both queues, for every backend whose receiver reads that table (ascend's receiver is
+# mooncake's from 0.4.9; MoriKVReceiver is a CommonKVReceiver from 0.5.10).
+# The receivers that read CommonKVManager.check_status from 0.5.10.
+_COMMON_RECEIVERS = ("ascend", "mooncake", "mori")
+_KEYERROR_AT: dict[str, tuple[str, int, tuple[str, ...]]] = {
+    "0.4.7": ("mooncake/conn.py", 589, ("mooncake",)),
+    "0.4.7.post1": ("mooncake/conn.py", 589, ("mooncake",)),
+    "0.4.8.post1": ("mooncake/conn.py", 796, ("mooncake",)),
+    "0.4.9.post6": ("mooncake/conn.py", 809, ("ascend", "mooncake")),
+    "0.4.10.post2": ("mooncake/conn.py", 827, ("ascend", "mooncake")),
+    "0.5.1.post3": ("mooncake/conn.py", 999, ("ascend", "mooncake")),
+    "0.5.2": ("mooncake/conn.py", 1002, ("ascend", "mooncake")),
+    "0.5.3.post3": ("mooncake/conn.py", 1028, ("ascend", "mooncake")),
+    "0.5.4.post3": ("mooncake/conn.py", 1027, ("ascend", "mooncake")),
+    "0.5.5.post3": ("mooncake/conn.py", 1021, ("ascend", "mooncake")),
+    "0.5.6.post2": ("mooncake/conn.py", 1019, ("ascend", "mooncake")),
+    "0.5.7": ("mooncake/conn.py", 1024, ("ascend", "mooncake")),
+    "0.5.8.post1": ("mooncake/conn.py", 1024, ("ascend", "mooncake")),
+    "0.5.9": ("mooncake/conn.py", 1099, ("ascend",)),  # mooncake and mori: the 0.5.9 rows above
+    "0.5.10": ("common/conn.py", 179, _COMMON_RECEIVERS),
+    "0.5.10.post1": ("common/conn.py", 179, _COMMON_RECEIVERS),
+    "0.5.11": ("common/conn.py", 180, _COMMON_RECEIVERS),
+    "0.5.12": ("common/conn.py", 191, _COMMON_RECEIVERS),
+    "0.5.12.post1": ("common/conn.py", 191, _COMMON_RECEIVERS),
+    "0.5.13": ("common/conn.py", 210, _COMMON_RECEIVERS),
+    "0.5.13.post1": ("common/conn.py", 210, _COMMON_RECEIVERS),
+    # 0.5.14: the rows above; the transfer queue's clear() calls are the same drains' (0.5.15.post1
+    # 835/1552/1571/1624/1722, 0.5.16 914/1714/1733/1819/1917).
+    "0.5.15.post1": ("common/conn.py", 213, _COMMON_RECEIVERS),
+    "0.5.16": ("common/conn.py", 248, _COMMON_RECEIVERS),
+    "0.5.17": ("common/conn.py", 310, _COMMON_RECEIVERS),
+    "0.5.18": ("common/conn.py", 315, _COMMON_RECEIVERS),
+    # 0.5.19: the rows above. 0.5.20 keeps the deferred release's clear() (_do_release, on requests
+    # pop_transferred already took out of its queue), as 0.5.19.
+    "0.5.20": ("common/conn.py", 393, _COMMON_RECEIVERS),
+    "0.5.21": ("common/conn.py", 413, _COMMON_RECEIVERS),
+    "0.5.22": ("common/conn.py", 553, _COMMON_RECEIVERS),  # 0.5.23: test_0_5_23_decode_keyerror_rests_on_a_shared_room
+}
+# _update_handshake_waiters: Bootstrapping, WaitingForInput and Failed have branches, `else: raise
+# ValueError(f"Unexpected poll case: {poll}")` at these lines. A request in the prealloc queue
+# holds no KV memory, so no transfer into it has started: Success (and Transferring, which mori's
+# and, from 0.5.10, the common receivers' tables can hold) comes only from a room another receiver
+# moved there (a re-added request, sglang#6857, or two requests sharing a room, sglang#40125). A
+# warning that says so, as on 0.4.8, 0.5.2 and 0.5.9 above.
+_HANDSHAKE_RAISE_AT: dict[str, tuple[int, tuple[str, ...]]] = {
+    "0.4.7.post1": (334, ("Success", "Transferring")),
+    "0.4.8.post1": (331, ("Success",)),
+    "0.4.9.post6": (331, ("Success",)),
+    "0.4.10.post2": (331, ("Success",)),
+    "0.5.1.post3": (340, ("Success",)),
+    "0.5.3.post3": (406, ("Success",)),
+    "0.5.4.post3": (408, ("Success",)),
+    "0.5.5.post3": (407, ("Success",)),
+    "0.5.6.post2": (411, ("Success",)),
+    "0.5.7": (444, ("Success",)),
+    "0.5.8.post1": (445, ("Success",)),
+    "0.5.10": (552, ("Success", "Transferring")),
+    "0.5.10.post1": (552, ("Success", "Transferring")),
+    "0.5.11": (610, ("Success", "Transferring")),
+    "0.5.12": (643, ("Success", "Transferring")),
+    "0.5.12.post1": (643, ("Success", "Transferring")),
+    # 0.5.13: test_0_5_13_decode_has_no_error_and_no_state_unhandled_at_the_hisparse_assert.
+    "0.5.13.post1": (665, ("Success", "Transferring")),
+    "0.5.14": (681, ("Success", "Transferring")),
+    "0.5.15.post1": (692, ("Success", "Transferring")),
+    "0.5.16": (768, ("Success", "Transferring")),
+    # From 0.5.17 the same raise (0.5.17 804, 0.5.18 831, 0.5.19 926, 0.5.20 942, 0.5.21 1077) is an unhandled-state warning
+    # with the same premise, not a state-crash.
+}
+# Releases that have no error and that this file scans only for the warning rows above: each
+# costs a whole decode scan in CI (minutes from 0.5.15.post1 on); these rows are the ones to drop
+# if that cost is not worth it.
+WARNING_ONLY_SCANS = ("0.5.13.post1", "0.5.15.post1", "0.5.16", "0.5.17", "0.5.18", "0.5.21")
+HAND_READ += [
+    *[(version, "poll-raises", backend, None, path, line, "warning",
+       "check_status indexes request_status[room]; only a request sharing the room clears it while this one is queued",
+       "sglang#40125, sglang#27643", queue)
+      for version, (path, line, backends) in _KEYERROR_AT.items() for backend in backends for queue in BOTH_QUEUES],
+    *[(version, "state-crash", None, state, "decode.py", line, "warning",
+       "raise ValueError in the handshake loop; a prealloc request holds no KV memory, so only a reused room",
+       "sglang#6857, sglang#40125")
+      for version, (line, states) in _HANDSHAKE_RAISE_AT.items() for state in states],
+    # 0.4.6.post5 … 0.4.8.post1, mooncake, transfer queue: MooncakeKVReceiver.poll returns the
+    # table's value until it is Success or Failed. After init() the room stays at WaitingForInput
+    # until the prefill sends a status (decode_thread) or, from 0.4.7, the heartbeat thread marks
+    # a lost prefill node Failed (_handle_node_failure). A prefill that drops the request alive
+    # (an abort there never notifies the decode: sglang#28651) leaves it pinned: no decode-side
+    # deadline until SGLANG_DISAGGREGATION_WAITING_TIMEOUT (first in 0.4.9.post6, where the pin
+    # is gone). True.
+    *[(version, "pinned-state", "mooncake", "WaitingForInput", "mooncake/conn.py", line, "error",
+       "no decode-side deadline after init(); only a status from the prefill or a dead prefill node frees it",
+       "sglang#28651 (a prefill abort never notifies the decode); waiting timeout from 0.4.9.post6")
+      for version, line in (("0.4.6.post5", 726), ("0.4.7", 990), ("0.4.7.post1", 995), ("0.4.8", 991),
+                            ("0.4.8.post1", 1226))],
+    # 0.4.6.post5 … 0.5.5.post3, nixl, transfer queue: after init() (`started_transfer = True`)
+    # NixlKVReceiver.poll returns WaitingForInput until check_transfer_done; no abort, no deadline
+    # (the heartbeat from 0.5.3.post3 covers a dead prefill node only). True; 0.5.6.post2 adds the
+    # waiting timeout counted from init() (and the pin reported there is false: see
+    # test_no_pin_in_the_transfer_queue_for_a_state_the_entry_path_moved_past). 0.5.2 is
+    # test_decode_findings'.
+    *[(version, "pinned-state", "nixl", "WaitingForInput", "nixl/conn.py", line, "error",
+       "after init() WaitingForInput until the transfer is done; no abort, no deadline",
+       "no tracker issue found; nixl's waiting timeout first in 0.5.6.post2 (nixl/conn.py 806)")
+      for version, line in (("0.4.6.post5", 625), ("0.4.7", 457), ("0.4.7.post1", 462), ("0.4.8", 462),
+                            ("0.4.8.post1", 482), ("0.4.9.post6", 489), ("0.4.10.post2", 489),
+                            ("0.5.1.post3", 489), ("0.5.3.post3", 790), ("0.5.4.post3", 797), ("0.5.5.post3", 794))],
+]
+
 
 @pytest.mark.parametrize("row", HAND_READ, ids=lambda r: f"{r[0]}-{r[1]}-{r[2]}-{r[3]}" + "".join(f"-{q}" for q in r[9:]))
 def test_decode_verdicts_read_by_hand(row: tuple) -> None:
@@ -512,3 +630,105 @@ def test_0_5_23_decode_keyerror_rests_on_a_shared_room() -> None:
     for f in found:
         assert (f.severity, f.premise) == ("warning", SHARED_ROOM), (f.backend, f.queue, f.severity, f.premise)
         assert not any("can return without storing the room" in e.note for e in f.evidence)
+
+
+# --- Errors read as false (issue 22): the engine is left as it is, the right verdict is a strict xfail ---
+# What each transfer-queue request went through on its way in: pop_preallocated lets only a request
+# with `waiting_for_input` set past `if not decode_req.waiting_for_input: continue`, calls
+# `decode_req.kv_receiver.init(...)` (up to 0.5.9) or `.send_metadata(...)` (from 0.5.10) and only
+# then `preallocated_reqs.append(decode_req)`; the transfer queue is filled from that list alone
+# (process_decode_queue's `extend(req_conns)`, and from 0.5.9 the PP mixin's `extend(good_reqs)`).
+# (release, the `waiting_for_input` test, the init()/send_metadata() call, the append; decode.py)
+# and the fake receiver's flag that call sets (fake/conn.py).
+_PREALLOC_WAY_OUT: dict[str, tuple[int, int, int, int]] = {
+    "0.4.6.post5": (216, 251, 252, 72), "0.4.7": (279, 314, 315, 73), "0.4.7.post1": (365, 412, 413, 79),
+    "0.4.8": (362, 409, 410, 79), "0.4.8.post1": (362, 409, 410, 79), "0.4.9.post6": (362, 409, 410, 79),
+    "0.4.10.post2": (362, 409, 410, 79), "0.5.1.post3": (371, 421, 422, 79), "0.5.2": (373, 423, 424, 79),
+    "0.5.3.post3": (437, 525, 529, 87), "0.5.4.post3": (439, 527, 530, 87), "0.5.5.post3": (438, 526, 529, 87),
+    "0.5.6.post2": (442, 530, 533, 87), "0.5.7": (484, 572, 575, 87), "0.5.8.post1": (485, 573, 576, 87),
+    "0.5.9": (506, 594, 597, 101), "0.5.10": (679, 774, 784, 109), "0.5.10.post1": (679, 774, 784, 109),
+    "0.5.11": (752, 896, 910, 113), "0.5.12": (810, 984, 998, 118), "0.5.12.post1": (810, 984, 998, 118),
+}
+# From 0.5.10 the fake receiver answers Bootstrapping until init(prefill_dp_rank) and
+# WaitingForInput until send_metadata(); `waiting_for_input` is set only on WaitingForInput.
+_SEND_METADATA = ("0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1")
+# MooncakeKVReceiver.__init__: the Bootstrapping store and the WaitingForInput store it ends with
+# (mooncake/conn.py); its only other ways out store Failed and return.
+_MOONCAKE_RECEIVER_STORES: dict[str, tuple[int, int]] = {
+    "0.4.6.post5": (522, 629), "0.4.7": (774, 896), "0.4.7.post1": (779, 901), "0.4.8": (775, 897),
+    "0.4.8.post1": (988, 1123),
+}
+# NixlKVReceiver: init() sets `self.started_transfer = True` and `self.init_time = time.time()`;
+# poll() returns WaitingForInput on `if not self.started_transfer:` and else fails the request on
+# `if elapsed >= self.kv_mgr.waiting_timeout:` (nixl/conn.py).
+_NIXL_WAITING_TIMEOUT: dict[str, tuple[int, int, int, int]] = {
+    "0.5.6.post2": (790, 791, 800, 806), "0.5.7": (814, 815, 824, 830), "0.5.8.post1": (811, 812, 821, 827),
+    "0.5.9": (1041, 1042, 1051, 1057),
+}
+_FAKE_FALSE = ("FakeKVReceiver.poll() answers WaitingForInput (and, from 0.5.10, Bootstrapping) only before "
+               "init()/send_metadata(); every request in the transfer queue came through pop_preallocated's "
+               "`kv_receiver.init(...)`/`send_metadata(...)` before `preallocated_reqs.append`, so there poll() "
+               "returns Success: kvtrace does not carry what ran on the request's way into the queue")
+_MOONCAKE_BOOTSTRAPPING_FALSE = ("MooncakeKVReceiver.__init__ stores Bootstrapping and, before it returns, "
+                                 "WaitingForInput or Failed; nothing else on a decode server stores Bootstrapping "
+                                 "and the table only moves up (max, Failed aside): a request that reached the transfer queue "
+                                 "never reads Bootstrapping again, shared room or not")
+_NIXL_FALSE = ("NixlKVReceiver.init() sets started_transfer and init_time before the request enters the transfer "
+               "queue; poll() then fails it at `elapsed >= self.kv_mgr.waiting_timeout`: kvtrace takes the "
+               "`if not self.started_transfer: return WaitingForInput` path, which only the prealloc queue reaches")
+FALSE_PINS = [
+    *[pytest.param(v, "fake", "WaitingForInput", marks=pytest.mark.xfail(strict=True, reason=_FAKE_FALSE),
+                   id=f"{v}-fake-WaitingForInput") for v in _PREALLOC_WAY_OUT],
+    *[pytest.param(v, "fake", "Bootstrapping", marks=pytest.mark.xfail(strict=True, reason=_FAKE_FALSE),
+                   id=f"{v}-fake-Bootstrapping") for v in _SEND_METADATA],
+    *[pytest.param(v, "mooncake", "Bootstrapping",
+                   marks=pytest.mark.xfail(strict=True, reason=_MOONCAKE_BOOTSTRAPPING_FALSE),
+                   id=f"{v}-mooncake-Bootstrapping") for v in _MOONCAKE_RECEIVER_STORES],
+    *[pytest.param(v, "nixl", "WaitingForInput", marks=pytest.mark.xfail(strict=True, reason=_NIXL_FALSE),
+                   id=f"{v}-nixl-WaitingForInput") for v in _NIXL_WAITING_TIMEOUT],
+]
+
+
+@pytest.mark.parametrize(("version", "backend", "state"), FALSE_PINS)
+def test_no_pin_in_the_transfer_queue_for_a_state_the_entry_path_moved_past(version: str, backend: str, state: str) -> None:
+    """The right verdict for pinned-state errors read as false. Each of these is reported today
+    (HAND_READ rows 0.4.8 fake/mooncake-Bootstrapping, 0.5.9 fake/nixl and test_decode_findings'
+    0.5.2 fake still say it is): the lines that make it false are checked by
+    test_the_lines_that_make_those_transfer_queue_pins_false, which must pass."""
+    found = [f for f in decode_scan(version).findings if (f.rule, f.backend, f.state, f.queue) ==
+             ("pinned-state", backend, state, "disagg_decode_transfer_queue")]
+    assert not found, [(f.path, f.line, f.severity) for f in found]
+
+
+def test_the_lines_that_make_those_transfer_queue_pins_false() -> None:
+    """The code the xfail verdicts above rest on, line by line (no scan)."""
+    for version, (waiting, init, append, flag) in _PREALLOC_WAY_OUT.items():
+        decode = (sglang_tree(version) / DECODE).read_text().splitlines()
+        fake = (sglang_tree(version) / D / "fake/conn.py").read_text().splitlines()
+        assert decode[waiting - 1].strip() == "if not decode_req.waiting_for_input:", version
+        call = "send_metadata(" if version in _SEND_METADATA else "init("
+        assert decode[init - 1].strip().startswith(f"decode_req.kv_receiver.{call}"), (version, decode[init - 1])
+        assert decode[append - 1].strip() == "preallocated_reqs.append(decode_req)", version
+        assert fake[flag - 1].strip() == ("self.has_sent_metadata = True" if call == "send_metadata(" else "self.has_init = True"), version
+    for version, (bootstrapping, waiting) in _MOONCAKE_RECEIVER_STORES.items():
+        conn = (sglang_tree(version) / D / "mooncake/conn.py").read_text().splitlines()
+        assert conn[bootstrapping - 1].strip().endswith("KVPoll.Bootstrapping)"), version
+        assert conn[waiting - 1].strip().endswith("KVPoll.WaitingForInput)"), version
+        receiver = "\n".join(conn[bootstrapping:waiting - 1])
+        assert "KVPoll.Bootstrapping" not in receiver and receiver.count("return\n") == receiver.count("KVPoll.Failed)"), version
+    for version, (started, init_time, not_started, timeout) in _NIXL_WAITING_TIMEOUT.items():
+        conn = (sglang_tree(version) / D / "nixl/conn.py").read_text().splitlines()
+        assert [conn[started - 1].strip(), conn[init_time - 1].strip(), conn[not_started - 1].strip(),
+                conn[timeout - 1].strip()] == ["self.started_transfer = True", "self.init_time = time.time()",
+                                               "if not self.started_transfer:",
+                                               "if elapsed >= self.kv_mgr.waiting_timeout:"], version
+
+
+@pytest.mark.parametrize("version", [*WARNING_ONLY_SCANS, "0.5.14", "0.5.19", "0.5.20"])
+def test_releases_read_for_warnings_only_have_no_error_and_no_path_limit(version: str) -> None:
+    """From 0.5.13 the decode pack reports no error (0.5.13 and 0.5.22 have their own tests):
+    each of these scans is complete, without a path limit, and error-free (the scans the rows reuse)."""
+    report = decode_scan(version)
+    assert not [p for p in report.problems if p.kind in (ProblemKind.PATH_LIMIT, ProblemKind.CUT)], report.problems
+    assert not report.incomplete, report.gaps
+    assert not [(f.rule, f.backend, f.state, f.path, f.line) for f in report.findings if f.severity == "error"]

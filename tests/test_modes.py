@@ -10,7 +10,7 @@ import pytest
 
 from kvtrace.report import render_plain
 from kvtrace.report.json import to_json_dict
-from kvtrace.rules.samples import SHARED_FILES
+from kvtrace.rules.samples import SCHEDULER, SHARED_FILES
 from kvtrace.scan import scan_path
 
 DRAIN = '''\
@@ -78,8 +78,11 @@ class StuckKVSender(BaseKVSender):
 '''
 
 
-def write(root: Path, prefill: str, sender: str | None = None) -> Path:
+def write(root: Path, prefill: str, sender: str | None = None, scheduler: bool = True) -> Path:
+    """The tree; `scheduler`: managers/scheduler.py composes the mixin, so every caller is in view."""
     files = dict(SHARED_FILES)
+    if scheduler:
+        files["managers/scheduler.py"] = SCHEDULER
     files["disaggregation/prefill.py"] = prefill
     if sender is not None:
         files["disaggregation/stuck/conn.py"] = sender
@@ -106,6 +109,19 @@ def test_no_caller_passes_the_parameter_so_its_branches_are_dead(tmp_path: Path)
         "Failed": (["leaves"], []), "Bootstrapping": (["raises"], []), "WaitingForInput": (["kept"], []),
         "Transferring": (["kept"], []), "Success": (["leaves"], [])}}
     assert {s: [str(o) for o in f.fate] for s, f in queue.states.items()}["Success"] == ["leaves"]
+
+
+def test_with_no_class_in_view_composing_the_mixin_the_parameter_is_free(tmp_path: Path) -> None:
+    """The same tree without managers/scheduler.py: the object is assembled out of view, where
+    another base may pass rids_to_check; its branches are analysed as passed and the scan says
+    what it could not see. Before, a tree holding disaggregation/ inside another folder was read
+    as if the scheduler were in view."""
+    from kvtrace.model import ProblemKind
+
+    report = scan_path(write(tmp_path, DRAIN, scheduler=False))
+    assert [m.label for m in report.queues[0].modes] == ["rids_to_check=None", "rids_to_check passed (no caller in view)"]
+    assert any(p.kind is ProblemKind.OUT_OF_VIEW and "drain_inflight" in p.text for p in report.problems)
+    assert report.incomplete
 
 
 def test_callers_that_differ_give_one_mode_each(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -21,7 +21,7 @@ from kvtrace.model import ProblemKind
 from kvtrace.report.json import to_json_dict
 from kvtrace.report.sarif import to_sarif
 from kvtrace.rules.premise import SEND_SKIPPED, SHARED_ROOM
-from kvtrace.rules.samples import SHARED_FILES, STANDARD_BRANCHES, drain
+from kvtrace.rules.samples import SCHEDULER, SHARED_FILES, STANDARD_BRANCHES, drain
 from kvtrace.scan import scan_path
 from tests.sglang_wheels import sglang_tree
 
@@ -295,9 +295,14 @@ class SchedulerPP:
 def pp_tree(root: Path, caller: bool) -> Path:
     normal = "\n    def event_loop_normal(self):\n        self.drain_inflight()\n"
     prefill = drain(PP_BRANCHES, normal).replace("def drain_inflight(self):", "def drain_inflight(self, rids_to_check=None):")
-    files = {"disaggregation/prefill.py": prefill, "disaggregation/wait/conn.py": WAITING_SENDER}
+    # The scheduler composing the mixins (with the PP one when it is there): every caller in view.
+    files = {"disaggregation/prefill.py": prefill, "disaggregation/wait/conn.py": WAITING_SENDER,
+             "managers/scheduler.py": SCHEDULER}
     if caller:
         files["managers/scheduler_pp.py"] = PP_CALLER
+        files["managers/scheduler.py"] = SCHEDULER.replace(
+            "from ..disaggregation.prefill import PrefillMixin", "from ..disaggregation.prefill import PrefillMixin\n"
+            "from .scheduler_pp import SchedulerPP").replace("class Scheduler(PrefillMixin)", "class Scheduler(SchedulerPP, PrefillMixin)")
     return write(root, files)
 
 

@@ -44,3 +44,21 @@ def test_the_whole_installed_package_and_its_srt_give_the_same_findings(version:
     assert _rows(whole, "srt/") == _rows(srt, "")
     assert not whole.incomplete and not srt.incomplete, (whole.problems, srt.problems)
 
+
+@pytest.mark.parametrize("version", ["0.4.8", "0.5.14"])
+def test_a_folder_holding_only_the_backends_folder_sees_as_little_as_the_folder_itself(
+        version: str, tmp_path: Path) -> None:
+    """Before: a copy of a release's `disaggregation/` inside another folder was scanned as if the
+    scheduler were in view: no INCOMPLETE line, the bootstrap queue silently not judged and the
+    PP-mode crash of the drain's rids_to_check missed (0.4.8: two Bootstrapping pins gone, exit 1;
+    0.5.14: exit 0), while the same files scanned as `disaggregation/` said what they could not see."""
+    import shutil
+
+    copy = tmp_path / "holder" / "disaggregation"
+    shutil.copytree(sglang_tree(version) / "sglang" / "srt" / "disaggregation", copy)
+    outer, inner = scan_path(copy.parent), scan_path(copy)
+    assert _rows(outer, "disaggregation/") == _rows(inner, "")
+    assert outer.incomplete and inner.incomplete
+    told = [p.text for p in outer.problems]
+    assert told == [p.text.replace("(prefill.py:", "(disaggregation/prefill.py:") for p in inner.problems]
+    assert any("disagg_prefill_bootstrap_queue is bound outside the scanned folder" in t for t in told)

@@ -50,7 +50,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from . import gen
-from .gen import DONE_LIST, DRAIN_METHOD, KEEP_LIST, OUTCOMES, QUEUE_ATTR, STATES, TERMINAL
+from .gen import DONE_LIST, DRAIN_CLASS, DRAIN_METHOD, KEEP_LIST, OUTCOMES, QUEUE_ATTR, STATES, TERMINAL
 
 # If True, an exception escaping the iteration is `raises` whatever happened before it (what
 # kvtrace's graph.outcome_of does: an append or a release before the raise does not count, the
@@ -287,12 +287,13 @@ class FakeRids:
 PASSED = "passed"  # a mode value: the caller's rids_to_check (FakeRids)
 
 
-def drain_modes(param: bool, callers: tuple[str, ...], folder: bool = False) -> list[tuple[str, tuple]]:
+def drain_modes(param: bool, callers: tuple[str, ...], unseen: bool = False) -> list[tuple[str, tuple]]:
     """(label, the values of rids_to_check to run) per mode, default first. No parameter: one
     mode. No caller passes it: its default only. A caller passes it: that mode runs the passed
     value, and None too when no mode has the default (a value kvtrace cannot read may be None).
-    `folder`: the backends' folder is scanned alone, so callers outside it are unseen and a
-    parameter no caller in view passes is free: a mode runs it passed (issue 23)."""
+    `unseen`: the class that composes the drain's is not in view (the backends' folder scanned
+    alone, or a tree without the scheduler), so callers outside are unseen and a parameter no
+    caller in view passes is free: a mode runs it passed (issue 23)."""
     if not param:
         return [("default", (None,))]
     modes = []
@@ -301,12 +302,25 @@ def drain_modes(param: bool, callers: tuple[str, ...], folder: bool = False) -> 
         modes.append((f"{gen.MODE_PARAM}=None", (None,)))
     if any(kind != "none" for kind in callers):
         modes.append((f"{gen.MODE_PARAM} passed", (PASSED,) if default else (None, PASSED)))
-    elif folder:
+    elif unseen:
         modes.append((f"{gen.MODE_PARAM} passed (no caller in view)", (PASSED,)))
     return modes
 
 
-def tree_modes(source: str, folder: bool = False) -> list[tuple[str, tuple]]:
+def composed_in_view(root: Path, folder: bool) -> bool:
+    """Whether a file the scan reads defines a class deriving from the drain's class or builds
+    it: then the object, and so every caller of the drain, is in view."""
+    for path in sorted((root / "disaggregation" if folder else root).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.ClassDef) and any(ast.unparse(b).split(".")[-1] == DRAIN_CLASS
+                                                      for b in node.bases):
+                return True
+            if isinstance(node, ast.Call) and ast.unparse(node.func).split(".")[-1] == DRAIN_CLASS:
+                return True
+    return False
+
+
+def tree_modes(source: str, unseen: bool = False) -> list[tuple[str, tuple]]:
     """drain_modes, read from a rendered prefill.py (so regression folders replay without IR)."""
     tree = ast.parse(source)
     drain = next(n for n in ast.walk(tree) if isinstance(n, ast.FunctionDef) and n.name == DRAIN_METHOD)
@@ -315,7 +329,7 @@ def tree_modes(source: str, folder: bool = False) -> list[tuple[str, tuple]]:
     for node in ast.walk(tree):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == DRAIN_METHOD:
             callers.append("keyword" if node.keywords else "positional" if node.args else "none")
-    return drain_modes(param, tuple(callers), folder)
+    return drain_modes(param, tuple(callers), unseen)
 
 
 def _by_mode(paths: dict[str, list[PathRecord]], modes: list[tuple[str, tuple]]) -> dict[str, dict[str, list[str]]]:
@@ -440,7 +454,7 @@ def drain_verdict(root: Path, folder: bool = False) -> DrainVerdict:
         code = method.__code__
         sched_cls = _scheduler_class(drain_cls)
         correlated: set[str] = set()
-        modes = tree_modes(source, folder)
+        modes = tree_modes(source, not composed_in_view(root, folder))
         paths: dict[str, list[PathRecord]] = {state: [] for state in STATES}
         for state, label, param_value in [(s, m, v) for s in STATES for m, values in modes for v in values]:
             value = getattr(kvpoll, state)
@@ -668,7 +682,7 @@ def _block(stmts, env: _IREnv, pollvar_bound: bool) -> None:
 
 def interpret_drain(program: gen.DrainProgram) -> DrainVerdict:
     correlated: set[str] = set()
-    modes = drain_modes(program.param, program.callers)
+    modes = drain_modes(program.param, program.callers, not program.composed)
     paths: dict[str, list[PathRecord]] = {state: [] for state in STATES}
     for state, label, param_value in [(s, m, v) for s in STATES for m, values in modes for v in values]:
 

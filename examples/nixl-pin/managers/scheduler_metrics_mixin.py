@@ -32,7 +32,8 @@ class SchedulerMetricsMixin:
 
 
 class SchedulerQueueBinding:
-    """Where the scheduler binds the bootstrap queue object (its class is not part of this fixture)."""
+    """Where the scheduler binds its queues (the bootstrap queue's class is not part of this fixture)."""
 
     def init_disaggregation_queues(self) -> None:
         self.disagg_prefill_bootstrap_queue = PrefillBootstrapQueue()  # noqa: F821
+        self.disagg_prefill_inflight_queue: list = []  # site: reassign
