@@ -84,7 +84,7 @@ class _Keyed:
 # (id of an event sequence, view) -> (the sequence, its keyed view). The entry holds the sequence,
 # so the id stays its own while the entry lives; the bound only limits memory (a miss recomputes).
 _VIEWS: dict[tuple[int, Callable | None], tuple[tuple, _Keyed]] = {}
-_VIEWS_MAX = 1 << 17
+_VIEWS_MAX = 1 << 15
 
 
 def _viewed(events: tuple, view: Callable[[tuple], object] | None = None) -> _Keyed:
