@@ -16,7 +16,7 @@ import re
 from dataclasses import dataclass, field, fields
 from functools import lru_cache
 from operator import attrgetter
-from typing import Callable, Iterable, Protocol
+from typing import Callable, Iterable, Iterator, Protocol, TypeVar
 
 import libcst as cst
 
@@ -61,6 +61,92 @@ def _cached_hash(self) -> int:
 def _without_hash(self) -> dict:
     # str hashes differ between processes: a pickled instance never carries its cached hash.
     return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+
+
+class _Keyed:
+    """A value whose hash is computed once: a part of the keys paths are merged by, hashed at
+    every statement, while the event sequence it stands for is shared by many paths and changes
+    far less often (hashing a sequence calls each event's __hash__)."""
+
+    __slots__ = ("value", "hashed")
+
+    def __init__(self, value: object) -> None:
+        self.value = value
+        self.hashed = hash(value)
+
+    def __hash__(self) -> int:
+        return self.hashed
+
+    def __eq__(self, other: object) -> bool:
+        return self is other or (isinstance(other, _Keyed) and self.hashed == other.hashed and self.value == other.value)
+
+
+# (id of an event sequence, view) -> (the sequence, its keyed view). The entry holds the sequence,
+# so the id stays its own while the entry lives; the bound only limits memory (a miss recomputes).
+_VIEWS: dict[tuple[int, Callable | None], tuple[tuple, _Keyed]] = {}
+_VIEWS_MAX = 1 << 15
+
+
+def _viewed(events: tuple, view: Callable[[tuple], object] | None = None) -> _Keyed:
+    """`view(events)` (or the events), keyed; computed once per sequence object and view."""
+    key = (id(events), view)
+    found = _VIEWS.get(key)
+    if found is not None and found[0] is events:
+        return found[1]
+    keyed = _Keyed(events if view is None else view(events))
+    if len(_VIEWS) >= _VIEWS_MAX:
+        _VIEWS.clear()
+    _VIEWS[key] = (events, keyed)
+    return keyed
+
+
+def _path_hash(self: "PathState") -> int:
+    """_cached_hash, with the events' hash taken once per sequence rather than once per path
+    (bindings change on most statements, the events on few)."""
+    own = self.__dict__
+    found = own.get("_hash")
+    if found is None:
+        found = own["_hash"] = hash((self.env, self.attrs, _viewed(self.events).hashed, self.term, self.ret))
+    return found
+
+
+_Result = TypeVar("_Result")
+
+
+def _by_state(paths: list[PathState], step: Callable[[PathState], list[_Result]],
+              moved: Callable[[_Result, PathState, PathState], _Result]) -> Iterator[list[_Result]]:
+    """step(path) for each path in order, run once per state: what a statement does to a path
+    depends on its bindings, facts, ending and return value, never on its events (helper runs
+    are remembered on the same grounds), and paths that differ only in their events are most of
+    a drain's. The other paths of a state get the first one's results moved onto their own
+    events (`moved(result, first, path)`)."""
+    seen: dict[tuple, tuple[PathState, list[_Result]]] = {}
+    for path in paths:
+        key = (path.env, path.attrs, path.term, path.ret)
+        known = seen.get(key)
+        if known is None:
+            results = step(path)
+            seen[key] = (path, results)
+            yield results
+        else:
+            first, results = known
+            yield [moved(result, first, path) for result in results]
+
+
+def _moved(result: PathState, first: PathState, path: PathState) -> PathState:
+    """`result` (what a step made of `first`) with `path`'s events before the step's own."""
+    if result is first:
+        return path
+    events = path.events if result.events is first.events else path.events + result.events[len(first.events):]
+    return _path(result.env, result.attrs, events, result.term, result.ret)
+
+
+def _moved_pair(result: tuple[PathState, Val], first: PathState, path: PathState) -> tuple[PathState, Val]:
+    return _moved(result[0], first, path), result[1]
+
+
+def _moved_decision(result: tuple[PathState, bool, bool], first: PathState, path: PathState) -> tuple[PathState, bool, bool]:
+    return _moved(result[0], first, path), result[1], result[2]
 
 
 class PathLimit(Exception):
@@ -116,7 +202,7 @@ class PathState:
     term: str | None = None  # continue, break, return, raise
     ret: Val | None = None
 
-    __hash__ = _cached_hash  # a path is hashed at every merge while it lives
+    __hash__ = _path_hash  # a path is hashed at every merge while it lives
     __getstate__ = _without_hash
 
     # env and attrs are sorted tuples of (name, value) so that equal paths hash equal and merge.
@@ -308,7 +394,7 @@ def widen(paths: list[PathState]) -> list[PathState]:
     first. No fate or verdict reads such an entry, and what a path does next depends on its
     bindings, facts and ending, never on its events: the first path's future is every merged one's.
     (Below the limit every entry is kept: each is a line of the path a finding shows.)"""
-    return list(_first_by(paths, lambda p: (p.env, p.attrs, p.term, p.ret, _without_idle_helpers(p.events))))
+    return list(_first_by(paths, lambda p: (p.env, p.attrs, p.term, p.ret, _viewed(p.events, _without_idle_helpers))))
 
 
 def fold(paths: list[PathState]) -> list[PathState]:
@@ -319,7 +405,7 @@ def fold(paths: list[PathState]) -> list[PathState]:
     poll waits). Events outside that (which log line, which idle helper, the order of logs) give
     paths with the same future and the same reading; the first path stands for them and its
     events are the ones a finding shows."""
-    return list(_first_by(paths, lambda p: (p.env, p.attrs, p.term, p.ret, _fate_view(p.events))))
+    return list(_first_by(paths, lambda p: (p.env, p.attrs, p.term, p.ret, _viewed(p.events, _fate_view))))
 
 
 def _fate_view(events: tuple[Event, ...]) -> tuple:
@@ -346,26 +432,27 @@ def _without_idle_helpers(events: tuple[Event, ...]) -> tuple[Event, ...]:
         return events
     idle: set[int] = set()
     open_calls: list[list] = []  # [callee qualname, index of its entry, did something]
+    opened: dict[str, int] = {}  # callee qualname -> how many of open_calls are its
 
     def close(until: str | None) -> None:
         while open_calls and open_calls[-1][0] != until:
             name, at, busy = open_calls.pop()
+            opened[name] -= 1
             if busy and open_calls:
                 open_calls[-1][2] = True
             elif not busy:
                 idle.add(at)
 
     for i, event in enumerate(events):
-        if any(call[0] == event.function for call in open_calls):
-            close(event.function)
-        else:
-            close(None)
+        if open_calls and open_calls[-1][0] != event.function:  # else nothing closes: most events stay in their function
+            close(event.function if opened.get(event.function) else None)
         if event.kind is EventKind.HELPER:
             open_calls.append([event.detail, i, False])
+            opened[event.detail] = opened.get(event.detail, 0) + 1
         elif open_calls:
             open_calls[-1][2] = True
     close(None)
-    return tuple(e for i, e in enumerate(events) if i not in idle)
+    return tuple(e for i, e in enumerate(events) if i not in idle) if idle else events
 
 
 class Explorer:
@@ -444,7 +531,7 @@ class Explorer:
         groups: dict[tuple, list[PathState]] = {}
         for p in paths:
             shape = tuple((name, value if value & exact else None) for name, value in p.env)
-            key = (shape, tuple(filter(kept, p.attrs)), p.term, p.ret, _fate_view(p.events))
+            key = (shape, tuple(filter(kept, p.attrs)), p.term, p.ret, _viewed(p.events, _fate_view))
             groups.setdefault(key, []).append(p)
         out = []
         for (shape, attrs, _, _, _), members in groups.items():
@@ -471,12 +558,31 @@ class Explorer:
         after = live_after(frame.body.node, stmt, self.c.index.derived)
         if after is None:
             return paths
+        # Paths share their bindings and facts (a branch splits paths, it rarely rebinds them all):
+        # each distinct tuple is filtered, and each fact judged, once per statement.
+        envs: dict[int, Bindings] = {}
+        facts: dict[int, Bindings] = {}
+        dead: dict[int, bool] = {}  # by identity: keys of one text may differ in kind
+
+        def alive(key: object) -> bool:
+            if not isinstance(key, FactKey):
+                return True
+            known = dead.get(id(key))
+            if known is None:
+                known = dead[id(key)] = self.dead_fact(key, after, stmt, frame)
+            return not known
+
         out = []
         for path in paths:
-            env = tuple(b for b in path.env if b[0] in after)
-            attrs = path.attrs
-            if any(isinstance(k, FactKey) and k.kind in _FORGETTABLE for k, _ in attrs):
-                attrs = tuple(b for b in attrs if not isinstance(b[0], FactKey) or not self.dead_fact(b[0], after, stmt, frame))
+            env = envs.get(id(path.env))
+            if env is None:
+                env = envs[id(path.env)] = tuple(b for b in path.env if b[0] in after)
+            attrs = facts.get(id(path.attrs))
+            if attrs is None:
+                attrs = path.attrs
+                if any(isinstance(k, FactKey) and k.kind in _FORGETTABLE for k, _ in attrs):
+                    attrs = tuple(b for b in attrs if alive(b[0]))
+                facts[id(path.attrs)] = attrs
             out.append(path if len(env) == len(path.env) and attrs is path.attrs
                        else _path(env, attrs, path.events, path.term, path.ret))
         return out
@@ -685,8 +791,8 @@ class Explorer:
             self.log.truncated.append(Cut.unmodelled(f"{frame.func.path}:{frame.body.line(node)}", type(node).__name__))
             return merge(paths)
         out: list[PathState] = []
-        for path in paths:
-            out.extend(handler(self, node, path, frame))
+        for results in _by_state(paths, lambda path: handler(self, node, path, frame), _moved):
+            out.extend(results)
         return merge(out)
 
     # One path in, the paths out: a small statement (one of a line's `;`-separated parts).
@@ -848,10 +954,10 @@ class Explorer:
     def if_stmt(self, node: cst.If, paths: list[PathState], frame: Frame) -> list[PathState]:
         yes: list[PathState] = []
         no: list[PathState] = []
-        for path in paths:
-            # Only in the drain's own body, where its parameters are bound (a helper's names are its own).
-            guard = bool(self.c.guards) and len(self.stack) <= 1 and bool(names_in(node.test) & self.c.guards)
-            for p, truth, about_poll in self.decide(node.test, path, frame):
+        # Only in the drain's own body, where its parameters are bound (a helper's names are its own).
+        guard = bool(self.c.guards) and len(self.stack) <= 1 and bool(names_in(node.test) & self.c.guards)
+        for decided in _by_state(paths, lambda path: self.decide(node.test, path, frame), _moved_decision):
+            for p, truth, about_poll in decided:
                 if about_poll:
                     line = frame.body.line(node.test)
                     p = p.emit(Event(EventKind.CHECK, frame.func.path, line, frame.func.qualname, "T" if truth else "F"))
@@ -928,14 +1034,14 @@ class Explorer:
         """A nested loop runs its body zero or one time (enough for what a path can do)."""
         entered: list[PathState] = []
         if isinstance(node, cst.For):
-            for path in paths:
-                for p, _ in self.eval(node.iter, path, frame):
+            for evaluated in _by_state(paths, lambda path: self.eval(node.iter, path, frame), _moved_pair):
+                for p, _ in evaluated:
                     entered.append(self.assign(node.target, self.c.domain.universe, p, frame))
             skipped = list(entered)
         else:
             skipped = []
-            for path in paths:
-                for p, truth, _ in self.decide(node.test, path, frame):
+            for decided in _by_state(paths, lambda path: self.decide(node.test, path, frame), _moved_decision):
+                for p, truth, _ in decided:
                     (entered if truth else skipped).append(p)
         body_out = self.run_block(node.body.body, merge(entered), frame) if entered else []
         after = []
