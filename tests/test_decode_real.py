@@ -442,14 +442,14 @@ HAND_READ += [
     # NixlKVReceiver.poll returns WaitingForInput until check_transfer_done; no abort, no deadline
     # (the heartbeat from 0.5.3.post3 covers a dead prefill node only). True; 0.5.6.post2 adds the
     # waiting timeout counted from init() (and the pin reported there is false: see
-    # test_no_pin_in_the_transfer_queue_for_a_state_the_entry_path_moved_past). 0.5.2 is
-    # test_decode_findings'.
+    # test_no_pin_in_the_transfer_queue_for_a_state_the_entry_path_moved_past). 0.5.2's is also
+    # in test_decode_findings.
     *[(version, "pinned-state", "nixl", "WaitingForInput", "nixl/conn.py", line, "error",
        "after init() WaitingForInput until the transfer is done; no abort, no deadline",
        "no tracker issue found; nixl's waiting timeout first in 0.5.6.post2 (nixl/conn.py 806)")
       for version, line in (("0.4.6.post5", 625), ("0.4.7", 457), ("0.4.7.post1", 462), ("0.4.8", 462),
                             ("0.4.8.post1", 482), ("0.4.9.post6", 489), ("0.4.10.post2", 489),
-                            ("0.5.1.post3", 489), ("0.5.3.post3", 790), ("0.5.4.post3", 797), ("0.5.5.post3", 794))],
+                            ("0.5.1.post3", 489), ("0.5.2", 650), ("0.5.3.post3", 790), ("0.5.4.post3", 797), ("0.5.5.post3", 794))],
 ]
 
 
