@@ -137,7 +137,7 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
     if runner.truncated:  # read before _left_by_methods runs: its own cuts are problems, not notes
         notes.append("path limit reached in " + ", ".join(sorted(set(runner.truncated))))
     covers = polled.covers()  # before _left_by_methods, whose runs pass timeout checks of their own
-    left_by = _left_by_methods(runner, index, pack, cls, poll, polled.verdicts, domain, [h for _, h in configs])
+    left_by = _left_by_methods(runner, index, pack, cls, poll, concrete_abort, polled.verdicts, domain, [h for _, h in configs])
     verdicts = _undecided_if_unparsed(runner, name, polled.verdicts, problems)
     order = {m: i for i, m in enumerate(domain.members)}
 
@@ -354,11 +354,13 @@ def raise_sites_with_history(index: Index, pack: Pack, domain: Domain, analysis:
 
 
 def _left_by_methods(runner: "_Runner", index: Index, pack: Pack, cls: ClassInfo, poll: FuncRef,
-                     verdicts: dict[str, StateVerdict], domain: Domain,
+                     abort: FuncRef | None, verdicts: dict[str, StateVerdict], domain: Domain,
                      tables: list[Val | None]) -> dict[str, dict[str, Evidence]]:
     """For each pinned state: the sender's methods (other than poll, abort and the constructor)
-    after which poll() no longer returns it, whatever path the method took (`send()` setting
-    `has_sent`). The scheduler may call one right after the request enters the queue."""
+    after which it is no longer pinned, whatever path the method took: poll() no longer returns
+    it (`send()` setting `has_sent`), or abort() or the clock now end it (`init()` starting the
+    clock of a waiting timeout). The scheduler may call one before or right after the request
+    enters the queue."""
     pinned = [s for s, v in verdicts.items() if v.pinned]
     if not pinned:
         return {}
@@ -370,7 +372,8 @@ def _left_by_methods(runner: "_Runner", index: Index, pack: Pack, cls: ClassInfo
         func = index.find_method(cls, name)
         if func is None or is_abstract(func) or runner.parse(func) is None:
             continue
-        returned: set[str] = set()
+        returned: set[str] = set()  # pinned states poll() still returns after the method
+        kept: set[str] = set()  # ... and still with no way out from there
         ran = False
         for held in tables:  # the method and then poll() with the table holding each state it can
             start = ((TABLE, held),) if held is not None else ()
@@ -378,13 +381,17 @@ def _left_by_methods(runner: "_Runner", index: Index, pack: Pack, cls: ClassInfo
             ran = ran or bool(ends) and any(e.attrs != start for e in ends)
             for end in ends:
                 for after in runner.run(poll, end.attrs):
-                    if after.term != "raise":
-                        returned |= set(domain.states(after.ret if after.ret is not None else frozenset({NONE})))
-                        if OTHER in (after.ret or frozenset()):
-                            returned |= set(pinned)
-                if returned.issuperset(pinned):
-                    break  # poll() still returns every pinned state after it: the method leaves none
-            if returned.issuperset(pinned):
+                    if after.term == "raise":
+                        continue
+                    value = after.ret if after.ret is not None else frozenset({NONE})
+                    now = set(pinned) if OTHER in value else set(domain.states(value)) & set(pinned)
+                    returned |= now
+                    # A state still returned may have a way out now (a timeout from a clock the
+                    # method started): it is pinned only if abort() and the clock still end nothing.
+                    kept |= {s for s in now - kept if OTHER in value or runner.way_out(after, abort, poll, s).verdict.pinned}
+                if kept.issuperset(pinned):
+                    break  # every pinned state stays pinned after it: the method leaves none
+            if kept.issuperset(pinned):
                 break
         if not ran:
             continue
@@ -392,6 +399,9 @@ def _left_by_methods(runner: "_Runner", index: Index, pack: Pack, cls: ClassInfo
             if state not in returned:
                 found.setdefault(state, {})[name] = Evidence(
                     func.path, func.line, f"once {func.qualname}() has run, {cls.name}.{poll.name}() no longer returns {state}")
+            elif state not in kept:
+                found.setdefault(state, {})[name] = Evidence(
+                    func.path, func.line, f"once {func.qualname}() has run, {state} has a way out of {cls.name}.{poll.name}()")
     return found
 
 

@@ -60,7 +60,7 @@ def _cached_hash(self) -> int:
 
 def _without_hash(self) -> dict:
     # str hashes differ between processes: a pickled instance never carries its cached hash.
-    return {k: v for k, v in self.__dict__.items() if k != "_hash"}
+    return {k: v for k, v in self.__dict__.items() if k not in ("_hash", "_events")}
 
 
 class _Keyed:
@@ -106,7 +106,17 @@ def _path_hash(self: "PathState") -> int:
     own = self.__dict__
     found = own.get("_hash")
     if found is None:
-        found = own["_hash"] = hash((self.env, self.attrs, _viewed(self.events).hashed, self.term, self.ret))
+        found = own["_hash"] = hash((self.env, self.attrs, _events_keyed(self).hashed, self.term, self.ret))
+    return found
+
+
+def _events_keyed(path: "PathState") -> _Keyed:
+    """The path's event sequence, keyed; kept on the path (widen() asks again after merges have
+    hashed it, by when the shared view may have been evicted)."""
+    own = path.__dict__
+    found = own.get("_events")
+    if found is None:
+        found = own["_events"] = _viewed(path.events)
     return found
 
 
@@ -394,7 +404,24 @@ def widen(paths: list[PathState]) -> list[PathState]:
     first. No fate or verdict reads such an entry, and what a path does next depends on its
     bindings, facts and ending, never on its events: the first path's future is every merged one's.
     (Below the limit every entry is kept: each is a line of the path a finding shows.)"""
-    return list(_first_by(paths, lambda p: (p.env, p.attrs, p.term, p.ret, _viewed(p.events, _without_idle_helpers))))
+    return list(_first_by(paths, lambda p: (p.env, p.attrs, p.term, p.ret, _idle_stripped(p))))
+
+
+# An event sequence (keyed) -> the same without idle helper entries (keyed). Paths past the limit
+# hold many copies of few sequences (0.5.23's decode drains: 771k paths, 78k contents), and the
+# stripping depends on the content alone: each content is stripped once.
+_STRIPPED: dict[_Keyed, _Keyed] = {}
+_STRIPPED_MAX = 1 << 17
+
+
+def _idle_stripped(path: PathState) -> _Keyed:
+    raw = _events_keyed(path)
+    found = _STRIPPED.get(raw)
+    if found is None:
+        if len(_STRIPPED) >= _STRIPPED_MAX:
+            _STRIPPED.clear()
+        found = _STRIPPED[raw] = _Keyed(_without_idle_helpers(path.events))
+    return found
 
 
 def fold(paths: list[PathState]) -> list[PathState]:

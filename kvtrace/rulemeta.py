@@ -43,8 +43,10 @@ RULES: tuple[RuleMeta, ...] = (
             "    it is `state-crash`'s),\n"
             "    (2) the poll() the backend really runs can return S (with the manager's status table\n"
             '    holding a state, or the room absent from it), and (3) from there neither abort() followed\n'
-            '    by poll() nor the clock past every deadline makes poll() return a terminal state. The\n'
-            '    finding lists the chain of reasons, each with its line.\n'
+            '    by poll() nor the clock past every deadline makes poll() return a terminal state. A\n'
+            '    sender call that ends the pin (it sets the flag poll() tests, or starts the clock of a\n'
+            "    timeout) and runs on every request's way into the queue, or right after the append,\n"
+            '    rules the state out. The finding lists the chain of reasons, each with its line.\n'
             '\n'
             'Why it matters:\n'
             '    Such a request stays in the queue forever once the transfer stalls or is aborted: the\n'

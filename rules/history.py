@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from kvtrace.model import Evidence
 from kvtrace.rules.base import ScanContext
-from kvtrace.rules.premise import _append_at, _blocks, _bound_param, _function_at, _polled_attributes
+from kvtrace.rules.premise import _append_at, _blocks, _bound_param, _function_at, polled_attributes
 
 if TYPE_CHECKING:
     from kvtrace.index import ClassInfo, FuncRef
@@ -51,7 +51,7 @@ def sender_history(ctx: ScanContext, sender: ClassInfo) -> History | None:
 
 def _sender_history(ctx: ScanContext, sender: ClassInfo) -> History | None:
     drain = ctx.queue.drain
-    attrs = _polled_attributes(ctx)
+    attrs = polled_attributes(ctx)
     if drain is None or not attrs or not ctx.entries or _untied_appends(ctx, drain.list_attr):
         return None
     built: list[Evidence] = []

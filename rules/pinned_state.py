@@ -1,9 +1,27 @@
 from __future__ import annotations
 
 from kvtrace.rules.base import Rule, Sample, ScanContext
-from kvtrace.rules.premise import SEND_SKIPPED, clause, joined, send_verdict, unseen_caller_premise, verdict_premise
+from kvtrace.rules.premise import (SEND_SKIPPED, clause, joined, polled_attributes, send_verdict, unseen_caller_premise,
+                                   verdict_premise)
+from kvtrace.rules.way_in import ran_before_entry
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain, sender
 from kvtrace.model import EventKind, Evidence, Finding, Outcome
+
+
+_WAITS_UNTIL_BEGUN = '''\
+        if not self.begun:
+            return KVPoll.WaitingForInput
+        if time.time() - self.begun_at > self.bootstrap_timeout:
+            return KVPoll.Failed
+        return KVPoll.Success'''
+_BEGIN_METHOD = '''
+    def begin(self):
+        self.begun = True
+        self.begun_at = time.time()
+'''
+_NOT_BEGUN = "        self.begun = False\n"
+_BEGIN = "            req.disagg_kv_sender.begin()\n"
+_BEGIN_SOMETIMES = "            if req.ready:\n                req.disagg_kv_sender.begin()\n"
 
 
 class PinnedState(Rule):
@@ -18,8 +36,10 @@ class PinnedState(Rule):
         it is `state-crash`'s),
         (2) the poll() the backend really runs can return S (with the manager's status table
         holding a state, or the room absent from it), and (3) from there neither abort() followed
-        by poll() nor the clock past every deadline makes poll() return a terminal state. The
-        finding lists the chain of reasons, each with its line.
+        by poll() nor the clock past every deadline makes poll() return a terminal state. A
+        sender call that ends the pin (it sets the flag poll() tests, or starts the clock of a
+        timeout) and runs on every request's way into the queue, or right after the append,
+        rules the state out. The finding lists the chain of reasons, each with its line.
 
     Why it matters:
         Such a request stays in the queue forever once the transfer stalls or is aborted: the
@@ -52,6 +72,12 @@ class PinnedState(Rule):
             return KVPoll.Failed
         return self.mgr.status(self.room)'''),
         }),
+        # poll() waits without a deadline only until begin(), which starts the clock of a
+        # timeout; every request runs begin() on its way into the queue.
+        Sample({
+            "disaggregation/prefill.py": drain(STANDARD_BRANCHES, entering=_BEGIN),
+            "disaggregation/clocked/conn.py": sender("Clocked", _WAITS_UNTIL_BEGUN, _BEGIN_METHOD, _NOT_BEGUN),
+        }),
     ]
     INVALID = [
         # poll() ignores conclude_state and has no timeout: WaitingForInput is pinned.
@@ -75,6 +101,11 @@ class PinnedState(Rule):
             return KVPoll.Transferring
         return KVPoll.Success'''),
         }, expect=(("partial", "Transferring"),)),
+        # begin() runs only on some requests' way in: the others wait without a deadline.
+        Sample({
+            "disaggregation/prefill.py": drain(STANDARD_BRANCHES, entering=_BEGIN_SOMETIMES),
+            "disaggregation/clocked/conn.py": sender("Clocked", _WAITS_UNTIL_BEGUN, _BEGIN_METHOD, _NOT_BEGUN),
+        }, expect=(("clocked", "WaitingForInput"),)),
     ]
 
     def check(self, ctx: ScanContext) -> list[Finding]:
@@ -127,6 +158,9 @@ class PinnedState(Rule):
                 evidence += list(verdict.chain)
                 unseen = unseen_caller_premise(ctx, [m for m, _ in pinned])
                 premise = joined(verdict_premise(ctx, b, state, verdict), unseen)
+                ending = b.left_by.get(state)
+                if ending and ran_before_entry(ctx, set(ending), polled_attributes(ctx)) is not None:
+                    continue  # a call that ends the pin ran on every request's way into the queue
                 sent = send_verdict(ctx, b, state)
                 if sent is not None and sent[0] == "gone":
                     continue  # every path sends right after the append: poll() no longer returns it

@@ -66,7 +66,7 @@ def absent_room_premise(ctx: ScanContext, backend: Backend, verdict: StateVerdic
             or not manager.clear_methods:
         return None
     sender_classes = _sender_classes(ctx, backend)
-    sender_attrs = _polled_attributes(ctx)
+    sender_attrs = polled_attributes(ctx)
     if not sender_attrs:
         return None
     why: list[Evidence] = []
@@ -247,7 +247,7 @@ def _sender_classes(ctx: ScanContext, backend: Backend) -> set[str]:
     return {c.name for c in ctx.index.mro(analysis.cls)}
 
 
-def _polled_attributes(ctx: ScanContext) -> set[str]:
+def polled_attributes(ctx: ScanContext) -> set[str]:
     """The attributes the drain's poll statement reads on each request (`r.disagg_kv_sender`):
     a call through one of them acts on a queued request's sender."""
     drain = ctx.queue.drain
@@ -436,7 +436,7 @@ def sender_flows_after_entry(ctx: ScanContext, methods: set[str]) -> list[SendFl
     """Per entry site: the calls of `methods` on the appended request's sender on the rest of
     the producer's path (its iteration or its function), through `self.<helper>(req, ...)`, and
     whether a path passes them all by (an `if` around them, an early exit before them)."""
-    attrs = _polled_attributes(ctx)
+    attrs = polled_attributes(ctx)
     if not attrs:
         return []
     found: list[SendFlow] = []

@@ -41,9 +41,10 @@ def release_kv_cache(req, tree_cache):
 }
 
 
-def drain(branches: str, methods: str = "") -> str:
+def drain(branches: str, methods: str = "", entering: str = "") -> str:
     """A prefill mixin whose drain loop body is `branches` (indented 12 spaces), followed by
-    `methods` (more methods of the mixin, indented 4 spaces)."""
+    `methods` (more methods of the mixin, indented 4 spaces); `entering` (12 spaces) runs on
+    each `req` before its append into the queue."""
     return f'''\
 from .base.conn import KVPoll
 from .utils import poll_and_all_reduce, prepare_abort, release_kv_cache
@@ -52,7 +53,7 @@ from .utils import poll_and_all_reduce, prepare_abort, release_kv_cache
 class PrefillMixin:
     def finish_batch(self, batch):
         for req in batch.reqs:
-            self.disagg_prefill_inflight_queue.append(req)
+{entering}            self.disagg_prefill_inflight_queue.append(req)
 
     def drain_inflight(self):
         polls = poll_and_all_reduce(
@@ -99,8 +100,9 @@ STANDARD_BRANCHES = '''\
                 undone_reqs.append(req)'''
 
 
-def sender(name: str, poll_body: str, extra: str = "") -> str:
-    """A backend sender class `<name>KVSender` whose poll() body is `poll_body` (8 spaces)."""
+def sender(name: str, poll_body: str, extra: str = "", fields: str = "") -> str:
+    """A backend sender class `<name>KVSender` whose poll() body is `poll_body` (8 spaces),
+    `extra` more methods (4 spaces), `fields` more constructor lines (8 spaces)."""
     return f'''\
 import time
 
@@ -114,7 +116,7 @@ class {name}KVSender(BaseKVSender):
         self.conclude_state = None
         self.started = time.time()
         self.bootstrap_timeout = 300
-
+{fields}
     def poll(self) -> KVPoll:
 {poll_body}
 

@@ -17,7 +17,7 @@ from kvtrace.model import Evidence, WayOut
 from kvtrace.report import markdown
 from kvtrace.report.diagram import _way_out
 from kvtrace.scan import scan_path
-from tests.test_freeing import EXAMPLES
+from tests.trees import EXAMPLES
 
 CONN = "disaggregation/nixl/conn.py"
 

@@ -10,7 +10,6 @@ what the cited line is, why the verdict holds or not, and the upstream thread th
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from functools import lru_cache
 
 import pytest
@@ -19,8 +18,8 @@ from kvtrace.model import Report
 from kvtrace.packs import load_pack
 from kvtrace.rules.premise import SHARED_ROOM
 from kvtrace.scan import scan_path
+from tests.releases import ALL, KEYERROR_ROOM, KEYERROR_SITES, Verdict
 from tests.sglang_wheels import sglang_tree
-from tests.test_release_verdicts import ALL, KEYERROR_ROOM, KEYERROR_SITES
 
 BOOTSTRAP = "disagg_prefill_bootstrap_queue"
 S = "sglang/srt"
@@ -161,14 +160,6 @@ def test_unexpected_state_raise_0_5_13_rests_on_a_shared_room() -> None:
     assert text.strip().startswith("raise RuntimeError(")
 
 
-@dataclass(frozen=True)
-class Verdict:
-    premise: str | None  # None: true as stated (an error); else what it rests on (a warning)
-    because: str
-    upstream: str
-    cited: str  # what the cited line holds
-
-
 MOONCAKE_NO_CLOCK = Verdict(None, "MooncakeKVSender.poll() is `return self.kv_mgr.check_status(room)`: no deadline, no "
                                   "abort(); a decode server that never connects leaves the request Bootstrapping",
                             "sglang#6685 (the bootstrap timeout, 0.4.7)", "def poll")
@@ -193,7 +184,7 @@ PP_BOOT_ASSERT = Verdict(None, "PP: a later rank asserts `poll == WaitingForInpu
 LATER_STATE = Verdict(SHARED_ROOM, "the request's own sender reaches Transferring/Success only after its KV is sent, "
                                    "after it left this queue: seen here, another request's for the same room",
                       "sglang#40125 (rooms shared)", "")
-KEYERROR = Verdict(SHARED_ROOM, KEYERROR_ROOM.because, KEYERROR_ROOM.upstream, KEYERROR_ROOM.cited)
+KEYERROR = KEYERROR_ROOM
 
 RELEASES: dict[str, list[tuple[str, str | None, str | None, str, int, Verdict]]] = {v: [] for v in ALL}
 

@@ -110,9 +110,9 @@ def test_decode_findings(report: Report) -> None:
         # only set by poll() itself (no abort() in the receiver or its bases), no deadline; the
         # transfer queue keeps WaitingForInput with `pass` (653).
         ("pinned-state", f"{D}/nixl/conn.py", 650, "nixl", "WaitingForInput"),
-        # FakeKVReceiver.poll() (fake/conn.py:69) returns WaitingForInput until init(): reported,
-        # but false in the transfer queue, whose requests all went through init() (FALSE_PINS).
-        ("pinned-state", f"{D}/fake/conn.py", 69, "fake", "WaitingForInput"),
+        # FakeKVReceiver.poll() (fake/conn.py:69) returns WaitingForInput until init(): not
+        # reported, as every request in the transfer queue went through pop_preallocated's
+        # `decode_req.kv_receiver.init(...)` before its append (rules/way_in.py).
         # _update_handshake_waiters: `else: raise ValueError(f"Unexpected poll case: {poll}")`.
         # No receiver returns Transferring: a catch-all no backend is seen to reach.
         ("unhandled-state", DECODE, 342, None, "Transferring"),
@@ -441,7 +441,7 @@ HAND_READ += [
     # 0.4.6.post5 … 0.5.5.post3, nixl, transfer queue: after init() (`started_transfer = True`)
     # NixlKVReceiver.poll returns WaitingForInput until check_transfer_done; no abort, no deadline
     # (the heartbeat from 0.5.3.post3 covers a dead prefill node only). True; 0.5.6.post2 adds the
-    # waiting timeout counted from init() (and the pin reported there is false: see
+    # waiting timeout counted from init(), which runs before the append (no pin reported: see
     # test_no_pin_in_the_transfer_queue_for_a_state_the_entry_path_moved_past). 0.5.2's is also
     # in test_decode_findings.
     *[(version, "pinned-state", "nixl", "WaitingForInput", "nixl/conn.py", line, "error",
@@ -626,7 +626,7 @@ def test_0_5_23_decode_keyerror_rests_on_a_shared_room() -> None:
         assert not any("can return without storing the room" in e.note for e in f.evidence)
 
 
-# --- Errors read as false (issue 22): the engine is left as it is, the right verdict is a strict xfail ---
+# --- Errors read as false (issue 22): held where a call ending the pin dominates the way in; else strict xfails ---
 # What each transfer-queue request went through on its way in: pop_preallocated lets only a request
 # with `waiting_for_input` set past `if not decode_req.waiting_for_input: continue`, calls
 # `decode_req.kv_receiver.init(...)` (up to 0.5.9) or `.send_metadata(...)` (from 0.5.10) and only
@@ -659,37 +659,38 @@ _NIXL_WAITING_TIMEOUT: dict[str, tuple[int, int, int, int]] = {
     "0.5.6.post2": (790, 791, 800, 806), "0.5.7": (814, 815, 824, 830), "0.5.8.post1": (811, 812, 821, 827),
     "0.5.9": (1041, 1042, 1051, 1057),
 }
-_FAKE_FALSE = ("FakeKVReceiver.poll() answers WaitingForInput (and, from 0.5.10, Bootstrapping) only before "
-               "init()/send_metadata(); every request in the transfer queue came through pop_preallocated's "
-               "`kv_receiver.init(...)`/`send_metadata(...)` before `preallocated_reqs.append`, so there poll() "
-               "returns Success: kvtrace does not carry what ran on the request's way into the queue")
+_FAKE_BOOTSTRAPPING_FALSE = (
+    "From 0.5.10 FakeKVReceiver.poll() answers Bootstrapping until init(prefill_dp_rank), which runs when the "
+    "request enters the prealloc queue (add) or in _update_handshake_waiters; pop_preallocated lets into the "
+    "transfer queue only a request whose `waiting_for_input` was set by a poll() that answered WaitingForInput, "
+    "i.e. after init(): kvtrace follows the calls that dominate the append (send_metadata(), which ends "
+    "WaitingForInput), not what a flag set in another queue's drain says about an earlier call")
 _MOONCAKE_BOOTSTRAPPING_FALSE = ("MooncakeKVReceiver.__init__ stores Bootstrapping and, before it returns, "
                                  "WaitingForInput or Failed; nothing else on a decode server stores Bootstrapping "
                                  "and the table only moves up (max, Failed aside): a request that reached the transfer "
                                  "queue reads Bootstrapping again only when a second receiver for its room is built "
                                  "over a Failed (max(Failed, Bootstrapping)): a warning resting on a shared room, "
                                  "as on the prefill side; kvtrace reports an error")
-_NIXL_FALSE = ("NixlKVReceiver.init() sets started_transfer and init_time before the request enters the transfer "
-               "queue; poll() then fails it at `elapsed >= self.kv_mgr.waiting_timeout`: kvtrace takes the "
-               "`if not self.started_transfer: return WaitingForInput` path, which only the prealloc queue reaches")
+# Read as false at stop 22 and now held (rules/way_in.py): fake's WaitingForInput (init()/send_metadata()
+# sets the flag poll() tests) and nixl's (init() starts the clock of the waiting timeout poll() checks).
+ENTRY_PATH_MOVED_PAST = [
+    *[pytest.param(v, "fake", "WaitingForInput", id=f"{v}-fake-WaitingForInput") for v in _PREALLOC_WAY_OUT],
+    *[pytest.param(v, "nixl", "WaitingForInput", id=f"{v}-nixl-WaitingForInput") for v in _NIXL_WAITING_TIMEOUT],
+]
 FALSE_PINS = [
-    *[pytest.param(v, "fake", "WaitingForInput", marks=pytest.mark.xfail(strict=True, reason=_FAKE_FALSE),
-                   id=f"{v}-fake-WaitingForInput") for v in _PREALLOC_WAY_OUT],
-    *[pytest.param(v, "fake", "Bootstrapping", marks=pytest.mark.xfail(strict=True, reason=_FAKE_FALSE),
+    *[pytest.param(v, "fake", "Bootstrapping", marks=pytest.mark.xfail(strict=True, reason=_FAKE_BOOTSTRAPPING_FALSE),
                    id=f"{v}-fake-Bootstrapping") for v in _SEND_METADATA],
     *[pytest.param(v, "mooncake", "Bootstrapping",
                    marks=pytest.mark.xfail(strict=True, reason=_MOONCAKE_BOOTSTRAPPING_FALSE),
                    id=f"{v}-mooncake-Bootstrapping") for v in _MOONCAKE_RECEIVER_STORES],
-    *[pytest.param(v, "nixl", "WaitingForInput", marks=pytest.mark.xfail(strict=True, reason=_NIXL_FALSE),
-                   id=f"{v}-nixl-WaitingForInput") for v in _NIXL_WAITING_TIMEOUT],
 ]
 
 
-@pytest.mark.parametrize(("version", "backend", "state"), FALSE_PINS)
+@pytest.mark.parametrize(("version", "backend", "state"), ENTRY_PATH_MOVED_PAST + FALSE_PINS)
 def test_no_pin_in_the_transfer_queue_for_a_state_the_entry_path_moved_past(version: str, backend: str, state: str) -> None:
-    """The right verdict for pinned-state errors read as false. Each of these is reported today
-    (HAND_READ rows 0.4.8 fake/mooncake-Bootstrapping, 0.5.9 fake/nixl and test_decode_findings'
-    0.5.2 fake still say it is): the lines that make it false are checked by
+    """The right verdict for pinned-state errors read as false: no pin where a call that ends it
+    dominates every way into the transfer queue (held), and the two groups kvtrace still gets wrong
+    (strict xfails). The lines they rest on are checked by
     test_the_lines_that_make_those_transfer_queue_pins_false, which must pass."""
     found = [f for f in decode_scan(version).findings if (f.rule, f.backend, f.state, f.queue) ==
              ("pinned-state", backend, state, "disagg_decode_transfer_queue")]

@@ -32,7 +32,7 @@ from kvtrace import scan
 from kvtrace.scan import scan_path
 from kvtrace.states import INT, OTHER, Domain, Val
 from tests.property import _support, gen, oracle
-from tests.test_rules import write_tree
+from tests.trees import write_tree
 
 DOMAIN = Domain("KVPoll", ("Failed", "Bootstrapping", "WaitingForInput", "Transferring", "Success"),
                 (0, 1, 2, 3, 4), ("Failed", "Success"))

@@ -9,7 +9,7 @@ import pytest
 
 from kvtrace.rules.samples import drain
 from kvtrace.scan import scan_path
-from tests.test_rules import write_tree
+from tests.trees import write_tree
 
 F, B, W, T, S = "Failed", "Bootstrapping", "WaitingForInput", "Transferring", "Success"
 SENDER = {"disaggregation/ok/conn.py": '''\

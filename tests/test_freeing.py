@@ -11,8 +11,8 @@ import pytest
 
 from kvtrace.freeing import scheduler_aborts, what_frees
 from kvtrace.scan import scan_path
+from tests.trees import EXAMPLES
 
-EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 
 # The scheduler's abort path in our own words: a loop over the inflight queue (through
 # enumerate) that calls the request's sender's abort(), guarded as SGLang guards it.

@@ -738,7 +738,7 @@ def test_0_5_23_transfer_queue_names_the_receiver_it_polls_through_a_pollers_met
     from kvtrace.fetch.local import fetch_local
     from kvtrace.graph import find_drains, held_queue
     from kvtrace.packs import load_pack
-    from kvtrace.rules.premise import _polled_attributes
+    from kvtrace.rules.premise import polled_attributes
 
     pack = load_pack("sglang-decode").for_queue("disagg_decode_transfer_queue")
     target = sglang_tree("0.5.23") / "sglang" / "srt"
@@ -753,7 +753,7 @@ def test_0_5_23_transfer_queue_names_the_receiver_it_polls_through_a_pollers_met
     lines = (target / "disaggregation" / "decode.py").read_text().splitlines()
     assert lines[2782 - 1].strip() == "return [dr.kv_receiver for dr in self.queue]"
     context = SimpleNamespace(queue=SimpleNamespace(drain=drain), pack=list_pack, index=index)
-    assert _polled_attributes(context) == {"kv_receiver"}  # type: ignore[arg-type]
+    assert polled_attributes(context) == {"kv_receiver"}  # type: ignore[arg-type]
 
 
 # 0.5.23's transfer queue: a failed request the drain cannot free yet goes to `_deferred_releases`

@@ -11,8 +11,8 @@ from kvtrace.errors import InputError
 from kvtrace.packs import PackSample, available_packs, load_pack, load_samples
 from kvtrace.rules import ALL_RULES, find_rule
 from kvtrace.rules.base import Rule, Sample
-from kvtrace.rules.samples import SHARED_FILES
 from kvtrace.scan import scan_path
+from tests.trees import write_tree
 
 CASES = [
     pytest.param(rule, sample, kind, id=f"{rule.code}-{rule.name}-{kind}-{i}")
@@ -20,14 +20,6 @@ CASES = [
     for kind, samples in (("valid", rule.VALID), ("invalid", rule.INVALID))
     for i, sample in enumerate(samples)
 ]
-
-
-def write_tree(root: Path, files: dict[str, str], shared: dict[str, str] = SHARED_FILES) -> Path:
-    for rel, text in {**shared, **files}.items():
-        path = root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(text)
-    return root
 
 
 @pytest.mark.parametrize(("rule", "sample", "kind"), CASES)

@@ -9,7 +9,7 @@ from pathlib import Path
 from kvtrace.report.verdicts import NOT_RETURNED, UNKNOWN, verdict_grid
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain
 from kvtrace.scan import scan_path
-from tests.test_rules import write_tree
+from tests.trees import write_tree
 
 
 def _tree(tmp_path: Path, manager_methods: str, sender_methods: str = "") -> Path:
