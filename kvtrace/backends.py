@@ -138,6 +138,7 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
         notes.append("path limit reached in " + ", ".join(sorted(set(runner.truncated))))
     covers = polled.covers()  # before _left_by_methods, whose runs pass timeout checks of their own
     left_by = _left_by_methods(runner, index, pack, cls, poll, concrete_abort, polled.verdicts, domain, [h for _, h in configs])
+    past = _past_states(runner, index, pack, cls, poll, polled.verdicts, domain, [h for _, h in configs])
     verdicts = _undecided_if_unparsed(runner, name, polled.verdicts, problems)
     order = {m: i for i, m in enumerate(domain.members)}
 
@@ -165,6 +166,7 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
         constructor_only=constructor_only,
         unborn=runner.unborn,
         left_by=left_by,
+        past=past,
     )
     other_mode = tuple(_unreadable(manager, u) for u in sorted(manager.other_mode_unknown)) if manager else ()
     return SenderAnalysis(backend, cls, poll, sorted(polled.raise_sites), sorted(polled.absent_raises), facts,
@@ -403,6 +405,117 @@ def _left_by_methods(runner: "_Runner", index: Index, pack: Pack, cls: ClassInfo
                 found.setdefault(state, {})[name] = Evidence(
                     func.path, func.line, f"once {func.qualname}() has run, {state} has a way out of {cls.name}.{poll.name}()")
     return found
+
+
+PAST_RUNS = 160  # runs a never-again closure may take before it is given up (no claim)
+PAST_ROUNDS = 4  # rounds of poll() and every method after the first answer
+
+
+def _past_states(runner: "_Runner", index: Index, pack: Pack, cls: ClassInfo, poll: FuncRef,
+                 verdicts: dict[str, StateVerdict], domain: Domain,
+                 tables: list[Val | None]) -> dict[str, dict[str, Evidence]]:
+    """For each pinned state P: the states S such that once poll() has answered S it never
+    answers P again, whatever runs on the sender in between (any of its methods, abort()
+    included, any number of times, the clock anywhere): poll() run again from the facts of the
+    paths that answered S, and every method from there, to a fixpoint. The status table and the
+    manager's attributes are taken as holding anything they can (other threads write them); an
+    attribute the sender's code narrowed is trusted only if no code outside it stores to it.
+    Empty for a state when the closure does not settle within PAST_RUNS runs."""
+    pinned = [s for s, v in verdicts.items() if v.pinned]
+    if not pinned:
+        return {}
+    methods: list[FuncRef] = []
+    for name in dict.fromkeys(n for c in index.mro(cls) for n in c.methods):
+        if name == pack.poll_method or name.startswith("__"):
+            continue
+        func = index.find_method(cls, name)
+        if func is None or is_abstract(func):
+            continue
+        if runner.parse(func) is None:
+            return {}
+        methods.append(func)
+    held_any: frozenset[str] = frozenset().union(*(h for h in tables if h is not None))
+    answered: dict[str, list[PathState]] = {}
+    for held in tables:
+        start = ((TABLE, held),) if held is not None else ()
+        for end in runner.run(poll, start):
+            value = end.ret if end.ret is not None else frozenset({NONE})
+            if end.term == "raise" or OTHER in value:
+                continue
+            for state in domain.states(value):
+                answered.setdefault(state, []).append(end)
+    outside = _stored_outside(index, cls)
+    found: dict[str, dict[str, Evidence]] = {}
+    for state, ends in answered.items():
+        starts = [_facts_between_polls(e.attrs, held_any) for e in ends]
+        if any(key in outside for attrs in starts for key, _ in attrs):
+            continue
+        for gone in pinned:
+            if gone == state or not _never_again(runner, poll, methods, starts, gone, domain, held_any):
+                continue
+            site = next((e for end in ends for e in reversed(end.events) if e.kind == EventKind.RETURN), None)
+            where = (site.path, site.line) if site is not None else (poll.path, poll.line)
+            found.setdefault(gone, {})[state] = Evidence(
+                *where, f"once {cls.name}.{poll.name}() has answered {state}, it never answers {gone} again")
+    return found
+
+
+def _facts_between_polls(attrs: tuple, held_any: frozenset[str]) -> tuple:
+    """What still holds of a sender's state when it is polled again: its own attributes; not
+    the path's condition facts, nor the manager's attributes, and the table anything it can hold."""
+    kept = [(k, v) for k, v in attrs if not k.startswith(("?", "@"))]
+    if held_any and any(k == TABLE for k, _ in attrs):
+        kept.append((TABLE, held_any))
+    return tuple(sorted(kept))
+
+
+def _never_again(runner: "_Runner", poll: FuncRef, methods: list[FuncRef], starts: list[tuple], gone: str,
+                 domain: Domain, held_any: frozenset[str]) -> bool:
+    seen: set[tuple] = set()
+    frontier = list(dict.fromkeys(starts))
+    budget = PAST_RUNS
+    for _ in range(PAST_ROUNDS):
+        following: list[tuple] = []
+        for attrs in frontier:
+            seen.add(attrs)
+            budget -= 2 + len(methods)
+            if budget < 0:
+                return False
+            for clock_far in (False, True):
+                for end in runner.run(poll, attrs, clock_far=clock_far):
+                    value = end.ret if end.ret is not None else frozenset({NONE})
+                    if end.term != "raise" and (OTHER in value or gone in domain.states(value)):
+                        return False
+                    following.append(_facts_between_polls(end.attrs, held_any))
+            for func in methods:
+                following.extend(_facts_between_polls(e.attrs, held_any) for e in runner.run(func, attrs))
+        frontier = [a for a in dict.fromkeys(following) if a not in seen]
+        if not frontier:
+            return True
+    return False
+
+
+def _stored_outside(index: Index, cls: ClassInfo) -> set[str]:
+    """Attributes that code outside the class and its bases stores on some object
+    (`req.sender.flag = ...`): what the sender's own methods say of them is not all."""
+    own = {id(f.node) for c in index.mro(cls) for f in c.methods.values()}
+    return {attr for attr, storers in _attribute_storers(index).items() if storers - own}
+
+
+def _attribute_storers(index: Index) -> dict[str, set[int]]:
+    """attribute name -> the functions (ids of their nodes) that store it on an object other than
+    `self`; once per index."""
+    key = ("attribute storers",)
+    cached = index.derived.get(key)
+    if cached is None:
+        cached = {}
+        for func in index.all_functions():
+            for node in ast.walk(func.node):
+                if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) \
+                        and not (isinstance(node.value, ast.Name) and node.value.id == "self"):
+                    cached.setdefault(node.attr, set()).add(id(func.node))
+        index.derived[key] = cached
+    return cast("dict[str, set[int]]", cached)
 
 
 def _room_may_be_missing(runner: "_Runner", init: FuncRef | None) -> Evidence | None:

@@ -380,6 +380,10 @@ class Backend:
     # it), poll() no longer returns the state. Whether the scheduler calls it on the request
     # after it enters the queue (and whether a path skips it) is the drain side's question.
     left_by: dict[str, dict[str, Evidence]] = field(default_factory=dict)
+    # pinned state -> state -> where: once poll() has answered that state, it never answers the
+    # pinned one again (fake's init() setting `bootstrap_done` for good). A request that enters
+    # the queue only after such an answer cannot be pinned in it.
+    past: dict[str, dict[str, Evidence]] = field(default_factory=dict)
 
     def way_out(self, state: str) -> StateVerdict | None:
         return self.verdicts.get(state)

@@ -46,7 +46,10 @@ RULES: tuple[RuleMeta, ...] = (
             '    by poll() nor the clock past every deadline makes poll() return a terminal state. A\n'
             '    sender call that ends the pin (it sets the flag poll() tests, or starts the clock of a\n'
             "    timeout) and runs on every request's way into the queue, or right after the append,\n"
-            '    rules the state out. The finding lists the chain of reasons, each with its line.\n'
+            '    rules the state out; so does a flag the request must carry to get in (`if not\n'
+            '    req.handshaken: continue`) that is set only where its poll() answered a state after\n'
+            "    which poll() never answers S again (the receiver's handshake, never undone). The\n"
+            '    finding lists the chain of reasons, each with its line.\n'
             '\n'
             'Why it matters:\n'
             '    Such a request stays in the queue forever once the transfer stalls or is aborted: the\n'

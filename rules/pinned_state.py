@@ -1,9 +1,8 @@
 from __future__ import annotations
 
 from kvtrace.rules.base import Rule, Sample, ScanContext
-from kvtrace.rules.premise import (SEND_SKIPPED, clause, joined, polled_attributes, send_verdict, unseen_caller_premise,
-                                   verdict_premise)
-from kvtrace.rules.way_in import ran_before_entry
+from kvtrace.rules.premise import clause, joined, polled_attributes, unseen_caller_premise, verdict_premise
+from kvtrace.rules.way_in import answered_before_entry, send_verdict
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain, sender
 from kvtrace.model import EventKind, Evidence, Finding, Outcome
 
@@ -39,7 +38,10 @@ class PinnedState(Rule):
         by poll() nor the clock past every deadline makes poll() return a terminal state. A
         sender call that ends the pin (it sets the flag poll() tests, or starts the clock of a
         timeout) and runs on every request's way into the queue, or right after the append,
-        rules the state out. The finding lists the chain of reasons, each with its line.
+        rules the state out; so does a flag the request must carry to get in (`if not
+        req.handshaken: continue`) that is set only where its poll() answered a state after
+        which poll() never answers S again (the receiver's handshake, never undone). The
+        finding lists the chain of reasons, each with its line.
 
     Why it matters:
         Such a request stays in the queue forever once the transfer stalls or is aborted: the
@@ -158,18 +160,17 @@ class PinnedState(Rule):
                 evidence += list(verdict.chain)
                 unseen = unseen_caller_premise(ctx, [m for m, _ in pinned])
                 premise = joined(verdict_premise(ctx, b, state, verdict), unseen)
-                ending = b.left_by.get(state)
-                if ending and ran_before_entry(ctx, set(ending), polled_attributes(ctx)) is not None:
-                    continue  # a call that ends the pin ran on every request's way into the queue
+                if answered_before_entry(ctx, set(b.past.get(state, ())), polled_attributes(ctx)):
+                    continue  # every way in requires a flag set only once poll() answered past the state
                 sent = send_verdict(ctx, b, state)
                 if sent is not None and sent[0] == "gone":
-                    continue  # every path sends right after the append: poll() no longer returns it
+                    continue  # every path calls what ends the pin, on its way in or right after the append
                 if sent is not None and (premise is None or premise is unseen):
-                    skips = [e for e in sent[1] if "skips it" in e.note or "leaves before" in e.note]
-                    message += f"; true only if {SEND_SKIPPED}: " + "; ".join(
-                        f"{e.path}:{e.line} {e.note}" for e in skips)
-                    evidence += [e for e in sent[1] if e not in evidence]
-                    text = SEND_SKIPPED
+                    kind, why, text = sent
+                    skips = [e for e in why if "skips it" in e.note or "leaves before" in e.note]
+                    message += f"; true only if {text}" + (": " + "; ".join(f"{e.path}:{e.line} {e.note}" for e in skips)
+                                                            if skips else "")
+                    evidence += [e for e in why if e not in evidence]
                     if unseen is not None:
                         message += "; " + clause(unseen)
                         evidence += [e for e in unseen.why if e not in evidence]

@@ -389,13 +389,16 @@ def _last_attr(node: ast.AST) -> str | None:
 
 
 SEND_SKIPPED = "the send after the request enters the queue is skipped"
+# The same, when a call that can be skipped comes before the append (on the request's way in).
+SEND_SKIPPED_ON_THE_WAY_IN = "the sender call on the request's way into the queue, or after it, is skipped"
 
 @dataclass(frozen=True)
 class SenderCall:
-    """A call of a sender method on the request that the producer makes after the append."""
+    """A call of a sender method on the request that the producer makes around the append."""
 
     method: str
     at: Evidence
+    before: bool = False  # made before the append, on the request's way in
 
 
 @dataclass
@@ -412,24 +415,6 @@ class SendFlow:
     @property
     def skipped(self) -> bool:
         return self.exited or self.open_end
-
-
-def send_verdict(ctx: ScanContext, backend: Backend, state: str) -> tuple[str, list[Evidence]] | None:
-    """Whether what the producer runs right after appending the request (before any drain)
-    takes `state` away: ("gone", why) when every path calls a sender method after which poll()
-    no longer returns it; ("skipped", why) when some path passes that call by (the premise is
-    that such a path is taken); None when the producer calls none of them."""
-    methods = backend.left_by.get(state)
-    if not methods:
-        return None
-    flows = [f for f in sender_flows_after_entry(ctx, set(methods)) if f.calls]
-    if not flows:
-        return None
-    first = flows[0].calls[0]
-    why = [methods[first.method], first.at]
-    if not any(f.skipped for f in flows):
-        return "gone", why
-    return "skipped", why + list(dict.fromkeys(s for f in flows if f.skipped for s in f.skips))
 
 
 def sender_flows_after_entry(ctx: ScanContext, methods: set[str]) -> list[SendFlow]:
@@ -488,23 +473,26 @@ def _blocks(stmt: ast.stmt) -> list[list[ast.stmt]]:
 
 
 def _flow(ctx: ScanContext, func, stmts: list[ast.stmt], name: str, attrs: set[str], methods: set[str],
-          depth: int) -> SendFlow:
+          depth: int, before: bool = False) -> SendFlow:
     """The paths through `stmts`: a call of one of `methods` on `name`'s sender closes a path;
     an `if` splits it; a return/continue/break ends it unsent. Loops and try bodies may not
-    run: their calls close nothing (a path past them stays open)."""
+    run: their calls close nothing (a path past them stays open). `before`: the statements come
+    before the append, where a path that leaves the producer never enters the queue (it skips
+    nothing; a helper that returns early still skips its send)."""
+    entering = before and depth == 0
     flow = SendFlow([], False, True, [])
     for stmt in stmts:
         if not flow.open_end:
             break
         if isinstance(stmt, ast.If):
             cond = ast.unparse(stmt.test)[:80]
-            body = _flow(ctx, func, stmt.body, name, attrs, methods, depth)
-            orelse = _flow(ctx, func, stmt.orelse, name, attrs, methods, depth)
+            body = _flow(ctx, func, stmt.body, name, attrs, methods, depth, before)
+            orelse = _flow(ctx, func, stmt.orelse, name, attrs, methods, depth, before)
             flow.calls += body.calls + orelse.calls
             flow.skips += body.skips + orelse.skips
             flow.skips += [Evidence(func.path, stmt.lineno, note) for holds, note in (
-                (body.exited and not body.calls, f"`{cond}` leaves before the send"),
-                (orelse.exited and not orelse.calls, f"`not ({cond})` leaves before the send"),
+                (body.exited and not body.calls and not entering, f"`{cond}` leaves before the send"),
+                (orelse.exited and not orelse.calls and not entering, f"`not ({cond})` leaves before the send"),
                 (body.calls and orelse.open_end and not orelse.calls, f"skips it when `{cond}` is false"),
                 (orelse.calls and body.open_end and not body.calls, f"skips it when `{cond}` holds")) if holds]
             flow.exited |= body.exited or orelse.exited
@@ -514,7 +502,7 @@ def _flow(ctx: ScanContext, func, stmts: list[ast.stmt], name: str, attrs: set[s
             flow.exited, flow.open_end = True, False
             break
         if isinstance(stmt, (ast.With, ast.AsyncWith)):
-            inner = _flow(ctx, func, stmt.body, name, attrs, methods, depth)
+            inner = _flow(ctx, func, stmt.body, name, attrs, methods, depth, before)
             flow.calls += inner.calls
             flow.skips += inner.skips
             flow.exited |= inner.exited
@@ -523,7 +511,7 @@ def _flow(ctx: ScanContext, func, stmts: list[ast.stmt], name: str, attrs: set[s
         blocks = _blocks(stmt)
         if blocks:  # a loop, a try, a match: what it calls may not run, an exit in it may be its own
             for block in blocks:
-                inner = _flow(ctx, func, block, name, attrs, methods, depth)
+                inner = _flow(ctx, func, block, name, attrs, methods, depth, before)
                 flow.calls += inner.calls
                 flow.skips += inner.skips
             continue
@@ -534,14 +522,15 @@ def _flow(ctx: ScanContext, func, stmts: list[ast.stmt], name: str, attrs: set[s
             if isinstance(recv, ast.Attribute) and recv.attr in attrs and isinstance(recv.value, ast.Name) \
                     and recv.value.id == name:
                 if node.func.attr in methods:
+                    where = "before the append" if before else "after the append"
                     flow.calls.append(SenderCall(node.func.attr, Evidence(func.path, node.lineno,
-                                                                          f"{ast.unparse(node.func)}() after the append")))
+                                                                          f"{ast.unparse(node.func)}() {where}"), before))
                     flow.open_end = False
             elif isinstance(recv, ast.Name) and recv.id == "self" and depth < 2 and func.owner is not None:
                 helper = ctx.index.find_method(func.owner, node.func.attr)
                 param = _bound_param(helper, node, name) if helper is not None else None
                 if param is not None:
-                    inner = _flow(ctx, helper, helper.node.body, param, attrs, methods, depth + 1)
+                    inner = _flow(ctx, helper, helper.node.body, param, attrs, methods, depth + 1, before)
                     flow.calls += inner.calls
                     flow.skips += inner.skips
                     if inner.calls and not inner.skipped:

@@ -41,20 +41,24 @@ def release_kv_cache(req, tree_cache):
 }
 
 
-def drain(branches: str, methods: str = "", entering: str = "") -> str:
+def drain(branches: str, methods: str = "", entering: str = "", producer: str | None = None) -> str:
     """A prefill mixin whose drain loop body is `branches` (indented 12 spaces), followed by
     `methods` (more methods of the mixin, indented 4 spaces); `entering` (12 spaces) runs on
-    each `req` before its append into the queue."""
+    each `req` before its append into the queue. `producer` (methods, 4 spaces) replaces the
+    one that appends (`finish_batch`): the only way into the queue is then the caller's."""
+    if producer is None:
+        producer = f'''\
+    def finish_batch(self, batch):
+        for req in batch.reqs:
+{entering}            self.disagg_prefill_inflight_queue.append(req)
+'''
     return f'''\
 from .base.conn import KVPoll
 from .utils import poll_and_all_reduce, prepare_abort, release_kv_cache
 
 
 class PrefillMixin:
-    def finish_batch(self, batch):
-        for req in batch.reqs:
-{entering}            self.disagg_prefill_inflight_queue.append(req)
-
+{producer}
     def drain_inflight(self):
         polls = poll_and_all_reduce(
             [r.disagg_kv_sender for r in self.disagg_prefill_inflight_queue], self.group

@@ -1,29 +1,39 @@
-"""What ran on a request's sender on its way into the queue.
+"""What ran on a request's sender on its way into the queue, and right after.
 
 A request reaches the queue through an append (`q.append(req)`), or in a list a producer built and
 handed over (`q.extend(self.other.pop_ready())`, where `pop_ready` appends each request it lets
-through to a local list and returns it). A call on the request's sender that runs on every path to
-such an append (it dominates it: an earlier statement of the same block, or of a block around it,
-since the request was bound) has run before the request is ever polled in the queue. If one of
-the calls that end a state's pin (`Backend.left_by`: `kv_receiver.init()` starting the waiting
-clock or setting the flag poll() tests) dominates every way in, no request in the queue can be
-pinned in that state.
+through to a local list and returns it). Per way in, one flow over the request's path through the
+producer (`producer_flows`): from where it is bound (or its sender last replaced), through the
+append, to the end of its iteration. A call of one of the methods that end a state's pin
+(`Backend.left_by`: `kv_receiver.init()` starting the waiting clock, `send()` setting the flag
+poll() tests) closes a path, directly or in a helper, on both sides of an `if`; a path that leaves
+before the append never enters; one that leaves after it unsent skips the call. If every path of
+every way in calls one, no request in the queue can be pinned in that state; if some path passes
+it by, the pin rests on that path being taken (`send_verdict`).
+
+Nor can a request be pinned in a state when each way in is guarded by a flag on the request (`if
+not req.handshaken: continue`) that code sets only in a drain loop of this host's queues, where
+the request's poll() answered a state after which the backend never answers the pinned one again
+(`Backend.past`): the answers are read from the paths the drain explored through the test of the
+poll value around the store (`answered_before_entry`).
 
 The ways in are followed through the code, never by name: the queue's own wrapper methods
 (`add(self, r): self.queue.append(r)`) to their callers, a list handed over to the method that
-returns it (through a tuple, `good, failed = ...`), and that list to its appends. A way in that
-cannot be followed (a list built by a comprehension, a value of unknown origin) makes no claim.
+returns it (through a tuple, `good, failed = ...`), and that list to its appends. When a way in
+cannot be followed (a list built by a comprehension, a value of unknown origin), only what
+follows each append into the queue counts.
 """
 
 from __future__ import annotations
 
 import ast
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
-from kvtrace.model import Evidence
+from kvtrace.model import Backend, EventKind, Evidence
 from kvtrace.rules.base import ScanContext
-from kvtrace.rules.premise import _blocks, _function_at
+from kvtrace.rules.premise import (SEND_SKIPPED, SEND_SKIPPED_ON_THE_WAY_IN, SendFlow, _append_at, _blocks, _flow,
+                                   _function_at, polled_attributes, sender_flows_after_entry)
 
 if TYPE_CHECKING:
     from kvtrace.index import ClassInfo, FuncRef
@@ -40,21 +50,278 @@ class WayIn:
     name: str
 
 
-def ran_before_entry(ctx: ScanContext, methods: set[str], attrs: set[str]) -> list[Evidence] | None:
-    """The call of one of `methods` on `<request>.<attr>` (attr in `attrs`, the sender's
-    attributes the drain polls) that dominates each way into the queue, with its line; None when
-    some way in has none, or cannot be followed, or there is no way in."""
+def answered_before_entry(ctx: ScanContext, answered: set[str], attrs: set[str]) -> list[Evidence] | None:
+    """The flag each way into the queue requires of the request (`if not req.ready: continue`),
+    with its line, when every place that sets it runs only where the request's poll() answered
+    one of `answered` (in a drain of this host's queues) and its sender (`<request>.<attr>`, attr
+    in `attrs`) is never replaced; None when some way in has no such flag, or cannot be
+    followed, or there is no way in."""
     ways = ways_in(ctx)
-    if not ways or not methods or not attrs:
+    if not ways or not attrs or not answered:
         return None
     found: list[Evidence] = []
     for way in ways:
-        call = _dominating_call(way, methods, attrs)
-        if call is None:
+        why = _answered_before(ctx, way, answered, attrs)
+        if why is None:
             return None
-        if call not in found:
-            found.append(call)
+        if why not in found:
+            found.append(why)
     return found
+
+
+def _answered_before(ctx: ScanContext, way: WayIn, answered: set[str], attrs: set[str]) -> Evidence | None:
+    """The flag guarding the way in, when every place that sets it runs only for poll answers in
+    `answered` and the request's sender is never replaced by another one."""
+    guard = _dominating_guard(way)
+    if guard is None:
+        return None
+    flag, line = guard
+    if _sender_replaced(ctx, attrs):
+        return None
+    states = _flag_states(ctx, flag)
+    if not states or not states <= answered:
+        return None
+    return Evidence(way.func.path, line, f"{way.name} enters the queue only with {way.name}.{flag} set, which is set "
+                                         f"only once its poll() answered {', '.join(sorted(states))}")
+
+
+def _dominating_guard(way: WayIn) -> tuple[str, int] | None:
+    """(flag, line): the add runs only when `name.<flag>` is true: an earlier statement of a
+    block around it leaves when the flag is false (`if not name.flag: continue`), or an `if
+    name.flag:` holds it; with neither `name` nor the flag bound again in between."""
+    chain = _statement_chain(way.func.node, way.call.lineno)
+    if chain is None:
+        return None
+    levels = list(reversed(chain))
+    for level, (block, index) in enumerate(levels):
+        holding = block[index]
+        if level and isinstance(holding, (ast.For, ast.AsyncFor)) and _binds_target(holding.target, way.name):
+            return None
+        if level and isinstance(holding, ast.If) and levels[level - 1][0] is holding.body:
+            flag = _flag_in(holding.test, way.name, ast.And, negated=False)
+            if flag is not None and not any(_rebinds(s, way.name, {flag}) for s in holding.body):
+                return flag, holding.test.lineno
+        before = block[:index]
+        for i in range(len(before) - 1, -1, -1):
+            stmt = before[i]
+            if isinstance(stmt, ast.If) and not stmt.orelse and stmt.body \
+                    and isinstance(stmt.body[-1], (ast.Continue, ast.Break, ast.Return, ast.Raise)):
+                flag = _flag_in(stmt.test, way.name, ast.Or, negated=True)
+                if flag is not None:
+                    later = before[i + 1:] + [holding]
+                    if any(_rebinds(s, way.name, {flag}) for s in later):
+                        return None
+                    return flag, stmt.test.lineno
+            if _binds(stmt, way.name):
+                return None
+    return None
+
+
+def _flag_in(test: ast.expr, name: str, joined: type[ast.boolop], negated: bool) -> str | None:
+    """`name.flag` (or `not name.flag` when negated) as the test or one operand of an `and`
+    (`or` when negated): the test holds only if the flag is set (fails whenever it is not)."""
+    parts = test.values if isinstance(test, ast.BoolOp) and isinstance(test.op, joined) else [test]
+    for part in parts:
+        if negated:
+            if not (isinstance(part, ast.UnaryOp) and isinstance(part.op, ast.Not)):
+                continue
+            part = part.operand
+        if isinstance(part, ast.Attribute) and isinstance(part.value, ast.Name) and part.value.id == name:
+            return part.attr
+    return None
+
+
+def _falsy(value: ast.expr | None) -> bool:
+    return isinstance(value, ast.Constant) and not value.value
+
+
+def _sender_replaced(ctx: ScanContext, attrs: set[str]) -> bool:
+    """Some code stores a sender on a request (`req.<attr> = other`) other than dropping it (None)."""
+    for module in ctx.index.modules.values():
+        for node in ctx.index.assignments(module):
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            if not _falsy(node.value) and any(isinstance(t, ast.Attribute) and t.attr in attrs
+                                              and not (isinstance(t.value, ast.Name) and t.value.id == "self")
+                                              for t in targets):
+                return True
+    return False
+
+
+def _flag_states(ctx: ScanContext, flag: str) -> set[str] | None:
+    """The poll answers for which some code sets `<request>.<flag>` to a true value: each such
+    store must be in a drain loop of one of this host's queues, on the loop's request, and the
+    answers are those of the paths the drain explored through the innermost test of the poll
+    value around it (every answer when none is). None when a store is anything else."""
+    found: set[str] = set()
+    for func, node in _attribute_writes(ctx).get(flag, []):
+        if not isinstance(node, (ast.Assign, ast.AnnAssign)):
+            return None  # `x.flag += ...`, `setattr(x, "flag", ...)`, built with `flag=...`
+        targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+        stored = [t for t in targets if isinstance(t, ast.Attribute) and t.attr == flag]
+        if len(stored) != 1 or not isinstance(stored[0].value, ast.Name):
+            return None
+        states = _states_at_store(ctx, func, node, stored[0].value.id)
+        if not states:
+            return None
+        found |= states
+    return found or None
+
+
+def _attribute_writes(ctx: ScanContext) -> dict[str, list[tuple[FuncRef, ast.AST]]]:
+    """attribute name -> the statements and calls in view that can give it a true value: an
+    assignment of anything but a false constant, an augmented assignment, a `setattr` naming it,
+    a call passing it as a keyword (a constructor); once per index."""
+    key = ("way in: attribute writes",)
+    cached = ctx.index.derived.get(key)
+    if cached is not None:
+        return cast("dict[str, list[tuple[FuncRef, ast.AST]]]", cached)
+    writes: dict[str, list[tuple[FuncRef, ast.AST]]] = {}
+    for func in ctx.index.all_functions():
+        for node in _own_nodes(func.node):
+            if isinstance(node, (ast.Assign, ast.AnnAssign)) and not _falsy(node.value):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                for attr in dict.fromkeys(t.attr for t in targets if isinstance(t, ast.Attribute)):
+                    writes.setdefault(attr, []).append((func, node))
+            elif isinstance(node, ast.AugAssign) and isinstance(node.target, ast.Attribute):
+                writes.setdefault(node.target.attr, []).append((func, node))
+            elif isinstance(node, ast.Call):
+                if isinstance(node.func, ast.Name) and node.func.id == "setattr" and len(node.args) > 1 \
+                        and isinstance(node.args[1], ast.Constant) and isinstance(node.args[1].value, str):
+                    writes.setdefault(node.args[1].value, []).append((func, node))
+                for keyword in node.keywords:
+                    if keyword.arg is not None and not _falsy(keyword.value):
+                        writes.setdefault(keyword.arg, []).append((func, node))
+    ctx.index.derived[key] = writes
+    return writes
+
+
+def _states_at_store(ctx: ScanContext, func: FuncRef, store: ast.stmt, name: str) -> set[str] | None:
+    for queue in [ctx.queue, *ctx.others]:
+        drain = queue.drain
+        if drain is None or queue.truncated:
+            continue
+        loops = [(drain.func, drain.body.line(drain.loop), drain.initial)]
+        loops += [(f, body.line(loop), initial) for f, body, loop, initial in drain.then]
+        for loop_func, line, initial in loops:
+            if loop_func.path != func.path or loop_func.line != func.line or initial.get(name) != "@req":
+                continue
+            loop = next((n for n in ast.walk(func.node) if isinstance(n, (ast.For, ast.AsyncFor)) and n.lineno == line), None)
+            around = _ancestors(loop, store) if loop is not None else None
+            if around is None:
+                continue
+            for test, branch in around:  # innermost first
+                states = {s for s, paths in queue.paths.items() for p in paths for e in p.events
+                          if e.kind is EventKind.CHECK and e.path == func.path and e.line == test}
+                if states:
+                    return {s for s, paths in queue.paths.items() for p in paths for e in p.events
+                            if e.kind is EventKind.CHECK and e.path == func.path and e.line == test and e.detail == branch}
+            return {s for s, paths in queue.paths.items() if paths}
+    return None
+
+
+def _ancestors(loop: ast.AST, store: ast.stmt) -> list[tuple[int, str]] | None:
+    """The `if` tests between the loop and the store, innermost first, with the branch ("T"/"F")
+    that holds it; None when the loop does not hold it, or a `match` does."""
+    def walk(node: ast.AST, tests: list[tuple[int, str]]) -> list[tuple[int, str]] | None:
+        if node is store:
+            return tests
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.Match)):
+            return None
+        for child in ast.iter_child_nodes(node):
+            if isinstance(node, ast.If) and child is not node.test:
+                branch = "T" if child in node.body else "F"
+                found = walk(child, [(node.test.lineno, branch), *tests])
+            else:
+                found = walk(child, tests)
+            if found is not None:
+                return found
+        return None
+    return walk(loop, [])
+
+
+def send_verdict(ctx: ScanContext, backend: Backend, state: str) -> tuple[str, list[Evidence], str] | None:
+    """Whether what the producer runs on the request's way into the queue and right after the
+    append (before any drain) takes `state` away: ("gone", why, _) when every path calls a sender
+    method after which poll() no longer returns it; ("skipped", why, premise) when some path
+    passes that call by (the premise is that such a path is taken); None when the producer calls
+    none of them."""
+    methods = backend.left_by.get(state)
+    if not methods:
+        return None
+    flows = producer_flows(ctx, set(methods))
+    if flows is None:
+        return None
+    first = flows[0].calls[0]
+    why = [methods[first.method], first.at]
+    skipped = [f for f in flows if f.skipped]
+    if not skipped:
+        return "gone", why, ""
+    on_the_way_in = any(c.before for f in skipped for c in f.calls)
+    return ("skipped", why + list(dict.fromkeys(s for f in skipped for s in f.skips)),
+            SEND_SKIPPED_ON_THE_WAY_IN if on_the_way_in else SEND_SKIPPED)
+
+
+def producer_flows(ctx: ScanContext, methods: set[str]) -> list[SendFlow] | None:
+    """Per way into the queue, one flow over the request's whole path through the producer: from
+    where it is bound, through the append, to the end of its iteration. A call of `methods` on its
+    sender closes a path; a path that leaves before the append never enters; one that leaves
+    after it unsent skips the call. When the ways in cannot be followed: what follows each
+    append, as far as it is seen. None when no way in calls one of them."""
+    attrs = polled_attributes(ctx)
+    if not attrs:
+        return None
+    ways = ways_in(ctx)
+    if not ways:
+        flows = [f for f in sender_flows_after_entry(ctx, methods) if f.calls]
+        return flows or None
+    flows = [_joined(_before_append(ctx, way, attrs, methods), _after_append(ctx, way, attrs, methods)) for way in ways]
+    # As for the appends alone: a way in that calls none of them says nothing (a producer of
+    # another kind of request, or one not followed).
+    return flows if all(f.calls for f in flows) else None
+
+
+def _after_append(ctx: ScanContext, way: WayIn, attrs: set[str], methods: set[str]) -> SendFlow:
+    located = _append_at(way.func.node, way.call.lineno)
+    if located is None or located[0] != way.name:
+        return SendFlow([], False, True, [])
+    return _flow(ctx, way.func, located[1], way.name, attrs, methods, 0)
+
+
+def _before_append(ctx: ScanContext, way: WayIn, attrs: set[str], methods: set[str]) -> SendFlow | None:
+    """The paths from the request's binding (or the last store of its sender) to the append:
+    the statements before it in each block around it, outermost first. None when the add is not
+    found in its function."""
+    chain = _statement_chain(way.func.node, way.call.lineno)
+    if chain is None:
+        return None
+    levels: list[list[ast.stmt]] = []
+    for level, (block, index) in enumerate(reversed(chain)):
+        holding = block[index]
+        if level and isinstance(holding, (ast.For, ast.AsyncFor)) and _binds_target(holding.target, way.name):
+            break  # the request is bound by this loop
+        before = block[:index]
+        start = next((i + 1 for i in range(len(before) - 1, -1, -1)
+                      if _binds(before[i], way.name) or _rebinds(before[i], way.name, attrs)), None)
+        levels.append(before[start or 0:])
+        if start is not None:
+            break  # bound (or its sender replaced) here: nothing earlier ran on this one
+    flow = SendFlow([], False, True, [])
+    for stmts in reversed(levels):
+        part = _flow(ctx, way.func, stmts, way.name, attrs, methods, 0, before=True)
+        flow.calls += part.calls
+        flow.skips += part.skips
+        flow.open_end = flow.open_end and part.open_end
+    return flow
+
+
+def _joined(before: SendFlow | None, after: SendFlow) -> SendFlow:
+    """The whole path: a request that got in having passed a call on every path needs nothing
+    after; one that may have got in without it goes on to what follows the append."""
+    if before is None or not before.calls:
+        return after
+    if not before.open_end:
+        return SendFlow(before.calls, False, False, [])
+    return SendFlow(before.calls + after.calls, after.exited, after.open_end, before.skips + after.skips)
 
 
 def ways_in(ctx: ScanContext) -> list[WayIn] | None:
@@ -281,32 +548,6 @@ def _called(root: ast.AST, attribute: ast.Attribute) -> ast.Call | None:
     return None
 
 
-def _dominating_call(way: WayIn, methods: set[str], attrs: set[str]) -> Evidence | None:
-    """A call `<name>.<attr>.<method>(...)` made by a statement that runs on every path to the
-    add since `name` was bound, with neither `name` nor `name.<attr>` bound again after it."""
-    chain = _statement_chain(way.func.node, way.call.lineno)
-    if chain is None:
-        return None
-    for level, (block, index) in enumerate(reversed(chain)):
-        holding = block[index]
-        if level and isinstance(holding, (ast.For, ast.AsyncFor)) and _binds_target(holding.target, way.name):
-            return None  # the request is bound by this loop: nothing before it ran on this one
-        before = block[:index]
-        for i in range(len(before) - 1, -1, -1):
-            stmt = before[i]
-            call = _sender_call(stmt, way.name, methods, attrs)
-            if call is not None:
-                later = before[i + 1:] + [holding]
-                if any(_rebinds(s, way.name, attrs) for s in later):
-                    return None
-                return Evidence(way.func.path, call.lineno,
-                                f"{ast.unparse(call.func)}() runs before {way.name} enters the queue "
-                                f"({way.func.path}:{way.call.lineno})")
-            if _binds(stmt, way.name):
-                return None  # the request was bound here: nothing earlier ran on it
-    return None
-
-
 def _statement_chain(func: ast.AST, line: int) -> list[tuple[list[ast.stmt], int]] | None:
     """(block, index) from the function's body down to the statement holding `line` at each level."""
     chain: list[tuple[list[ast.stmt], int]] = []
@@ -320,20 +561,6 @@ def _statement_chain(func: ast.AST, line: int) -> list[tuple[list[ast.stmt], int
         else:
             return chain or None
     return chain or None
-
-
-def _sender_call(stmt: ast.stmt, name: str, methods: set[str], attrs: set[str]) -> ast.Call | None:
-    """The statement is the call itself (`name.attr.method(...)`, or its value assigned): it runs
-    whenever the statement does."""
-    value = stmt.value if isinstance(stmt, (ast.Expr, ast.Assign)) else None
-    if isinstance(value, ast.Await):
-        value = value.value
-    if isinstance(value, ast.Call) and isinstance(value.func, ast.Attribute) and value.func.attr in methods:
-        recv = value.func.value
-        if isinstance(recv, ast.Attribute) and recv.attr in attrs and isinstance(recv.value, ast.Name) \
-                and recv.value.id == name:
-            return value
-    return None
 
 
 def _binds(stmt: ast.stmt, name: str) -> bool:

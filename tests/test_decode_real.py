@@ -646,6 +646,13 @@ _PREALLOC_WAY_OUT: dict[str, tuple[int, int, int, int]] = {
 # From 0.5.10 the fake receiver answers Bootstrapping until init(prefill_dp_rank) and
 # WaitingForInput until send_metadata(); `waiting_for_input` is set only on WaitingForInput.
 _SEND_METADATA = ("0.5.10", "0.5.10.post1", "0.5.11", "0.5.12", "0.5.12.post1")
+# From 0.5.10: _update_handshake_waiters sets the flag only under `elif poll == KVPoll.WaitingForInput:`
+# (decode.py), and FakeKVReceiver.poll() answers Bootstrapping only `if not self.bootstrap_done:`,
+# which init() sets for good (fake/conn.py).
+_FLAG_SET_AFTER_HANDSHAKE: dict[str, tuple[int, int, int, int]] = {
+    "0.5.10": (534, 535, 90, 101), "0.5.10.post1": (534, 535, 90, 101), "0.5.11": (592, 593, 93, 104),
+    "0.5.12": (625, 626, 98, 109), "0.5.12.post1": (625, 626, 98, 109),
+}
 # MooncakeKVReceiver.__init__: the Bootstrapping store and the WaitingForInput store it ends with
 # (mooncake/conn.py); its only other ways out store Failed and return.
 _MOONCAKE_RECEIVER_STORES: dict[str, tuple[int, int]] = {
@@ -659,12 +666,6 @@ _NIXL_WAITING_TIMEOUT: dict[str, tuple[int, int, int, int]] = {
     "0.5.6.post2": (790, 791, 800, 806), "0.5.7": (814, 815, 824, 830), "0.5.8.post1": (811, 812, 821, 827),
     "0.5.9": (1041, 1042, 1051, 1057),
 }
-_FAKE_BOOTSTRAPPING_FALSE = (
-    "From 0.5.10 FakeKVReceiver.poll() answers Bootstrapping until init(prefill_dp_rank), which runs when the "
-    "request enters the prealloc queue (add) or in _update_handshake_waiters; pop_preallocated lets into the "
-    "transfer queue only a request whose `waiting_for_input` was set by a poll() that answered WaitingForInput, "
-    "i.e. after init(): kvtrace follows the calls that dominate the append (send_metadata(), which ends "
-    "WaitingForInput), not what a flag set in another queue's drain says about an earlier call")
 _MOONCAKE_BOOTSTRAPPING_FALSE = ("MooncakeKVReceiver.__init__ stores Bootstrapping and, before it returns, "
                                  "WaitingForInput or Failed; nothing else on a decode server stores Bootstrapping "
                                  "and the table only moves up (max, Failed aside): a request that reached the transfer "
@@ -672,14 +673,16 @@ _MOONCAKE_BOOTSTRAPPING_FALSE = ("MooncakeKVReceiver.__init__ stores Bootstrappi
                                  "over a Failed (max(Failed, Bootstrapping)): a warning resting on a shared room, "
                                  "as on the prefill side; kvtrace reports an error")
 # Read as false at stop 22 and now held (rules/way_in.py): fake's WaitingForInput (init()/send_metadata()
-# sets the flag poll() tests) and nixl's (init() starts the clock of the waiting timeout poll() checks).
+# sets the flag poll() tests) and nixl's (init() starts the clock of the waiting timeout poll() checks);
+# and from 0.5.10 fake's Bootstrapping: FakeKVReceiver.poll() answers Bootstrapping until init() sets
+# `bootstrap_done` (never unset), and pop_preallocated lets into the transfer queue only a request
+# whose `waiting_for_input` flag _update_handshake_waiters set where poll() answered WaitingForInput.
 ENTRY_PATH_MOVED_PAST = [
     *[pytest.param(v, "fake", "WaitingForInput", id=f"{v}-fake-WaitingForInput") for v in _PREALLOC_WAY_OUT],
     *[pytest.param(v, "nixl", "WaitingForInput", id=f"{v}-nixl-WaitingForInput") for v in _NIXL_WAITING_TIMEOUT],
+    *[pytest.param(v, "fake", "Bootstrapping", id=f"{v}-fake-Bootstrapping") for v in _SEND_METADATA],
 ]
 FALSE_PINS = [
-    *[pytest.param(v, "fake", "Bootstrapping", marks=pytest.mark.xfail(strict=True, reason=_FAKE_BOOTSTRAPPING_FALSE),
-                   id=f"{v}-fake-Bootstrapping") for v in _SEND_METADATA],
     *[pytest.param(v, "mooncake", "Bootstrapping",
                    marks=pytest.mark.xfail(strict=True, reason=_MOONCAKE_BOOTSTRAPPING_FALSE),
                    id=f"{v}-mooncake-Bootstrapping") for v in _MOONCAKE_RECEIVER_STORES],
@@ -724,6 +727,14 @@ def test_the_lines_that_make_those_transfer_queue_pins_false() -> None:
         assert decode[init - 1].strip().startswith(f"decode_req.kv_receiver.{call}"), (version, decode[init - 1])
         assert decode[append - 1].strip() == "preallocated_reqs.append(decode_req)", version
         assert fake[flag - 1].strip() == ("self.has_sent_metadata = True" if call == "send_metadata(" else "self.has_init = True"), version
+    for version, (answered, flag, not_done, done) in _FLAG_SET_AFTER_HANDSHAKE.items():
+        decode = (sglang_tree(version) / DECODE).read_text().splitlines()
+        fake = (sglang_tree(version) / D / "fake/conn.py").read_text()
+        assert [decode[answered - 1].strip(), decode[flag - 1].strip()] == [
+            "elif poll == KVPoll.WaitingForInput:", "decode_req.waiting_for_input = True"], version
+        assert [fake.splitlines()[not_done - 1].strip(), fake.splitlines()[done - 1].strip()] == [
+            "if not self.bootstrap_done:", "self.bootstrap_done = True"], version
+        assert fake.count("self.bootstrap_done = ") == 2 and "self.bootstrap_done = False" in fake, version  # __init__, init()
     for version, (bootstrapping, waiting) in _MOONCAKE_RECEIVER_STORES.items():
         conn = (sglang_tree(version) / D / "mooncake/conn.py").read_text().splitlines()
         assert conn[bootstrapping - 1].strip().endswith("KVPoll.Bootstrapping)"), version

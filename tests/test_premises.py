@@ -240,7 +240,7 @@ PRODUCER = '''
 
 
 def fake_pins(tmp_path: Path, guard: str):
-    tree = write(tmp_path, {"disaggregation/prefill.py": drain(STANDARD_BRANCHES, PRODUCER.format(guard=guard)),
+    tree = write(tmp_path, {"disaggregation/prefill.py": drain(STANDARD_BRANCHES, producer=PRODUCER.format(guard=guard)),
                             "disaggregation/fake/conn.py": FAKE})
     return [f for f in scan_path(tree).findings if f.rule == "pinned-state" and f.backend == "fake"]
 

@@ -166,6 +166,35 @@ CASES = [
     def enqueue(self, req):
         self.disagg_prefill_inflight_queue.append(req)
 ''', "", {"WaitingForInput"}, id="helper-called-once-without"),
+    # Two producers: one begins before its append, the other appends its request as it is.
+    pytest.param('''\
+    def finish_batch(self, batch):
+        for req in batch.reqs:
+            req.disagg_kv_sender.begin()
+            self.disagg_prefill_inflight_queue.append(req)
+
+    def retry(self, req):
+        self.disagg_prefill_inflight_queue.append(req)
+''', "", {"WaitingForInput"}, id="another-producer-without-the-call"),
+    # begin() on both sides of an if, or on one side while the other leaves before the append.
+    pytest.param('''\
+    def finish_batch(self, batch):
+        for req in batch.reqs:
+            if req.chunked:
+                req.disagg_kv_sender.begin()
+            else:
+                req.disagg_kv_sender.begin()
+            self.disagg_prefill_inflight_queue.append(req)
+''', "", set(), id="begun-on-both-sides-of-an-if"),
+    pytest.param('''\
+    def finish_batch(self, batch):
+        for req in batch.reqs:
+            if req.ready:
+                req.disagg_kv_sender.begin()
+            else:
+                continue
+            self.disagg_prefill_inflight_queue.append(req)
+''', "", set(), id="begun-or-never-entering"),
 ]
 
 
