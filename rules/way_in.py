@@ -209,12 +209,11 @@ def _states_at_store(ctx: ScanContext, func: FuncRef, store: ast.stmt, name: str
             around = _ancestors(loop, store) if loop is not None else None
             if around is None:
                 continue
-            for test, branch in around:  # innermost first
-                states = {s for s, paths in queue.paths.items() for p in paths for e in p.events
-                          if e.kind is EventKind.CHECK and e.path == func.path and e.line == test}
-                if states:
-                    return {s for s, paths in queue.paths.items() for p in paths for e in p.events
-                            if e.kind is EventKind.CHECK and e.path == func.path and e.line == test and e.detail == branch}
+            for test, branch in around:  # innermost first; a test with no CHECK is not about the poll value
+                checked = {(s, e.detail) for s, paths in queue.paths.items() for p in paths for e in p.events
+                           if e.kind is EventKind.CHECK and e.path == func.path and e.line == test}
+                if checked:
+                    return {s for s, taken in checked if taken == branch}
             return {s for s, paths in queue.paths.items() if paths}
     return None
 
@@ -266,7 +265,8 @@ def producer_flows(ctx: ScanContext, methods: set[str]) -> list[SendFlow] | None
     where it is bound, through the append, to the end of its iteration. A call of `methods` on its
     sender closes a path; a path that leaves before the append never enters; one that leaves
     after it unsent skips the call. When the ways in cannot be followed: what follows each
-    append, as far as it is seen. None when no way in calls one of them."""
+    append, as far as it is seen (appends that call none of them ignored). None when a way in
+    never calls one of them (a request can enter without it) or none of the appends does."""
     attrs = polled_attributes(ctx)
     if not attrs:
         return None
@@ -275,8 +275,6 @@ def producer_flows(ctx: ScanContext, methods: set[str]) -> list[SendFlow] | None
         flows = [f for f in sender_flows_after_entry(ctx, methods) if f.calls]
         return flows or None
     flows = [_joined(_before_append(ctx, way, attrs, methods), _after_append(ctx, way, attrs, methods)) for way in ways]
-    # As for the appends alone: a way in that calls none of them says nothing (a producer of
-    # another kind of request, or one not followed).
     return flows if all(f.calls for f in flows) else None
 
 
