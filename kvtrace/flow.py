@@ -70,21 +70,24 @@ class _Keyed:
 
     __slots__ = ("value", "hashed")
 
-    def __init__(self, value: object) -> None:
+    def __init__(self, value: object, hashed: int | None = None) -> None:
         self.value = value
-        self.hashed = hash(value)
+        self.hashed = hash(value) if hashed is None else hashed
 
     def __hash__(self) -> int:
         return self.hashed
 
     def __eq__(self, other: object) -> bool:
-        return self is other or (isinstance(other, _Keyed) and self.hashed == other.hashed and self.value == other.value)
+        return self is other or (isinstance(other, _Keyed) and self.hashed == other.hashed
+                                 and (self.value is other.value or self.value == other.value))
 
 
 # (id of an event sequence, view) -> (the sequence, its keyed view). The entry holds the sequence,
-# so the id stays its own while the entry lives; the bound only limits memory (a miss recomputes).
+# so the id stays its own while the entry lives; the bound only limits memory (a miss recomputes):
+# a fate view holds a tuple per site of its sequence, and 32k of them held ~100 MB of 0.5.23's
+# decode scan alive once a path's own events no longer pass through here.
 _VIEWS: dict[tuple[int, Callable | None], tuple[tuple, _Keyed]] = {}
-_VIEWS_MAX = 1 << 15
+_VIEWS_MAX = 1 << 12
 
 
 def _viewed(events: tuple, view: Callable[[tuple], object] | None = None) -> _Keyed:
@@ -93,11 +96,24 @@ def _viewed(events: tuple, view: Callable[[tuple], object] | None = None) -> _Ke
     found = _VIEWS.get(key)
     if found is not None and found[0] is events:
         return found[1]
-    keyed = _Keyed(events if view is None else view(events))
+    keyed = _Keyed(events, _sequence_hash(events)) if view is None else _Keyed(view(events))
     if len(_VIEWS) >= _VIEWS_MAX:
         _VIEWS.clear()
     _VIEWS[key] = (events, keyed)
     return keyed
+
+
+_EMPTY_SEQUENCE_HASH = 0x6B76  # where every event sequence's hash starts
+
+
+def _sequence_hash(events: Iterable["Event"], start: int = _EMPTY_SEQUENCE_HASH) -> int:
+    """An event sequence's hash, folded event by event from its prefix's (`start`): a path
+    that emits one event is hashed in one step, not one per event it holds. It depends on the
+    events alone, so equal sequences hash equal however they were built."""
+    hashed = start
+    for event in events:
+        hashed = hash((hashed, event))
+    return hashed
 
 
 def _path_hash(self: "PathState") -> int:
@@ -148,7 +164,7 @@ def _moved(result: PathState, first: PathState, path: PathState) -> PathState:
     if result is first:
         return path
     events = path.events if result.events is first.events else path.events + result.events[len(first.events):]
-    return _path(result.env, result.attrs, events, result.term, result.ret)
+    return _path(result.env, result.attrs, events, result.term, result.ret, path)
 
 
 def _moved_pair(result: tuple[PathState, Val], first: PathState, path: PathState) -> tuple[PathState, Val]:
@@ -220,29 +236,32 @@ class PathState:
         return _lookup(self.env, name)
 
     def bind(self, name: str, value: Val) -> "PathState":
-        return _path(_with(self.env, name, value), self.attrs, self.events, self.term, self.ret)
+        return _path(_with(self.env, name, value), self.attrs, self.events, self.term, self.ret, self)
 
     def attr(self, name: str) -> Val | None:
         return _lookup(self.attrs, name)
 
     def set_attr(self, name: str, value: Val) -> "PathState":
-        return _path(self.env, _with(self.attrs, name, value), self.events, self.term, self.ret)
+        return _path(self.env, _with(self.attrs, name, value), self.events, self.term, self.ret, self)
 
     def emit(self, event: Event) -> "PathState":
-        return _path(self.env, self.attrs, self.events + (event,), self.term, self.ret)
+        return _path(self.env, self.attrs, self.events + (event,), self.term, self.ret, self)
 
     def ending(self, term: str | None) -> "PathState":
         """The path, ended by `term` (None: running again)."""
-        return _path(self.env, self.attrs, self.events, term, self.ret)
+        return _path(self.env, self.attrs, self.events, term, self.ret, self)
 
     def returning(self, value: Val) -> "PathState":
         """The path, ended by a return of `value`."""
-        return _path(self.env, self.attrs, self.events, "return", value)
+        return _path(self.env, self.attrs, self.events, "return", value, self)
 
 
-def _path(env: Bindings, attrs: Bindings, events: tuple[Event, ...], term: str | None, ret: Val | None) -> PathState:
+def _path(env: Bindings, attrs: Bindings, events: tuple[Event, ...], term: str | None, ret: Val | None,
+          source: PathState | None = None) -> PathState:
     """PathState(env, attrs, events, term, ret) without the frozen dataclass's __init__ (or
-    dataclasses.replace): paths are made ~10^5 times a scan."""
+    dataclasses.replace): paths are made ~10^5 times a scan. `source`, the path it was made
+    from, holds `events` or a prefix of them: the key of its events, once computed, is carried
+    over or folded forward instead of hashing the whole sequence again."""
     path = _new(PathState)
     fields_of = path.__dict__
     fields_of["env"] = env
@@ -250,6 +269,12 @@ def _path(env: Bindings, attrs: Bindings, events: tuple[Event, ...], term: str |
     fields_of["events"] = events
     fields_of["term"] = term
     fields_of["ret"] = ret
+    if source is not None:
+        keyed = source.__dict__.get("_events")
+        if keyed is not None:
+            before = source.events
+            fields_of["_events"] = keyed if events is before else _Keyed(
+                events, _sequence_hash(events[len(before):], keyed.hashed))
     return path
 
 
@@ -565,7 +590,7 @@ class Explorer:
             first = members[0]
             env = tuple((name, value if value is not None else frozenset().union(*(m.env[i][1] for m in members)))
                         for i, (name, value) in enumerate(shape))
-            out.append(_path(env, attrs, first.events, first.term, first.ret))
+            out.append(_path(env, attrs, first.events, first.term, first.ret, first))
         return out
 
     def spend(self, stmt: cst.CSTNode, frame: Frame) -> None:
@@ -611,7 +636,7 @@ class Explorer:
                     attrs = tuple(b for b in attrs if alive(b[0]))
                 facts[id(path.attrs)] = attrs
             out.append(path if len(env) == len(path.env) and attrs is path.attrs
-                       else _path(env, attrs, path.events, path.term, path.ret))
+                       else _path(env, attrs, path.events, path.term, path.ret, path))
         return out
 
     def dead_fact(self, key: "FactKey", after: frozenset[str], stmt: cst.CSTNode, frame: Frame) -> bool:
@@ -718,14 +743,14 @@ class Explorer:
             self._read_state = self._read_state or known.read_state
         results = []
         for attrs, events, term, value in known.ends:
-            results.append((_path(path.env, attrs, path.events + events, term if term is not None else path.term, path.ret),
+            results.append((_path(path.env, attrs, path.events + events, term if term is not None else path.term, path.ret, path),
                             value))
         return _merge_pairs(results)
 
     def _run_call(self, func: FuncRef, cst_func: CstFunction, cls: ClassInfo | None, env: Bindings,
                   path: PathState, prefix: str, self_name: str) -> "_CallRun":
         frame = Frame(func, CstBody(cst_func.node, cst_func.line), cls, prefix, self_name)
-        start = PathState(env=env, attrs=path.attrs, events=path.events)
+        start = _path(env, path.attrs, path.events, None, None, path)
         truncated, unparsed = len(self.log.truncated), len(self._unparsed_log)
         read_before, self._read_state = self._read_state, False
         # The caller's discarded call is never a node of the callee: a marker stands for it, so
@@ -1872,7 +1897,7 @@ def forget(path: PathState, stale: set[Dependency]) -> PathState:
     if not any(isinstance(k, FactKey) and k.reads & stale for k, _ in attrs):
         return path
     kept = tuple(b for b in attrs if not (isinstance(b[0], FactKey) and b[0].reads & stale))
-    return _path(path.env, kept, path.events, path.term, path.ret)
+    return _path(path.env, kept, path.events, path.term, path.ret, path)
 
 
 def _product(values: list[Val]):
