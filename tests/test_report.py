@@ -615,3 +615,17 @@ def test_the_diagram_reads_after_the_loop_from_the_graph_not_from_the_note() -> 
     assert relabelled[80] == "L80 release"
     assert [line for line, label in relabelled.items() if label.endswith("(after the loop)")] == \
         [line for line in labels(report) if line != 80]
+
+
+def test_an_analysis_problem_is_labelled_as_one_in_text_and_markdown() -> None:
+    """The label column of INCOMPLETE names what kind of gap a row is: a problem of the analysis
+    reads `analysis <reason>`, never `scan <reason>` (read as an order to scan something)."""
+    folder = "examples/dropped-else/disaggregation"  # the queue objects are bound outside it
+    text = kvtrace("scan", folder, "--no-map", env={"COLUMNS": "80"})
+    assert text.returncode == 3, text.stderr
+    lines = text.stdout.splitlines()
+    at = lines.index("INCOMPLETE: 1 analysis problem")
+    assert lines[at + 1].startswith("  analysis self.disagg_prefill_bootstrap_queue is bound outside"), lines[at + 1]
+    assert not any(line.startswith("  scan ") for line in lines), text.stdout
+    markdown = kvtrace("scan", folder, "--format", "markdown").stdout
+    assert "- analysis: self.disagg_prefill_bootstrap_queue is bound outside" in markdown, markdown

@@ -187,7 +187,7 @@ def _answer(report: Report, links: Permalinks | None) -> list[str]:
         out.append("")
         for gap in report.gaps:
             subject = code(gap.subject) if gap.kind == "file" else f"backend {code(gap.subject)}" \
-                if gap.kind == "backend" else "scan"
+                if gap.kind == "backend" else "analysis"
             out.append(f"- {subject}: {linked_prose(gap.reason, links)}")
         out.append("")
     for grid in verdict_grids(report):

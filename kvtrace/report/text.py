@@ -131,7 +131,7 @@ def _gaps(gaps: list[Gap], console: Console, more: int, heading: bool = True) ->
         return
     if heading:
         console.print(Text(f"INCOMPLETE: {gap_text(gaps, more)}", style="bold yellow"))
-    subjects = [Text("scan" if gap.kind == "analysis" else gap.subject if gap.kind != "backend"
+    subjects = [Text("analysis" if gap.kind == "analysis" else gap.subject if gap.kind != "backend"
                      else f"backend {gap.subject}", style="yellow") for gap in gaps]
     label_width = max(s.cell_len for s in subjects) + 1
     for subject, gap in zip(subjects, gaps):
