@@ -116,6 +116,29 @@ def _sequence_hash(events: Iterable["Event"], start: int = _EMPTY_SEQUENCE_HASH)
     return hashed
 
 
+# (id of a sequence's key, the events appended) -> (that key, the key of the longer sequence).
+# An entry holds the shorter key, so its id stays its own while the entry lives.
+_EXTENDED: dict[tuple[int, tuple], tuple[_Keyed, _Keyed]] = {}
+_EXTENDED_MAX = 1 << 16
+
+
+def _extended(keyed: _Keyed, added: tuple["Event", ...]) -> _Keyed:
+    """The key of `keyed`'s sequence followed by `added`, one object per such sequence while
+    remembered (hash-consing): paths that differ in their bindings but went through the same
+    events get the same key and the same tuple, so comparing them (a merge, widen()'s table of
+    stripped sequences) is an identity check instead of a walk over thousands of events. A key
+    made twice (after the table is cleared) still compares equal by content."""
+    entry = (id(keyed), added)
+    found = _EXTENDED.get(entry)
+    if found is not None and found[0] is keyed:
+        return found[1]
+    longer = _Keyed(keyed.value + added, _sequence_hash(added, keyed.hashed))  # type: ignore[operator]
+    if len(_EXTENDED) >= _EXTENDED_MAX:
+        _EXTENDED.clear()
+    _EXTENDED[entry] = (keyed, longer)
+    return longer
+
+
 def _path_hash(self: "PathState") -> int:
     """_cached_hash, with the events' hash taken once per sequence rather than once per path
     (bindings change on most statements, the events on few)."""
@@ -262,6 +285,12 @@ def _path(env: Bindings, attrs: Bindings, events: tuple[Event, ...], term: str |
     dataclasses.replace): paths are made ~10^5 times a scan. `source`, the path it was made
     from, holds `events` or a prefix of them: the key of its events, once computed, is carried
     over or folded forward instead of hashing the whole sequence again."""
+    keyed: _Keyed | None = None
+    if source is not None:
+        keyed = source.__dict__.get("_events")
+        if keyed is not None and events is not source.events:
+            keyed = _extended(keyed, events[len(source.events):])
+            events = keyed.value  # type: ignore[assignment]  # the same events: one tuple per sequence
     path = _new(PathState)
     fields_of = path.__dict__
     fields_of["env"] = env
@@ -269,12 +298,8 @@ def _path(env: Bindings, attrs: Bindings, events: tuple[Event, ...], term: str |
     fields_of["events"] = events
     fields_of["term"] = term
     fields_of["ret"] = ret
-    if source is not None:
-        keyed = source.__dict__.get("_events")
-        if keyed is not None:
-            before = source.events
-            fields_of["_events"] = keyed if events is before else _Keyed(
-                events, _sequence_hash(events[len(before):], keyed.hashed))
+    if keyed is not None:
+        fields_of["_events"] = keyed
     return path
 
 
