@@ -1,6 +1,6 @@
 """Benchmark: kvtrace on a real SGLang release against baselines measured in the same run.
 
-    python bench/run.py [--version 0.5.23] [--repeat 5] [--quick] [--skip-semgrep] [--skip-ssh] [--copies]
+    python bench/run.py [--version 0.5.23] [--repeat 5] [--quick] [--skip-semgrep] [--skip-ssh] [--copies] [--decode]
 
 --quick: 3 pairs a ratio and one whole-package run (a few minutes; every row is still measured,
 in this run). A row that is skipped (--skip-*, or no sshd) is printed as "not measured".
@@ -25,6 +25,9 @@ alternately and the ratio is the median of the pairs':
            a relay in front of sshd) vs the bytes analysed                                 <= 3
   memory   peak RSS of a cold scan of the whole installed package                    <= 300 MB
   copies   (--copies) 1x, 4x, 16x copies of the tree side by side: time and memory per copy
+  decode   (--decode) the decode pack (`--rules sglang-decode`, both decode queues) on the release's
+           srt/, beside the default prefill pack on the same folder: time and peak RSS (no target
+           in issue 21's table; issue 22 asks for decode scans within the speed targets)
 
 Semgrep is installed from PyPI into the bench's own environment (~/.cache/kvtrace-bench), never
 into the project's. sshd comes from .ci/install-sshd.sh, as for the tests.
@@ -198,6 +201,7 @@ def main() -> None:
     parser.add_argument("--skip-semgrep", action="store_true")
     parser.add_argument("--skip-ssh", action="store_true")
     parser.add_argument("--copies", action="store_true", help="also the copies-side-by-side table")
+    parser.add_argument("--decode", action="store_true", help="also the decode pack on the release's srt/")
     args = parser.parse_args()
     if args.repeat is None:
         args.repeat = 3 if args.quick else 5
@@ -299,6 +303,8 @@ def main() -> None:
 
         if args.copies:
             bench_copies(tree, work, env, r)
+        if args.decode:
+            bench_decode(release / "sglang" / "srt", env, 1 if args.quick else max(1, r // 2))
         rows = 5 + len(warm_formats)
         print(f"all targets met: {'yes' if all(results) and len(results) == rows else 'NO'} ({sum(results)}/{rows} met, "
               f"{rows - len(results)} not measured); {_load()}")
@@ -322,6 +328,18 @@ def installed_package(version: str, work: Path) -> Path:
     print(f"SGLang {version} installed package: {len(files)} .py files, "
           f"{sum(f.stat().st_size for f in files) / 1e6:.1f} MB ({package})", flush=True)
     return package
+
+
+def bench_decode(srt: Path, env: dict[str, str], repeat: int) -> None:
+    """Each pack's cold scan of the same srt/ (medians of `repeat`, run alternately)."""
+    def scan(*pack: str) -> tuple[float, int]:
+        return run_python("kvtrace-cli", "scan", str(srt), *pack, "--no-cache", "-f", "json", "-o", os.devnull, env=env)
+
+    print(f"decode pack on {srt} (cold, whole processes; median of {repeat})", flush=True)
+    (decode_t, decode_m), (prefill_t, prefill_m), ratio = paired(lambda: scan("--rules", "sglang-decode"), scan, repeat)
+    line("kvtrace cold, --rules sglang-decode", decode_t, decode_m)
+    line("kvtrace cold, prefill pack (default)", prefill_t, prefill_m)
+    print(f"  {'decode / prefill, same folder':44} {ratio:6.2f}x  (reference, no target)")
 
 
 def bench_copies(tree: Path, work: Path, env: dict[str, str], r: int) -> None:
