@@ -186,8 +186,9 @@ def _moved(result: PathState, first: PathState, path: PathState) -> PathState:
     """`result` (what a step made of `first`) with `path`'s events before the step's own."""
     if result is first:
         return path
-    events = path.events if result.events is first.events else path.events + result.events[len(first.events):]
-    return _path(result.env, result.attrs, events, result.term, result.ret, path)
+    if result.events is first.events:
+        return _path(result.env, result.attrs, path.events, result.term, result.ret, path)
+    return _appending(path, result.env, result.attrs, result.events[len(first.events):], result.term, result.ret)
 
 
 def _moved_pair(result: tuple[PathState, Val], first: PathState, path: PathState) -> tuple[PathState, Val]:
@@ -268,7 +269,7 @@ class PathState:
         return _path(self.env, _with(self.attrs, name, value), self.events, self.term, self.ret, self)
 
     def emit(self, event: Event) -> "PathState":
-        return _path(self.env, self.attrs, self.events + (event,), self.term, self.ret, self)
+        return _appending(self, self.env, self.attrs, (event,), self.term, self.ret)
 
     def ending(self, term: str | None) -> "PathState":
         """The path, ended by `term` (None: running again)."""
@@ -283,14 +284,8 @@ def _path(env: Bindings, attrs: Bindings, events: tuple[Event, ...], term: str |
           source: PathState | None = None) -> PathState:
     """PathState(env, attrs, events, term, ret) without the frozen dataclass's __init__ (or
     dataclasses.replace): paths are made ~10^5 times a scan. `source`, the path it was made
-    from, holds `events` or a prefix of them: the key of its events, once computed, is carried
-    over or folded forward instead of hashing the whole sequence again."""
-    keyed: _Keyed | None = None
-    if source is not None:
-        keyed = source.__dict__.get("_events")
-        if keyed is not None and events is not source.events:
-            keyed = _extended(keyed, events[len(source.events):])
-            events = keyed.value  # type: ignore[assignment]  # the same events: one tuple per sequence
+    from, holds the same `events`: the key of its events, once computed, is carried over
+    instead of hashing the whole sequence again."""
     path = _new(PathState)
     fields_of = path.__dict__
     fields_of["env"] = env
@@ -298,8 +293,26 @@ def _path(env: Bindings, attrs: Bindings, events: tuple[Event, ...], term: str |
     fields_of["events"] = events
     fields_of["term"] = term
     fields_of["ret"] = ret
-    if keyed is not None:
-        fields_of["_events"] = keyed
+    if source is not None:
+        keyed = source.__dict__.get("_events")
+        if keyed is not None:
+            fields_of["_events"] = keyed
+    return path
+
+
+def _appending(source: PathState, env: Bindings, attrs: Bindings, added: tuple[Event, ...], term: str | None,
+               ret: Val | None) -> PathState:
+    """A path made from `source` whose events are `source`'s followed by `added`: the longer
+    sequence is built once, and when `source`'s key is known it is folded forward and the
+    sequence shared with every path that appended the same events to it (`_extended`)."""
+    if not added:
+        return _path(env, attrs, source.events, term, ret, source)
+    keyed = source.__dict__.get("_events")
+    if keyed is None:
+        return _path(env, attrs, source.events + added, term, ret)
+    keyed = _extended(keyed, added)
+    path = _path(env, attrs, keyed.value, term, ret)  # type: ignore[arg-type]  # one tuple per sequence
+    path.__dict__["_events"] = keyed
     return path
 
 
@@ -768,7 +781,7 @@ class Explorer:
             self._read_state = self._read_state or known.read_state
         results = []
         for attrs, events, term, value in known.ends:
-            results.append((_path(path.env, attrs, path.events + events, term if term is not None else path.term, path.ret, path),
+            results.append((_appending(path, path.env, attrs, events, term if term is not None else path.term, path.ret),
                             value))
         return _merge_pairs(results)
 
