@@ -68,11 +68,14 @@ class _Keyed:
     every statement, while the event sequence it stands for is shared by many paths and changes
     far less often (hashing a sequence calls each event's __hash__)."""
 
-    __slots__ = ("value", "hashed")
+    __slots__ = ("value", "hashed", "stripping")
 
     def __init__(self, value: object, hashed: int | None = None) -> None:
         self.value = value
         self.hashed = hash(value) if hashed is None else hashed
+        # An event sequence's _Stripping, once widen() asked for it: carried forward to the
+        # sequences made from it (_extended), so each is stripped in the events it appended.
+        self.stripping: _Stripping | None = None
 
     def __hash__(self) -> int:
         return self.hashed
@@ -133,6 +136,8 @@ def _extended(keyed: _Keyed, added: tuple["Event", ...]) -> _Keyed:
     if found is not None and found[0] is keyed:
         return found[1]
     longer = _Keyed(keyed.value + added, _sequence_hash(added, keyed.hashed))  # type: ignore[operator]
+    if keyed.stripping is not None:
+        longer.stripping = keyed.stripping.advanced(added)
     if len(_EXTENDED) >= _EXTENDED_MAX:
         _EXTENDED.clear()
     _EXTENDED[entry] = (keyed, longer)
@@ -470,21 +475,63 @@ def widen(paths: list[PathState]) -> list[PathState]:
     return list(_first_by(paths, lambda p: (p.env, p.attrs, p.term, p.ret, _idle_stripped(p))))
 
 
-# An event sequence (keyed) -> the same without idle helper entries (keyed). Paths past the limit
-# hold many copies of few sequences (0.5.23's decode drains: 771k paths, 78k contents), and the
-# stripping depends on the content alone: each content is stripped once.
-_STRIPPED: dict[_Keyed, _Keyed] = {}
-_STRIPPED_MAX = 1 << 17
-
-
 def _idle_stripped(path: PathState) -> _Keyed:
+    """The path's events without idle helper entries, keyed (see _Stripping)."""
     raw = _events_keyed(path)
-    found = _STRIPPED.get(raw)
-    if found is None:
-        if len(_STRIPPED) >= _STRIPPED_MAX:
-            _STRIPPED.clear()
-        found = _STRIPPED[raw] = _Keyed(_without_idle_helpers(path.events))
-    return found
+    if raw.stripping is None:
+        raw.stripping = _Stripping.EMPTY.advanced(raw.value)  # type: ignore[arg-type]
+    return raw.stripping.kept
+
+
+class _Stripping:
+    """An event sequence being stripped of the entries of helper runs in which nothing but entering
+    other helpers happened, as far as it goes; `advanced(added)` is the same for the sequence
+    followed by `added`. Calls are rebuilt from the events: a helper entry opens a call of its
+    detail (the callee), an event of a function closes the calls opened after that function's,
+    and an event other than an entry inside a call makes it and every call around it do
+    something. So the calls still open that did nothing are the innermost ones, their entries are
+    the last events seen but for closed idle calls' (`waiting`), and everything before is decided
+    (`kept`): the sequence stripped is `kept` (an open call that did nothing so far is idle if the
+    sequence ends there). Paths past the limit hold many sequences that share prefixes (0.5.21's
+    decode drains: 206k stripped sequences of thousands of events): each is stripped in the
+    events it appended to its source's, and `kept` is hash-consed like the sequences (_extended)."""
+
+    __slots__ = ("kept", "calls", "waiting")
+
+    EMPTY: "_Stripping"
+
+    def __init__(self, kept: _Keyed, calls: tuple[str, ...], waiting: tuple["Event", ...]) -> None:
+        self.kept = kept  # the decided events, keyed
+        self.calls = calls  # callees of the open calls, outermost first
+        self.waiting = waiting  # entries of the innermost open calls that did nothing yet
+
+    def advanced(self, added: tuple["Event", ...]) -> "_Stripping":
+        kept, calls, waiting = self.kept, self.calls, self.waiting
+        decided: tuple[Event, ...] = ()
+        for event in added:
+            if calls and calls[-1] != event.function:  # else nothing closes: most events stay in their function
+                depth = len(calls)
+                if event.function in calls:
+                    while calls[depth - 1] != event.function:
+                        depth -= 1
+                else:
+                    depth = 0
+                closed = len(calls) - depth
+                calls = calls[:depth]
+                # Closed calls that did nothing drop their entries; the others' are decided.
+                waiting = waiting[:max(len(waiting) - closed, 0)]
+            if event.kind is EventKind.HELPER:
+                calls = (*calls, event.detail)
+                waiting = (*waiting, event)
+            else:  # inside a call: it and every call around it did something
+                decided = (*decided, *waiting, event)
+                waiting = ()
+        if decided:
+            kept = _extended(kept, decided)
+        return _Stripping(kept, calls, waiting)
+
+
+_Stripping.EMPTY = _Stripping(_Keyed((), _EMPTY_SEQUENCE_HASH), (), ())
 
 
 def fold(paths: list[PathState]) -> list[PathState]:
@@ -511,38 +558,6 @@ def _first_by(paths: list[PathState], key: Callable[[PathState], tuple]) -> Iter
         if k not in seen:
             seen.add(k)
             yield path
-
-
-def _without_idle_helpers(events: tuple[Event, ...]) -> tuple[Event, ...]:
-    """The events without the entries of helper runs in which nothing but entering other helpers
-    happened. Calls are rebuilt from the events: a helper entry opens a call of its detail (the
-    callee), an event of a function closes the calls opened after that function's; an event other
-    than an entry inside a call makes it and every call around it do something."""
-    if not any(e.kind is EventKind.HELPER for e in events):
-        return events
-    idle: set[int] = set()
-    open_calls: list[list] = []  # [callee qualname, index of its entry, did something]
-    opened: dict[str, int] = {}  # callee qualname -> how many of open_calls are its
-
-    def close(until: str | None) -> None:
-        while open_calls and open_calls[-1][0] != until:
-            name, at, busy = open_calls.pop()
-            opened[name] -= 1
-            if busy and open_calls:
-                open_calls[-1][2] = True
-            elif not busy:
-                idle.add(at)
-
-    for i, event in enumerate(events):
-        if open_calls and open_calls[-1][0] != event.function:  # else nothing closes: most events stay in their function
-            close(event.function if opened.get(event.function) else None)
-        if event.kind is EventKind.HELPER:
-            open_calls.append([event.detail, i, False])
-            opened[event.detail] = opened.get(event.detail, 0) + 1
-        elif open_calls:
-            open_calls[-1][2] = True
-    close(None)
-    return tuple(e for i, e in enumerate(events) if i not in idle) if idle else events
 
 
 class Explorer:

@@ -15,6 +15,8 @@ from pathlib import Path
 
 import libcst as cst
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from kvtrace import flow
 from kvtrace.flow import CallSite, Explorer, Options, PathLimit, PathState, RunLog
@@ -619,3 +621,71 @@ def test_the_forked_childs_problems_come_back_typed(monkeypatch: pytest.MonkeyPa
         aborts.add(f"disaggregation/{backend}/conn.py:{next(n for n, t in enumerate(lines, 1) if t.lstrip().startswith('def abort('))}")
     assert all(isinstance(p, Problem) and p.kind is ProblemKind.UNPARSED for p in analysed.problems), analysed.problems
     assert {p.where for p in analysed.problems} == aborts, analysed.problems
+
+
+def _stripped_whole(events: tuple[flow.Event, ...]) -> tuple[flow.Event, ...]:
+    """The reference for widen()'s stripping, written as its definition reads: rebuild the calls
+    from the events, then drop the entry of every call in which nothing but entering other helpers
+    happened (a call does something when an event other than an entry is seen inside it or inside
+    a call it made)."""
+    calls: list[tuple[str, int]] = []  # (callee, index of its entry) of the open calls
+    busy: set[int] = set()  # entries of calls that did something
+    closed: list[int] = []
+    for i, event in enumerate(events):
+        names = [name for name, _ in calls]
+        keep = len(calls) if not calls or names[-1] == event.function else (
+            max(n for n, name in enumerate(names, 1) if name == event.function) if event.function in names else 0)
+        closed += [at for _, at in calls[keep:]]
+        del calls[keep:]
+        if event.kind is EventKind.HELPER:
+            calls.append((event.detail, i))
+        else:
+            busy.update(at for _, at in calls)
+    closed += [at for _, at in calls]
+    idle = set(closed) - busy
+    return tuple(e for i, e in enumerate(events) if i not in idle)
+
+
+@st.composite
+def _helper_event_runs(draw: st.DrawFn) -> tuple[flow.Event, ...]:
+    """Event sequences shaped as a drain's are: events of the function running, a helper entry (an
+    event of the caller naming the callee, which then runs), returns to any caller up the stack
+    (the next event is the caller's), recursion (a callee already on the stack) and events of a
+    function not on the stack (a run resumed at the drain loop)."""
+    names = ["drain", "poll", "check", "release", "log"]
+    stack = ["drain"]
+    events: list[flow.Event] = []
+    for step in draw(st.lists(st.sampled_from(["event", "enter", "return", "elsewhere"]), max_size=40)):
+        if step == "enter":
+            callee = draw(st.sampled_from(names))
+            events.append(flow.Event(EventKind.HELPER, "f.py", len(events) + 1, stack[-1], callee))
+            stack.append(callee)
+        elif step == "return" and len(stack) > 1:
+            del stack[draw(st.integers(1, len(stack) - 1)):]
+        elif step == "elsewhere":
+            stack = [draw(st.sampled_from(names))]
+        else:
+            events.append(flow.Event(draw(st.sampled_from([EventKind.CHECK, EventKind.LOG, EventKind.RELEASE])),
+                                     "f.py", len(events) + 1, stack[-1], "T"))
+    return tuple(events)
+
+
+@given(_helper_event_runs(), st.lists(st.integers(0, 40), max_size=4))
+def test_idle_helper_stripping_carried_forward_equals_stripping_the_whole_sequence(
+        events: tuple[flow.Event, ...], cuts: list[int]) -> None:
+    """widen() strips a sequence in the events appended to the one it was made from
+    (flow._Stripping, carried by _extended): stripped in pieces cut anywhere, it is the whole
+    sequence stripped, and the key of equal content is equal (merges read it)."""
+    expected = _stripped_whole(events)
+    whole = flow._Stripping.EMPTY.advanced(events)
+    assert whole.kept.value == expected
+    pieces = flow._Stripping.EMPTY
+    start = 0
+    for cut in sorted(c for c in cuts if c <= len(events)) + [len(events)]:
+        pieces = pieces.advanced(events[start:cut])
+        start = cut
+    assert pieces.kept.value == expected
+    assert pieces.kept == whole.kept and hash(pieces.kept) == hash(whole.kept)
+    raw = flow._Keyed(events[:len(events) // 2], flow._sequence_hash(events[:len(events) // 2]))
+    raw.stripping = flow._Stripping.EMPTY.advanced(raw.value)  # type: ignore[arg-type]
+    assert flow._extended(raw, events[len(events) // 2:]).stripping.kept.value == expected  # type: ignore[union-attr]
