@@ -160,6 +160,7 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
         abort_state=", ".join(sorted(abort_writes)) or None,
         timeouts=timeouts,
         notes=notes,
+        has_abort=concrete_abort is not None,
         returns_unknown=list(dict.fromkeys(unknown + unreadable_stores)),
         manager=manager.ref if manager else None,
         verdicts={s: verdicts[s] for s in sorted(verdicts, key=by_member)},

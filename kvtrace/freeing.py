@@ -87,7 +87,9 @@ def what_frees(report: Report, backend: Backend, abort_method: str = "abort") ->
         if abort_frees and not callers and not timeouts and verdict.way_out is not WayOut.NONE:
             parts.append("no timeout covers it either, so the request stays until the server restarts")
         if verdict.way_out is WayOut.NONE:
-            called = f" ({_callers_text(callers, abort_method)}, to no effect)" if callers else \
+            called = (f" ({backend.sender} has no concrete {abort_method}(): {_callers_text(callers, abort_method)}, "
+                      "and none of those calls reaches its poll())" if not backend.has_abort else
+                      f" ({_callers_text(callers, abort_method)}, to no effect)") if callers else \
                 f" (nothing in the scanned code calls {abort_method}() for a request in {queues} either)"
             how, text = "nothing", ("nothing in this release frees it: abort() does not end it" + called +
                                     f" and {_unreached_timeouts(report, timeouts, state)}, so the request stays "

@@ -384,6 +384,9 @@ class Backend:
     # pinned one again (fake's init() setting `bootstrap_done` for good). A request that enters
     # the queue only after such an answer cannot be pinned in it.
     past: dict[str, dict[str, Evidence]] = field(default_factory=dict)
+    # A concrete abort() in the sender's MRO: without one, a scheduler's abort() call is skipped
+    # (`hasattr`), fails, or reaches an abstract method, and never the sender's poll().
+    has_abort: bool = True
 
     def way_out(self, state: str) -> StateVerdict | None:
         return self.verdicts.get(state)

@@ -74,7 +74,7 @@ class AbortIgnored(Rule):
             elif abort is None:
                 what = (f"cannot be aborted: {b.sender} has no {ctx.pack.abort_method}() at all, so nothing can "
                         f"cancel the transfer and the queue waits for it")
-            elif any("no concrete" in n for n in b.notes):
+            elif not b.has_abort:
                 what = f"cannot be aborted: {ctx.pack.abort_method}() is abstract in every class {b.sender} inherits"
             else:
                 what = f"cannot see an abort: {ctx.pack.abort_method}() writes no attribute of the sender"

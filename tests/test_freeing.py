@@ -104,3 +104,30 @@ def test_real_releases(version: str, line: int | None) -> None:
     assert "disagg_prefill_inflight_queue" in source[loop - 1] and source[loop - 1].lstrip().startswith("for ")
     enclosing = next(source[n] for n in range(loop - 1, -1, -1) if source[n].lstrip().startswith("def "))
     assert enclosing.lstrip().startswith("def abort_request(")
+
+
+def test_a_sender_without_a_concrete_abort_is_said_to_have_none(tmp_path: Path) -> None:
+    """The scheduler's abort() call cannot reach a sender whose classes only declare abort()
+    abstract (or have none: SGLang guards the call with hasattr): what frees a pinned state says
+    the sender has no concrete abort(), not that the call runs to no effect."""
+    tree = _tree(tmp_path, scheduler=True)
+    conn = tree / "disaggregation" / "nixl" / "conn.py"
+    text = conn.read_text()
+    concrete = "    def abort(self) -> None:\n        self.kv_mgr.update_status(self.bootstrap_room, KVPoll.Failed)\n" \
+               "        self.conclude_state = KVPoll.Failed\n"
+    assert text.count(concrete) == 1
+    conn.write_text(text.replace(concrete, ""))
+    report = scan_path(tree)
+    nixl = next(b for b in report.backends if b.name == "nixl")
+    assert not nixl.has_abort and next(b for b in report.backends if b.name == "mooncake").has_abort
+    pinned = {f.state for f in report.findings if f.rule == "pinned-state" and f.backend == "nixl"}
+    assert pinned
+    for freeing in what_frees(report, nixl):
+        if freeing.state in pinned:
+            assert freeing.how == "nothing"
+            assert f"({nixl.sender} has no concrete abort(): Scheduler.abort_request() calls abort() for it at " \
+                   "managers/scheduler.py:7, and none of those calls reaches its poll())" in freeing.text, freeing.text
+            assert "to no effect" not in freeing.text
+    ignored = [f for f in report.findings if f.rule == "abort-ignored" and f.backend == "nixl"]
+    assert len(ignored) == 1 and "cannot be aborted: abort() is abstract in every class " \
+        f"{nixl.sender} inherits" in ignored[0].message, [f.message for f in ignored]
