@@ -87,12 +87,16 @@ def what_frees(report: Report, backend: Backend, abort_method: str = "abort") ->
         if abort_frees and not callers and not timeouts and verdict.way_out is not WayOut.NONE:
             parts.append("no timeout covers it either, so the request stays until the server restarts")
         if verdict.way_out is WayOut.NONE:
-            called = (f" ({backend.sender} has no concrete {abort_method}(): {_callers_text(callers, abort_method)}, "
-                      "and none of those calls reaches its poll())" if not backend.has_abort else
-                      f" ({_callers_text(callers, abort_method)}, to no effect)") if callers else \
-                f" (nothing in the scanned code calls {abort_method}() for a request in {queues} either)"
-            how, text = "nothing", ("nothing in this release frees it: abort() does not end it" + called +
-                                    f" and {_unreached_timeouts(report, timeouts, state)}, so the request stays "
+            if not callers:
+                why = (f"abort() does not end it (nothing in the scanned code calls {abort_method}() for a "
+                       f"request in {queues} either)")
+            elif backend.has_abort:
+                why = f"abort() does not end it ({_callers_text(callers, abort_method)}, to no effect)"
+            else:
+                why = (f"{backend.sender} has no concrete {abort_method}() ({_callers_text(callers, abort_method)}, "
+                       "and none of those calls reaches its poll())")
+            how, text = "nothing", (f"nothing in this release frees it: {why} and "
+                                    f"{_unreached_timeouts(report, timeouts, state)}, so the request stays "
                                     "until the server restarts")
             # A timeout that ends the state on other runs of poll() is no way out on the run that
             # keeps it: its lines are in the text, its setting is no answer.
