@@ -74,6 +74,7 @@ def to_json_dict(report: Report) -> dict[str, Any]:
                 "returns": b.returns,
                 "reads_abort_state": b.reads_abort_state,
                 "abort_state": b.abort_state,
+                "has_abort": b.has_abort,
                 "timeouts": [{"path": t.path, "line": t.line, "covers": list(t.covers)} for t in b.timeouts],
                 "notes": b.notes,
                 "returns_unknown": list(dict.fromkeys(b.returns_unknown)),

@@ -183,6 +183,8 @@ REPORT_SCHEMA: dict[str, Any] = {
                     "returns": _STRINGS,
                     "reads_abort_state": {"type": "boolean"},
                     "abort_state": {"type": ["string", "null"]},
+                    "has_abort": {"type": "boolean", "description": "a concrete abort() is defined in the "
+                                  "sender's classes (false: the scheduler's abort() calls cannot reach it)"},
                     "timeouts": {
                         "type": "array",
                         "items": {"type": "object", "required": ["path", "line", "covers"],
