@@ -416,6 +416,18 @@ class SendersResult:
     marks: list[FileMark]
 
 
+class PremiseKind(TextEnum):
+    """What a finding's premise is about (kvtrace.rules.premise): a writer tells them apart by
+    this, never by the text."""
+
+    SHARED_ROOM = "shared-room"  # two requests share a bootstrap_room
+    ROOM_REUSED = "room-reused"  # a second sender or receiver is built for a room whose transfer ran
+    SEND_SKIPPED = "send-skipped"  # the sender call on the request's way in, or after it, is skipped
+    # A caller outside the scanned folder passes the drain a parameter: scanning the folder that
+    # holds the callers decides it (an error, or no finding), so the verdict rests on the folder.
+    UNSEEN_CALLER = "unseen-caller"
+
+
 @dataclass
 class Finding:
     rule: str
@@ -436,6 +448,7 @@ class Finding:
     # bootstrap_room", "the send is skipped"): such a finding is a warning, so a gate on
     # errors counts only what needs no premise.
     premise: str | None = None
+    premise_kinds: tuple[PremiseKind, ...] = ()  # what each part of the premise is about
     role: str | None = None  # what the finding is about beyond rule/backend/state (kvtrace.baseline.assign_roles)
     # A manager rule's finding in a method several backends' managers run: those backends (the grid
     # rows it belongs in, from kvtrace.managers.ManagerFacts); empty: `backend`, or none known.

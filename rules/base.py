@@ -15,6 +15,7 @@ if TYPE_CHECKING:  # the rules' docs and samples load without the analysis stack
     from kvtrace.graph import QueueAnalysis, ScanModel
     from kvtrace.index import Index
     from kvtrace.packs import Pack
+    from kvtrace.rules.premise import Premise
     from kvtrace.states import Domain
 
 
@@ -71,13 +72,14 @@ class Rule:
         return cls.docs().splitlines()[0] if cls.__doc__ else cls.name
 
     def finding(self, message: str, path: str, line: int, backend: str | None, state: str | None,
-                evidence: list[Evidence], premise: str | None = None, backends: tuple[str, ...] = ()) -> Finding:
+                evidence: list[Evidence], premise: Premise | None = None, backends: tuple[str, ...] = ()) -> Finding:
         """A finding that rests on a premise says so and is at most a warning: a gate on
         errors counts only the findings that need none. `backends`: the grid rows of a finding
         that names no one backend (a manager method several backends run)."""
         severity = "warning" if premise is not None and self.severity == "error" else self.severity
         return Finding(self.name, Severity(severity), message, path, line, backend, state, evidence, code=self.code,
-                       premise=premise, backends=backends)
+                       premise=premise.text if premise else None, premise_kinds=premise.kinds if premise else (),
+                       backends=backends)
 
 
 def drain_evidence(ctx: ScanContext) -> list[Evidence]:

@@ -1,10 +1,10 @@
 from __future__ import annotations
 
 from kvtrace.rules.base import Rule, Sample, ScanContext
-from kvtrace.rules.premise import clause, joined, polled_attributes, unseen_caller_premise, verdict_premise
+from kvtrace.rules.premise import Premise, clause, joined, polled_attributes, unseen_caller_premise, verdict_premise
 from kvtrace.rules.way_in import answered_before_entry, send_verdict
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain, sender
-from kvtrace.model import EventKind, Evidence, Finding, Outcome
+from kvtrace.model import EventKind, Evidence, Finding, Outcome, PremiseKind
 
 
 _WAITS_UNTIL_BEGUN = '''\
@@ -167,6 +167,7 @@ class PinnedState(Rule):
                     continue  # every path calls what ends the pin, on its way in or right after the append
                 if sent is not None and (premise is None or premise is unseen):
                     kind, why, text = sent
+                    skipped = Premise(text, PremiseKind.SEND_SKIPPED, list(why))
                     skips = [e for e in why if "skips it" in e.note or "leaves before" in e.note]
                     message += f"; true only if {text}" + (": " + "; ".join(f"{e.path}:{e.line} {e.note}" for e in skips)
                                                             if skips else "")
@@ -174,12 +175,12 @@ class PinnedState(Rule):
                     if unseen is not None:
                         message += "; " + clause(unseen)
                         evidence += [e for e in unseen.why if e not in evidence]
-                        text += " and " + unseen.text
-                    findings.append(self.finding(message, b.poll.path, b.poll.line, b.name, state, evidence, text))
+                    findings.append(self.finding(message, b.poll.path, b.poll.line, b.name, state, evidence,
+                                                 joined(skipped, unseen)))
                     continue
                 if premise is not None:
                     message += "; " + clause(premise)
                     evidence += [e for e in premise.why if e not in evidence]
                 findings.append(self.finding(message, b.poll.path, b.poll.line, b.name, state, evidence,
-                                             premise.text if premise else None))
+                                             premise))
         return findings

@@ -99,7 +99,7 @@ class PollRaises(Rule):
         if premise is not None:
             message += f"; true only if {premise.text}: " + premise.why[-1].note.removeprefix("premise: ")
             evidence += [e for e in premise.why if e not in evidence]
-        return self.finding(message, path, line, b.name, None, evidence, premise.text if premise else None)
+        return self.finding(message, path, line, b.name, None, evidence, premise)
 
 
 def _raise_sites_while_queued(ctx: ScanContext, analysis: SenderAnalysis) -> list[tuple[str, int, str]]:

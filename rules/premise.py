@@ -13,7 +13,7 @@ import ast
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvtrace.model import Backend, Evidence, StateVerdict
+from kvtrace.model import Backend, Evidence, PremiseKind, StateVerdict
 from kvtrace.rules.base import ScanContext
 from kvtrace.syntax import dotted
 
@@ -26,8 +26,13 @@ SHARED_ROOM = "two requests share a bootstrap_room"
 @dataclass(frozen=True)
 class Premise:
     text: str  # what must hold for the finding to be true
+    kind: PremiseKind | None  # what it is about (None: several, see `parts`)
     why: list[Evidence]  # the links that show it is needed
     parts: tuple["Premise", ...] = ()  # several premises that must all hold (see `joined`)
+
+    @property
+    def kinds(self) -> tuple[PremiseKind, ...]:
+        return tuple(dict.fromkeys(p.kind for p in (self.parts or (self,)) if p.kind is not None))
 
 
 def clause(premise: Premise) -> str:
@@ -42,13 +47,13 @@ def state_premise(ctx: ScanContext, backend: Backend, state: str) -> Premise | N
     a request enters the queue only once its poll moved past it (the pack's `entered_past`)."""
     if state in ctx.pack.reached_later(ctx.pack.queue):
         at = backend.poll or backend
-        return Premise(SHARED_ROOM, [Evidence(at.path, at.line, f"premise: a request leaves {ctx.pack.queue} before its "
+        return Premise(SHARED_ROOM, PremiseKind.SHARED_ROOM, [Evidence(at.path, at.line, f"premise: a request leaves {ctx.pack.queue} before its "
                                               f"KV is sent, and its own sender reaches {state} only after that, so "
                                               f"{state} seen here is another request's, for the same room")])
     where = backend.constructor_only.get(state)
     if where is None or state not in ctx.pack.left_before(ctx.pack.queue):
         return None
-    return Premise(SHARED_ROOM, [
+    return Premise(SHARED_ROOM, PremiseKind.SHARED_ROOM, [
         where,
         Evidence(where.path, where.line, f"premise: a request enters {ctx.pack.queue} only after its poll left {state}, "
                                          f"so {state} comes back only when a second sender for the same room is built"),
@@ -97,7 +102,7 @@ def absent_room_premise(ctx: ScanContext, backend: Backend, verdict: StateVerdic
     why.append(Evidence(drain.func.path, drain.func.line,
                         "premise: while the request is queued, only another request's sender for the same room "
                         "takes the room out of the table"))
-    return Premise(SHARED_ROOM, why)
+    return Premise(SHARED_ROOM, PremiseKind.SHARED_ROOM, why)
 
 
 def _handed_over(ctx: ScanContext, func: FuncRef, drains: set[str]) -> str | None:
@@ -198,7 +203,7 @@ def unseen_caller_premise(ctx: ScanContext, modes: list) -> Premise | None:
         return None
     passed = sorted({p for m in modes for p in m.passed})
     text = f"a caller outside the scanned folder passes {', '.join(passed)} to {drain.func.name}"
-    return Premise(text, [Evidence(drain.func.path, drain.func.line,
+    return Premise(text, PremiseKind.UNSEEN_CALLER, [Evidence(drain.func.path, drain.func.line,
                                    f"premise: no caller in view passes {', '.join(passed)}, and only the mode "
                                    f"{'; '.join(m.label for m in modes)} reaches it")])
 
@@ -208,7 +213,7 @@ def joined(*premises: Premise | None) -> Premise | None:
     found = [q for p in premises if p is not None for q in (p.parts or (p,))]
     if len(found) <= 1:
         return found[0] if found else None
-    return Premise(" and ".join(dict.fromkeys(p.text for p in found)),
+    return Premise(" and ".join(dict.fromkeys(p.text for p in found)), None,
                    list(dict.fromkeys(e for p in found for e in p.why)), tuple(found))
 
 
@@ -218,7 +223,7 @@ def crash_premise(ctx: ScanContext, state: str) -> Premise | None:
     by = ctx.model.returning(state)
     if by and state in ctx.pack.reached_later(ctx.pack.queue):  # whichever backend returns it, only later
         found = [state_premise(ctx, b, state) for b in (ctx.model.backend(name) for name in by) if b is not None]
-        return Premise(SHARED_ROOM, list(dict.fromkeys(e for p in found if p is not None for e in p.why)))
+        return Premise(SHARED_ROOM, PremiseKind.SHARED_ROOM, list(dict.fromkeys(e for p in found if p is not None for e in p.why)))
     if not by or any(s.unknown_in_mode for s in ctx.senders):
         return None
     found = [state_premise(ctx, backend, state) for backend in (ctx.model.backend(name) for name in by)
@@ -229,7 +234,7 @@ def crash_premise(ctx: ScanContext, state: str) -> Premise | None:
     if len(texts) != 1:
         return None
     why = list(dict.fromkeys(e for p in found if p is not None for e in p.why))
-    return Premise(texts.pop(), why)
+    return Premise(texts.pop(), next(p.kind for p in found if p is not None), why)
 
 
 def _history(ctx: ScanContext, backend: Backend):

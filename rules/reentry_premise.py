@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ast
 
-from kvtrace.model import EventKind, Evidence
+from kvtrace.model import EventKind, Evidence, PremiseKind
 from kvtrace.rules.base import ScanContext
 from kvtrace.rules.premise import Premise
 
@@ -38,7 +38,7 @@ def reentry_premise(ctx: ScanContext, state: str) -> Premise | None:
     why.append(Evidence(ctx.queue.drain.func.path if ctx.queue.drain else "", ctx.queue.loop_line() if ctx.queue.drain else 0,
                         f"premise: a request in {queue} holds no KV memory yet, so no transfer into it has started; "
                         f"{state} here is the state of an earlier transfer for the same room"))
-    return Premise(ROOM_REUSED, why)
+    return Premise(ROOM_REUSED, PremiseKind.ROOM_REUSED, why)
 
 
 def _what_it_builds(ctx: ScanContext, site) -> str:

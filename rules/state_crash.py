@@ -157,5 +157,5 @@ class StateCrash(Rule):
                     message += "; " + clause(premise)
                     evidence += [e for e in premise.why if e not in evidence]
                 findings.append(self.finding(message, path, line, None, state, evidence,
-                                             premise.text if premise else None))
+                                             premise))
         return findings

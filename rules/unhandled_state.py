@@ -153,7 +153,7 @@ class UnhandledState(Rule):
                     message += "; " + clause(premise)
                     evidence += [e for e in premise.why if e not in evidence]
                 findings.append(self.finding(message, path, line, None, state, evidence,
-                                             premise.text if premise else None))
+                                             premise))
             for events in kept[:1]:
                 keep = next((e for e in events if e.kind == EventKind.KEEP), None)
                 if keep is not None:

@@ -17,9 +17,10 @@ from pathlib import Path
 
 import pytest
 
-from kvtrace.model import ProblemKind
+from kvtrace.model import PremiseKind, ProblemKind
 from kvtrace.report.json import to_json_dict
 from kvtrace.report.sarif import to_sarif
+from kvtrace.report.verdicts import summary_line
 from kvtrace.rules.premise import SEND_SKIPPED, SHARED_ROOM
 from kvtrace.rules.samples import SCHEDULER, SHARED_FILES, STANDARD_BRANCHES, drain
 from kvtrace.scan import scan_path
@@ -104,10 +105,11 @@ def test_constructor_only_state_is_a_shared_room_premise(tmp_path: Path) -> None
     # Every format carries it; the gate on errors does not count it.
     data = to_json_dict(report)
     [row] = [f for f in data["findings"] if f["rule"] == "state-crash"]
-    assert row["premise"] == SHARED_ROOM and row["severity"] == "warning"
+    assert row["premise"] == SHARED_ROOM and row["premise_kinds"] == ["shared-room"] and row["severity"] == "warning"
     sarif = to_sarif([report], tmp_path)
     [result] = [r for r in sarif["runs"][0]["results"] if r["properties"]["rule"] == "state-crash"]
     assert result["properties"]["premise"] == SHARED_ROOM and result["level"] == "warning"
+    assert result["properties"]["premise_kinds"] == ["shared-room"]
 
 
 def test_a_later_store_of_the_state_makes_it_unconditional(tmp_path: Path) -> None:
@@ -252,6 +254,7 @@ def test_send_right_after_the_append_leaves_no_pin(tmp_path: Path) -> None:
 def test_a_path_that_skips_the_send_is_the_premise(tmp_path: Path) -> None:
     [finding] = fake_pins(tmp_path, "        if len(pages) == 0:\n            return\n")
     assert finding.state == "WaitingForInput" and finding.severity == "warning" and finding.premise == SEND_SKIPPED
+    assert finding.premise_kinds == (PremiseKind.SEND_SKIPPED,)
     lines = (tmp_path / "disaggregation" / "prefill.py").read_text().splitlines()
     line = lines.index("        if len(pages) == 0:") + 1
     assert lines[line + 1] == "        req.disagg_kv_sender.send(pages)"
@@ -317,7 +320,11 @@ def test_a_mode_whose_caller_is_outside_the_scanned_folder_is_still_a_mode(tmp_p
     assert {(f.severity, f.premise) for f in crash(whole, "WaitingForInput")} == {("error", None)}
     unseen = "a caller outside the scanned folder passes rids_to_check to drain_inflight"
     [finding] = crash(folder, "WaitingForInput")
-    assert (finding.severity, finding.premise) == ("warning", unseen)
+    assert (finding.severity, finding.premise, finding.premise_kinds) == ("warning", unseen, (PremiseKind.UNSEEN_CALLER,))
+    # The summary names it, as it names the error in the whole scan: a warning that rests on the
+    # folder scanned is not one to count and pass over.
+    assert "queue state-crash WaitingForInput" in summary_line(whole)
+    assert f"queue state-crash WaitingForInput only if {unseen}" in summary_line(folder), summary_line(folder)
     assert f"true only if {unseen}: no caller in view passes rids_to_check, and only the mode rids_to_check " \
            "passed (no caller in view) reaches it" in finding.message
     # The folder scan says what it could not see (INCOMPLETE), and names the mode as unseen.
@@ -347,6 +354,12 @@ def test_pp_mode_crash_seen_from_the_disaggregation_folder_alone() -> None:
     found = {(f.state, f.line, f.premise) for f in folder.findings if f.rule == "state-crash"}
     assert found == {("WaitingForInput", 576, unseen), ("Transferring", 576, unseen),
                      ("Bootstrapping", 576, f"{SHARED_ROOM} and {unseen}"), ("Bootstrapping", 602, SHARED_ROOM)}
+    kinds = {(f.state, f.line): f.premise_kinds for f in folder.findings if f.rule == "state-crash"}
+    assert kinds[("Bootstrapping", 576)] == (PremiseKind.SHARED_ROOM, PremiseKind.UNSEEN_CALLER)
+    assert kinds[("Bootstrapping", 602)] == (PremiseKind.SHARED_ROOM,)
+    said = summary_line(folder)
+    assert f"queue state-crash WaitingForInput, Transferring only if {unseen}" in said, said
+    assert f"queue state-crash Bootstrapping only if {SHARED_ROOM} and {unseen}" in said, said
     assert any("process_disagg_prefill_inflight_queue (prefill.py:" in p.text and "outside the scanned folder are not seen"
                in p.text for p in folder.problems if p.kind is ProblemKind.OUT_OF_VIEW)
     lines = (root / D / "prefill.py").read_text().splitlines()

@@ -99,6 +99,7 @@ def to_json_dict(report: Report) -> dict[str, Any]:
                 "queue": f.queue,
                 "evidence": _evidence(f.evidence),
                 "premise": f.premise,
+                "premise_kinds": [kind.value for kind in f.premise_kinds],
                 **finding_marks(f),
             }
             for f in report.findings

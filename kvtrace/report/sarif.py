@@ -141,7 +141,7 @@ def to_sarif(reports: list[Report], root: Path | None = None) -> dict[str, Any]:
                 "partialFingerprints": {"kvtrace/v1": f"{f.rule}:{f.backend or '-'}:{f.state or '-'}",
                                         SARIF_KEY: str(fingerprint(f))},
                 "properties": {"rule": f.rule, "backend": f.backend, "state": f.state, "queue": f.queue, "function": f.function,
-                               "premise": f.premise},
+                               "premise": f.premise, "premise_kinds": [kind.value for kind in f.premise_kinds]},
                 **_located_marks(f, locate),
             }
             if f.evidence:

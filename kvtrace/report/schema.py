@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from kvtrace.model import EventKind, Outcome, WayOut
+from kvtrace.model import EventKind, Outcome, PremiseKind, WayOut
 
 _EVIDENCE = {
     "type": "object",
@@ -254,6 +254,10 @@ REPORT_SCHEMA: dict[str, Any] = {
                     "premise": {"type": ["string", "null"],
                                 "description": "what the finding rests on (e.g. two requests share a bootstrap_room); "
                                                "such a finding is at most a warning"},
+                    "premise_kinds": {"type": "array", "items": {"enum": [k.value for k in PremiseKind]},
+                                      "description": "what each part of the premise is about; unseen-caller: it "
+                                                     "rests on a caller outside the scanned folder (scanning the "
+                                                     "folder that holds it decides the finding)"},
                     "function": {"type": ["string", "null"],
                                  "description": "qualified name of the function path:line is in"},
                     "fingerprint": {"type": "string",

@@ -8,7 +8,8 @@ import re
 from dataclasses import dataclass, field
 
 from kvtrace.baseline import counts_against, mark, tally
-from kvtrace.model import Backend, Evidence, Finding, Gap, GapKind, QueueReport, Report, SEVERITIES_WORST_FIRST, Severity, StateVerdict, WayOut
+from kvtrace.model import (Backend, Evidence, Finding, Gap, GapKind, PremiseKind, QueueReport, Report, SEVERITIES_WORST_FIRST,
+                           Severity, StateVerdict, WayOut)
 
 OK = "ok"
 NOT_RETURNED = "-"
@@ -413,16 +414,28 @@ def gap_text(gaps: list[Gap], more: int = 0) -> str:
     return ", ".join(parts)
 
 
-def _conditional_pins(findings: list[Finding]) -> str:
-    """`nixl pins WaitingForInput only if two requests share a bootstrap_room`."""
-    what: dict[tuple[str, str, str], list[str]] = {}
+def _named(findings: list[Finding]) -> str:
+    """`nixl pins Bootstrapping, WaitingForInput; nixl: poll-raises`, each with its premise if it
+    has one (`... only if two requests share a bootstrap_room`)."""
+    what: dict[tuple[str | None, str, str | None], list[str]] = {}
     for f in findings:
-        if f.premise and f.backend and f.rule in RULE_VERBS and f.state:
-            states = what.setdefault((f.backend, f.rule, f.premise), [])
-            if f.state not in states:
-                states.append(f.state)
-    return "; ".join(f"{backend} {RULE_VERBS[rule]} {', '.join(states)} only if {premise}"
-                     for (backend, rule, premise), states in what.items())
+        states = what.setdefault((f.backend, f.rule, f.premise), [])
+        if f.state and f.state not in states:
+            states.append(f.state)
+    named = []
+    for (backend, rule, premise), states in what.items():
+        subject = backend or "queue"
+        said = f"{subject} {RULE_VERBS.get(rule, rule)} {', '.join(states)}" if states else f"{subject}: {rule}"
+        named.append(said + (f" only if {premise}" if premise else ""))
+    return "; ".join(named)
+
+
+def _conditional(findings: list[Finding]) -> str:
+    """The warnings an on-call reader looks for by name: a pin that holds only under a premise,
+    and any finding that rests on a caller outside the scanned folder (an error, or nothing,
+    when the folder that holds the callers is scanned)."""
+    return _named([f for f in findings if f.premise and (
+        (f.backend and f.rule in RULE_VERBS and f.state) or PremiseKind.UNSEEN_CALLER in f.premise_kinds)])
 
 
 def summary_line(report: Report) -> str:
@@ -440,21 +453,11 @@ def summary_line(report: Report) -> str:
         if severity != "error":
             # A pin that holds only under a premise is a warning, but it is still the answer an
             # on-call reader looks for: name it with what it rests on.
-            conditional = _conditional_pins(found)
+            conditional = _conditional(found)
             parts.append(f"{_plural(len(found), severity)}: {conditional}" if conditional
                          else _plural(len(found), severity))
             continue
-        what: dict[tuple[str | None, str], list[str]] = {}
-        for f in found:
-            states = what.setdefault((f.backend, f.rule), [])
-            if f.state and f.state not in states:
-                states.append(f.state)
-        named = []
-        for (backend, rule), states in what.items():
-            subject = backend or "queue"
-            named.append(f"{subject} {RULE_VERBS.get(rule, rule)} {', '.join(states)}" if states
-                         else f"{subject}: {rule}")
-        parts.append(f"{_plural(len(found), severity)}: {'; '.join(named)}")
+        parts.append(f"{_plural(len(found), severity)}: {_named(found)}")
     if not findings:
         parts.append("No findings in what was analysed" if report.gaps else "No findings")
     silenced = tally(report.findings)
