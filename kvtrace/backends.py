@@ -168,6 +168,7 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
         unborn=runner.unborn,
         left_by=left_by,
         past=past,
+        from_table=tuple(sorted(polled.returns - polled.untabled, key=by_member)),
     )
     other_mode = tuple(_unreadable(manager, u) for u in sorted(manager.other_mode_unknown)) if manager else ()
     return SenderAnalysis(backend, cls, poll, sorted(polled.raise_sites), sorted(polled.absent_raises), facts,

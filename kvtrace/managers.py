@@ -188,7 +188,7 @@ def _manager_model(index: Index, pack: Pack, members: tuple[str, ...], sender: C
             callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
             if callee:
                 call_sites.setdefault(callee, []).append((func, node))
-    reader = _StoreReader(pack, members, index.mro(sender), update, table, self_names, call_sites)
+    reader = _StoreReader(pack, members, index.mro(sender), update, table, self_names, call_sites, index)
     for func in functions:
         for node in index.nodes_in(func, _STORES_AND_CALLS):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
@@ -307,6 +307,7 @@ class _StoreReader:
     table: str | None
     self_names: dict[int, str]
     call_sites: CallSites
+    index: Index
     holds: set[str] = field(default_factory=set)
     unknown: list[str] = field(default_factory=list)
     clears: list[Evidence] = field(default_factory=list)
@@ -324,7 +325,7 @@ class _StoreReader:
     def collect(self, value: ast.expr, func: FuncRef, parents: dict[int, ast.AST], site: ast.stmt | ast.expr) -> set[str]:
         given: set[str] = set()
         before = len(self.unknown)
-        _collect(value, func, parents, site, given, self.unknown, self.update, self.members, self.call_sites)
+        _collect(value, func, parents, site, given, self.unknown, self.update, self.members, self.call_sites, self.index)
         for entry in self.unknown[before:]:
             self.unknown_in.setdefault(entry, func)
         return given
@@ -392,56 +393,178 @@ def _argument(call: ast.Call, func: FuncRef, param: str) -> ast.expr | None:
     return None
 
 
+@dataclass
+class _Collecting:
+    """What one reading of a stored value shares down its recursion."""
+
+    holds: set[str]
+    unknown: list[str]
+    update: FuncRef | None
+    members: tuple[str, ...]
+    call_sites: CallSites
+    index: Index | None
+
+
+# Conversions a value makes on its way over a socket and back (`str(status).encode("ascii")` sent,
+# `int(status.decode("ascii"))` received): the member's number goes through unchanged.
+_WIRE_CALLS = ("int", "str", "bytes")
+_WIRE_METHODS = ("encode", "decode")
+
+
+def _wire_inner(value: ast.expr) -> ast.expr | None:
+    if isinstance(value, ast.Call) and len(value.args) <= 2 and not value.keywords:
+        if isinstance(value.func, ast.Name) and value.func.id in _WIRE_CALLS and len(value.args) == 1:
+            return value.args[0]
+        if isinstance(value.func, ast.Attribute) and value.func.attr in _WIRE_METHODS:
+            return value.func.value
+    return None
+
+
 def _collect(value: ast.expr, func: FuncRef, parents: dict[int, ast.AST], site: ast.stmt | ast.expr, holds: set[str],
              unknown: list[str], update: FuncRef | None, members: tuple[str, ...], call_sites: CallSites,
-             depth: int = 0) -> None:
+             index: Index | None = None) -> None:
     """The states a stored value can be: constants, both arms of `a if c else b`, max/min of
     stored values, a local assigned constants, a name narrowed by an enclosing `if name == X`;
-    a parameter of the update method is what its call sites pass (collected there)."""
-    const = _member_tokens(value, members)
+    a parameter of the update method is what its call sites pass (collected there); a part of a
+    message received from a socket is what the sends of such messages put there (_received)."""
+    _collect_in(_Collecting(holds, unknown, update, members, call_sites, index), value, func, parents, site, 0,
+                frozenset())
+
+
+def _collect_in(c: _Collecting, value: ast.expr, func: FuncRef, parents: dict[int, ast.AST],
+                site: ast.stmt | ast.expr, depth: int, expanding: frozenset[int]) -> None:
+    const = _member_tokens(value, c.members)
     if const is not None:
-        holds.update(const)
+        c.holds.update(const)
         return
     if isinstance(value, ast.IfExp):
         for arm in (value.body, value.orelse):
-            _collect(arm, func, parents, site, holds, unknown, update, members, call_sites, depth)
+            _collect_in(c, arm, func, parents, site, depth, expanding)
         return
     if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id in ("max", "min"):
         for arg in value.args:  # max(old, new) is one of them: a stored value or a new one
             if not isinstance(arg, (ast.Subscript, ast.Call)):
-                _collect(arg, func, parents, site, holds, unknown, update, members, call_sites, depth)
+                _collect_in(c, arg, func, parents, site, depth, expanding)
         return
-    if isinstance(value, ast.Name) and depth < 3:
-        params = {a.arg for a in func.node.args.posonlyargs + func.node.args.args + func.node.args.kwonlyargs}
-        narrowed = narrowed_by_guard(value.id, site, parents, members)
-        if narrowed is not None:
-            holds.update(narrowed)
-            return
-        if value.id in params:
-            if update is not None and func.name == update.name:
-                return  # the update method's own parameter: its call sites say what it holds
-            sites = call_sites.get(func.name, [])
-            bound: list[tuple[ast.expr, FuncRef, ast.Call]] = []
-            for caller, call in sites:
-                passed = _argument(call, func, value.id)
-                if passed is not None:
-                    bound.append((passed, caller, call))
-            if not bound:
-                unknown.append(f"{func.path}:{site.lineno} {func.qualname}() stores its parameter {value.id}")
-            for given, caller, call in bound:  # a helper's parameter: what its callers pass
-                _collect(given, caller, _parents(caller.node), call, holds, unknown, update, members, call_sites,
-                         depth + 1)
-            return
-        sources = [n.value for n in walk(func.node) if isinstance(n, ast.Assign)
-                   and any(isinstance(t, ast.Name) and t.id == value.id for t in n.targets)]
-        if sources:
-            for source in sources:
-                _collect(source, func, parents, site, holds, unknown, update, members, call_sites, depth + 1)
-            return
+    inner = _wire_inner(value)
+    if inner is not None:
+        before = len(c.unknown)
+        _collect_in(c, inner, func, parents, site, depth, expanding)
+        if len(c.unknown) > before:  # not read through: said of the conversion, as any value not read
+            del c.unknown[before:]
+            c.unknown.append(_not_read(value, func, site))
+        return
+    if isinstance(value, ast.Name) and depth < 3 and _collect_name(c, value, func, parents, site, depth, expanding):
+        return
     called = getattr(value, "func", None)
     if isinstance(value, (ast.Subscript, ast.Call)) and isinstance(called, ast.Attribute) and called.attr == "get":
         return  # a value read back from a table: nothing new
-    unknown.append(f"{func.path}:{getattr(site, 'lineno', func.line)} {func.qualname}() stores {ast.unparse(value)[:60]}")
+    c.unknown.append(_not_read(value, func, site))
+
+
+def _not_read(value: ast.expr, func: FuncRef, site: ast.stmt | ast.expr) -> str:
+    return f"{func.path}:{getattr(site, 'lineno', func.line)} {func.qualname}() stores {ast.unparse(value)[:60]}"
+
+
+def _collect_name(c: _Collecting, value: ast.Name, func: FuncRef, parents: dict[int, ast.AST],
+                  site: ast.stmt | ast.expr, depth: int, expanding: frozenset[int]) -> bool:
+    """A name's values: narrowed by a guard, passed for a parameter, or assigned in the function
+    (False: none of these, the name is read as it is)."""
+    params = {a.arg for a in func.node.args.posonlyargs + func.node.args.args + func.node.args.kwonlyargs}
+    narrowed = narrowed_by_guard(value.id, site, parents, c.members)
+    if narrowed is not None:
+        c.holds.update(narrowed)
+        return True
+    if value.id in params:
+        if c.update is not None and func.name == c.update.name:
+            return True  # the update method's own parameter: its call sites say what it holds
+        bound: list[tuple[ast.expr, FuncRef, ast.Call]] = []
+        for caller, call in c.call_sites.get(func.name, []):
+            passed = _argument(call, func, value.id)
+            if passed is not None:
+                bound.append((passed, caller, call))
+        if not bound:
+            c.unknown.append(f"{func.path}:{site.lineno} {func.qualname}() stores its parameter {value.id}")
+        for given, caller, call in bound:  # a helper's parameter: what its callers pass
+            _collect_in(c, given, caller, _parents(caller.node), call, depth + 1, frozenset())
+        return True
+    followed = False
+    for assign in walk(func.node):
+        if not isinstance(assign, ast.Assign) or id(assign) in expanding:
+            continue
+        position = _position(assign.targets, value.id)
+        if position is None:
+            continue
+        # `status = int(status)`: the inner name is an earlier binding. An assignment in the same
+        # function is followed once per chain (`expanding`), so only hops to other functions count.
+        deeper = expanding | {id(assign)}
+        if position < 0:
+            _collect_in(c, assign.value, func, parents, site, depth, deeper)
+            followed = True
+            continue
+        parts = _received(c, assign.value, func, position, deeper)  # None: an unpacking not followed
+        for part, sender, send in parts or ():
+            _collect_in(c, part, sender, _parents(sender.node), send, depth + 1, frozenset())
+        followed = followed or parts is not None
+    return followed
+
+
+def _position(targets: list[ast.expr], name: str) -> int | None:
+    """-1 when `name` is assigned the whole value, i when it is the i-th name a tuple unpacks."""
+    for t in targets:
+        if isinstance(t, ast.Name) and t.id == name:
+            return -1
+        if isinstance(t, (ast.Tuple, ast.List)):
+            for i, e in enumerate(t.elts):
+                if isinstance(e, ast.Starred):
+                    break
+                if isinstance(e, ast.Name) and e.id == name:
+                    return i if all(not isinstance(x, ast.Starred) for x in t.elts) else None
+    return None
+
+
+_RECEIVE, _SEND = "recv_multipart", "send_multipart"
+
+
+def _received(c: _Collecting, source: ast.expr, func: FuncRef, position: int,
+              expanding: frozenset[int]) -> list[tuple[ast.expr, FuncRef, ast.Call]] | None:
+    """The `position`-th part of a multipart message `source` evaluates to (`a, b = sock.recv_multipart()`,
+    or a name assigned it first), as the part each send of a message of as many parts puts there.
+    The peer runs the same backend's code (prefill and decode servers run one release), so the
+    sends are those of the receiving function's module and of the modules of its class's bases;
+    None (anything) when a send there builds its message in a way not read here or none matches."""
+    arity = _unpacked_arity(func, position, source)
+    while isinstance(source, ast.Name):  # `msg = sock.recv_multipart()` then `a, b = msg`
+        found = [n for n in walk(func.node) if isinstance(n, ast.Assign) and id(n) not in expanding
+                 and _position(n.targets, source.id) == -1]
+        if len(found) != 1:
+            return None
+        expanding |= {id(found[0])}
+        source = found[0].value
+    if c.index is None or arity is None or not (isinstance(source, ast.Call) and isinstance(source.func, ast.Attribute)
+                                                and source.func.attr == _RECEIVE and not source.args):
+        return None
+    modules = {func.path} | {k.path for k in (c.index.mro(func.owner) if func.owner is not None else [])}
+    parts = []
+    for sender, send in c.index.callers(_SEND):
+        if sender.path not in modules:
+            continue
+        message = send.args[0] if len(send.args) == 1 and not send.keywords else None
+        if not isinstance(message, (ast.List, ast.Tuple)) or any(isinstance(e, ast.Starred) for e in message.elts):
+            return None
+        if len(message.elts) == arity:
+            parts.append((message.elts[position], sender, send))
+    return parts or None
+
+
+def _unpacked_arity(func: FuncRef, position: int, source: ast.expr) -> int | None:
+    """How many names the tuple that took part `position` of `source` unpacks."""
+    for n in walk(func.node):
+        if isinstance(n, ast.Assign) and n.value is source:
+            for t in n.targets:
+                if isinstance(t, (ast.Tuple, ast.List)) and position < len(t.elts):
+                    return len(t.elts)
+    return None
 
 
 def narrowed_by_guard(name: str, site: ast.AST, parents: dict[int, ast.AST], members: tuple[str, ...]) -> set[str] | None:

@@ -384,6 +384,9 @@ class Backend:
     # pinned one again (fake's init() setting `bootstrap_done` for good). A request that enters
     # the queue only after such an answer cannot be pinned in it.
     past: dict[str, dict[str, Evidence]] = field(default_factory=dict)
+    # The states poll() returns only as read from the status table (no path answers them
+    # otherwise): an answer of one of them means the table held it at that moment.
+    from_table: tuple[str, ...] = ()
     # A concrete abort() in the sender's MRO: without one, a scheduler's abort() call is skipped
     # (`hasattr`), fails, or reaches an abstract method, and never the sender's poll().
     has_abort: bool = True

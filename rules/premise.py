@@ -51,12 +51,28 @@ def state_premise(ctx: ScanContext, backend: Backend, state: str) -> Premise | N
                                               f"KV is sent, and its own sender reaches {state} only after that, so "
                                               f"{state} seen here is another request's, for the same room")])
     where = backend.constructor_only.get(state)
-    if where is None or state not in ctx.pack.left_before(ctx.pack.queue):
+    if where is None:
         return None
+    if state in ctx.pack.left_before(ctx.pack.queue):
+        return Premise(SHARED_ROOM, PremiseKind.SHARED_ROOM, [
+            where,
+            Evidence(where.path, where.line, f"premise: a request enters {ctx.pack.queue} only after its poll left "
+                                             f"{state}, so {state} comes back only when a second sender for the same "
+                                             "room is built"),
+        ])
+    # Read from the code: every way in requires a flag set only where poll() answered another
+    # state, read from the table, so the table had moved off this one.
+    from kvtrace.rules.way_in import answered_before_entry  # way_in reads this module's flows
+    moved = set(backend.from_table) - {state}
+    flags = answered_before_entry(ctx, moved, polled_attributes(ctx)) if moved else None
+    if flags is None:
+        return None
+    table = backend.manager.table if backend.manager is not None and backend.manager.table else "the status table"
     return Premise(SHARED_ROOM, PremiseKind.SHARED_ROOM, [
-        where,
-        Evidence(where.path, where.line, f"premise: a request enters {ctx.pack.queue} only after its poll left {state}, "
-                                         f"so {state} comes back only when a second sender for the same room is built"),
+        where, *flags,
+        Evidence(where.path, where.line, f"premise: a request enters {ctx.pack.queue} only after its poll() answered "
+                                         f"another state read from {table}, so {state} comes back only when a second "
+                                         f"{backend.sender} for the same room is built"),
     ])
 
 

@@ -1003,3 +1003,71 @@ def test_known_miss_a_pop_reached_through_clear_is_not_followed_to_its_callers(t
                             "disaggregation/net/mgr.py": KEYED_MANAGER})
     found = [(f.severity, f.premise) for f in scan_path(tree).findings if f.rule == "poll-raises"]
     assert found == [("warning", SHARED_ROOM)]
+
+
+# A manager whose status thread stores what a peer sends over a socket, and the send that builds
+# that message (both sides run the same backend module: prefill and decode run one release).
+WIRE = '''
+    def status_thread(self):
+        while True:
+            (room, status) = self.server_socket.recv_multipart()
+            status = int(status.decode("ascii"))
+            room = int(room.decode("ascii"))
+            self.update_status(room, status)
+
+    def notify(self, remote, room, status):
+        self._connect(remote).send_multipart([str(room).encode("ascii"), str(status).encode("ascii")])
+
+    def transfer_done(self, remote, room, ok):
+        self.notify(remote, room, KVPoll.Success if ok else KVPoll.Failed)
+'''
+
+
+def _net_manager(tmp_path: Path, extra: str, files: dict[str, str] | None = None):
+    report = scan_path(write(tmp_path, {"disaggregation/prefill.py": drain(RAISING),
+                                        "disaggregation/net/conn.py": SENDER,
+                                        "disaggregation/net/mgr.py": MANAGER.replace("{extra}", extra), **(files or {})}))
+    net = next(b for b in report.backends if b.name == "net")
+    assert net.manager is not None
+    return net
+
+
+def test_a_value_received_from_a_socket_is_what_the_sends_put_there(tmp_path: Path) -> None:
+    """`int(status.decode())` of a received part is the member the send put in that part
+    (`str(status).encode()` of its caller's KVPoll.Success or Failed): read, not unknown."""
+    net = _net_manager(tmp_path, WIRE)
+    assert net.manager.unknown == () and net.returns_unknown == []
+    assert "Transferring" not in net.manager.holds
+
+
+def test_a_send_of_another_member_in_the_module_is_what_it_receives(tmp_path: Path) -> None:
+    net = _net_manager(tmp_path, WIRE.replace("KVPoll.Success if ok", "KVPoll.Transferring if ok"))
+    assert net.manager.unknown == () and "Transferring" in net.manager.holds
+
+
+def test_a_message_not_built_in_place_is_a_value_not_read(tmp_path: Path) -> None:
+    # One send's message is a variable: which part holds what is not read, so nothing is assumed.
+    built = WIRE + '''
+    def forward(self, remote, parts):
+        self._connect(remote).send_multipart(parts)
+'''
+    net = _net_manager(tmp_path, built)
+    line = (tmp_path / "disaggregation/net/mgr.py").read_text().splitlines().index(
+        "            self.update_status(room, status)") + 1
+    assert net.manager.unknown == (f"disaggregation/net/mgr.py:{line} NetKVManager.status_thread() stores "
+                                   "int(status.decode('ascii'))",), net.manager.unknown
+    assert any("stores a value kvtrace cannot read" in u for u in net.returns_unknown)
+
+
+def test_sends_of_another_module_are_not_this_backends_messages(tmp_path: Path) -> None:
+    # An events publisher elsewhere sends two-part messages too: not to this backend's socket.
+    events = '''\
+from .base.conn import KVPoll
+
+
+class Publisher:
+    def publish(self):
+        self.pub.send_multipart([b"topic", str(KVPoll.Transferring).encode("ascii")])
+'''
+    net = _net_manager(tmp_path, WIRE, {"disaggregation/kv_events.py": events})
+    assert net.manager.unknown == () and "Transferring" not in net.manager.holds
