@@ -214,20 +214,20 @@ class QueueAnalysis:
         """Each state's fate and the lines its paths pass, first note per line."""
         states: dict[str, StateFate] = {}
         for state in members:
-            evidence: dict[tuple[str, int], str] = {}
+            evidence: dict[tuple[str, int], tuple[str, EventKind | None]] = {}
             for events, outcome in self.paths.get(state, []):
                 for e in events:
                     if e.kind in NOT_SITES:
                         continue
                     note = {"T": "check: true", "F": "check: false"}.get(e.detail, f"{e.kind}: {e.detail}") \
                         if e.kind is EventKind.CHECK else f"{e.kind}: {e.detail}" if e.detail else str(e.kind)
-                    evidence.setdefault((e.path, e.line), note)
+                    evidence.setdefault((e.path, e.line), (note, e.kind))
                 if self.drain is not None and outcome is Outcome.DROPPED:
                     # Nothing marks where a dropped request goes: point at the loop it falls out of.
                     evidence[(self.drain.func.path, self.drain.body.line(self.drain.loop))] = \
-                        "dropped: no keep, done, release or abort on this path"
+                        ("dropped: no keep, done, release or abort on this path", None)
             fate = self.fate(state) if self.drain is not None else []
-            states[state] = StateFate(fate, [Evidence(p, line, n) for (p, line), n in sorted(evidence.items())],
+            states[state] = StateFate(fate, [Evidence(p, line, n, kind) for (p, line), (n, kind) in sorted(evidence.items())],
                                       self.mode_fates(state) if self.drain is not None else [])
         return states
 

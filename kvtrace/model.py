@@ -233,6 +233,9 @@ class Evidence:
     path: str
     line: int
     note: str
+    # The kind of event the line was seen as, when it is one (a writer tells a path's decisions
+    # from its effects by this, never by the note); not part of what the evidence is equal to.
+    kind: EventKind | None = field(default=None, compare=False)
 
 
 @dataclass(frozen=True)

@@ -101,7 +101,8 @@ def path_evidence(events, state: str, kinds: tuple[EventKind, ...] = (EventKind.
         if e.kind in kinds and (e.path, e.line) not in seen:
             seen.add((e.path, e.line))
             detail = {"T": "true", "F": "false"}.get(e.detail, e.detail)
-            out.append(Evidence(e.path, e.line, f"{e.kind}: {detail} for {state}" if e.kind == EventKind.CHECK else f"{e.kind}: {detail}"))
+            out.append(Evidence(e.path, e.line, f"{e.kind}: {detail} for {state}" if e.kind == EventKind.CHECK
+                                else f"{e.kind}: {detail}", e.kind))
     return out
 
 

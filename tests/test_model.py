@@ -19,7 +19,7 @@ from kvtrace.fleet import exit_code_for
 from kvtrace.flow import Event
 from kvtrace.graph import ScanModel, analyse_queue, find_enum
 from kvtrace.index import Index
-from kvtrace.model import OUTCOME_ORDER, EventKind, Outcome, Site, WayOut
+from kvtrace.model import OUTCOME_ORDER, EventKind, Evidence, Outcome, Site, WayOut
 from kvtrace.packs import load_pack
 from kvtrace.parse import parse_modules
 from kvtrace.report import json as json_report
@@ -97,6 +97,16 @@ def test_fate_by_reachability_and_release_map_agree_with_the_paths(example: str)
         for state, verdict in backend.backend.verdicts.items():
             assert model.way_out(backend.backend.name, state) is verdict
     assert model.way_out("no-such-backend", "WaitingForInput") is None
+    # Each fate's evidence line carries the kind of event it was seen as (the text's details show
+    # effects, not decisions, by that kind); the kind is not part of the evidence's equality.
+    kinds: dict[EventKind | None, Evidence] = {}
+    for state, fate in model.queue.state_fates(model.domain.members).items():
+        for e in fate.evidence:
+            assert e.kind is None or e.note.startswith(str(e.kind)), e
+            kinds.setdefault(e.kind, e)
+    assert EventKind.CHECK in kinds
+    check = kinds[EventKind.CHECK]
+    assert Evidence(check.path, check.line, check.note) == check and hash(Evidence(check.path, check.line, check.note)) == hash(check)
 
 
 # --- the backends table: known returns, "unknown: <why>" apart, and each state's way out ------

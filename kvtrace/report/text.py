@@ -20,7 +20,7 @@ from rich.text import Text
 from kvtrace import __version__
 from kvtrace.baseline import counts_against
 from kvtrace.freeing import Freeing, abort_ended, abort_ends_text, scheduler_aborts, what_frees
-from kvtrace.model import Backend, Evidence, Gap, QueueReport, Report, SourceFile
+from kvtrace.model import Backend, EventKind, Evidence, Gap, QueueReport, Report, SourceFile
 from kvtrace.report import modes_line, state_fate_lines
 from kvtrace.report.excerpt import without_annotation
 from kvtrace.report.places import Places
@@ -369,7 +369,7 @@ def _details(report: Report, console: Console) -> None:
                 for word in re.split(r"(\b(?:kept|leaves|raises|dropped)\b)", described):
                     fate_text.append(word, OUTCOME_STYLE.get(word, ""))
                 _print_wrapped(console, fate_text, 2, Text(state if not i else ""), state_width + 2)
-            where = [e for e in fate.evidence if not e.note.startswith(("check", "helper"))]
+            where = [e for e in fate.evidence if e.kind not in (EventKind.CHECK, EventKind.HELPER)]
             if where:
                 _print_evidence(console, where, 4)
 
