@@ -403,3 +403,26 @@ def test_problems_are_typed_with_where_they_are_and_the_gaps_say_which_kind(libc
     assert [(g.problem, g.reason) for g in analysis] == [(p.kind, p.text) for p in report.problems]
     document = json.loads(json_report.render([report]))["reports"][0]
     assert document["problems"] == [p.text for p in report.problems]
+
+
+def test_evidence_in_json_is_path_line_and_note_wherever_it_is_written() -> None:
+    """Evidence's kind is for the writers, not a field of the report: every place JSON writes a
+    piece of evidence (the enum, a queue's drain, findings, fates) writes path, line and note."""
+    data = json_report.to_json_dict(scan_path(EXAMPLES / "nixl-pin"))
+    assert set(data["enum"]) == {"path", "line", "note"}
+    for queue in data["queues"]:
+        assert queue["drain"] is None or set(queue["drain"]) == {"path", "line", "note"}
+    notes: list[dict] = []
+
+    def walk(value: object) -> None:
+        if isinstance(value, dict):
+            if "note" in value and "line" in value:
+                notes.append(value)
+            for item in value.values():
+                walk(item)
+        elif isinstance(value, list):
+            for item in value:
+                walk(item)
+    walk(data)
+    leaked = [e for e in notes if set(e) == {"path", "line", "note", "kind"}]  # an Evidence written whole
+    assert len(notes) > 10 and not leaked, leaked[:3]

@@ -39,14 +39,14 @@ def to_json_dict(report: Report) -> dict[str, Any]:
         "complete": not report.incomplete,
         "summary": summary_line(report),
         "gaps": [{"kind": g.kind, "subject": g.subject, "reason": g.reason} for g in report.gaps],
-        "enum": asdict(report.enum) if report.enum else None,
+        "enum": _evidence([report.enum])[0] if report.enum else None,
         "files": [
             {"path": f.path, "sha256": f.sha256, "status": f.status, "error": f.error} for f in report.files
         ],
         "queues": [
             {
                 "name": q.name,
-                "drain": asdict(q.drain) if q.drain else None,
+                "drain": _evidence([q.drain])[0] if q.drain else None,
                 "sites": [
                     {"kind": s.kind, "path": s.path, "line": s.line, "function": s.function,
                      "states": list(s.states), **({"note": s.note} if s.note else {}),
