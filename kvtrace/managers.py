@@ -8,6 +8,7 @@ folder a file is in (the enum member an expression names is kvtrace.syntax.enum_
 from __future__ import annotations
 
 import ast
+from typing import cast
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -407,15 +408,15 @@ class _Collecting:
 
 # Conversions a value makes on its way over a socket and back (`str(status).encode("ascii")` sent,
 # `int(status.decode("ascii"))` received): the member's number goes through unchanged.
-_WIRE_CALLS = ("int", "str", "bytes")
-_WIRE_METHODS = ("encode", "decode")
+WIRE_CALLS = ("int", "str", "bytes")
+WIRE_METHODS = ("encode", "decode")
 
 
 def _wire_inner(value: ast.expr) -> ast.expr | None:
     if isinstance(value, ast.Call) and len(value.args) <= 2 and not value.keywords:
-        if isinstance(value.func, ast.Name) and value.func.id in _WIRE_CALLS and len(value.args) == 1:
+        if isinstance(value.func, ast.Name) and value.func.id in WIRE_CALLS and len(value.args) == 1:
             return value.args[0]
-        if isinstance(value.func, ast.Attribute) and value.func.attr in _WIRE_METHODS:
+        if isinstance(value.func, ast.Attribute) and value.func.attr in WIRE_METHODS:
             return value.func.value
     return None
 
@@ -502,7 +503,8 @@ def _collect_name(c: _Collecting, value: ast.Name, func: FuncRef, parents: dict[
             _collect_in(c, assign.value, func, parents, site, depth, deeper)
             followed = True
             continue
-        parts = _received(c, assign.value, func, position, deeper)  # None: an unpacking not followed
+        arity = _unpacked_arity(func, position, assign.value)
+        parts = _received(c, assign.value, func, position, arity, deeper) if arity else None  # None: not followed
         for part, sender, send in parts or ():
             _collect_in(c, part, sender, _parents(sender.node), send, depth + 1, frozenset())
         followed = followed or parts is not None
@@ -523,17 +525,16 @@ def _position(targets: list[ast.expr], name: str) -> int | None:
     return None
 
 
-_RECEIVE, _SEND = "recv_multipart", "send_multipart"
+RECEIVE, _SEND = "recv_multipart", "send_multipart"
 
 
-def _received(c: _Collecting, source: ast.expr, func: FuncRef, position: int,
+def _received(c: _Collecting, source: ast.expr, func: FuncRef, position: int, arity: int,
               expanding: frozenset[int]) -> list[tuple[ast.expr, FuncRef, ast.Call]] | None:
     """The `position`-th part of a multipart message `source` evaluates to (`a, b = sock.recv_multipart()`,
     or a name assigned it first), as the part each send of a message of as many parts puts there.
     The peer runs the same backend's code (prefill and decode servers run one release), so the
     sends are those of the receiving function's module and of the modules of its class's bases;
     None (anything) when a send there builds its message in a way not read here or none matches."""
-    arity = _unpacked_arity(func, position, source)
     while isinstance(source, ast.Name):  # `msg = sock.recv_multipart()` then `a, b = msg`
         found = [n for n in walk(func.node) if isinstance(n, ast.Assign) and id(n) not in expanding
                  and _position(n.targets, source.id) == -1]
@@ -541,8 +542,8 @@ def _received(c: _Collecting, source: ast.expr, func: FuncRef, position: int,
             return None
         expanding |= {id(found[0])}
         source = found[0].value
-    if c.index is None or arity is None or not (isinstance(source, ast.Call) and isinstance(source.func, ast.Attribute)
-                                                and source.func.attr == _RECEIVE and not source.args):
+    if c.index is None or not (isinstance(source, ast.Call) and isinstance(source.func, ast.Attribute)
+                                                and source.func.attr == RECEIVE and not source.args):
         return None
     modules = {func.path} | {k.path for k in (c.index.mro(func.owner) if func.owner is not None else [])}
     parts = []
@@ -555,6 +556,67 @@ def _received(c: _Collecting, source: ast.expr, func: FuncRef, position: int,
         if len(message.elts) == arity:
             parts.append((message.elts[position], sender, send))
     return parts or None
+
+
+class _CallersByName(dict[str, list[tuple[FuncRef, ast.Call]]]):
+    """Call sites by callee name over the whole tree, looked up when asked."""
+
+    def __init__(self, index: Index) -> None:
+        super().__init__()
+        self.index = index
+
+    def get(self, name: str, default: object = None) -> list[tuple[FuncRef, ast.Call]]:
+        if name not in self:
+            self[name] = self.index.callers(name)
+        return self[name]
+
+
+def received_message(index: Index, func: FuncRef, line: int, members: tuple[str, ...]) -> dict[int, set[str]] | None:
+    """The parts of the message `<socket>.recv_multipart()` at `line` of `func` returns, by
+    position, each the members the sends put there (_received); a part whose values are not all
+    read is left out (anything). None when the call or how many parts it is unpacked into is not
+    found, or no send answers it."""
+    calls = [n for n in index.calls_in(func) if n.lineno == line and isinstance(n.func, ast.Attribute)
+             and n.func.attr == RECEIVE and not n.args]
+    if len(calls) != 1:
+        return None
+    key = ("received", id(func.node), line)
+    if key in index.derived:
+        return cast("dict[int, set[str]] | None", index.derived[key])
+    c = _Collecting(set(), [], None, members, _CallersByName(index), index)
+    arity = _message_arity(func, calls[0])
+    parts: dict[int, set[str]] = {}
+    for position in range(arity or 0):
+        sent = _received(c, calls[0], func, position, arity or 0, frozenset())
+        if sent is None:
+            break
+        holds, unknown = set[str](), list[str]()
+        for part, sender, send in sent:
+            _collect(part, sender, _parents(sender.node), send, holds, unknown, None, members, c.call_sites, index)
+        if holds and not unknown:
+            parts[position] = holds
+    found = parts or None
+    index.derived[key] = found
+    return found
+
+
+def _message_arity(func: FuncRef, call: ast.Call) -> int | None:
+    """How many names the received message is unpacked into: `a, b = call` or `msg = call`
+    then `a, b = msg` (the one binding of `msg`)."""
+    named: set[str] = set()
+    for n in walk(func.node):
+        if isinstance(n, ast.Assign) and n.value is call:
+            for t in n.targets:
+                if isinstance(t, (ast.Tuple, ast.List)) and not any(isinstance(e, ast.Starred) for e in t.elts):
+                    return len(t.elts)
+                if isinstance(t, ast.Name):
+                    named.add(t.id)
+    for n in walk(func.node):
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Name) and n.value.id in named:
+            for t in n.targets:
+                if isinstance(t, (ast.Tuple, ast.List)) and not any(isinstance(e, ast.Starred) for e in t.elts):
+                    return len(t.elts)
+    return None
 
 
 def _unpacked_arity(func: FuncRef, position: int, source: ast.expr) -> int | None:

@@ -1038,6 +1038,29 @@ def test_a_value_received_from_a_socket_is_what_the_sends_put_there(tmp_path: Pa
     net = _net_manager(tmp_path, WIRE)
     assert net.manager.unknown == () and net.returns_unknown == []
     assert "Transferring" not in net.manager.holds
+    # The runs that settle the table read the message the same way (kvtrace.flow `wire`): the
+    # status thread stores Success or Failed, so only the constructor stores Bootstrapping and the
+    # crash on it rests on a shared room, as without that thread.
+    assert "Bootstrapping" in net.constructor_only
+
+
+def test_the_runs_of_the_table_read_a_received_message_as_the_store_reading_does(tmp_path: Path) -> None:
+    report = scan_path(write(tmp_path, {"disaggregation/prefill.py": drain(RAISING),
+                                        "disaggregation/net/conn.py": SENDER,
+                                        "disaggregation/net/mgr.py": MANAGER.replace("{extra}", WIRE)}))
+    [finding] = crash(report, "Bootstrapping")
+    assert (finding.severity, finding.premise) == ("warning", SHARED_ROOM)
+    # A status thread that stores a part no send bounds (a message built elsewhere) makes it an error.
+    built = WIRE + '''
+    def forward(self, remote, parts):
+        self._connect(remote).send_multipart(parts)
+'''
+    other = tmp_path / "other"
+    report = scan_path(write(other, {"disaggregation/prefill.py": drain(RAISING),
+                                     "disaggregation/net/conn.py": SENDER,
+                                     "disaggregation/net/mgr.py": MANAGER.replace("{extra}", built)}))
+    [finding] = crash(report, "Bootstrapping")
+    assert (finding.severity, finding.premise) == ("error", None)
 
 
 def test_a_send_of_another_member_in_the_module_is_what_it_receives(tmp_path: Path) -> None:
