@@ -8,9 +8,9 @@ folder a file is in (the enum member an expression names is kvtrace.syntax.enum_
 from __future__ import annotations
 
 import ast
-from typing import cast
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import cast
 
 from kvtrace.index import ClassInfo, FuncRef, Index, functions_given_self
 from kvtrace.model import Evidence, ManagerRef
@@ -403,7 +403,7 @@ class _Collecting:
     update: FuncRef | None
     members: tuple[str, ...]
     call_sites: CallSites
-    index: Index | None
+    index: Index
 
 
 # Conversions a value makes on its way over a socket and back (`str(status).encode("ascii")` sent,
@@ -423,7 +423,7 @@ def _wire_inner(value: ast.expr) -> ast.expr | None:
 
 def _collect(value: ast.expr, func: FuncRef, parents: dict[int, ast.AST], site: ast.stmt | ast.expr, holds: set[str],
              unknown: list[str], update: FuncRef | None, members: tuple[str, ...], call_sites: CallSites,
-             index: Index | None = None) -> None:
+             index: Index) -> None:
     """The states a stored value can be: constants, both arms of `a if c else b`, max/min of
     stored values, a local assigned constants, a name narrowed by an enclosing `if name == X`;
     a parameter of the update method is what its call sites pass (collected there); a part of a
@@ -503,7 +503,7 @@ def _collect_name(c: _Collecting, value: ast.Name, func: FuncRef, parents: dict[
             _collect_in(c, assign.value, func, parents, site, depth, deeper)
             followed = True
             continue
-        arity = _unpacked_arity(func, position, assign.value)
+        arity = _unpacked(assign.targets)  # position >= 0: a tuple unpacks it
         parts = _received(c, assign.value, func, position, arity, deeper) if arity else None  # None: not followed
         for part, sender, send in parts or ():
             _collect_in(c, part, sender, _parents(sender.node), send, depth + 1, frozenset())
@@ -542,8 +542,8 @@ def _received(c: _Collecting, source: ast.expr, func: FuncRef, position: int, ar
             return None
         expanding |= {id(found[0])}
         source = found[0].value
-    if c.index is None or not (isinstance(source, ast.Call) and isinstance(source.func, ast.Attribute)
-                                                and source.func.attr == RECEIVE and not source.args):
+    if not (isinstance(source, ast.Call) and isinstance(source.func, ast.Attribute)
+            and source.func.attr == RECEIVE and not source.args):
         return None
     modules = {func.path} | {k.path for k in (c.index.mro(func.owner) if func.owner is not None else [])}
     parts = []
@@ -602,30 +602,24 @@ def received_message(index: Index, func: FuncRef, line: int, members: tuple[str,
 
 def _message_arity(func: FuncRef, call: ast.Call) -> int | None:
     """How many names the received message is unpacked into: `a, b = call` or `msg = call`
-    then `a, b = msg` (the one binding of `msg`)."""
+    then `a, b = msg`."""
     named: set[str] = set()
     for n in walk(func.node):
         if isinstance(n, ast.Assign) and n.value is call:
-            for t in n.targets:
-                if isinstance(t, (ast.Tuple, ast.List)) and not any(isinstance(e, ast.Starred) for e in t.elts):
-                    return len(t.elts)
-                if isinstance(t, ast.Name):
-                    named.add(t.id)
+            if _unpacked(n.targets):
+                return _unpacked(n.targets)
+            named |= {t.id for t in n.targets if isinstance(t, ast.Name)}
     for n in walk(func.node):
-        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Name) and n.value.id in named:
-            for t in n.targets:
-                if isinstance(t, (ast.Tuple, ast.List)) and not any(isinstance(e, ast.Starred) for e in t.elts):
-                    return len(t.elts)
+        if isinstance(n, ast.Assign) and isinstance(n.value, ast.Name) and n.value.id in named and _unpacked(n.targets):
+            return _unpacked(n.targets)
     return None
 
 
-def _unpacked_arity(func: FuncRef, position: int, source: ast.expr) -> int | None:
-    """How many names the tuple that took part `position` of `source` unpacks."""
-    for n in walk(func.node):
-        if isinstance(n, ast.Assign) and n.value is source:
-            for t in n.targets:
-                if isinstance(t, (ast.Tuple, ast.List)) and position < len(t.elts):
-                    return len(t.elts)
+def _unpacked(targets: list[ast.expr]) -> int | None:
+    """How many names an assignment's tuple target unpacks (None: no such target, or a starred one)."""
+    for t in targets:
+        if isinstance(t, (ast.Tuple, ast.List)) and not any(isinstance(e, ast.Starred) for e in t.elts):
+            return len(t.elts)
     return None
 
 
