@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 from typing import TYPE_CHECKING
 
+from kvtrace.managers import folder_below
 from kvtrace.model import Gap, GapKind, Report, SourceFile
 
 if TYPE_CHECKING:
@@ -55,21 +56,13 @@ def file_reason(f: SourceFile) -> str:
     return f"{status}: {f.error}" if f.error else status
 
 
-def _folder_below(path: str, root: str) -> str | None:
-    """The first folder below the package root that holds `path` (a backend's folder), if any."""
-    if root and not path.startswith(root + "/"):
-        return None
-    parts = (path[len(root) + 1 :] if root else path).split("/")
-    return parts[0] if len(parts) > 1 else None
-
-
 def find_gaps(report: Report, enum_path: str | None = None, index: Index | None = None) -> list[Gap]:
     gaps = [Gap(GapKind.FILE, f.path, file_reason(f)) for f in report.files if f.status != "ok"]
     checked = {b.name for b in report.backends}
-    enum_folder = _folder_below(enum_path, report.root) if enum_path else None
+    enum_folder = folder_below(enum_path, report.root) if enum_path else None
     missed: dict[str, list[SourceFile]] = {}
     for f in report.files:
-        folder = _folder_below(f.path, report.root)
+        folder = folder_below(f.path, report.root)
         if f.status != "ok" and folder is not None and folder != enum_folder:
             missed.setdefault(folder, []).append(f)
     for folder, unread in sorted(missed.items()):
@@ -94,7 +87,7 @@ def _hidden_by_unread_bases(index: Index, root: str, files: list[SourceFile], to
         return []
     found: dict[str, str] = {}
     for cls in sorted((c for infos in index.classes.values() for c in infos), key=lambda c: (c.path, c.line)):
-        folder = _folder_below(cls.path, root)
+        folder = folder_below(cls.path, root)
         if folder is None or folder in told or folder in found:
             continue
         for ancestor in index.mro(cls):

@@ -24,10 +24,23 @@ from kvtrace.syntax import dotted, self_attr
 CallSites = dict[str, list[tuple[FuncRef, ast.Call]]]
 
 
+def _below(path: str, root: str) -> list[str]:
+    return (path[len(root) + 1 :] if root and path.startswith(root + "/") else path).split("/")
+
+
+def folder_below(path: str, root: str) -> str | None:
+    """The first folder below the package root that holds `path` (`nixl/conn.py` -> `nixl`);
+    None for a file in the root itself or outside it."""
+    if root and not path.startswith(root + "/"):
+        return None
+    parts = _below(path, root)
+    return parts[0] if len(parts) > 1 else None
+
+
 def backend_folder(path: str, root: str) -> str:
-    """The backend's folder below the package root (`nixl/conn.py` -> `nixl`)."""
-    rel = path[len(root) + 1 :] if root and path.startswith(root + "/") else path
-    parts = rel.split("/")
+    """What names the backend a class at `path` belongs to: its folder below the package root,
+    else its file (`nixl/conn.py` -> `nixl`, `fake_conn.py` -> `fake_conn`)."""
+    parts = _below(path, root)
     return parts[0] if len(parts) > 1 else parts[0].removesuffix(".py")
 
 
