@@ -26,7 +26,8 @@ from typing import Any
 from kvtrace.errors import (EXIT_CLEAN, EXIT_FINDINGS, EXIT_INCOMPLETE, EXIT_INPUT, EXIT_INTERNAL, AmbiguousTarget,
                             InputError, KvtraceError)
 from kvtrace.gate import DEFAULT_FAIL_ON, fails_on
-from kvtrace.model import FetchLimits, FetchResult, Report
+from kvtrace.model import Consequence, FetchLimits, FetchResult, Report
+from kvtrace.rulemeta import consequence_of
 from kvtrace.safe_text import plain
 
 # Worst first: nothing analysed, then analysed but incomplete, then findings, then clean.
@@ -459,7 +460,8 @@ def verdicts_of(findings: Iterable[dict[str, Any]]) -> list[str]:
         # The rule is in the brackets; what follows names what the finding is about (the backend,
         # else the queue, else the function it is in; never a made-up "queue") and the state.
         subject = f.get("backend") or f.get("queue") or (f"{f['function']}()" if f.get("function") else "")
-        what = f"{subject} can pin {f.get('state')}" if f.get("rule") == "pinned-state" and f.get("backend") \
+        pins = consequence_of(str(f.get("rule"))) is Consequence.PINNED
+        what = f"{subject} can pin {f.get('state')}" if pins and f.get("backend") \
             else " ".join(p for p in (subject, f.get("state")) if p)
         if f.get("premise"):  # a finding that holds only under a premise says which, as the report does
             what += f" only if {f.get('premise')}"

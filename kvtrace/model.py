@@ -422,6 +422,19 @@ class SendersResult:
     marks: list[FileMark]
 
 
+class Consequence(TextEnum):
+    """What a rule's finding says happens to the request itself (the report names such findings
+    by a verb, "nixl pins WaitingForInput", and colours the state); most rules say something
+    about the code instead and have none."""
+
+    PINNED = "pinned"  # it stays in the queue for good
+    DROPPED = "dropped"  # it leaves the queue without release or answer
+
+    @property
+    def verb(self) -> str:
+        return {Consequence.PINNED: "pins", Consequence.DROPPED: "drops"}[self]
+
+
 class PremiseKind(TextEnum):
     """What a finding's premise is about (kvtrace.rules.premise): a writer tells them apart by
     this, never by the text."""

@@ -31,6 +31,7 @@ from kvtrace.graph import QueueAnalysis, ScanModel, StateGraph, analyse_queue, f
 from kvtrace.index import Index
 from kvtrace.managers import manager_facts
 from kvtrace.model import (
+    Consequence,
     EventKind,
     Evidence,
     FetchResult,
@@ -47,6 +48,7 @@ from kvtrace.model import (
     SourceFile,
     with_marks,
 )
+from kvtrace.rulemeta import consequence_of
 from kvtrace.packs import Pack
 from kvtrace.parse import ParsedModule, parse_modules
 from kvtrace.states import Domain
@@ -228,7 +230,7 @@ def checks(parsed: Parsed, indexed: Indexed, analysed: Analysed, pack: Pack, set
     # Plain lists: reports go into the cache as JSON, without the analysis' types.
     # The diagrams show one queue: the first (in the pack's order) where a state is pinned, else
     # the first, so the pictures show the answer.
-    pinned = {f.queue for f in findings if f.rule == "pinned-state"}
+    pinned = {f.queue for f in findings if consequence_of(f.rule) is Consequence.PINNED}
     drawn = next((n for n, _ in graphs if n in pinned), graphs[0][0] if graphs else None)
     return Checked(findings, queue_reports, problems, {n: q.graph.as_data() for n, q in graphs}, drawn)
 

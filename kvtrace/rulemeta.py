@@ -1,5 +1,6 @@
 """What the report needs to know about each rule (code, name, severity, its docs, whether it is
-judged per queue, whether its findings land in the grid's cells), as plain data. The report reads
+judged per queue, whether its findings land in the grid's cells, what they say happens to the
+request, how a title names them), as plain data. The report reads
 this instead of kvtrace.rules: importing the rules imports the analysis, which a rescan served
 from the cache never runs. Generated from the rules by kvtrace/rulemeta_gen.py; tests/test_rulemeta.py
 fails when the rules change and this table was not regenerated."""
@@ -7,6 +8,8 @@ fails when the rules change and this table was not regenerated."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from kvtrace.model import Consequence
 
 
 @dataclass(frozen=True)
@@ -17,6 +20,8 @@ class RuleMeta:
     severity: str  # default: error, warning, note
     per_queue: bool  # False: about the backends alone
     marks_cells: bool  # its samples name a state: its findings fill the grid's cells
+    consequence: Consequence | None  # what its finding says happens to the request (pins, drops)
+    title_clause: str | None  # its errors in a bug report's title (kvtrace.rules.base.Rule)
     summary: str  # the docs' first line
     docs: str  # the docstring, cleaned
 
@@ -30,6 +35,8 @@ RULES: tuple[RuleMeta, ...] = (
         severity='error',
         per_queue=True,
         marks_cells=True,
+        consequence=Consequence.PINNED,
+        title_clause='{subject} pins {states}',
         summary="A poll state that the drain loop always keeps and the backend's poll() never leaves.",
         docs=(
             "A poll state that the drain loop always keeps and the backend's poll() never leaves.\n"
@@ -73,6 +80,8 @@ RULES: tuple[RuleMeta, ...] = (
         severity='warning',
         per_queue=True,
         marks_cells=True,
+        consequence=Consequence.DROPPED,
+        title_clause='{subject} drops {states}',
         summary='A poll state for which the drain loop drops the request without releasing or answering it.',
         docs=(
             'A poll state for which the drain loop drops the request without releasing or answering it.\n'
@@ -102,6 +111,8 @@ RULES: tuple[RuleMeta, ...] = (
         severity='error',
         per_queue=True,
         marks_cells=False,
+        consequence=None,
+        title_clause='the queue is never drained',
         summary='Requests are appended to the queue, but no loop drains it.',
         docs=(
             'Requests are appended to the queue, but no loop drains it.\n'
@@ -130,6 +141,8 @@ RULES: tuple[RuleMeta, ...] = (
         severity='warning',
         per_queue=True,
         marks_cells=True,
+        consequence=None,
+        title_clause='{states} reach{es} no branch of the drain{from_backend}',
         summary='A poll state no branch of the drain loop handles: it crashes the scheduler or is kept for ever.',
         docs=(
             'A poll state no branch of the drain loop handles: it crashes the scheduler or is kept for ever.\n'
@@ -167,6 +180,8 @@ RULES: tuple[RuleMeta, ...] = (
         severity='note',
         per_queue=True,
         marks_cells=True,
+        consequence=None,
+        title_clause='{states} wait{s} with no trace{from_backend}',
         summary='The drain loop keeps a waiting request without a log line or a metric: only the gauge shows it.',
         docs=(
             'The drain loop keeps a waiting request without a log line or a metric: only the gauge shows it.\n'
@@ -200,6 +215,8 @@ RULES: tuple[RuleMeta, ...] = (
         severity='warning',
         per_queue=True,
         marks_cells=True,
+        consequence=None,
+        title_clause='{states} end{s} without release or answer{from_backend}',
         summary='A request ends in the drain loop without giving back what it holds, or without an answer.',
         docs=(
             'A request ends in the drain loop without giving back what it holds, or without an answer.\n'
@@ -236,6 +253,8 @@ RULES: tuple[RuleMeta, ...] = (
         severity='error',
         per_queue=True,
         marks_cells=False,
+        consequence=None,
+        title_clause='{owner} poll() raises instead of returning Failed{on_states}',
         summary="A backend's poll() raises instead of returning Failed, and the drain loop does not catch it.",
         docs=(
             "A backend's poll() raises instead of returning Failed, and the drain loop does not catch it.\n"
@@ -267,6 +286,8 @@ RULES: tuple[RuleMeta, ...] = (
         severity='warning',
         per_queue=False,
         marks_cells=False,
+        consequence=None,
+        title_clause='{owner} poll() ignores abort(){on_states}',
         summary="A sender's poll() never consults what its abort() changes: aborting it changes nothing.",
         docs=(
             "A sender's poll() never consults what its abort() changes: aborting it changes nothing.\n"
@@ -300,6 +321,8 @@ RULES: tuple[RuleMeta, ...] = (
         severity='note',
         per_queue=False,
         marks_cells=True,
+        consequence=None,
+        title_clause='{subject} has no deadline for {states}',
         summary="A non-terminal state a backend's poll() can return with no deadline reachable for it.",
         docs=(
             "A non-terminal state a backend's poll() can return with no deadline reachable for it.\n"
@@ -332,6 +355,8 @@ RULES: tuple[RuleMeta, ...] = (
         severity='warning',
         per_queue=False,
         marks_cells=True,
+        consequence=None,
+        title_clause=None,
         summary='update_status(room, Failed) returns without effect when the room is not in the table.',
         docs=(
             'update_status(room, Failed) returns without effect when the room is not in the table.\n'
@@ -364,6 +389,8 @@ RULES: tuple[RuleMeta, ...] = (
         severity='warning',
         per_queue=False,
         marks_cells=True,
+        consequence=None,
+        title_clause=None,
         summary='check_status answers a non-terminal state for a room the manager does not know.',
         docs=(
             'check_status answers a non-terminal state for a room the manager does not know.\n'
@@ -394,6 +421,8 @@ RULES: tuple[RuleMeta, ...] = (
         severity='warning',
         per_queue=False,
         marks_cells=True,
+        consequence=None,
+        title_clause=None,
         summary="A later status update can overwrite Failed in the manager's table.",
         docs=(
             "A later status update can overwrite Failed in the manager's table.\n"
@@ -425,6 +454,8 @@ RULES: tuple[RuleMeta, ...] = (
         severity='error',
         per_queue=True,
         marks_cells=True,
+        consequence=None,
+        title_clause='{states} crash{es} the scheduler{from_backend}',
         summary='A poll state that a backend returns and the drain loop always raises on: a scheduler crash.',
         docs=(
             'A poll state that a backend returns and the drain loop always raises on: a scheduler crash.\n'
@@ -464,6 +495,8 @@ RULES: tuple[RuleMeta, ...] = (
         severity='warning',
         per_queue=True,
         marks_cells=True,
+        consequence=None,
+        title_clause=None,
         summary='A drain returns without polling once every queued request has reached a waiting state,',
         docs=(
             'A drain returns without polling once every queued request has reached a waiting state,\n'
@@ -500,6 +533,8 @@ RULES: tuple[RuleMeta, ...] = (
         severity='warning',
         per_queue=True,
         marks_cells=False,
+        consequence=None,
+        title_clause=None,
         summary='A `# kvtrace: ignore[...]` comment that silences no finding, or one that is malformed.',
         docs=(
             'A `# kvtrace: ignore[...]` comment that silences no finding, or one that is malformed.\n'
@@ -532,3 +567,10 @@ def find_rule_meta(code_or_name: str) -> RuleMeta | None:
     """A rule by its code (KVT001, case-insensitive) or its name, as kvtrace.rules.find_rule."""
     wanted = code_or_name.strip()
     return next((r for r in RULES if r.code.lower() == wanted.lower() or r.name == wanted), None)
+
+
+def consequence_of(rule: str) -> Consequence | None:
+    """What a finding of this rule says happens to the request (None: a rule about the code, or
+    one this kvtrace does not know, as in a document written by another version)."""
+    meta = find_rule_meta(rule)
+    return meta.consequence if meta is not None else None

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import sys
+from enum import Enum
 from pathlib import Path
 
 from kvtrace.rulemeta import RuleMeta
@@ -20,6 +21,7 @@ def from_rules() -> tuple[RuleMeta, ...]:
         RuleMeta(code=rule.code, name=rule.name, title=rule.title, severity=rule.severity,
                  per_queue=rule.per_queue,
                  marks_cells=any(state for sample in rule.INVALID for _, state in sample.expect),
+                 consequence=rule.consequence, title_clause=rule.title_clause,
                  summary=rule.summary(), docs=rule.docs())
         for rule in ALL_RULES
     )
@@ -34,6 +36,8 @@ def render(table: tuple[RuleMeta, ...]) -> str:
                 lines.append(f"        {name}=(")
                 lines.extend(f"            {part!r}" for part in value.splitlines(keepends=True))
                 lines.append("        ),")
+            elif isinstance(value, Enum):  # written as the member, as the rule names it
+                lines.append(f"        {name}={type(value).__name__}.{value.name},")
             else:
                 lines.append(f"        {name}={value!r},")
         lines.append("    ),")

@@ -43,6 +43,7 @@ class AbortIgnored(Rule):
     title = "poll() ignores abort()"
     severity = "warning"
     per_queue = False
+    title_clause = "{owner} poll() ignores abort(){on_states}"
 
     VALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES),
                      "disaggregation/good/conn.py": sender("Good", _READS_ABORT)})]

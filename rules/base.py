@@ -8,7 +8,7 @@ import inspect
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, ClassVar
 
-from kvtrace.model import EventKind, Evidence, Finding, Severity, Site
+from kvtrace.model import Consequence, EventKind, Evidence, Finding, Severity, Site
 
 if TYPE_CHECKING:  # the rules' docs and samples load without the analysis stack (fast `explain`)
     from kvtrace.backends import SenderAnalysis
@@ -57,6 +57,12 @@ class Rule:
     title: ClassVar[str]  # a human heading
     severity: ClassVar[str]  # default: error, warning, note (SARIF levels)
     per_queue: ClassVar[bool] = True  # False: about the backends alone, checked once per scan
+    consequence: ClassVar[Consequence | None] = None  # what its finding says happens to the request
+    # Its errors in a title, as a clause (markdown's bug report): {subject} the backend, else "the
+    # drain"; {owner} "nixl's", else "the"; {states} "WaitingForInput and Transferring"; {s}/{es}
+    # the verb's ending for them; {from_backend} " (from nixl)"; {on_states} " on WaitingForInput".
+    # None: the title says it ("nixl: failed can be overwritten").
+    title_clause: ClassVar[str | None] = None
     VALID: ClassVar[list[Sample]] = []
     INVALID: ClassVar[list[Sample]] = []
 

@@ -2,7 +2,7 @@ from __future__ import annotations
 
 from kvtrace.rules.base import Rule, Sample, ScanContext
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain, sender
-from kvtrace.model import EventKind, Evidence, Finding, Outcome
+from kvtrace.model import Consequence, EventKind, Evidence, Finding, Outcome
 
 # The standard chain with its final `else` cut off: Bootstrapping falls through every branch.
 _CHAIN_WITHOUT_ELSE = STANDARD_BRANCHES.rsplit("\n            else:", 1)[0]
@@ -38,6 +38,8 @@ class DroppedState(Rule):
     name = "dropped-state"
     title = "Dropped poll state"
     severity = "warning"
+    consequence = Consequence.DROPPED
+    title_clause = "{subject} drops {states}"
 
     VALID = [
         Sample({

@@ -50,6 +50,7 @@ class NoTimeout(Rule):
     title = "Non-terminal state without a deadline"
     severity = "note"
     per_queue = False
+    title_clause = "{subject} has no deadline for {states}"
 
     VALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES),
                      "disaggregation/timely/conn.py": sender("Timely", _DEADLINE_FOR_ALL)})]

@@ -4,7 +4,7 @@ from kvtrace.rules.base import Rule, Sample, ScanContext
 from kvtrace.rules.premise import Premise, clause, joined, polled_attributes, unseen_caller_premise, verdict_premise
 from kvtrace.rules.way_in import answered_before_entry, send_verdict
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain, sender
-from kvtrace.model import EventKind, Evidence, Finding, Outcome, PremiseKind
+from kvtrace.model import Consequence, EventKind, Evidence, Finding, Outcome, PremiseKind
 
 
 _WAITS_UNTIL_BEGUN = '''\
@@ -62,6 +62,8 @@ class PinnedState(Rule):
     name = "pinned-state"
     title = "Pinned poll state"
     severity = "error"
+    consequence = Consequence.PINNED
+    title_clause = "{subject} pins {states}"
 
     VALID = [
         # poll() reads the abort state and times out while waiting.

@@ -50,6 +50,7 @@ class PollRaises(Rule):
     title = "poll() raises instead of returning Failed"
     severity = "error"
     per_queue = True  # the verdict depends on the queue's drain (does it catch?)
+    title_clause = "{owner} poll() raises instead of returning Failed{on_states}"
 
     VALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES),
                      "disaggregation/calm/conn.py": sender("Calm", _FAILING_POLL)})]

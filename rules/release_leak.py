@@ -61,6 +61,7 @@ class ReleaseLeak(Rule):
     name = "release-leak"
     title = "Request ends without release or answer"
     severity = "warning"
+    title_clause = "{states} end{s} without release or answer{from_backend}"
 
     VALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES)}),
              Sample({"disaggregation/prefill.py": _RELEASED_BY_A_HELPER_AFTER_THE_LOOP})]

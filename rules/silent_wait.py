@@ -60,6 +60,7 @@ class SilentWait(Rule):
     name = "silent-wait"
     title = "Waiting request leaves no trace"
     severity = "note"
+    title_clause = "{states} wait{s} with no trace{from_backend}"
 
     VALID = [Sample({"disaggregation/prefill.py": drain(_LOGGED_WAIT)}),
              Sample({"disaggregation/prefill.py": drain(_PP_WAIT_THEN_LOGGED, _PP_CALLERS).replace(

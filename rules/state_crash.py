@@ -96,6 +96,7 @@ class StateCrash(Rule):
     name = "state-crash"
     title = "Poll state that crashes the scheduler"
     severity = "error"
+    title_clause = "{states} crash{es} the scheduler{from_backend}"
 
     VALID = [
         Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES),

@@ -39,6 +39,7 @@ class UndrainedQueue(Rule):
     name = "undrained-queue"
     title = "Queue never drained"
     severity = "error"
+    title_clause = "the queue is never drained"
 
     VALID = [
         Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES)}),

@@ -96,6 +96,7 @@ class UnhandledState(Rule):
     name = "unhandled-state"
     title = "Poll state no branch handles"
     severity = "warning"
+    title_clause = "{states} reach{es} no branch of the drain{from_backend}"
 
     VALID = [Sample({"disaggregation/prefill.py": drain(STANDARD_BRANCHES)}),
              Sample({"disaggregation/prefill.py": drain(_CATCH_ALL_ASSERTS)}),

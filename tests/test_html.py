@@ -377,7 +377,7 @@ def test_state_diagrams_read_and_fit(browser, tmp_path: Path, version: str) -> N
         assert functions <= {drain}, (version, diagram.backend.name, functions)
         # Only non-terminal states (those a backend has a way-out verdict for) in the way-out boxes.
         for n, d in g.nodes(data=True):
-            if n == ("wayout", "no-timeout"):
+            if n == ("wayout", "no-deadline"):
                 listed = d["label"].split(": ", 1)[1].split(", ")
                 assert set(listed) <= set(diagram.backend.verdicts), (version, listed)
     # The PP consensus keep is drawn as a wait (0.5.14 and 0.5.23 have it; 0.4.8 has no PP loop).

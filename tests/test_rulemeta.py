@@ -38,6 +38,32 @@ def test_the_table_knows_a_backend_rule_and_the_rules_that_fill_cells() -> None:
     assert rulemeta.find_rule_meta("no-such-rule") is None
 
 
+def test_the_report_names_no_rule_it_reads_what_a_rule_says_from_the_table() -> None:
+    """A writer that tells findings apart by a rule's name breaks when a rule is renamed or one
+    that pins is added; it reads the consequence and the title clause from the table instead."""
+    import ast
+
+    names = {m.name for m in rulemeta.RULES}
+    writers = sorted((ROOT / "kvtrace" / "report").glob("*.py")) + [ROOT / "kvtrace" / "fleet.py", ROOT / "kvtrace" / "pipeline.py"]
+    named = []
+    for path in writers:
+        tree = ast.parse(path.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            # A rule's name compared with, or used as a key of a table: a writer deciding by name.
+            # (A diagram node that happens to be called "no-timeout" is not a rule's name in use.)
+            told = [c for c in ast.walk(node) if isinstance(c, ast.Constant) and c.value in names] \
+                if isinstance(node, ast.Compare) else \
+                [k for k in node.keys if isinstance(k, ast.Constant) and k.value in names] if isinstance(node, ast.Dict) else []
+            named += [f"{path.name}:{c.lineno} {c.value}" for c in told]
+    assert not named, named
+    pins = [m.name for m in rulemeta.RULES if m.consequence is not None]
+    assert pins and len(pins) < len(rulemeta.RULES)  # the table says which rules name the request's fate
+    assert rulemeta.consequence_of("no-such-rule") is None
+    # Every clause formats with the fields the markdown title gives it (a typo is a KeyError here).
+    fields = dict.fromkeys(("subject", "owner", "states", "s", "es", "from_backend", "on_states"), "x")
+    assert all(m.title_clause.format(**fields) for m in rulemeta.RULES if m.title_clause)
+
+
 def _imports(argv: list[str], env: dict[str, str]) -> tuple[subprocess.CompletedProcess[str], set[str]]:
     result = subprocess.run([sys.executable, "-X", "importtime", "-m", "kvtrace", *argv], capture_output=True, text=True,
                             timeout=120, cwd=ROOT, env=env)

@@ -19,7 +19,8 @@ from dataclasses import dataclass
 import networkx as nx
 
 from kvtrace.freeing import abort_ended, abort_ends_text
-from kvtrace.model import OUTCOME_ORDER, Backend, QueueReport, Report
+from kvtrace.model import OUTCOME_ORDER, Backend, Consequence, QueueReport, Report
+from kvtrace.rulemeta import consequence_of
 
 ROOT = ("root",)
 NODE_W, NODE_H = 220, 60  # room for three lines of text: labels wrap, never cut
@@ -173,9 +174,9 @@ def backend_diagram(report: Report, backend: Backend) -> Diagram:
     states = list(queue.states) if queue else []
     ours = [f for f in report.findings if f.queue in (None, queue.name if queue else None)]
     returned = [s for s in states if s in backend.returns] if backend.poll else states
-    pinned = sorted({f.state for f in ours if f.rule == "pinned-state" and f.backend == backend.name
-                     and f.state}, key=states.index)
-    dropped = {f.state for f in ours if f.rule == "dropped-state" and f.state}
+    pinned = sorted({f.state for f in ours if consequence_of(f.rule) is Consequence.PINNED
+                     and f.backend == backend.name and f.state}, key=states.index)
+    dropped = {f.state for f in ours if consequence_of(f.rule) is Consequence.DROPPED and f.state}
     g = nx.DiGraph()
     poll = backend.poll
     for state in states:

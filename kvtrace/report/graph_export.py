@@ -15,8 +15,9 @@ from pathlib import Path
 import networkx as nx
 
 from kvtrace.errors import InputError
-from kvtrace.model import Report
+from kvtrace.model import Consequence, Report
 from kvtrace.report.diagram import ROOT, queue_graph
+from kvtrace.rulemeta import consequence_of
 
 FORMATS = (".graphml", ".dot", ".json")
 
@@ -48,7 +49,7 @@ def analysis_graph(reports: list[Report]) -> nx.DiGraph:
             for source in sources:
                 edge_states = [source[1]] if a == ROOT else carried
                 out.add_edge(name(source), name(b), kind="flow", states=",".join(edge_states))
-        pinned = {(f.backend, f.state) for f in report.findings if f.rule == "pinned-state"}
+        pinned = {(f.backend, f.state) for f in report.findings if consequence_of(f.rule) is Consequence.PINNED}
         for backend in report.backends:
             node = name(("backend", backend.name))
             out.add_node(node, kind="backend", label=backend.name, target=report.target, sender=backend.sender,

@@ -14,14 +14,15 @@ from __future__ import annotations
 import re
 
 from kvtrace.freeing import Freeing, abort_ended, abort_ends_text, scheduler_aborts, what_frees
-from kvtrace.model import Outcome, Report
+from kvtrace.model import Consequence, Outcome, Report
 from kvtrace.report import modes_line, state_fate_lines
 from kvtrace.report.bugreport import code_link, environment_lines, excerpt_details, linked_prose
 from kvtrace.report.diagram import diagrams, drawn_queue, mermaid, mermaid_legend
 from kvtrace.report.links import Permalinks, permalinks
 from kvtrace.report.mdtext import cell, code, html, prose
 from kvtrace.report.places import Places
-from kvtrace.report.verdicts import (Grid, by_severity, gap_text, summary_line, unknown_returns, verdict_grids,
+from kvtrace.rulemeta import consequence_of, find_rule_meta
+from kvtrace.report.verdicts import (Grid, by_severity, gap_text, summarize, summary_line, unknown_returns, verdict_grids,
                                      way_out_text)
 
 MARKDOWN_BUDGET = 60_000  # characters, the whole document; GitHub's issue body limit is 65,536
@@ -117,13 +118,14 @@ def _cut(document: str, budget: int) -> str:
 def title_line(report: Report) -> str:
     """`kvtrace: nixl pins WaitingForInput (sglang 0.5.14, disagg_prefill_inflight_queue)`: the
     errors named, else the counts; then what was scanned."""
-    parts = summary_line(report).split(" · INCOMPLETE")[0].split(" · ")
-    if re.match(r"^\d+ errors?: ", parts[0]):
+    parts = summarize(report).parts
+    if parts[0].severity == "error":
         # The errors named as sentences, and the pins that hold only under a premise (named with it).
-        conditional = [p.split(": ", 1)[1] for p in parts[1:] if re.match(r"^\d+ warnings?: ", p)]
+        conditional = [p.named for p in parts[1:] if p.severity == "warning" and p.named]
         answer = "; ".join([*_error_sentences(report), *conditional])
     else:
-        answer = " · ".join(["no errors", *parts]) if report.findings else parts[0]
+        told = [p.text for p in parts]
+        answer = " · ".join(["no errors", *told]) if report.findings else told[0]
     version = report.version.version if report.version else (report.host_facts or {}).get("sglang_version")
     queue = report.queues[0].name if len(report.queues) == 1 else None
     where = ", ".join(p for p in (f"sglang {version}" if version else None, queue) if p)
@@ -131,28 +133,11 @@ def title_line(report: Report) -> str:
     return f"kvtrace: {answer}{incomplete}" + (f" ({where})" if where else "")
 
 
-# What an error says in a title, as a clause: {subject} is the backend (else the drain), {states}
-# the states it is about ("WaitingForInput and Transferring"), {s} the verb's ending for them.
-_TITLE_CLAUSES = {
-    "pinned-state": "{subject} pins {states}",
-    "dropped-state": "{subject} drops {states}",
-    "state-crash": "{states} crash{es} the scheduler{from_backend}",
-    "poll-raises": "{owner} poll() raises instead of returning Failed{on_states}",
-    "unhandled-state": "{states} reach{es} no branch of the drain{from_backend}",
-    "release-leak": "{states} end{s} without release or answer{from_backend}",
-    "abort-ignored": "{owner} poll() ignores abort(){on_states}",
-    "no-timeout": "{subject} has no deadline for {states}",
-    "silent-wait": "{states} wait{s} with no trace{from_backend}",
-    "undrained-queue": "the queue is never drained",
-}
-
-
 def _error_sentences(report: Report) -> list[str]:
     """Each error as a clause: `nixl pins Bootstrapping and WaitingForInput`, `WaitingForInput
     and Transferring crash the scheduler`, `nixl's poll() raises instead of returning Failed`;
-    a rule with no clause here by its title (`nixl: failed can be overwritten`)."""
+    a rule with no title clause by its title (`nixl: failed can be overwritten`)."""
     from kvtrace.baseline import counts_against
-    from kvtrace.rulemeta import find_rule_meta
 
     order = {name: i for q in report.queues for i, name in enumerate(q.states)}
     errors = sorted((f for f in report.findings if f.severity == "error" and counts_against(f)),
@@ -169,9 +154,9 @@ def _error_sentences(report: Report) -> list[str]:
         fields = {"subject": backend or "the drain", "owner": f"{backend}'s" if backend else "the",
                   "states": joined or "a state", "s": "s" if one else "", "es": "es" if one else "",
                   "from_backend": f" (from {backend})" if backend else "", "on_states": f" on {joined}" if joined else ""}
-        clause = _TITLE_CLAUSES.get(rule)
+        meta = find_rule_meta(rule)
+        clause = meta.title_clause if meta is not None else None
         if clause is None:
-            meta = find_rule_meta(rule)
             title = meta.title if meta is not None else rule
             clause = "{subject}: " + title[:1].lower() + title[1:] + (" ({states})" if states else "")
         told.append(clause.format(**fields))
@@ -268,7 +253,7 @@ def _pins_per_queue(report: Report, diagram, chained: list) -> str:
         return prose(", ".join(diagram.pinned))
     pins: dict[str, list[str]] = {drawn.name: list(diagram.pinned)}
     for f in chained:
-        if f.rule == "pinned-state" and f.backend == diagram.backend.name and f.queue and f.state:
+        if consequence_of(f.rule) is Consequence.PINNED and f.backend == diagram.backend.name and f.queue and f.state:
             states = pins.setdefault(f.queue, [])
             if f.state not in states:
                 states.append(f.state)
@@ -293,7 +278,7 @@ def _chained(report: Report, pinning: list) -> list:
     (a warning when it holds only under a premise: its chain is what the reader checks it by)."""
     named = {d.backend.name for d in pinning}
     return [f for f in by_severity(report.findings)
-            if f.severity == "error" or (f.rule == "pinned-state" and f.backend in named)]
+            if f.severity == "error" or (consequence_of(f.rule) is Consequence.PINNED and f.backend in named)]
 
 
 def _not_chained(report: Report, chained: list) -> list:

@@ -8,6 +8,7 @@ import re
 from dataclasses import dataclass, field
 
 from kvtrace.baseline import counts_against, mark, tally
+from kvtrace.rulemeta import consequence_of
 from kvtrace.model import (Backend, Evidence, Finding, Gap, GapKind, PremiseKind, QueueReport, Report, SEVERITIES_WORST_FIRST,
                            Severity, StateVerdict, WayOut)
 
@@ -15,8 +16,6 @@ OK = "ok"
 NOT_RETURNED = "-"
 UNKNOWN = "?"
 NOT_CHECKED = "?"
-# How the summary names what a rule found ("nixl pins WaitingForInput"); other rules by id.
-RULE_VERBS = {"pinned-state": "pins", "dropped-state": "drops"}
 
 
 def unknown_returns(backend: Backend) -> list[str]:
@@ -184,7 +183,7 @@ def verdict_grid(report: Report, short: bool = False, queue: QueueReport | None 
                 why.add("no-drain" if report.gaps else "undrained")
             elif hits:
                 # Among equals, the rule that says what happens to the request (pins, drops).
-                worst = min(hits, key=lambda f: (_worst_first(f.severity), f.rule not in RULE_VERBS))
+                worst = min(hits, key=lambda f: (_worst_first(f.severity), consequence_of(f.rule) is None))
                 label = rule_label(worst, short)
                 if worst.premise:  # a pin that holds only under a premise: the legend says which
                     label += CONDITIONAL
@@ -425,7 +424,9 @@ def _named(findings: list[Finding]) -> str:
     named = []
     for (backend, rule, premise), states in what.items():
         subject = backend or "queue"
-        said = f"{subject} {RULE_VERBS.get(rule, rule)} {', '.join(states)}" if states else f"{subject}: {rule}"
+        consequence = consequence_of(rule)  # "nixl pins ...": what happens to the request; else the rule's id
+        said = f"{subject} {consequence.verb if consequence else rule} {', '.join(states)}" if states \
+            else f"{subject}: {rule}"
         named.append(said + (f" only if {premise}" if premise else ""))
     return "; ".join(named)
 
@@ -435,35 +436,57 @@ def _conditional(findings: list[Finding]) -> str:
     and any finding that rests on a caller outside the scanned folder (an error, or nothing,
     when the folder that holds the callers is scanned)."""
     return _named([f for f in findings if f.premise and (
-        (f.backend and f.rule in RULE_VERBS and f.state) or PremiseKind.UNSEEN_CALLER in f.premise_kinds)])
+        (f.backend and consequence_of(f.rule) and f.state) or PremiseKind.UNSEEN_CALLER in f.premise_kinds)])
+
+
+@dataclass(frozen=True)
+class SummaryPart:
+    """One part of the summary line: a severity's count and what it names (`2 errors: nixl pins
+    WaitingForInput`), or a line of its own (`No findings`, what suppressions silenced)."""
+
+    text: str
+    severity: str | None = None  # the severity counted; None for a part that counts none
+    named: str = ""  # the findings named after the count; "" when only counted
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What the summary line says, in parts a writer can pick from without re-reading the line."""
+
+    parts: tuple[SummaryPart, ...]
+    incomplete: str | None  # why the scan is incomplete (its gaps), None when complete
+
+    def line(self) -> str:
+        line = " · ".join(p.text for p in self.parts)
+        return line + (f" · INCOMPLETE: {self.incomplete}" if self.incomplete is not None else "")
 
 
 def summary_line(report: Report) -> str:
     """`2 errors: nixl pins WaitingForInput, Transferring · 1 warning · 3 notes · INCOMPLETE: ...`:
     errors are named (backend, what, states); warnings and notes are counted."""
-    parts = []
+    return summarize(report).line()
+
+
+def summarize(report: Report) -> Summary:
+    """The summary line's parts: errors named, warnings and notes counted (a warning named when
+    it is a pin under a premise or rests on a caller outside the folder), then what was silenced."""
+    parts: list[SummaryPart] = []
     order = {name: i for i, name in enumerate(_states(report))}
     findings = sorted((f for f in report.findings if counts_against(f)), key=lambda f: order.get(f.state or "", len(order)))
     for severity in SEVERITIES_WORST_FIRST:
         found = [f for f in findings if f.severity == severity]
         if not found:
             if severity == "warning" and findings:
-                parts.append("0 warnings")
+                parts.append(SummaryPart("0 warnings", severity))
             continue
-        if severity != "error":
-            # A pin that holds only under a premise is a warning, but it is still the answer an
-            # on-call reader looks for: name it with what it rests on.
-            conditional = _conditional(found)
-            parts.append(f"{_plural(len(found), severity)}: {conditional}" if conditional
-                         else _plural(len(found), severity))
-            continue
-        parts.append(f"{_plural(len(found), severity)}: {_named(found)}")
+        # A pin that holds only under a premise is a warning, but it is still the answer an
+        # on-call reader looks for: name it with what it rests on.
+        named = _named(found) if severity == "error" else _conditional(found)
+        counted = _plural(len(found), severity)
+        parts.append(SummaryPart(f"{counted}: {named}" if named else counted, severity, named))
     if not findings:
-        parts.append("No findings in what was analysed" if report.gaps else "No findings")
+        parts.append(SummaryPart("No findings in what was analysed" if report.gaps else "No findings"))
     silenced = tally(report.findings)
     if silenced:
-        parts.append(silenced)
-    line = " · ".join(parts)
-    if report.gaps:
-        line += f" · INCOMPLETE: {gap_text(report.gaps)}"
-    return line
+        parts.append(SummaryPart(silenced))
+    return Summary(tuple(parts), gap_text(report.gaps) if report.gaps else None)
