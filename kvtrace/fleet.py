@@ -306,102 +306,133 @@ def _fetch_pack(packs: tuple) -> Any:
 def run_fleet(targets: list[str], options: FleetOptions, log: Log | None = None,
               progress: Progress | None = None) -> list[HostResult]:
     """Scan every target; results come back in the order of `targets`."""
-    say: Log = log or (lambda _m: None)
-    show = progress or Progress(False)
     url = None
     if options.metrics_url:
         from kvtrace.metrics import parse_metrics_url
 
         url = parse_metrics_url(options.metrics_url)
-    memo: dict[str, bytes] = {}
-    analysis_lock = threading.Lock()
+    fleet = _Fleet(options, log or (lambda _m: None), progress or Progress(False), url)
+    if len(targets) == 1:
+        return [fleet.one(targets[0])]
+    from concurrent.futures import ThreadPoolExecutor  # here: a one-target run (the warm rescan) never needs it
 
-    def one(target: str) -> HostResult:
+    from kvtrace.parse import shared_parses
+
+    # Identical trees are analysed once (_Fleet.memo); files identical across different trees are parsed once.
+    with shared_parses(), ThreadPoolExecutor(max_workers=max(1, options.jobs)) as pool:
+        return list(pool.map(fleet.one, targets))
+
+
+@dataclass
+class _Fleet:
+    """What the hosts of one run share: the options, the metrics page asked for, the reports of
+    trees already analysed (by content) and the lock that lets one analysis run at a time."""
+
+    options: FleetOptions
+    say: Log
+    show: Progress
+    url: Any  # kvtrace.metrics' parsed --metrics URL, or None
+    memo: dict[str, bytes] = field(default_factory=dict)
+    analysis_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def one(self, target: str) -> HostResult:
+        """One host: fetched, analysed with each of its packs, its facts stamped on its reports;
+        a failure is this host's error line, never the run's."""
         result = HostResult(target)
         started = time.perf_counter()
-        found: dict[str, Any] = {}
-
-        def after_fetch(client: Any, fetched: FetchResult) -> None:
-            # On the open, verified connection: the page behind it and the installed version.
-            if url is not None:
-                from kvtrace.metrics import sample, ssh_opener
-
-                show.update(target, "sampling metrics")
-                found["metrics"] = sample(ssh_opener(client), url, options.metrics_seconds, options.metrics_interval)
-            found["client"] = client
-
+        found: dict[str, Any] = {}  # what the open connection told: client, version, metrics
         try:
-            show.update(target, "connecting and fetching")
-            from kvtrace.fetch import fetch_target
-
-            fetched = fetch_target(target, options.limits, options.ssh, lambda m: say(f"{target}: {m}"),
-                                   after_fetch=_remember(found, after_fetch, float(options.ssh.get("read_timeout", 60.0))),
-                                   pack=_fetch_pack(_packs_of(options, target)))
+            fetched = self._fetch(target, found)
             result.timings["fetch"] = time.perf_counter() - started
-            show.update(target, "analysing")
             analysed = time.perf_counter()
-            from kvtrace.cache import scan_cached
-
-            from kvtrace.scan import locate_packages
-
-            settings = options.settings.get(target)
-            packs = _packs_of(options, target)
-            roots = locate_packages(fetched.files, packs[0], fetched.target)
-            if len(roots) > 1 and not options.scan_all:
-                raise AmbiguousTarget(fetched.target, roots)
-            with analysis_lock:
-                # One package: scan_fetched finds it again (and the cache key stays the one-package key).
-                scanned = [scan_cached(fetched, pack, options.cache, memo, settings=settings,
-                                       root=root if len(roots) > 1 else None) for pack in packs for root in roots]
-            result.report, result.cached = scanned[0]
-            result.extra_reports = [report for report, _ in scanned[1:]]
+            packs, roots = self._analyse(target, fetched, result)
             result.timings["analyse"] = time.perf_counter() - analysed
-            for report in result.reports:
-                if options.after_scan is not None:
-                    options.after_scan(target, report)
-            fail_on = getattr(settings, "fail_on", None) or DEFAULT_FAIL_ON
-            result.exit_code = worst_exit(exit_code_for(report, fail_on) for report in result.reports)
             result.sglang_version = found.get("version")
             if "client" not in found:  # a local target
-                from kvtrace.target import SshTarget, parse_target
-
-                if not isinstance(parse_target(target), SshTarget):
-                    result.sglang_version = local_sglang_version(target, result.report.root)
-                if url is not None:
-                    from kvtrace.metrics import sample, tcp_opener
-
-                    show.update(target, "sampling metrics")
-                    found["metrics"] = sample(tcp_opener, url, options.metrics_seconds, options.metrics_interval)
+                self._local_facts(target, result, found)
             result.metrics = found.get("metrics")
-            # --role all: each report names the role whose pack judged it (in scanned's order).
-            roles = [_role_of(pack) if len(packs) > 1 else None for pack in packs for _ in roots]
-            for report, role in zip(result.reports, roles):
-                # The cache keys on what is selected, not on which file said so: stamp it per run.
-                report.filters = replace(report.filters, config=getattr(settings, "source", None))
-                report.host_facts = {
-                    "host": _host_label(target),
-                    "sglang_version": result.sglang_version,
-                    **({"metrics": result.metrics.to_dict()} if result.metrics is not None else {}),
-                    **({"role": role} if role else {}),
-                }
+            self._stamp(target, result, packs, roots)
         except KvtraceError as exc:
             result.error = str(exc)
         except Exception as exc:  # noqa: BLE001 -- a bug in kvtrace: one line for this host only
             result.error = f"internal error on {target}: {type(exc).__name__}: {exc}"
             result.exit_code, result.exception = EXIT_INTERNAL, exc
         result.timings["total"] = time.perf_counter() - started
-        show.update(target, "done" if result.error is None else "failed")
+        self.show.update(target, "done" if result.error is None else "failed")
         return result
 
-    if len(targets) == 1:
-        return [one(targets[0])]
-    from concurrent.futures import ThreadPoolExecutor  # here: a one-target run (the warm rescan) never needs it
+    def _fetch(self, target: str, found: dict[str, Any]) -> FetchResult:
+        options, url = self.options, self.url
 
-    from kvtrace.parse import shared_parses
+        def after_fetch(client: Any, fetched: FetchResult) -> None:
+            # On the open, verified connection: the page behind it and the installed version.
+            if url is not None:
+                from kvtrace.metrics import sample, ssh_opener
 
-    # Identical trees are analysed once (memo above); files identical across different trees are parsed once.
-    with shared_parses(), ThreadPoolExecutor(max_workers=max(1, options.jobs)) as pool:
-        return list(pool.map(one, targets))
+                self.show.update(target, "sampling metrics")
+                found["metrics"] = sample(ssh_opener(client), url, options.metrics_seconds, options.metrics_interval)
+            found["client"] = client
+
+        self.show.update(target, "connecting and fetching")
+        from kvtrace.fetch import fetch_target
+
+        return fetch_target(target, options.limits, options.ssh, lambda m: self.say(f"{target}: {m}"),
+                            after_fetch=_remember(found, after_fetch, float(options.ssh.get("read_timeout", 60.0))),
+                            pack=_fetch_pack(_packs_of(options, target)))
+
+    def _analyse(self, target: str, fetched: FetchResult, result: HostResult) -> tuple[tuple, list[str]]:
+        """Each pack on each package found (one, unless --all); the reports and the exit code go
+        on `result`. Returns the packs and package roots, in the reports' order."""
+        options = self.options
+        self.show.update(target, "analysing")
+        from kvtrace.cache import scan_cached
+
+        from kvtrace.scan import locate_packages
+
+        settings = options.settings.get(target)
+        packs = _packs_of(options, target)
+        roots = locate_packages(fetched.files, packs[0], fetched.target)
+        if len(roots) > 1 and not options.scan_all:
+            raise AmbiguousTarget(fetched.target, roots)
+        with self.analysis_lock:
+            # One package: scan_fetched finds it again (and the cache key stays the one-package key).
+            scanned = [scan_cached(fetched, pack, options.cache, self.memo, settings=settings,
+                                   root=root if len(roots) > 1 else None) for pack in packs for root in roots]
+        result.report, result.cached = scanned[0]
+        result.extra_reports = [report for report, _ in scanned[1:]]
+        for report in result.reports:
+            if options.after_scan is not None:
+                options.after_scan(target, report)
+        fail_on = getattr(settings, "fail_on", None) or DEFAULT_FAIL_ON
+        result.exit_code = worst_exit(exit_code_for(report, fail_on) for report in result.reports)
+        return packs, roots
+
+    def _local_facts(self, target: str, result: HostResult, found: dict[str, Any]) -> None:
+        """A local target: the installed version read beside the package, the metrics page over TCP."""
+        from kvtrace.target import SshTarget, parse_target
+
+        if result.report is not None and not isinstance(parse_target(target), SshTarget):  # (set by _analyse)
+            result.sglang_version = local_sglang_version(target, result.report.root)
+        if self.url is not None:
+            from kvtrace.metrics import sample, tcp_opener
+
+            self.show.update(target, "sampling metrics")
+            found["metrics"] = sample(tcp_opener, self.url, self.options.metrics_seconds, self.options.metrics_interval)
+
+    def _stamp(self, target: str, result: HostResult, packs: tuple, roots: list[str]) -> None:
+        """What the cache cannot know, written on each report: the filters' source and the host's facts."""
+        settings = self.options.settings.get(target)
+        # --role all: each report names the role whose pack judged it (in _analyse's order).
+        roles = [_role_of(pack) if len(packs) > 1 else None for pack in packs for _ in roots]
+        for report, role in zip(result.reports, roles):
+            # The cache keys on what is selected, not on which file said so: stamp it per run.
+            report.filters = replace(report.filters, config=getattr(settings, "source", None))
+            report.host_facts = {
+                "host": _host_label(target),
+                "sglang_version": result.sglang_version,
+                **({"metrics": result.metrics.to_dict()} if result.metrics is not None else {}),
+                **({"role": role} if role else {}),
+            }
 
 
 def _host_label(target: str) -> str:
