@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 
 from kvtrace.model import Evidence
 from kvtrace.rules.base import ScanContext
-from kvtrace.rules.premise import _append_at, _blocks, _bound_param, _function_at, polled_attributes
+from kvtrace.rules.send_flow import append_at, blocks_of, bound_param, function_at, polled_attributes
 
 if TYPE_CHECKING:
     from kvtrace.index import ClassInfo, FuncRef
@@ -57,10 +57,10 @@ def _sender_history(ctx: ScanContext, sender: ClassInfo) -> History | None:
     built: list[Evidence] = []
     places: list[tuple[FuncRef, str | None]] = []  # (function, the request's name in it, None: any receiver)
     for site in ctx.entries:
-        func = _function_at(ctx, site.path, site.line)
+        func = function_at(ctx, site.path, site.line)
         if func is not None and _holder_method_call(ctx, func, site.line):
             continue  # the holder's own method (`bootstrap_queue.extend(reqs)`): its appends are entries of their own
-        located = _append_at(func.node, site.line) if func is not None else None
+        located = append_at(func.node, site.line) if func is not None else None
         if func is None or located is None:
             return None
         name = located[0]
@@ -96,7 +96,7 @@ def _built_before(body: list[ast.stmt], line: int, name: str, attrs: set[str]) -
         if stmt.lineno <= line <= (stmt.end_lineno or stmt.lineno):
             if isinstance(stmt, ast.Expr) and stmt.lineno == line:
                 return seen
-            for block in _blocks(stmt):
+            for block in blocks_of(stmt):
                 inner = _built_before(block, line, name, attrs)
                 if inner is not None or any(s.lineno <= line <= (s.end_lineno or s.lineno) for s in block):
                     return inner if inner is not None else seen
@@ -177,7 +177,7 @@ def _calls_in_loops_over_queue(ctx: ScanContext) -> set[str]:
                     helper = ctx.index.find_method(func.owner, inner.func.attr) \
                         if func.owner is not None and isinstance(inner.func.value, ast.Name) \
                         and inner.func.value.id == "self" else None
-                    if helper is not None and target is not None and _bound_param(helper, inner, target):
+                    if helper is not None and target is not None and bound_param(helper, inner, target):
                         names |= _methods_called(ctx, helper, 1)
     return names
 

@@ -1,7 +1,8 @@
 from __future__ import annotations
 
 from kvtrace.rules.base import Rule, Sample, ScanContext
-from kvtrace.rules.premise import Premise, clause, joined, polled_attributes, unseen_caller_premise, verdict_premise
+from kvtrace.rules.premise import Premise, clause, joined, unseen_caller_premise, verdict_premise
+from kvtrace.rules.send_flow import polled_attributes
 from kvtrace.rules.way_in import answered_before_entry, send_verdict
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain, sender
 from kvtrace.model import Consequence, EventKind, Evidence, Finding, Outcome, PremiseKind

@@ -32,8 +32,8 @@ from typing import TYPE_CHECKING, cast
 
 from kvtrace.model import Backend, EventKind, Evidence
 from kvtrace.rules.base import ScanContext
-from kvtrace.rules.premise import (SEND_SKIPPED, SEND_SKIPPED_ON_THE_WAY_IN, SendFlow, _append_at, _blocks, _flow,
-                                   _function_at, polled_attributes, sender_flows_after_entry)
+from kvtrace.rules.send_flow import (SEND_SKIPPED, SEND_SKIPPED_ON_THE_WAY_IN, SendFlow, append_at, blocks_of, sender_flow,
+                                     function_at, polled_attributes, sender_flows_after_entry)
 
 if TYPE_CHECKING:
     from kvtrace.index import ClassInfo, FuncRef
@@ -279,10 +279,10 @@ def producer_flows(ctx: ScanContext, methods: set[str]) -> list[SendFlow] | None
 
 
 def _after_append(ctx: ScanContext, way: WayIn, attrs: set[str], methods: set[str]) -> SendFlow:
-    located = _append_at(way.func.node, way.call.lineno)
+    located = append_at(way.func.node, way.call.lineno)
     if located is None or located[0] != way.name:
         return SendFlow([], False, True, [])
-    return _flow(ctx, way.func, located[1], way.name, attrs, methods, 0)
+    return sender_flow(ctx, way.func, located[1], way.name, attrs, methods, 0)
 
 
 def _before_append(ctx: ScanContext, way: WayIn, attrs: set[str], methods: set[str]) -> SendFlow | None:
@@ -305,7 +305,7 @@ def _before_append(ctx: ScanContext, way: WayIn, attrs: set[str], methods: set[s
             break  # bound (or its sender replaced) here: nothing earlier ran on this one
     flow = SendFlow([], False, True, [])
     for stmts in reversed(levels):
-        part = _flow(ctx, way.func, stmts, way.name, attrs, methods, 0, before=True)
+        part = sender_flow(ctx, way.func, stmts, way.name, attrs, methods, 0, before=True)
         flow.calls += part.calls
         flow.skips += part.skips
         flow.open_end = flow.open_end and part.open_end
@@ -327,7 +327,7 @@ def ways_in(ctx: ScanContext) -> list[WayIn] | None:
     sites; None when one of them cannot be followed."""
     todo: list[tuple[FuncRef, ast.Call, ast.expr, str]] = []
     for site in ctx.entries:
-        func = _function_at(ctx, site.path, site.line)
+        func = function_at(ctx, site.path, site.line)
         call = _add_call_at(func, site.line) if func is not None else None
         if func is None or call is None or not call.args:
             return None
@@ -554,7 +554,7 @@ def _statement_chain(func: ast.AST, line: int) -> list[tuple[list[ast.stmt], int
         for i, stmt in enumerate(body):
             if stmt.lineno <= line <= (stmt.end_lineno or stmt.lineno):
                 chain.append((body, i))
-                body = next((b for b in _blocks(stmt) if b and b[0].lineno <= line <= (b[-1].end_lineno or 0)), None)
+                body = next((b for b in blocks_of(stmt) if b and b[0].lineno <= line <= (b[-1].end_lineno or 0)), None)
                 break
         else:
             return chain or None

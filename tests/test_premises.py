@@ -21,7 +21,8 @@ from kvtrace.model import PremiseKind, ProblemKind
 from kvtrace.report.json import to_json_dict
 from kvtrace.report.sarif import to_sarif
 from kvtrace.report.verdicts import summary_line
-from kvtrace.rules.premise import SEND_SKIPPED, SHARED_ROOM
+from kvtrace.rules.premise import SHARED_ROOM
+from kvtrace.rules.send_flow import SEND_SKIPPED
 from kvtrace.rules.samples import SCHEDULER, SHARED_FILES, STANDARD_BRANCHES, drain
 from kvtrace.scan import scan_path
 from tests.sglang_wheels import sglang_tree
@@ -751,7 +752,7 @@ def test_0_5_23_transfer_queue_names_the_receiver_it_polls_through_a_pollers_met
     from kvtrace.fetch.local import fetch_local
     from kvtrace.graph import find_drains, held_queue
     from kvtrace.packs import load_pack
-    from kvtrace.rules.premise import polled_attributes
+    from kvtrace.rules.send_flow import polled_attributes
 
     pack = load_pack("sglang-decode").for_queue("disagg_decode_transfer_queue")
     target = sglang_tree("0.5.23") / "sglang" / "srt"

@@ -20,7 +20,8 @@ from __future__ import annotations
 import pytest
 
 from kvtrace.model import ProblemKind, Report
-from kvtrace.rules.premise import SEND_SKIPPED, SHARED_ROOM
+from kvtrace.rules.premise import SHARED_ROOM
+from kvtrace.rules.send_flow import SEND_SKIPPED
 from kvtrace.scan import scan_path
 from tests.releases import ALL, KEYERROR_ROOM, KEYERROR_SITES, Verdict
 from tests.sglang_wheels import sglang_tree

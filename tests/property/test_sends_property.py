@@ -30,7 +30,7 @@ from pathlib import Path
 from hypothesis import example, given
 from hypothesis import strategies as st
 
-from kvtrace.rules.premise import SEND_SKIPPED, SEND_SKIPPED_ON_THE_WAY_IN
+from kvtrace.rules.send_flow import SEND_SKIPPED, SEND_SKIPPED_ON_THE_WAY_IN
 from kvtrace.rules.samples import SHARED_FILES, STANDARD_BRANCHES, drain
 
 from . import _support, gen
