@@ -16,6 +16,7 @@ from kvtrace.index import ClassInfo, FuncRef, Index, functions_given_self
 from kvtrace.managers import (
     ManagerFacts,
     ManagerModel,
+    TableMoves,
     backend_folder,
     class_mappings,
     ends_with_attr,
@@ -447,9 +448,10 @@ def _past_states(runner: "_Runner", index: Index, pack: Pack, cls: ClassInfo, po
             for state in domain.states(value):
                 answered.setdefault(state, []).append(end)
     outside = _stored_outside(index, cls)
+    moves = runner.manager.moves if runner.manager is not None else None
     found: dict[str, dict[str, Evidence]] = {}
     for state, ends in answered.items():
-        starts = [_facts_between_polls(e.attrs, held_any) for e in ends]
+        starts = [_facts_between_polls(e.attrs, held_any, moves) for e in ends]
         if any(key in outside for attrs in starts for key, _ in attrs):
             continue
         for gone in pinned:
@@ -462,17 +464,22 @@ def _past_states(runner: "_Runner", index: Index, pack: Pack, cls: ClassInfo, po
     return found
 
 
-def _facts_between_polls(attrs: tuple, held_any: frozenset[str]) -> tuple:
+def _facts_between_polls(attrs: tuple, held_any: frozenset[str], moves: TableMoves | None) -> tuple:
     """What still holds of a sender's state when it is polled again: its own attributes; not
-    the path's condition facts, nor the manager's attributes, and the table anything it can hold."""
+    the path's condition facts, nor the manager's attributes; the table anything it can hold
+    (other threads store into it), or, when every store into it is read, what its entry can
+    move to from what it holds now (a max() store never lowers it: TableMoves)."""
     kept = [(k, v) for k, v in attrs if not k.startswith(("?", "@"))]
-    if held_any and any(k == TABLE for k, _ in attrs):
-        kept.append((TABLE, held_any))
+    now = next((v for k, v in attrs if k == TABLE), None)
+    if held_any and now is not None:
+        later = moves.after(now) if moves is not None else None
+        kept.append((TABLE, (later & held_any) or held_any if later is not None else held_any))
     return tuple(sorted(kept))
 
 
 def _never_again(runner: "_Runner", poll: FuncRef, methods: list[FuncRef], starts: list[tuple], gone: str,
                  domain: Domain, held_any: frozenset[str]) -> bool:
+    moves = runner.manager.moves if runner.manager is not None else None
     seen: set[tuple] = set()
     frontier = list(dict.fromkeys(starts))
     budget = PAST_RUNS
@@ -488,9 +495,9 @@ def _never_again(runner: "_Runner", poll: FuncRef, methods: list[FuncRef], start
                     value = end.ret if end.ret is not None else frozenset({NONE})
                     if end.term != "raise" and (OTHER in value or gone in domain.states(value)):
                         return False
-                    following.append(_facts_between_polls(end.attrs, held_any))
+                    following.append(_facts_between_polls(end.attrs, held_any, moves))
             for func in methods:
-                following.extend(_facts_between_polls(e.attrs, held_any) for e in runner.run(func, attrs))
+                following.extend(_facts_between_polls(e.attrs, held_any, moves) for e in runner.run(func, attrs))
         frontier = [a for a in dict.fromkeys(following) if a not in seen]
         if not frontier:
             return True

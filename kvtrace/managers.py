@@ -17,7 +17,7 @@ from kvtrace.model import Evidence, ManagerRef
 from kvtrace.packs import Pack
 from kvtrace.parse import parents as _parents
 from kvtrace.parse import walk
-from kvtrace.states import Domain
+from kvtrace.states import ABSENT, Domain
 from kvtrace.syntax import dotted, self_attr
 
 # Per manager model: function name -> (caller, call) for calls of self.<name>(...) in scope.
@@ -98,6 +98,35 @@ def manager_facts(index: Index, cls: ClassInfo, check_method: str, update_method
 # --- pairing a sender with its manager ---------------------------------------------------------
 
 
+@dataclass(frozen=True)
+class TableMoves:
+    """How a room's entry in the status table can change between two polls, whatever thread
+    stores, read from every store into the table: `T[room] = max(T[room], x)` only raises the
+    entry (the poll enum's members ordered by their int values); a store under `if room not in
+    T` only fills an absent room, which happens again only once the room is cleared; any other
+    store can set what it stores at any time."""
+
+    order: tuple[tuple[str, int], ...]  # the members and their values
+    raises: bool  # some store is max(entry, x)
+    set_to: frozenset[str]  # what the other stores can set, the room present or not
+    refill: frozenset[str]  # what stores into an absent room can put there
+    refill_read: bool  # False: some store into an absent room stores a value kvtrace cannot read
+    clears: bool  # some code pops or deletes the room
+
+    def after(self, held: frozenset[str]) -> frozenset[str] | None:
+        """What the entry can hold at the next poll when it holds `held` now (None: not bounded)."""
+        reach = set(held) | self.set_to
+        if self.clears or ABSENT in held:
+            if not self.refill_read:
+                return None
+            reach |= self.refill | ({ABSENT} if self.clears else set())
+        if self.raises:  # max(v, x) >= v: anything at or above the lowest member reached
+            value = dict(self.order)
+            floor = [value[s] for s in reach if s in value]
+            reach |= {m for m, v in self.order if floor and v >= min(floor)}
+        return frozenset(reach)
+
+
 @dataclass
 class ManagerModel:
     cls: ClassInfo
@@ -112,6 +141,7 @@ class ManagerModel:
     # sender's room.
     other_mode_unknown: dict[str, str] = field(default_factory=dict)
     other_mode_methods: frozenset[str] = frozenset()  # their qualnames (nested functions run inside them)
+    moves: TableMoves | None = None  # None: some store is not read, or the members are not ordered ints
 
     @property
     def unknown_in_mode(self) -> tuple[str, ...]:
@@ -170,12 +200,12 @@ def pair_manager(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, root:
             found, how = leaves[0], f"folder {folder}"
     if found is None:
         return None
-    return _manager_model(index, pack, domain.members, cls, found, how)
+    return _manager_model(index, pack, domain, cls, found, how)
 
 
 def manager_model(index: Index, pack: Pack, domain: Domain, sender: ClassInfo, manager: ClassInfo) -> ManagerModel:
     """The model of a manager already paired with `sender` (by pair_manager, e.g. in the scan's child)."""
-    return _manager_model(index, pack, domain.members, sender, manager, "paired before")
+    return _manager_model(index, pack, domain, sender, manager, "paired before")
 
 
 def _annotation_name(node: ast.AST | None) -> str:
@@ -185,8 +215,9 @@ def _annotation_name(node: ast.AST | None) -> str:
     return text.rsplit(".", 1)[-1] if text else ""
 
 
-def _manager_model(index: Index, pack: Pack, members: tuple[str, ...], sender: ClassInfo, manager: ClassInfo,
+def _manager_model(index: Index, pack: Pack, domain: Domain, sender: ClassInfo, manager: ClassInfo,
                    how: str) -> ManagerModel:
+    members = domain.members
     facts = manager_facts(index, manager, pack.check_method, pack.update_method)
     check, update, table = facts.check, facts.update, facts.table
     functions = [f for c in index.mro(manager) + index.mro(sender) for f in c.methods.values()]
@@ -218,9 +249,17 @@ def _manager_model(index: Index, pack: Pack, members: tuple[str, ...], sender: C
         narrowed = narrowed_by_guard(params[1], store, parents, members) if len(params) > 1 else None
         if narrowed is not None and not reader.passed_unknown and not narrowed & reader.passed:
             continue
+        before = len(reader.unknown)
         given = reader.collect(store.value, func, parents, store)
         reader.holds |= given
         reader.later.update(given)
+        # The update method's own status is what its callers pass (reader.passed, counted there).
+        status = params[1] if len(params) > 1 else None
+        if any(isinstance(n, ast.Name) and n.id == status for n in ast.walk(store.value)):
+            given, unread = given | reader.passed, len(reader.unknown) > before or reader.passed_unknown
+        else:
+            unread = len(reader.unknown) > before
+        reader.moved(store, given, unread, parents)
     runs = tuple(f"{f.path}:{f.qualname}" for f in (check, update) if f is not None)
     ref = ManagerRef(manager.name, manager.path, manager.line, how, table,
                      tuple(sorted(reader.holds)), tuple(dict.fromkeys(reader.unknown)),
@@ -229,7 +268,20 @@ def _manager_model(index: Index, pack: Pack, members: tuple[str, ...], sender: C
     other_mode = _other_mode_functions(index, manager, sender, reader.attrs)
     elsewhere = {u: other_mode[func.qualname] for u, func in reader.unknown_in.items() if func.qualname in other_mode}
     return ManagerModel(manager, ref, facts, frozenset(reader.attrs), frozenset(reader.later), elsewhere,
-                        frozenset(other_mode))
+                        frozenset(other_mode), _table_moves(reader, domain))
+
+
+def _table_moves(reader: "_StoreReader", domain: Domain) -> TableMoves | None:
+    values = [v for v in domain.values if v is not None]
+    if len(values) != len(domain.members) or len(set(values)) != len(values):
+        return None  # an unordered enum: max() says nothing kvtrace can use
+    if any(kind == "set" and unread for kind, _, unread in reader.moves):
+        return None
+    by_kind = {kind: [given for k, given, _ in reader.moves if k == kind] for kind in ("set", "fill")}
+    return TableMoves(tuple(zip(domain.members, cast("list[int]", list(domain.values)))),
+                      any(kind == "raise" for kind, _, _ in reader.moves),
+                      frozenset().union(*by_kind["set"]), frozenset().union(*by_kind["fill"]),
+                      not any(kind == "fill" and unread for kind, _, unread in reader.moves), bool(reader.clears))
 
 
 def _other_mode_functions(index: Index, manager: ClassInfo, sender: ClassInfo, attrs: set[str]) -> dict[str, str]:
@@ -332,6 +384,17 @@ class _StoreReader:
     passed_unknown: bool = False
     in_update: list[tuple[ast.Assign, FuncRef, dict[int, ast.AST]]] = field(default_factory=list)
     unknown_in: dict[str, FuncRef] = field(default_factory=dict)  # each unknown store -> the function it is in
+    # Each store into the table: how it changes the room's entry ("raise", "fill", "set"), what it
+    # stores, and whether some of that could not be read (TableMoves).
+    moves: list[tuple[str, frozenset[str], bool]] = field(default_factory=list)
+
+    def moved(self, store: ast.Assign, given: set[str], unread: bool, parents: dict[int, ast.AST]) -> None:
+        target = next(t for t in store.targets if isinstance(t, ast.Subscript) and ends_with_attr(t.value, self.table or ""))
+        kind = _store_kind(store.value, target, parents, self.table or "")
+        if kind == "raise or fill":  # max(T.get(k, d), x): raises a present entry, fills an absent one with d or x
+            self.moves += [("raise", frozenset(), False), ("fill", frozenset(given), unread)]
+        else:
+            self.moves.append((kind, frozenset(given), unread))
 
     def constructor(self, func: FuncRef) -> bool:
         return func.name == "__init__" and func.owner in self.sender_mro
@@ -367,7 +430,10 @@ class _StoreReader:
                     self.later.update(given)
                 self.passed_unknown = self.passed_unknown or len(self.unknown) > before
         if table and called.attr == "setdefault" and ends_with_attr(recv, table) and len(node.args) > 1:
-            self.stored(self.collect(node.args[1], func, _parents(func.node), node), func)
+            before = len(self.unknown)
+            given = self.collect(node.args[1], func, _parents(func.node), node)
+            self.stored(given, func)
+            self.moves.append(("fill", frozenset(given), len(self.unknown) > before))
         if table and called.attr == "pop" and ends_with_attr(recv, table):
             self.clears.append(Evidence(func.path, node.lineno, f"{func.qualname}() pops the room from {table}"))
             self.clear_methods.append(func.qualname)
@@ -384,10 +450,46 @@ class _StoreReader:
                 if self.update is not None and func.name == self.update.name:
                     self.in_update.append((node, func, _parents(func.node)))
                 else:
-                    self.stored(self.collect(node.value, func, _parents(func.node), node), func)
+                    parents = _parents(func.node)
+                    before = len(self.unknown)
+                    given = self.collect(node.value, func, parents, node)
+                    self.stored(given, func)
+                    self.moved(node, given, len(self.unknown) > before, parents)
 
 
 _STORES_AND_CALLS = (ast.Call, ast.Delete, ast.Assign)  # what the manager model reads in a function
+
+
+def _store_kind(value: ast.expr, target: ast.Subscript, parents: dict[int, ast.AST], table: str) -> str:
+    """"raise": `T[k] = max(T[k], x)`; "raise or fill": `T[k] = max(T.get(k, d), x)`; "fill":
+    under `if k not in T` (or the else of `if k in T`), so only into an absent room; "set": any
+    other store."""
+    key = ast.dump(target.slice)
+
+    def entry(node: ast.AST) -> bool:
+        return isinstance(node, ast.Subscript) and ends_with_attr(node.value, table) and ast.dump(node.slice) == key
+
+    def entry_or_default(node: ast.AST) -> bool:
+        return isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "get" \
+            and ends_with_attr(node.func.value, table) and len(node.args) == 2 and not node.keywords \
+            and ast.dump(node.args[0]) == key
+
+    if isinstance(value, ast.Call) and isinstance(value.func, ast.Name) and value.func.id == "max" \
+            and len(value.args) == 2 and not value.keywords:
+        if any(entry(a) for a in value.args):
+            return "raise"
+        if any(entry_or_default(a) for a in value.args):
+            return "raise or fill"
+    child: ast.AST = target
+    node = parents.get(id(target))
+    while node is not None and not isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and len(node.test.ops) == 1 \
+                and ast.dump(node.test.left) == key and ends_with_attr(node.test.comparators[0], table):
+            op, in_body = node.test.ops[0], any(child is s for s in node.body)
+            if (isinstance(op, ast.NotIn) and in_body) or (isinstance(op, ast.In) and not in_body):
+                return "fill"
+        child, node = node, parents.get(id(node))
+    return "set"
 
 
 def ends_with_attr(node: ast.AST, attr: str) -> bool:

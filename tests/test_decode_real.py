@@ -631,7 +631,7 @@ def test_0_5_23_decode_keyerror_rests_on_a_shared_room() -> None:
         assert not any("can return without storing the room" in e.note for e in f.evidence)
 
 
-# --- Errors read as false (issue 22): held where a call ending the pin dominates the way in; else strict xfails ---
+# --- Errors read as false (issue 22): held where a call ending the pin dominates the way in or the table never goes back; else shared-room warnings ---
 # What each transfer-queue request went through on its way in: pop_preallocated lets only a request
 # with `waiting_for_input` set past `if not decode_req.waiting_for_input: continue`, calls
 # `decode_req.kv_receiver.init(...)` (up to 0.5.9) or `.send_metadata(...)` (from 0.5.10) and only
@@ -688,29 +688,29 @@ ENTRY_PATH_MOVED_PAST = [
     *[pytest.param(v, "nixl", "WaitingForInput", id=f"{v}-nixl-WaitingForInput") for v in _NIXL_WAITING_TIMEOUT],
     *[pytest.param(v, "fake", "Bootstrapping", id=f"{v}-fake-Bootstrapping") for v in _SEND_METADATA],
 ]
-# 0.4.6.post5's prefill sends `str(self.check_status(room))`, its own table's value for the room,
-# which kvtrace does not bound (what the prefill table holds when the transfer ends): the decode
-# thread's store stays a value it cannot read, so Bootstrapping may come back and the pin stays an
-# error there.
-_PREFILL_SENDS_ITS_TABLE = ("0.4.6.post5: the decode thread stores what the prefill sends, and the prefill sends "
-                            "its own table's value (check_status), not bounded by kvtrace; kvtrace reports an error")
-SHARED_ROOM_PINS = [
-    pytest.param(v, "mooncake", "Bootstrapping", id=f"{v}-mooncake-Bootstrapping",
-                 marks=[pytest.mark.xfail(strict=True, reason=_PREFILL_SENDS_ITS_TABLE)] if v == "0.4.6.post5" else [])
-    for v in _MOONCAKE_RECEIVER_STORES
-]
+# 0.4.6.post5: no pin at all. Its update_status stores into an absent room, else max(entry, status)
+# (Failed is not stored as is there), and nothing pops a room: once poll() read WaitingForInput the
+# entry never goes below it, whoever stores (the prefill's status over the socket, its own table's
+# value; a second receiver for the room). A strict xfail (an error) until the manager model read
+# how the table's entry moves between polls (kvtrace.managers.TableMoves, stop 28).
+_MONOTONE_UPDATE: dict[str, tuple[int, int]] = {"0.4.6.post5": (417, 422)}  # update_status, its max() store
+TABLE_ONLY_RISES = [pytest.param(v, "mooncake", "Bootstrapping", id=f"{v}-mooncake-Bootstrapping-rises")
+                    for v in _MONOTONE_UPDATE]
+SHARED_ROOM_PINS = [pytest.param(v, "mooncake", "Bootstrapping", id=f"{v}-mooncake-Bootstrapping")
+                    for v in _MOONCAKE_RECEIVER_STORES if v not in _MONOTONE_UPDATE]
 
 
-@pytest.mark.parametrize(("version", "backend", "state"), ENTRY_PATH_MOVED_PAST + SHARED_ROOM_PINS)
+@pytest.mark.parametrize(("version", "backend", "state"), ENTRY_PATH_MOVED_PAST + TABLE_ONLY_RISES + SHARED_ROOM_PINS)
 def test_no_pin_in_the_transfer_queue_for_a_state_the_entry_path_moved_past(version: str, backend: str, state: str) -> None:
     """The right verdict for pinned-state errors read as false: no pin where a call that ends it
-    dominates every way into the transfer queue (held), and a warning resting on a shared room
-    where the room can only come back to the state with a second receiver. The lines they rest on
+    dominates every way into the transfer queue (held) or where the status table never goes back
+    below what poll() answered before the entry, and a warning resting on a shared room where the
+    room can only come back to the state with a second receiver. The lines they rest on
     are checked by
     test_the_lines_that_make_those_transfer_queue_pins_false, which must pass."""
     found = [f for f in decode_scan(version).findings if (f.rule, f.backend, f.state, f.queue) ==
              ("pinned-state", backend, state, "disagg_decode_transfer_queue")]
-    if (backend, state) == ("mooncake", "Bootstrapping"):  # true only with a shared room
+    if any(p.values == (version, backend, state) for p in SHARED_ROOM_PINS):  # true only with a shared room
         assert found and all((f.severity, f.premise) == ("warning", SHARED_ROOM) for f in found), \
             [(f.path, f.line, f.severity, f.premise) for f in found]
         assert all("only after its poll() answered another state read from request_status" in f.message
@@ -722,18 +722,15 @@ def test_no_pin_in_the_transfer_queue_for_a_state_the_entry_path_moved_past(vers
 @pytest.mark.parametrize("version", sorted({row[0] for row in HAND_READ}))
 def test_every_error_of_a_release_read_by_hand_is_a_row_or_a_known_false_pin(version: str) -> None:
     """The rows are the whole reading: a new error on a release read by hand (or one a row no
-    longer holds) fails here until it is read. The known-false pins are the xfails of SHARED_ROOM_PINS."""
+    longer holds) fails here until it is read."""
     rows = {(rule, backend, state, _srt(path), line) for v, rule, backend, state, path, line, *_ in HAND_READ
             if v == version}
-    false = {(b, s) for p in SHARED_ROOM_PINS if p.marks for v, b, s in [p.values] if v == version}
-    errors = {(f.rule, f.backend, f.state, f.path, f.line) for f in decode_scan(version).findings
-              if f.severity == "error" and not (f.rule == "pinned-state" and (f.backend, f.state) in false
-                                                and f.queue == "disagg_decode_transfer_queue")}
+    errors = {(f.rule, f.backend, f.state, f.path, f.line) for f in decode_scan(version).findings if f.severity == "error"}
     assert errors <= rows, sorted(errors - rows, key=str)
 
 
 def test_the_lines_that_make_those_transfer_queue_pins_false() -> None:
-    """The code the xfail verdicts above rest on, line by line (no scan)."""
+    """The code the verdicts above rest on, line by line (no scan)."""
     for version, (waiting, init, append, flag) in _PREALLOC_WAY_OUT.items():
         decode = (sglang_tree(version) / DECODE).read_text().splitlines()
         fake = (sglang_tree(version) / D / "fake/conn.py").read_text().splitlines()
@@ -756,6 +753,15 @@ def test_the_lines_that_make_those_transfer_queue_pins_false() -> None:
         assert conn[waiting - 1].strip().endswith("KVPoll.WaitingForInput)"), version
         receiver = "\n".join(conn[bootstrapping:waiting - 1])
         assert "KVPoll.Bootstrapping" not in receiver and receiver.count("return\n") == receiver.count("KVPoll.Failed)"), version
+    for version, (update, raised) in _MONOTONE_UPDATE.items():
+        text = (sglang_tree(version) / D / "mooncake/conn.py").read_text()
+        conn = text.splitlines()
+        assert conn[update - 1].strip().startswith("def update_status(self, bootstrap_room"), version
+        assert [conn[update].strip(), conn[update + 1].strip(), conn[update + 2].strip()] == [
+            "if bootstrap_room not in self.request_status:", "self.request_status[bootstrap_room] = status", "else:"], version
+        assert conn[raised - 1].strip() == "self.request_status[bootstrap_room] = max(", version
+        assert text.count("self.request_status[") == 4 and "request_status.pop" not in text \
+            and "del self.request_status" not in text, version  # stores: those two; reads: max's, check_status
     for version, (started, init_time, not_started, timeout) in _NIXL_WAITING_TIMEOUT.items():
         conn = (sglang_tree(version) / D / "nixl/conn.py").read_text().splitlines()
         assert [conn[started - 1].strip(), conn[init_time - 1].strip(), conn[not_started - 1].strip(),

@@ -1095,3 +1095,75 @@ class Publisher:
 '''
     net = _net_manager(tmp_path, WIRE, {"disaggregation/kv_events.py": events})
     assert net.manager.unknown == () and "Transferring" not in net.manager.holds
+
+
+# A status table whose entry only rises once the room is in it (max of the entry and the new
+# status) and which nothing clears: once poll() read WaitingForInput there, Bootstrapping (lower)
+# can never be read again, whoever stores, a second sender for the room included.
+MONOTONE_TABLE = TABLE_METHODS.replace(
+    "        elif status == KVPoll.Failed:\n            self.request_status[room] = KVPoll.Failed\n"
+    "        else:\n", "        else:\n")  # TABLE_METHODS without its store of Failed as is
+assert "KVPoll.Failed" not in MONOTONE_TABLE
+
+
+def _monotone_net(tmp_path: Path, table: str, extra: str = "") -> object:
+    manager = MANAGER.replace(TABLE_METHODS, table).replace("{extra}", extra)
+    report = scan_path(write(tmp_path, {"disaggregation/prefill.py": drain(STANDARD_BRANCHES),
+                                        "disaggregation/net/conn.py": SENDER,
+                                        "disaggregation/net/mgr.py": manager}))
+    return next(b for b in report.backends if b.name == "net")
+
+
+@pytest.mark.parametrize(("name", "table", "extra", "never_again"), [
+    ("max-only, never cleared", MONOTONE_TABLE, "", True),
+    # The room popped: a store into an absent room can put Bootstrapping there again.
+    ("cleared", MONOTONE_TABLE, "\n    def clear(self, room):\n        self.request_status.pop(room)\n", False),
+    # A plain store of Failed (0) by another thread: a later max() can climb back to Bootstrapping.
+    ("Failed stored as is", MONOTONE_TABLE,
+     "\n    def fail(self, room):\n        self.request_status[room] = KVPoll.Failed\n", False),
+    # A store of a value kvtrace cannot read, outside the update method: nothing is bounded.
+    ("an unread store", MONOTONE_TABLE,
+     "\n    def restore(self, room, saved):\n        self.request_status[room] = saved.status\n", False),
+    # The other arm of `if room in table`: still only into an absent room.
+    ("in-test's else", MONOTONE_TABLE.replace(
+        "        if room not in self.request_status:\n            self.request_status[room] = status\n"
+        "        else:\n            self.request_status[room] = max(self.request_status[room], status)\n",
+        "        if room in self.request_status:\n            self.request_status[room] = max(self.request_status[room], status)\n"
+        "        else:\n            self.request_status[room] = status\n"), "", True),
+    # max() of the entry or, for an absent room, of the new status: the same.
+    ("max of get", MONOTONE_TABLE.replace(
+        "        if room not in self.request_status:\n            self.request_status[room] = status\n"
+        "        else:\n            self.request_status[room] = max(self.request_status[room], status)\n",
+        "        self.request_status[room] = max(self.request_status.get(room, status), status)\n"), "", True),
+    ("max of get, cleared", MONOTONE_TABLE.replace(
+        "        if room not in self.request_status:\n            self.request_status[room] = status\n"
+        "        else:\n            self.request_status[room] = max(self.request_status[room], status)\n",
+        "        self.request_status[room] = max(self.request_status.get(room, status), status)\n"),
+     "\n    def clear(self, room):\n        del self.request_status[room]\n", False),
+])
+def test_a_table_that_only_rises_never_answers_a_lower_state_again(tmp_path: Path, name: str, table: str, extra: str,
+                                                                  never_again: bool) -> None:
+    """Between two polls the table is what any thread can make of it; when every store into it
+    is read (a max() of the entry, a store into an absent room, a plain store), the entry can
+    only move to what those stores allow from what poll() read (kvtrace.managers.TableMoves)."""
+    net = _monotone_net(tmp_path, table, extra)
+    assert net.verdicts["Bootstrapping"].pinned, name  # abort()'s Failed is lost in max(): a pin to judge
+    assert ("WaitingForInput" in net.past.get("Bootstrapping", {})) is never_again, (name, net.past)
+
+
+def test_table_moves_rise_from_the_lowest_state_reached() -> None:
+    from kvtrace.managers import TableMoves
+    from kvtrace.states import ABSENT
+
+    order = (("Failed", 0), ("Bootstrapping", 1), ("WaitingForInput", 2), ("Transferring", 3), ("Success", 4))
+    rising = TableMoves(order, raises=True, set_to=frozenset(), refill=frozenset({"Bootstrapping"}), refill_read=True,
+                        clears=False)
+    assert rising.after(frozenset({"WaitingForInput"})) == {"WaitingForInput", "Transferring", "Success"}
+    assert rising.after(frozenset({ABSENT})) == {ABSENT, "Bootstrapping", "WaitingForInput", "Transferring", "Success"}
+    failed = TableMoves(order, raises=True, set_to=frozenset({"Failed"}), refill=frozenset(), refill_read=True, clears=False)
+    assert failed.after(frozenset({"Success"})) == {m for m, _ in order}
+    cleared = TableMoves(order, raises=False, set_to=frozenset(), refill=frozenset({"Bootstrapping"}), refill_read=True,
+                         clears=True)
+    assert cleared.after(frozenset({"Success"})) == {"Success", "Bootstrapping", ABSENT}
+    unread = TableMoves(order, raises=False, set_to=frozenset(), refill=frozenset(), refill_read=False, clears=True)
+    assert unread.after(frozenset({"Success"})) is None
