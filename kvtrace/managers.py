@@ -233,7 +233,8 @@ def _manager_model(index: Index, pack: Pack, domain: Domain, sender: ClassInfo, 
             callee = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", None)
             if callee:
                 call_sites.setdefault(callee, []).append((func, node))
-    reader = _StoreReader(pack, members, index.mro(sender), update, table, self_names, call_sites, index)
+    reader = _StoreReader(pack, members, index.mro(sender), update, table, self_names, call_sites, index,
+                          index.mro(manager))
     for func in functions:
         for node in index.nodes_in(func, _STORES_AND_CALLS):
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
@@ -276,6 +277,9 @@ def _table_moves(reader: "_StoreReader", domain: Domain) -> TableMoves | None:
     if len(values) != len(domain.members) or len(set(values)) != len(values):
         return None  # an unordered enum: max() says nothing kvtrace can use
     if any(kind == "set" and unread for kind, _, unread in reader.moves):
+        return None
+    if reader.table is None or _table_escapes(reader.index, reader.table, frozenset(reader.self_names),
+                                              frozenset(id(c.node) for c in reader.manager_mro)):
         return None
     by_kind = {kind: [given for k, given, _ in reader.moves if k == kind] for kind in ("set", "fill")}
     return TableMoves(tuple(zip(domain.members, cast("list[int]", list(domain.values)))),
@@ -374,6 +378,7 @@ class _StoreReader:
     self_names: dict[int, str]
     call_sites: CallSites
     index: Index
+    manager_mro: list[ClassInfo] = field(default_factory=list)
     holds: set[str] = field(default_factory=set)
     unknown: list[str] = field(default_factory=list)
     clears: list[Evidence] = field(default_factory=list)
@@ -458,6 +463,78 @@ class _StoreReader:
 
 
 _STORES_AND_CALLS = (ast.Call, ast.Delete, ast.Assign)  # what the manager model reads in a function
+
+
+_TABLE_READS = frozenset({"get", "keys", "values", "items"})  # table.<m>(...): reads only
+_TABLE_READ_BY_MODEL = frozenset({"pop", "setdefault"})  # mutations the store reading follows
+
+
+def _table_escapes(index: Index, table: str, read: frozenset[int], mro: frozenset[int]) -> bool:
+    """Whether some code may change this manager's table in a way the store reading did not
+    follow: a store, delete or pop outside the functions it read (`read`: their node ids), or any
+    use it does not model (passed to a call, bound to another name, `.clear()`, `.update()`, `+=`,
+    the table assigned whole outside `__init__`). `self.<table>` in a class outside the manager's
+    MRO (`mro`: class node ids) is that object's own table. Then how the entry moves is not bounded."""
+    key = ("table escapes", table, read, mro)
+    found = index.derived.get(key)
+    if found is None:
+        found = index.derived[key] = any(_escapes_in(m.tree, table, read, mro) for m in index.modules.values()
+                                         if table in (m.source.text or ""))
+    return cast("bool", found)
+
+
+def _escapes_in(tree: ast.AST, table: str, read: frozenset[int], mro: frozenset[int]) -> bool:
+    # (node, enclosing class, outermost enclosing function, inside an __init__); no recursion: any depth
+    todo: list[tuple[ast.AST, int | None, int | None, bool]] = [(tree, None, None, False)]
+    while todo:
+        parent, cls, func, in_init = todo.pop()
+        for name, value in ast.iter_fields(parent):
+            for child in value if isinstance(value, list) else [value]:
+                if not isinstance(child, ast.AST):
+                    continue
+                if isinstance(child, ast.Attribute) and child.attr == table and not _own_elsewhere(child, cls, mro):
+                    use = _table_use(parent, name, child)
+                    seen = func is not None and func in read
+                    if use == "other" or (use == "mutation" and not seen) or (use == "assigned" and not (seen and in_init)):
+                        return True
+                if isinstance(child, ast.Subscript) and not isinstance(child.ctx, ast.Load) \
+                        and isinstance(child.value, ast.Attribute) and child.value.attr == table \
+                        and not _own_elsewhere(child.value, cls, mro) \
+                        and not (isinstance(parent, ast.Assign) and name == "targets" or isinstance(parent, ast.Delete)):
+                    return True  # `table[k] += x`, `table[k], y = ...`: stores the reading does not follow
+                if isinstance(child, ast.ClassDef):
+                    todo.append((child, id(child), None, False))
+                elif isinstance(child, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                    todo.append((child, cls, func if func is not None else id(child), child.name == "__init__"))
+                else:
+                    todo.append((child, cls, func, in_init))
+    return False
+
+
+def _own_elsewhere(attr: ast.Attribute, cls: int | None, mro: frozenset[int]) -> bool:
+    """`self.<table>` in a class outside the manager's MRO: that object's own table, not this one."""
+    return isinstance(attr.value, ast.Name) and attr.value.id == "self" and cls is not None and cls not in mro
+
+
+def _table_use(parent: ast.AST, field_name: str, attr: ast.Attribute) -> str:
+    """How `parent` uses the table attribute `attr`: "read" (nothing changes), "mutation" (a
+    change the store reading follows where it reads), "assigned" (the table bound whole), "other"."""
+    if isinstance(parent, ast.Subscript) and field_name == "value":
+        return "read" if isinstance(parent.ctx, ast.Load) else "mutation"  # (where stored: checked below)
+    if isinstance(parent, ast.Attribute) and parent.attr in _TABLE_READS:
+        return "read"
+    if isinstance(parent, ast.Attribute) and parent.attr in _TABLE_READ_BY_MODEL:
+        return "mutation"
+    if isinstance(parent, ast.Compare) and field_name == "comparators" \
+            and all(isinstance(op, (ast.In, ast.NotIn)) for op in parent.ops):
+        return "read"
+    if isinstance(parent, (ast.For, ast.comprehension)) and field_name == "iter":
+        return "read"
+    if isinstance(parent, ast.Call) and isinstance(parent.func, ast.Name) and parent.func.id == "len":
+        return "read"
+    if isinstance(parent, (ast.Assign, ast.AnnAssign)) and field_name in ("targets", "target"):
+        return "assigned"
+    return "other"
 
 
 def _store_kind(value: ast.expr, target: ast.Subscript, parents: dict[int, ast.AST], table: str) -> str:

@@ -1130,6 +1130,15 @@ def _monotone_net(tmp_path: Path, table: str, extra: str = "") -> object:
         "        else:\n            self.request_status[room] = max(self.request_status[room], status)\n",
         "        if room in self.request_status:\n            self.request_status[room] = max(self.request_status[room], status)\n"
         "        else:\n            self.request_status[room] = status\n"), "", True),
+    # The table changed where the store reading does not look: nothing is bounded.
+    ("popped by a module function", MONOTONE_TABLE,
+     "\n\ndef drop(mgr, room):\n    mgr.request_status.pop(room, None)\n", False),
+    ("cleared whole", MONOTONE_TABLE, "\n    def reset(self):\n        self.request_status.clear()\n", False),
+    ("handed to a call", MONOTONE_TABLE, "\n    def save(self):\n        persist(self.request_status)\n", False),
+    # Another class's own table of the same name is not this one.
+    ("another object's table", MONOTONE_TABLE,
+     "\n\nclass Ledger:\n    def __init__(self):\n        self.request_status = {}\n\n"
+     "    def forget(self, room):\n        self.request_status.pop(room)\n", True),
     # max() of the entry or, for an absent room, of the new status: the same.
     ("max of get", MONOTONE_TABLE.replace(
         "        if room not in self.request_status:\n            self.request_status[room] = status\n"

@@ -51,6 +51,7 @@ class Manager:
     clear: str
     passed: tuple[str, ...]  # what threads pass to update_status (besides the sender's Bootstrapping, Failed)
     stores: tuple[tuple[str, str], ...]  # (how, state): other threads' stores into the table
+    outside: bool = False  # a module function pops the room through the manager it is given
 
     def source(self) -> str:
         lines = ["from ..base.conn import BaseKVSender, KVPoll", "", "",
@@ -64,6 +65,8 @@ class Manager:
             lines += ["", f"    def thread_{i}(self, room):", f"        self.update_status(room, KVPoll.{state})"]
         for i, (how, state) in enumerate(self.stores):
             lines += ["", f"    def store_{i}(self, room):", "        " + STORES[how].format(s=state)]
+        if self.outside:
+            lines += ["", "", "def drop_room(mgr, room):", f"    mgr.{T.removeprefix('self.')}.pop(room, None)"]
         lines += ["", "", "class NetKVSender(BaseKVSender):", "    def __init__(self, mgr, room):",
                   "        self.kv_mgr = mgr", "        self.room = room",
                   "        self.kv_mgr.update_status(room, KVPoll.Bootstrapping)", "",
@@ -78,6 +81,7 @@ managers = st.builds(
     clear=st.sampled_from(sorted(CLEARS)),
     passed=st.lists(st.sampled_from(MEMBERS), max_size=3).map(tuple),
     stores=st.lists(st.tuples(st.sampled_from(sorted(STORES)), st.sampled_from(MEMBERS)), max_size=2).map(tuple),
+    outside=st.booleans(),
 )
 
 
@@ -115,6 +119,8 @@ def _reached(manager: Manager, start: str) -> set[str]:
     calls += [getattr(mgr_cls, f"store_{i}") for i in range(len(manager.stores))]
     if manager.clear != "none":
         calls.append(mgr_cls.clear)
+    if manager.outside:
+        calls.append(space["drop_room"])
     name = {v: m for m, v in VALUE.items()}
     seen, todo = {start}, [start]
     while todo:
@@ -141,6 +147,7 @@ def _reached(manager: Manager, start: str) -> set[str]:
 @example(manager=Manager("failed_as_is", "none", ("Success",), ()))
 @example(manager=Manager("max_get", "del", (), (("setdefault", "Bootstrapping"),)))
 @example(manager=Manager("rises", "none", (), (("max", "Success"), ("as_is", "Failed"))))
+@example(manager=Manager("rises", "none", ("WaitingForInput",), (), outside=True))
 def test_the_entry_moves_only_where_table_moves_says(manager: Manager) -> None:
     moves = _moves(manager)
     if moves is None:
