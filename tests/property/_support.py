@@ -213,7 +213,8 @@ def compare_senders(report, verdicts: dict[str, oracle.SenderVerdict], check_ret
             if not (v.configs and v.returns <= set(b.returns) and extra <= set(gen.TERMINAL)):
                 problems.append(f"{name}: kvtrace returns {sorted(b.returns)} != oracle {sorted(v.returns)}")
         # Shared room (issue 23): a state kvtrace says only the sender's constructor stores (so a
-        # verdict on it rests on a second sender for the room) must be stored by no other run.
+        # verdict on it rests on a second sender for the room) must be brought back by no other run
+        # (a store that leaves the entry as it was, max(entry, lower), brings nothing back).
         wrong = sorted(set(b.constructor_only) & v.stored_later)
         if wrong:
             problems.append(f"{name}: kvtrace says only __init__ stores {wrong}, but a later run stores it")

@@ -831,16 +831,20 @@ class RecordingDict(dict):
     def __init__(self, *args) -> None:
         super().__init__(*args)
         self.stored: list = []  # (key, value) in order
+        self.changed: list = []  # the same, for the stores that changed the key's value (or created it)
         self.removed: set = set()
         self.read = False
 
     def __setitem__(self, key, value) -> None:
         self.stored.append((key, value))
+        if not dict.__contains__(self, key) or dict.__getitem__(self, key) != value:
+            self.changed.append((key, value))
         super().__setitem__(key, value)
 
     def setdefault(self, key, default=None):
         if key not in self:
             self.stored.append((key, default))
+            self.changed.append((key, default))
         return super().setdefault(key, default)
 
     def __delitem__(self, key) -> None:
@@ -944,6 +948,7 @@ class _World:
         table = getattr(mgr, self.table_attr) if self.table_attr else None
         if table is not None:
             table.stored.clear()
+            table.changed.clear()
             table.removed.clear()
         return mgr, sender, table
 
@@ -1032,20 +1037,22 @@ def reachable_configs(world: _World, name_of) -> tuple[set, dict]:
                     try:
                         mgr, sender, table = world.build(ch)
                     except Exception:
-                        return [], None
+                        return [], [], None
                     _force(table, start, world)
                     world.clock.now = CLOCK_FAR if clock_far else CLOCK_START + 1
                     try:
                         getattr(mgr if owner == "mgr" else sender, method)(*args)
                     except Exception:
                         pass  # the thread dies; what it stored stays
-                    return [v for k, v in table.stored if k == ROOM], _room_of(table)
+                    return [v for k, v in table.stored if k == ROOM], [v for k, v in table.changed if k == ROOM], \
+                        _room_of(table)
 
-                for _, (stored, end) in explore(run):
+                for _, (stored, changed, end) in explore(run):
                     for v in stored:
                         note(v, f"{owner}.{method}")
-                        if v is not ABSENT:
-                            world.stored_later.add(name_of(v))
+                    # A state stored later is one a store brings the entry to: max(entry, x) writing
+                    # back the entry's own value brings nothing back.
+                    world.stored_later.update(name_of(v) for v in changed if v is not ABSENT)
                     if end is not None:
                         note(end, f"{owner}.{method}")
     return set(how), how
@@ -1060,6 +1067,7 @@ def _force(table, config, world: _World) -> None:
     else:
         dict.__setitem__(table, ROOM, getattr(world.kvpoll, config))
     table.stored.clear()
+    table.changed.clear()
     table.removed.clear()
 
 
