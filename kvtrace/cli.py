@@ -35,7 +35,8 @@ from kvtrace.model import FetchLimits, Report
 
 
 EXIT_CODES_HELP = (
-    "Exit codes: 0 no findings, 1 findings (see --fail-on), 2 usage or input error (nothing "
+    "Exit codes: 0 nothing to fail on (notes and warnings do not fail by default), 1 findings that fail "
+    "(see --fail-on), 2 usage or input error (nothing "
     "analysed), 3 the scan is INCOMPLETE (a file or backend could not be analysed), "
     "4 internal error (-v shows the traceback)."
 )

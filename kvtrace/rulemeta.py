@@ -152,7 +152,8 @@ RULES: tuple[RuleMeta, ...] = (
             '    no test of the poll value was true for S (S reached a catch-all, or no branch at all).\n'
             '    Reports S when such a path raises (an `else: raise`, an `assert False`: the exception\n'
             "    leaves the scheduler's event loop) and `state-crash` does not already report it there\n"
-            '    (a backend returns S and every path that tests it raises), or when S is terminal and the catch-all keeps it (a\n'
+            '    (a backend returns S and every path that tests it raises), or when S is terminal and the '
+            'catch-all keeps it (a\n'
             "    finished transfer that never leaves). A catch-all that drops S is `dropped-state`'s. A raise\n"
             '    every state reaches alike (a configuration the code refuses, an assert on something else than\n'
             '    the poll value) tests no state: it is not reported per state. A raise a state reaches only\n'
@@ -497,7 +498,10 @@ RULES: tuple[RuleMeta, ...] = (
         marks_cells=True,
         consequence=None,
         title_clause=None,
-        summary='A drain returns without polling once every queued request has reached a waiting state,',
+        summary=(
+            'A drain returns without polling once every queued request has reached a waiting state, while the '
+            'failure can arrive through another channel.'
+        ),
         docs=(
             'A drain returns without polling once every queued request has reached a waiting state,\n'
             'while the failure can arrive through another channel.\n'

@@ -32,9 +32,9 @@ def render(table: tuple[RuleMeta, ...]) -> str:
     for meta in table:
         lines.append("    RuleMeta(")
         for name, value in vars(meta).items():
-            if isinstance(value, str) and "\n" in value:  # one source line per line of text
+            if isinstance(value, str) and ("\n" in value or len(value) > 100):  # one source line per line of text
                 lines.append(f"        {name}=(")
-                lines.extend(f"            {part!r}" for part in value.splitlines(keepends=True))
+                lines.extend(f"            {part!r}" for line in value.splitlines(keepends=True) for part in _pieces(line))
                 lines.append("        ),")
             elif isinstance(value, Enum):  # written as the member, as the rule names it
                 lines.append(f"        {name}={type(value).__name__}.{value.name},")
@@ -43,6 +43,16 @@ def render(table: tuple[RuleMeta, ...]) -> str:
         lines.append("    ),")
     lines.append(")")
     return "\n".join(lines) + "\n"
+
+
+def _pieces(text: str, width: int = 100) -> list[str]:
+    """`text` cut after spaces into pieces of at most `width` characters (where it can be)."""
+    pieces = []
+    while len(text) > width:
+        cut = text.rfind(" ", 0, width) + 1 or width
+        pieces.append(text[:cut])
+        text = text[cut:]
+    return pieces + [text] if text else pieces
 
 
 def main() -> int:

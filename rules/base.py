@@ -75,7 +75,8 @@ class Rule:
 
     @classmethod
     def summary(cls) -> str:
-        return cls.docs().splitlines()[0] if cls.__doc__ else cls.name
+        # The first paragraph, as one line: a summary sentence may wrap in the docstring.
+        return " ".join(cls.docs().split("\n\n")[0].split()) if cls.__doc__ else cls.name
 
     def finding(self, message: str, path: str, line: int, backend: str | None, state: str | None,
                 evidence: list[Evidence], premise: Premise | None = None, backends: tuple[str, ...] = ()) -> Finding:

@@ -629,3 +629,18 @@ def test_an_analysis_problem_is_labelled_as_one_in_text_and_markdown() -> None:
     assert not any(line.startswith("  scan ") for line in lines), text.stdout
     markdown = kvtrace("scan", folder, "--format", "markdown").stdout
     assert "- analysis: self.disagg_prefill_bootstrap_queue is bound outside" in markdown, markdown
+
+
+def test_an_incomplete_reason_beside_its_subject_never_cuts_a_word() -> None:
+    """Before: beside a long subject the reason's column was 27 characters at 80 columns, and
+    `self.disagg_prefill_inflight_queue` came out as `..._infligh` / `t_queue`."""
+    from kvtrace.model import Gap, GapKind
+    from kvtrace.report.text import _gaps
+
+    word = "self.disagg_prefill_inflight_queue"
+    gaps = [Gap(GapKind.BACKEND, "a_backend_with_a_rather_long_folder_name", f"{word} is neither filled nor drained here"),
+            Gap(GapKind.BACKEND, "nixl", "not checked")]
+    buffer = io.StringIO()
+    _gaps(gaps, Console(file=buffer, width=80, force_terminal=False, color_system=None), 0)
+    text = buffer.getvalue()
+    assert word in text and all(len(line) <= 80 for line in text.splitlines()), text

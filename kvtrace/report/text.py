@@ -135,7 +135,9 @@ def _gaps(gaps: list[Gap], console: Console, more: int, heading: bool = True) ->
                      else f"backend {gap.subject}", style="yellow") for gap in gaps]
     label_width = max(s.cell_len for s in subjects) + 1
     for subject, gap in zip(subjects, gaps):
-        if 2 + label_width + 24 <= console.width:
+        # Beside its subject only if the reason's longest word fits there (never cut an identifier).
+        longest = max((len(word) for word in gap.reason.split()), default=0)
+        if 2 + label_width + max(24, longest) <= console.width:
             _print_wrapped(console, Text(gap.reason), 2, subject, label_width)
         else:  # a long path: whole on its line, the reason under it
             _print_wrapped(console, subject, 2)

@@ -181,8 +181,8 @@ class _HostKeyPolicy(paramiko.MissingHostKeyPolicy):
             unusable = "".join(f"; known_hosts {u}, not used" for u in self.known.unusable)
             raise RemoteError(
                 f"{self.host.where}: unknown host key {kind} {fp} (not in {file}{unusable}); "
-                f"if that fingerprint is right, trust it with `ssh-keyscan {port}"
-                f"{self.host.hostname} >> {file}` or rerun with --accept-new-host-key"
+                f"if that fingerprint is right, trust it with `mkdir -p {os.path.dirname(file) or '.'} && "
+                f"ssh-keyscan {port}{self.host.hostname} >> {file}` or rerun with --accept-new-host-key"
             )
         try:
             record_host_key(file, hostname, key)
