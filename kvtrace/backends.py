@@ -455,7 +455,7 @@ def _past_states(runner: "_Runner", index: Index, pack: Pack, cls: ClassInfo, po
         if any(key in outside for attrs in starts for key, _ in attrs):
             continue
         for gone in pinned:
-            if gone == state or not _never_again(runner, poll, methods, starts, gone, domain, held_any):
+            if gone == state or not _never_again(runner, poll, methods, starts, gone, domain, held_any, moves):
                 continue
             site = next((e for end in ends for e in reversed(end.events) if e.kind == EventKind.RETURN), None)
             where = (site.path, site.line) if site is not None else (poll.path, poll.line)
@@ -478,8 +478,7 @@ def _facts_between_polls(attrs: tuple, held_any: frozenset[str], moves: TableMov
 
 
 def _never_again(runner: "_Runner", poll: FuncRef, methods: list[FuncRef], starts: list[tuple], gone: str,
-                 domain: Domain, held_any: frozenset[str]) -> bool:
-    moves = runner.manager.moves if runner.manager is not None else None
+                 domain: Domain, held_any: frozenset[str], moves: TableMoves | None) -> bool:
     seen: set[tuple] = set()
     frontier = list(dict.fromkeys(starts))
     budget = PAST_RUNS

@@ -36,7 +36,7 @@ RULES: tuple[RuleMeta, ...] = (
         per_queue=True,
         marks_cells=True,
         consequence=Consequence.PINNED,
-        title_clause='{subject} pins {states}',
+        title_clause=None,
         summary="A poll state that the drain loop always keeps and the backend's poll() never leaves.",
         docs=(
             "A poll state that the drain loop always keeps and the backend's poll() never leaves.\n"
@@ -81,7 +81,7 @@ RULES: tuple[RuleMeta, ...] = (
         per_queue=True,
         marks_cells=True,
         consequence=Consequence.DROPPED,
-        title_clause='{subject} drops {states}',
+        title_clause=None,
         summary='A poll state for which the drain loop drops the request without releasing or answering it.',
         docs=(
             'A poll state for which the drain loop drops the request without releasing or answering it.\n'

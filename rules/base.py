@@ -61,7 +61,8 @@ class Rule:
     # Its errors in a title, as a clause (markdown's bug report): {subject} the backend, else "the
     # drain"; {owner} "nixl's", else "the"; {states} "WaitingForInput and Transferring"; {s}/{es}
     # the verb's ending for them; {from_backend} " (from nixl)"; {on_states} " on WaitingForInput".
-    # None: the title says it ("nixl: failed can be overwritten").
+    # None: "{subject} <the consequence's verb> {states}" for a rule with a consequence, else the
+    # title says it ("nixl: failed can be overwritten").
     title_clause: ClassVar[str | None] = None
     VALID: ClassVar[list[Sample]] = []
     INVALID: ClassVar[list[Sample]] = []

@@ -39,7 +39,6 @@ class DroppedState(Rule):
     title = "Dropped poll state"
     severity = "warning"
     consequence = Consequence.DROPPED
-    title_clause = "{subject} drops {states}"
 
     VALID = [
         Sample({

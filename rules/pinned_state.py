@@ -64,7 +64,6 @@ class PinnedState(Rule):
     title = "Pinned poll state"
     severity = "error"
     consequence = Consequence.PINNED
-    title_clause = "{subject} pins {states}"
 
     VALID = [
         # poll() reads the abort state and times out while waiting.

@@ -156,6 +156,8 @@ def _error_sentences(report: Report) -> list[str]:
                   "from_backend": f" (from {backend})" if backend else "", "on_states": f" on {joined}" if joined else ""}
         meta = find_rule_meta(rule)
         clause = meta.title_clause if meta is not None else None
+        if clause is None and meta is not None and meta.consequence is not None:
+            clause = "{subject} " + meta.consequence.verb + " {states}"  # "nixl pins WaitingForInput"
         if clause is None:
             title = meta.title if meta is not None else rule
             clause = "{subject}: " + title[:1].lower() + title[1:] + (" ({states})" if states else "")
