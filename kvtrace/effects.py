@@ -13,9 +13,9 @@ from typing import Any, Callable
 
 import libcst as cst
 
-from kvtrace.flow import CallSite, Explorer, PathState
+from kvtrace.flow import REMOVED, CallSite, Explorer, PathState
 from kvtrace.model import EventKind
-from kvtrace.states import KEEP, NONE, NOW, REQ, Val
+from kvtrace.states import KEEP, NONE, NOW, REQ, TRUE, Val
 
 Answer = list[tuple[PathState, Val]]
 # An effect: (the Effects object, the walker, the call, the path) -> the paths and value, or None
@@ -64,7 +64,10 @@ class QueueEffects(PackEffects):
     def removal(self, run: Explorer, site: CallSite, path: PathState) -> Answer | None:
         if site.method == "add" and site.receiver and site.receiver == run.c.removal_set:
             # The request's index joins the set the queue is filtered by: it leaves the queue.
-            return [(path.emit(site.event(EventKind.DONE, site.receiver)), _NONE)]
+            left = path.emit(site.event(EventKind.DONE, site.receiver))
+            if site.frame.func.node is run.c.removal_scope:
+                left = left.set_attr(REMOVED, _TRUE)
+            return [(left, _NONE)]
         return None
 
     def queue_entry(self, run: Explorer, site: CallSite, path: PathState) -> Answer | None:
@@ -107,5 +110,6 @@ class SenderEffects(PackEffects):
 
 
 _NONE: Val = frozenset({NONE})
+_TRUE: Val = frozenset({TRUE})
 QUEUE_EFFECTS = QueueEffects()
 SENDER_EFFECTS = SenderEffects()

@@ -41,6 +41,8 @@ EMPTY: Val = frozenset()
 # Events that describe a path but are not rows of the release map.
 NOT_SITES: frozenset[EventKind] = frozenset(EventKind) - SITE_KINDS
 TABLE = "@table"  # attribute key of this room's entry in the manager's status table
+# Attribute key set once the request's index joined the drain's removal set (`S.add(i)`).
+REMOVED = "@removed"
 
 
 _HASHED: dict[type, Callable[[object], tuple]] = {}
@@ -364,6 +366,10 @@ class Options:
     state: str | None = None
     queue_attr: str | None = None
     removal_set: str | None = None  # `self.q = [x for i, x in enumerate(self.q) if i not in S]`: S.add(i) removes
+    # The function that binds S (`S = set()`, nothing else binds it) and the index names of its
+    # loops over the queue: there `i in S` is decided by whether this request's index was added.
+    removal_scope: object | None = None
+    removal_index: frozenset[str] = frozenset()
     abort_attrs: frozenset[str] = frozenset()
     attr_values: Callable[[str], Val] | None = None
     # Sender mode: the manager behind the sender and its status table (an attribute of it).
@@ -468,12 +474,20 @@ def merge(paths: Iterable[PathState]) -> list[PathState]:
 
 
 def widen(paths: list[PathState]) -> list[PathState]:
-    """Past the path limit, before anything is cut: paths that differ only in which helpers they
-    entered that did nothing on them (no event but entering further helpers) are one path, the
-    first. No fate or verdict reads such an entry, and what a path does next depends on its
-    bindings, facts and ending, never on its events: the first path's future is every merged one's.
-    (Below the limit every entry is kept: each is a line of the path a finding shows.)"""
+    """Paths that differ only in which helpers they entered that did nothing on them (no event
+    but entering further helpers) are one path, the first: after every statement of a drain run
+    (its paths are read as acting_events, where they are equal), and past the path limit,
+    before anything is cut, of a sender's. No fate or verdict reads such an entry, and what a path
+    does next depends on its bindings, facts and ending, never on its events: the first path's
+    future is every merged one's."""
     return list(_first_by(paths, lambda p: (p.env, p.attrs, p.term, p.ret, _idle_stripped(p))))
+
+
+def acting_events(path: PathState) -> tuple[Event, ...]:
+    """The path's events without the entries of helper runs in which nothing but entering other
+    helpers happened: what a drain path's fate, map rows and evidence are read from (a helper
+    that did nothing on the path is no line of it a person needs to open)."""
+    return _idle_stripped(path).value  # type: ignore[return-value]
 
 
 def _idle_stripped(path: PathState) -> _Keyed:
@@ -606,7 +620,10 @@ class Explorer:
             if forget and len(paths) > 1:
                 paths = self.forget_dead(paths, stmt, frame)
             paths = merge(paths)
-            if len(paths) > self.c.max_paths:
+            # A drain run's paths are read without their idle helper entries (acting_events),
+            # so paths that differ only in those are one path at every statement; a sender's
+            # only past the limit (its events are the lines of poll()'s answers).
+            if forget or len(paths) > self.c.max_paths:
                 paths = widen(paths)
             # A drain run's paths end in fates and map rows (what fold keeps); a sender's facts
             # outlive its run (poll() again after abort()), so only a drain run folds them.
@@ -1497,8 +1514,9 @@ class Explorer:
         d = self.c.domain
         if op in ("<", "<=", ">", ">="):
             return self.order_compare(node, op, path, frame)
-        if op in ("in", "not in") and self.is_table(comparison.comparator, frame):
-            return self.table_membership(node, op == "in", path, frame)
+        known = self.known_membership(node, op, path, frame)
+        if known is not None:
+            return known
         out = []
         for p, values in self.eval_all([node.left, comparison.comparator], path, frame):
             if p.term is not None:
@@ -1542,6 +1560,27 @@ class Explorer:
                     q = p.set_attr(key, part)
                 out.append((q, truth, about and (not yes or not no or self.c.state is not None)))
         return out
+
+    def known_membership(self, node: cst.Comparison, op: str, path: PathState, frame: Frame,
+                         ) -> list[tuple[PathState, bool, bool]] | None:
+        """`x in C` (or `not in`) where C is the status table or the drain's removal set; None: neither."""
+        positive = op == "in"
+        if op not in ("in", "not in"):
+            return None
+        if self.is_table(node.comparisons[0].comparator, frame):
+            return self.table_membership(node, positive, path, frame)
+        if self.is_removal_test(node, path, frame):
+            return [(path, (path.attr(REMOVED) is not None) == positive, False)]
+        return None
+
+    def is_removal_test(self, node: cst.Comparison, path: PathState, frame: Frame) -> bool:
+        """`i in S`, `i` the index of the request in a loop over the queue of the function that
+        binds the removal set S to an empty set: S holds the request's index only if this
+        iteration added it (the set starts empty each call; the loops enumerate one queue)."""
+        left, right = node.left, node.comparisons[0].comparator
+        return frame.func.node is self.c.removal_scope and isinstance(left, cst.Name) \
+            and left.value in self.c.removal_index and path.get(left.value) is None \
+            and isinstance(right, cst.Name) and right.value == self.c.removal_set
 
     def undecided(self, node: cst.Comparison, op: str, path: PathState, frame: Frame) -> list[tuple[PathState, bool, bool]]:
         """A comparison kvtrace cannot decide goes both ways; but when it has no side effect,

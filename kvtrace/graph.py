@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence
 import libcst as cst
 
 from kvtrace.effects import QUEUE_EFFECTS
-from kvtrace.flow import NOT_SITES, CstBody, Event, Explorer, Frame, Options, PathState, ast_constant
+from kvtrace.flow import NOT_SITES, CstBody, Event, Explorer, Frame, Options, PathState, acting_events, ast_constant
 from kvtrace.index import ClassInfo, FuncRef, Index
 from kvtrace.managers import ManagerFacts
 from kvtrace.model import OUTCOME_ORDER, Backend, EventKind, Evidence, ModeFate, Outcome, Site, StateFate, StateVerdict
@@ -100,6 +100,9 @@ class Drain:
     # queue, run after it (they remove requests by what the poll pass left on them).
     then: list[tuple[FuncRef, CstBody, cst.For, dict[str, str]]] = field(default_factory=list)
     owner: FuncRef | None = None  # the function that reassigns the queue (func, unless it polls in a helper)
+    # The index names of the owner's loops over the queue, when it binds the removal set to an
+    # empty set and nothing else binds it (see Options.removal_index).
+    removal_index: frozenset[str] = frozenset()
 
 
 @dataclass(frozen=True)
@@ -487,6 +490,34 @@ def _removal_set(func: ast.AST, queue: str) -> str | None:
     return None
 
 
+def _removal_index(func: ast.AST, removal: str, queue: str) -> frozenset[str]:
+    """The index names `i` of `for i, x in enumerate(self.<queue>)` in `func`, when `func` binds
+    `removal` once, to `set()`, and it is no parameter: then the set holds this call's additions
+    only. Else none (a membership test of it stays undecided)."""
+    if not isinstance(func, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        return frozenset()
+    params = func.args.posonlyargs + func.args.args + func.args.kwonlyargs + [a for a in (func.args.vararg, func.args.kwarg) if a]
+    if any(a.arg == removal for a in params):
+        return frozenset()
+    binds = [node for node in walk_ast(func) if isinstance(node, ast.Name) and node.id == removal
+             and isinstance(node.ctx, (ast.Store, ast.Del))]
+    fresh = [node for node in walk_ast(func) if isinstance(node, ast.Assign) and len(node.targets) == 1
+             and isinstance(node.targets[0], ast.Name) and node.targets[0].id == removal
+             and isinstance(node.value, ast.Call) and isinstance(node.value.func, ast.Name)
+             and node.value.func.id == "set" and not node.value.args and not node.value.keywords]
+    if len(binds) != 1 or len(fresh) != 1 or any(isinstance(n, (ast.Global, ast.Nonlocal)) and removal in n.names
+                                                  for n in walk_ast(func)):
+        return frozenset()
+    names = set()
+    for node in walk_ast(func):
+        if isinstance(node, ast.For) and isinstance(node.iter, ast.Call) and isinstance(node.iter.func, ast.Name) \
+                and node.iter.func.id == "enumerate" and node.iter.args and mentions_attr(node.iter.args[0], queue) \
+                and isinstance(node.target, ast.Tuple) and len(node.target.elts) == 2 \
+                and isinstance(node.target.elts[0], ast.Name):
+            names.add(node.target.elts[0].id)
+    return frozenset(names)
+
+
 def held_queue(index: Index, pack: Pack) -> tuple[ClassInfo, str] | None:
     """A queue that is an object (`self.<queue> = SomeQueue(...)`) whose class keeps the requests
     in a list attribute and drains it itself: (that class, the list attribute).
@@ -555,6 +586,8 @@ def _build_drain(index: Index, pack: Pack, func: FuncRef, keep: str, removal: st
     drain = Drain(func, loop, body, func.owner, keep, initial, poll_line,
                   _post_loop_effects(index, pack, owner_func, owner_body, loop), removal)
     drain.owner = owner_func
+    if removal is not None:
+        drain.removal_index = _removal_index(owner_func.node, removal, pack.queue)
     if func is not owner_func:
         drain.then = then
     return drain
@@ -782,7 +815,9 @@ def _explore_mode(index: Index, list_pack: Pack, domain: Domain, drain: Drain, b
     paths: dict[str, list[QueuePath]] = {}
     for state in domain.members:
         explorer = Explorer(Options(index, list_pack, domain, state=state, queue_attr=list_pack.queue,
-                                    removal_set=drain.removal_set, guards=guards, effects=QUEUE_EFFECTS))
+                                    removal_set=drain.removal_set, guards=guards, effects=QUEUE_EFFECTS,
+                                    removal_scope=(drain.owner or drain.func).node if drain.removal_index else None,
+                                    removal_index=drain.removal_index))
         env = {name: frozenset({state}) if role == "@state" else frozenset({role}) for name, role in drain.initial.items()}
         env.update({name: value for name, value in bindings.items() if name not in env})
         start = PathState(env=tuple(sorted(env.items())))
@@ -802,7 +837,7 @@ def _explore_mode(index: Index, list_pack: Pack, domain: Domain, drain: Drain, b
         unparsed.extend(f"{u}()" for u in explorer.log.unparsed)
         state_paths = []
         for end in ends:
-            events = list(end.events)
+            events = list(acting_events(end))
             outcome = outcome_of(events, end.term, removal=drain.removal_set is not None)
             if outcome == Outcome.LEAVES:
                 for e in list(events):

@@ -4,6 +4,7 @@ construct it has no handler for."""
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import hashlib
 import inspect
@@ -19,14 +20,15 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvtrace import flow
-from kvtrace.flow import CallSite, Explorer, Options, PathLimit, PathState, RunLog
+from kvtrace.flow import CallSite, Explorer, Options, PathLimit, PathState, RunLog, acting_events
 from kvtrace.effects import QUEUE_EFFECTS, SENDER_EFFECTS, CallEffect, QueueEffects
 from kvtrace.gaps import Cut
-from kvtrace.index import Index
+from kvtrace.graph import _removal_index
+from kvtrace.index import FuncRef, Index
 from kvtrace.managers import manager_facts
 from kvtrace.model import EventKind, Gap, GapKind, ProblemKind, SourceFile
 from kvtrace.packs import load_pack
-from kvtrace.parse import parse_module
+from kvtrace.parse import CstFunction, parse_module
 from kvtrace.report.verdicts import gap_text
 from kvtrace.rules.manager_model import manager_methods
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain
@@ -52,10 +54,8 @@ def explore(body: str, params: dict[str, Val] | None = None, state: str | None =
     return ends, explorer.log
 
 
-def explore_with(body: str, params: dict[str, Val] | None = None, state: str | None = "Success", module: str = "",
-                 **config: object) -> tuple[list[PathState], Explorer]:
-    params = params or {}
-    text = HEADER + f"def f({', '.join(params)}):\n" + "".join(f"    {line}\n" for line in body.splitlines()) + module
+def function_f(text: str) -> tuple[Index, FuncRef, CstFunction]:
+    """The index of module `text` (as m.py), its function `f`, and f's libcst tree."""
     data = text.encode()
     parsed_module = parse_module(SourceFile("m.py", data, hashlib.sha256(data).hexdigest()))
     assert parsed_module is not None
@@ -63,6 +63,14 @@ def explore_with(body: str, params: dict[str, Val] | None = None, state: str | N
     func = index.functions["f"][0]
     parsed = index.cst(func)
     assert parsed is not None
+    return index, func, parsed
+
+
+def explore_with(body: str, params: dict[str, Val] | None = None, state: str | None = "Success", module: str = "",
+                 **config: object) -> tuple[list[PathState], Explorer]:
+    params = params or {}
+    index, func, parsed = function_f(HEADER + f"def f({', '.join(params)}):\n"
+                                     + "".join(f"    {line}\n" for line in body.splitlines()) + module)
     # A drain loop's run for a poll state; a sender's run for none.
     effects = config.pop("effects", QUEUE_EFFECTS if state is not None else SENDER_EFFECTS)
     options = Options(index, PACK, DOMAIN, state=state, queue_attr=PACK.queue, effects=effects, **config)  # type: ignore[arg-type]
@@ -383,9 +391,54 @@ def test_helpers_entered_that_did_nothing_do_not_multiply_paths_past_the_limit()
     assert log.truncated == []
     assert returns(ends) == {frozenset({"Failed"}), frozenset({"Success"})}
     assert len(ends) == 2
-    # Below the limit every path, and every helper entry on it, is kept (each is a line of a finding).
-    exact, _ = explore(budget_calls(3), {"req": frozenset({"@req"})}, module=IDLE_HELPERS)
-    assert len(exact) == 2 * 2 ** 3
+    # A drain run's paths are read without idle entries, so they are one at every statement,
+    # below the limit too; a sender run keeps every path below the limit (its events are the
+    # lines of poll()'s answers).
+    drain, _ = explore(budget_calls(3), {"req": frozenset({"@req"})}, module=IDLE_HELPERS)
+    assert len(drain) == 2
+    assert [e for end in drain for e in acting_events(end) if e.kind is EventKind.HELPER] == []
+    assert any(e.kind is EventKind.HELPER for end in drain for e in end.events)
+    sender, _ = explore(budget_calls(3), {"req": frozenset({"@req"})}, state=None, module=IDLE_HELPERS)
+    assert len(sender) == 2 * 2 ** 3
+
+
+REMOVAL_PASS = ("if r.failed:\n    removed.add(i)\nif i in removed:\n    return KVPoll.Failed\n"
+                "logger.warning('still queued')\nreturn KVPoll.Success")
+
+
+def explore_removal(body: str, scoped: bool) -> list[PathState]:
+    """`body` as the drain owner's loop over the queue (`i` its index, `removed` the set the queue
+    is filtered by), with the set known fresh (`scoped`) or not."""
+    index, func, parsed = function_f(HEADER + "def f(r):\n" + "".join(f"    {line}\n" for line in body.splitlines()))
+    options = Options(index, PACK, DOMAIN, state="Success", queue_attr=PACK.queue, effects=QUEUE_EFFECTS,
+                      removal_set="removed", removal_scope=func.node if scoped else None,
+                      removal_index=frozenset({"i"}) if scoped else frozenset())
+    ends, _ = Explorer(options).explore_function(func, parsed, None, [PathState(env=(("r", frozenset({"@req"})),))])
+    return ends
+
+
+def test_a_request_whose_index_joined_the_removal_set_is_in_it_later_in_the_call() -> None:
+    ends = explore_removal(REMOVAL_PASS, scoped=True)
+    # Added: `i in removed` holds (Failed); not added: the set, fresh this call, lacks it.
+    assert {(any(e.kind is EventKind.DONE for e in end.events), end.ret) for end in ends} == {
+        (True, frozenset({"Failed"})), (False, frozenset({"Success"}))}
+    # A set kvtrace cannot tell is fresh: the test goes both ways, as before.
+    loose = explore_removal(REMOVAL_PASS, scoped=False)
+    assert (True, frozenset({"Success"})) in {(any(e.kind is EventKind.DONE for e in end.events), end.ret) for end in loose}
+    # Another name than the loop's index is not the request's index.
+    other = explore_removal(REMOVAL_PASS.replace("if i in removed", "if j in removed"), scoped=True)
+    assert len(other) == 4
+
+
+@pytest.mark.parametrize(("source", "fresh"), [
+    ("def pop(self):\n    s = set()\n    for i, r in enumerate(self.queue):\n        s.add(i)\n", True),
+    ("def pop(self, s):\n    for i, r in enumerate(self.queue):\n        s.add(i)\n", False),
+    ("def pop(self):\n    s = set(self.stale)\n    for i, r in enumerate(self.queue):\n        s.add(i)\n", False),
+    ("def pop(self):\n    s = set()\n    s = self.stale\n    for i, r in enumerate(self.queue):\n        pass\n", False),
+    ("def pop(self):\n    s = set()\n    for i, r in enumerate(self.other):\n        s.add(i)\n", False),
+])
+def test_the_removal_set_is_fresh_only_when_bound_once_to_an_empty_set(source: str, fresh: bool) -> None:
+    assert _removal_index(ast.parse(source).body[0], "s", "queue") == (frozenset({"i"}) if fresh else frozenset())
 
 
 def test_a_helper_that_does_something_keeps_its_paths_apart() -> None:
