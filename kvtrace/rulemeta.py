@@ -60,8 +60,11 @@ RULES: tuple[RuleMeta, ...] = (
             '\n'
             'Why it matters:\n'
             '    Such a request stays in the queue forever once the transfer stalls or is aborted: the\n'
-            "    queue-length gauge (num_prefill_inflight_queue_reqs) sticks at 1 or more, the request's\n"
-            '    KV cache and metadata buffer are never released, and its client never gets an answer.\n'
+            "    queue's length gauge sticks at 1 or more (num_prefill_bootstrap_queue_reqs or\n"
+            '    num_prefill_inflight_queue_reqs on a prefill server, num_decode_prealloc_queue_reqs or\n'
+            '    num_decode_transfer_queue_reqs on a decode server), what the request holds there (its\n'
+            '    KV cache and metadata buffer, or the KV memory reserved for it) is never released, and\n'
+            '    its client never gets an answer.\n'
             '\n'
             'Example:\n'
             '    A NIXL-style sender whose poll() returns WaitingForInput until its transfer finishes,\n'

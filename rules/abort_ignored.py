@@ -78,7 +78,7 @@ class AbortIgnored(Rule):
             elif not b.has_abort:
                 what = f"cannot be aborted: {ctx.pack.abort_method}() is abstract in every class {b.sender} inherits"
             else:
-                what = f"cannot see an abort: {ctx.pack.abort_method}() writes no attribute of the sender"
+                what = f"cannot see an abort: {ctx.pack.abort_method}() writes no attribute of the {ctx.pack.kv_object}"
             # abort() may still reach poll() another way (a Failed stored in the manager's table):
             # then say which states it ends, as "what frees" does, and which it does not.
             if ended:

@@ -67,7 +67,7 @@ def _sender_history(ctx: ScanContext, sender: ClassInfo) -> History | None:
         at = _built_before(func.node.body, site.line, name, attrs)
         if at is None:
             return None  # this entry may append a request whose sender has a past
-        built.append(Evidence(func.path, at, f"{func.qualname}() builds the request's sender before it appends "
+        built.append(Evidence(func.path, at, f"{func.qualname}() builds the request's {ctx.pack.kv_object} before it appends "
                                              f"it to {ctx.pack.queue} (line {site.line})"))
         places.append((func, None))
     if not built:

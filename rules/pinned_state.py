@@ -46,8 +46,11 @@ class PinnedState(Rule):
 
     Why it matters:
         Such a request stays in the queue forever once the transfer stalls or is aborted: the
-        queue-length gauge (num_prefill_inflight_queue_reqs) sticks at 1 or more, the request's
-        KV cache and metadata buffer are never released, and its client never gets an answer.
+        queue's length gauge sticks at 1 or more (num_prefill_bootstrap_queue_reqs or
+        num_prefill_inflight_queue_reqs on a prefill server, num_decode_prealloc_queue_reqs or
+        num_decode_transfer_queue_reqs on a decode server), what the request holds there (its
+        KV cache and metadata buffer, or the KV memory reserved for it) is never released, and
+        its client never gets an answer.
 
     Example:
         A NIXL-style sender whose poll() returns WaitingForInput until its transfer finishes,

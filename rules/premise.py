@@ -50,7 +50,7 @@ def state_premise(ctx: ScanContext, backend: Backend, state: str) -> Premise | N
     if state in ctx.pack.reached_later(ctx.pack.queue):
         at = backend.poll or backend
         return Premise(SHARED_ROOM, PremiseKind.SHARED_ROOM, [Evidence(at.path, at.line, f"premise: a request leaves {ctx.pack.queue} before its "
-                                              f"KV is sent, and its own sender reaches {state} only after that, so "
+                                              f"KV is sent, and its own {ctx.pack.kv_object} reaches {state} only after that, so "
                                               f"{state} seen here is another request's, for the same room")])
     where = backend.constructor_only.get(state)
     if where is None:
@@ -59,8 +59,8 @@ def state_premise(ctx: ScanContext, backend: Backend, state: str) -> Premise | N
         return Premise(SHARED_ROOM, PremiseKind.SHARED_ROOM, [
             where,
             Evidence(where.path, where.line, f"premise: a request enters {ctx.pack.queue} only after its poll left "
-                                             f"{state}, so {state} comes back only when a second sender for the same "
-                                             "room is built"),
+                                             f"{state}, so {state} comes back only when a second {ctx.pack.kv_object} for "
+                                             "the same room is built"),
         ])
     # Read from the code: every way in requires a flag set only where poll() answered another
     # state, read from the table, so the table had moved off this one.
@@ -101,7 +101,7 @@ def absent_room_premise(ctx: ScanContext, backend: Backend, verdict: StateVerdic
                  if isinstance(call.func, ast.Attribute) and _last_attr(call.func.value) in sender_attrs]
         if history is not None and method not in history.methods:
             # Only a later stage calls it: this request's own sender has not run it while queued here.
-            why += [Evidence(caller.path, call.lineno, f"premise: {qualname}() is called on a request's sender only "
+            why += [Evidence(caller.path, call.lineno, f"premise: {qualname}() is called on a request's {ctx.pack.kv_object} only "
                                                        f"here, after the request left {ctx.pack.queue}")
                     for caller, call in calls] + list(history.built)
             continue
@@ -109,7 +109,7 @@ def absent_room_premise(ctx: ScanContext, backend: Backend, verdict: StateVerdic
         for caller, call in calls:
             if caller.qualname in entered:
                 why.append(Evidence(caller.path, call.lineno, f"premise: {qualname}() is called on a queued request's "
-                                                              f"sender only here, in the drain, as the request concludes"))
+                                                              f"{ctx.pack.kv_object} only here, in the drain, as the request concludes"))
                 continue
             handed = _handed_over(ctx, caller, entered)
             if handed is None:
@@ -117,8 +117,8 @@ def absent_room_premise(ctx: ScanContext, backend: Backend, verdict: StateVerdic
             why.append(Evidence(caller.path, call.lineno, f"premise: {qualname}() is called here only on requests the "
                                                           f"drain took out of its queue and put in {handed}"))
     why.append(Evidence(drain.func.path, drain.func.line,
-                        "premise: while the request is queued, only another request's sender for the same room "
-                        "takes the room out of the table"))
+                        f"premise: while the request is queued, only another request's {ctx.pack.kv_object} for the "
+                        "same room takes the room out of the table"))
     return Premise(SHARED_ROOM, PremiseKind.SHARED_ROOM, why)
 
 

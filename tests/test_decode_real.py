@@ -481,6 +481,9 @@ def test_transfer_queue_keyerror_names_who_clears_the_room() -> None:
         premise_lines = {(e.path, e.line) for e in f.evidence if e.note.startswith("premise:")}
         assert {(_srt("decode.py"), 824), (_srt("decode.py"), 1681), (_srt("decode.py"), 1583)} <= premise_lines, premise_lines
         assert "true only if two requests share a bootstrap_room" in f.message
+        # The decode side's backend object is the request's KV receiver, and the chain says so.
+        notes = " ".join(e.note for e in f.evidence)
+        assert "another request's receiver for the same room" in notes and "request's sender" not in notes
 
 
 @pytest.mark.parametrize(("version", "reported"), [("0.5.19", True), ("0.5.20", False)])

@@ -14,6 +14,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import unquote
 
 import pytest
 
@@ -131,6 +132,19 @@ def test_json_sarif_and_fingerprints_do_not_depend_on_the_working_directory(tree
         assert run["originalUriBaseIds"]["SRCROOT"]["uri"] == tree.resolve().as_uri() + "/"
         prints.append([(r["partialFingerprints"], r["locations"], r["message"]) for r in run["results"]])
     assert prints[0] == prints[1]
+
+
+def test_sarif_of_a_target_outside_the_root_is_relative_to_the_target(tree: Path, tmp_path: Path) -> None:
+    """Run from a folder the target is not under: the locations never climb out with `../`;
+    SRCROOT names the target folder and every location opens from it."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    run = json.loads(kvtrace("scan", str(tree), "-f", "sarif", cwd=elsewhere).stdout)["runs"][0]
+    base = run["originalUriBaseIds"]["SRCROOT"]["uri"]
+    assert base == tree.resolve().as_uri() + "/"
+    uris = [loc["physicalLocation"]["artifactLocation"]["uri"] for r in run["results"] for loc in r["locations"]]
+    assert uris and not any(uri.startswith("../") for uri in uris)
+    assert all((tree / unquote(uri)).is_file() for uri in uris)
 
 
 def _remote(report: Report, target: str) -> Report:

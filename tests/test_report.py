@@ -644,3 +644,29 @@ def test_an_incomplete_reason_beside_its_subject_never_cuts_a_word() -> None:
     _gaps(gaps, Console(file=buffer, width=80, force_terminal=False, color_system=None), 0)
     text = buffer.getvalue()
     assert word in text and all(len(line) <= 80 for line in text.splitlines()), text
+
+
+def _grid_layouts(text: str) -> list[tuple[str, bool]]:
+    """Per verdict grid of a plain report: what its header starts with (`backend`: states as
+    columns, `state`: backends as columns) and whether its cells hold rule codes."""
+    layouts = []
+    for block in text.split("Verdicts for")[1:]:
+        rows = block.split("\n\n")[0].splitlines()
+        header = next(i for i, row in enumerate(rows) if row.split()[:1] in (["backend"], ["state"]))
+        layouts.append((rows[header].split()[0], any(re.search(r"\bKVT\d{3}\b", row) for row in rows[header + 1:])))
+    return layouts
+
+
+@pytest.mark.parametrize("example", ["installed-layout", "healthy", "inherited-poll"])
+def test_every_grid_of_a_report_is_laid_out_alike_at_any_width(example: str) -> None:
+    """A report with several queues never shows rule names in one grid and codes (or the other
+    orientation) in the next: they are laid out the first way that fits all of them."""
+    from kvtrace.report import render_plain
+
+    report = scan_path(EXAMPLES / example)
+    kinds = set()
+    for width in range(48, 164, 4):
+        layouts = _grid_layouts(render_plain([report], width))
+        assert len(layouts) >= 2 and len(set(layouts)) == 1, (width, layouts)
+        kinds.add(layouts[0])
+    assert len(kinds) >= 2  # the widths tried do change the layout

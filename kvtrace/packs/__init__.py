@@ -57,6 +57,9 @@ SCHEMA: dict[str, dict[str, tuple[str, Any]]] = {
     },
     "backends": {
         "sender_base": (STR, None),
+        # What messages call a request's object of that class: its KV "sender" (prefill side) or
+        # "receiver" (decode side).
+        "kv_object": (STR, "sender"),
         "exclude_classes": (STRS, []),
         "poll_method": (STR, "poll"),
         "abort_method": (STR, "abort"),
@@ -108,6 +111,7 @@ class Pack:
     check_method: str = "check_status"
     manager_side: str = ""
     clock_calls: tuple[str, ...] = ("time.time", "time.monotonic", "time.perf_counter")
+    kv_object: str = "sender"  # a request's object of the backends' class, in messages
     # The queues the user named (--queue), each judged even if not found; empty: the pack's own
     # choice. The others are still analysed, as what their drains do bears on these.
     only: tuple[str, ...] = ()
@@ -333,6 +337,7 @@ def _from_dict(data: dict[str, dict[str, Any]], source: str, path: Path | None) 
         abort_method=backends["abort_method"],
         timeout_names=tuple(backends["timeout_names"]),
         clock_calls=tuple(backends["clock_calls"]),
+        kv_object=backends["kv_object"],
         source=source,
         queues=queues,
         answer_calls=tuple(effects["answer_calls"]),

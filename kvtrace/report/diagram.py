@@ -691,5 +691,5 @@ def mermaid(diagram: Diagram, shown: Callable[[str], str] | None = None) -> str:
 
 
 def mermaid_legend() -> str:
-    return ("Each poll state → the drain loop's branches → kept / leaves / raises / dropped → the sender's "
+    return ("Each poll state → the drain loop's branches → kept / leaves / raises / dropped → the backend's "
             "way out; red: pinned, thick arrows: a pinned state's path, dotted: a missing way out.")

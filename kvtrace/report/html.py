@@ -188,8 +188,8 @@ def _report(report: Report, out: list[str]) -> None:
     queue = drawn_queue(report)
     of = f" of <code>{escape(queue.name)}</code>" if queue is not None and len(report.queues) > 1 else ""
     out.append(f"<h2>State diagrams{of}</h2>")
-    out.append('<p class="meta">Each poll state the sender\'s poll() can return → the branches and helpers of the '
-               "drain loop it passes → kept / leaves / raises / dropped → for kept states, the sender's way out "
+    out.append('<p class="meta">Each poll state the backend\'s poll() can return → the branches and helpers of the '
+               "drain loop it passes → kept / leaves / raises / dropped → for kept states, the backend's way out "
                "(the abort state read by poll(), timeout checks) or its absence. <span class=\"bad\">Red</span>: pinned. "
                "Hover a node for its code, click it to open the line.</p>")
     for diagram in diagrams(report):

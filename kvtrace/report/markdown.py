@@ -355,7 +355,7 @@ def _map(queue, links: Permalinks | None) -> list[str]:
 
 
 def _backends(report: Report, links: Permalinks | None) -> list[str]:
-    out = ["| backend | sender | poll() | returns | reads abort state | timeouts | way out |",
+    out = ["| backend | class | poll() | returns | reads abort state | timeouts | way out |",
            "|---|---|---|---|---|---|---|"]
     abort_called = bool(scheduler_aborts(report))
     for b in report.backends:

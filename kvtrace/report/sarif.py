@@ -3,7 +3,8 @@ evidence as a code flow, and an invocation that says whether the scan was comple
 
 File locations are relative to `root` (the current directory, or --sarif-root), because code
 scanning places a result by its path from the repository root: `kvtrace scan python/sglang`
-run at the top of a checkout writes `python/sglang/srt/...`. A remote target has no local
+run at the top of a checkout writes `python/sglang/srt/...`. A target outside `root` has no
+place in it: its locations are relative to the target folder (SRCROOT names it), never `../`. A remote target has no local
 path: its locations stay relative to the remote folder, under the uriBaseId TARGET."""
 
 from __future__ import annotations
@@ -65,6 +66,7 @@ class _Locator:
         from kvtrace.target import LocalTarget, parse_target
 
         self.prefix: str | None = None
+        self.base: Path | None = None  # the folder SRCROOT names (root, or the target outside it)
         try:
             target = parse_target(report.target)
         except Exception:  # a label that no longer parses: keep target-relative paths
@@ -72,7 +74,13 @@ class _Locator:
         if isinstance(target, LocalTarget):
             base = target.path.parent if target.path.is_file() else target.path
             rel = os.path.relpath(base.resolve(), root.resolve())
-            self.prefix = "" if rel == "." else PurePosixPath(Path(rel).as_posix()).as_posix() + "/"
+            if rel == ".." or rel.startswith(".." + os.sep):
+                # Outside the root no path from it is a place in the repository: the locations
+                # are relative to the target itself, never climbing out of the root with `../`.
+                self.base, self.prefix = base.resolve(), ""
+            else:
+                self.base = root.resolve()
+                self.prefix = "" if rel == "." else PurePosixPath(Path(rel).as_posix()).as_posix() + "/"
 
     def __call__(self, path: str, line: int, message: str | None = None) -> dict[str, Any]:
         # SARIF requires a valid URI reference (RFC 3986): a space, '#', '%' or a non-ASCII
@@ -148,9 +156,10 @@ def to_sarif(reports: list[Report], root: Path | None = None) -> dict[str, Any]:
                 result["codeFlows"] = [_flow(f.evidence, locate)]
             results.append(result)
         base_ids: dict[str, Any] = {}
-        if locate.prefix is not None:
-            base_ids["SRCROOT"] = {"uri": root.resolve().as_uri() + "/",
-                                   "description": {"text": "the folder locations are relative to (--sarif-root)"}}
+        if locate.base is not None:
+            what = "(--sarif-root)" if locate.base == root.resolve() else "(the scanned folder, outside --sarif-root)"
+            base_ids["SRCROOT"] = {"uri": locate.base.as_uri() + "/",
+                                   "description": {"text": f"the folder locations are relative to {what}"}}
         else:
             base_ids["TARGET"] = {"description": {"text": f"the scanned remote folder {report.target}"}}
         runs.append({

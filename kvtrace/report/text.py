@@ -160,16 +160,18 @@ def _grid_width(grid, by_state: bool) -> int:
 
 def _grid(report: Report, console: Console) -> None:
     """One grid per queue. Names in the cells when they fit (states as columns, else backends
-    as columns), else rule codes with a legend: a name is never folded or cut."""
+    as columns), else rule codes with a legend: a name is never folded or cut. Every grid of
+    the report is laid out the same way (the first way all of them fit), so one queue's grid
+    never shows names where the next one shows codes."""
     queues: list[QueueReport] | list[None] = report.queues or [None]
-    for number, queue in enumerate(queues):
+    # Backends as rows first (names, then codes), then states as rows.
+    for by_states, short in ((True, False), (True, True), (False, False), (False, True)):
+        grids = [verdict_grid(report, short, queue) for queue in queues]
+        if all(_grid_width(grid, by_states) <= console.width for grid in grids):
+            break
+    for number, grid in enumerate(grids):
         if number:
             console.print()
-        # Backends as rows first (names, then codes), then states as rows.
-        for by_states, short in ((True, False), (True, True), (False, False), (False, True)):
-            grid = verdict_grid(report, short, queue)
-            if _grid_width(grid, by_states) <= console.width:
-                break
         _one_grid(grid, by_states, console)
 
 
