@@ -9,11 +9,14 @@ two implementations. A new effect is one method here and one entry in its class'
 
 from __future__ import annotations
 
+import ast
 from typing import Any, Callable
 
 import libcst as cst
 
-from kvtrace.flow import REMOVED, CallSite, Explorer, PathState
+from kvtrace.flow import REMOVED, CallSite, Explorer, PathState, instance_fact
+from kvtrace.index import FuncRef, Index
+from kvtrace.syntax import dotted
 from kvtrace.model import EventKind
 from kvtrace.states import KEEP, NONE, NOW, REQ, TRUE, Val
 
@@ -91,7 +94,21 @@ class QueueEffects(PackEffects):
             return [(path.emit(site.event(EventKind.POLL, site.callee)), run.poll_value())]
         return None
 
-    CALLS: tuple[CallEffect, ...] = (removal, queue_entry, PackEffects.pack_call, PackEffects.clock_read, poll)
+    def abort(self, run: Explorer, site: CallSite, path: PathState) -> Answer | None:
+        """An abort call the pack names, with what the called function's first statements store
+        on the request it is given (`req.finished_reason = FINISH_ABORT(...)`): a later
+        `isinstance(req.finished_reason, FINISH_ABORT)` on the path is then decided."""
+        if not site.callee or not run.c.pack.is_abort(site.callee):
+            return None
+        answered = PackEffects.pack_call(self, run, site, path)
+        func, _ = run.resolve(site.callee, site.frame)
+        held = dotted(site.node.args[0].value) if site.node.args and not site.node.args[0].star else ""
+        if answered is None or func is None or not held or "(" in held:
+            return answered
+        stores = leading_stores(run.c.index, func)
+        return [(_stored(p, held, stores), value) for p, value in answered]
+
+    CALLS: tuple[CallEffect, ...] = (removal, queue_entry, abort, PackEffects.pack_call, PackEffects.clock_read, poll)
 
 
 class SenderEffects(PackEffects):
@@ -107,6 +124,47 @@ class SenderEffects(PackEffects):
         return path
 
     CALLS: tuple[CallEffect, ...] = (PackEffects.pack_call, PackEffects.clock_read)
+
+
+def leading_stores(index: Index, func: FuncRef) -> tuple[tuple[str, str], ...]:
+    """`(attr, origin)` for each `<first parameter>.<attr> = C(...)` among the statements `func`
+    runs first, before anything that could return early (only a docstring, imports and `pass`
+    may come between); origin: where `C` comes from (Index.origin). Cached per function."""
+    key = ("leading stores", id(func.node))
+    found = index.derived.get(key)
+    if found is None:
+        params = [a.arg for a in func.node.args.posonlyargs + func.node.args.args]
+        stores: list[tuple[str, str]] = []
+        for stmt in func.node.body if params else []:
+            if isinstance(stmt, (ast.Import, ast.ImportFrom, ast.Pass)) or (
+                    isinstance(stmt, ast.Expr) and isinstance(stmt.value, ast.Constant)):
+                continue
+            stored = _param_store(stmt, params[0])
+            if stored is None:
+                break
+            attr, cls = stored
+            origin = index.origin(func, cls)
+            if origin is not None:
+                stores.append((attr, origin))
+        found = index.derived[key] = tuple(stores)
+    return found
+
+
+def _param_store(stmt: ast.stmt, param: str) -> tuple[str, str] | None:
+    """`<param>.<attr> = C(...)`: (attr, C); None for any other statement."""
+    if not isinstance(stmt, ast.Assign) or len(stmt.targets) != 1:
+        return None
+    target, value = stmt.targets[0], stmt.value
+    if isinstance(target, ast.Attribute) and isinstance(target.value, ast.Name) and target.value.id == param \
+            and isinstance(value, ast.Call) and isinstance(value.func, ast.Name):
+        return target.attr, value.func.id
+    return None
+
+
+def _stored(path: PathState, held: str, stores: tuple[tuple[str, str], ...]) -> PathState:
+    for attr, origin in stores:
+        path = path.set_attr(instance_fact(f"{held}.{attr}"), frozenset({origin}))
+    return path
 
 
 _NONE: Val = frozenset({NONE})

@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Iterator, Protocol, TypeVar
 import libcst as cst
 
 from kvtrace.gaps import Cut
-from kvtrace.index import ClassInfo, FuncRef, Index
+from kvtrace.index import ClassInfo, FuncRef, Index, same_origin
 from kvtrace.managers import RECEIVE, WIRE_CALLS, WIRE_METHODS, received_message
 from kvtrace.parse import CstFunction
 from kvtrace.model import SITE_KINDS, EventKind
@@ -461,7 +461,7 @@ def names_in(node: cst.CSTNode) -> set[str]:
     return found
 
 
-_FORGETTABLE = frozenset({"chain", "self-chain", "comparison"})  # fact kinds forget_dead drops once read no more
+_FORGETTABLE = frozenset({"chain", "self-chain", "comparison", "instance"})  # fact kinds forget_dead drops once read no more
 _CHAIN = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")  # a name or attribute chain: what live_after lists
 
 
@@ -718,6 +718,8 @@ class Explorer:
         if key.kind == "self-chain":
             return bool(key.sides) and f"{frame.self_name}.{key.sides[0]}" not in after \
                 and not self.read_later(key.sides[0], after, stmt, frame)
+        if key.kind == "instance":
+            return key.sides[0] not in after and not self.read_later(key.sides[0], after, stmt, frame)
         if key.kind == "comparison":  # a test again needs both sides' text
             return any(_CHAIN.fullmatch(side) is not None and side not in after
                        and not self.read_later(side, after, stmt, frame) for side in key.sides)
@@ -1004,6 +1006,8 @@ class Explorer:
             stored = frozenset(self.c.domain.states(value)) or frozenset(self.c.domain.members)
             return path.set_attr(TABLE, stored).emit(
                 Event(EventKind.TABLE_STORE, frame.func.path, frame.body.line(target), frame.func.qualname, ", ".join(sorted(stored))))
+        if isinstance(target, cst.Attribute):  # `x.a = ...` ends what the path knew x.a's class to be
+            path = forget(path, {("field", target.attr.value)})
         if frame is not None and isinstance(target, cst.Attribute) and frame.is_self_attr(target):
             return self.write_self_attr(target, value, path, frame)
         if isinstance(target, (cst.Tuple, cst.List)):
@@ -1686,6 +1690,8 @@ class Explorer:
             return [(p, frozenset(truths))]
         if callee in ("max", "min") and len(values) >= 2 and not any(a.star for a in node.args):
             return [(p, self.extreme(callee, values))]
+        if callee == "isinstance" and len(node.args) == 2 and self.known_instance(node, p, frame):
+            return [(p, frozenset({TRUE}))]
         over_the_wire = self.wire(node, callee, values, p, frame)
         if over_the_wire is not None:
             return over_the_wire
@@ -1699,6 +1705,19 @@ class Explorer:
             params = [a.arg for a in target.func.node.args.posonlyargs + target.func.node.args.args]
             self_name = params[target.self_param] if target.self_param < len(params) else "self"
         return self.call_function(target.func, target.cls, args, p, target.prefix, self_name)
+
+    def known_instance(self, node: cst.Call, path: PathState, frame: Frame) -> bool:
+        """`isinstance(x.a, C)` where the path stored `C(...)` in `x.a` (an instance fact) and
+        both `C`s come from one place: true. Else not known (the call goes on as before)."""
+        held = dotted(node.args[0].value)
+        if not held or "(" in held:
+            return False
+        stored = path.attr(instance_fact(held))
+        kinds = node.args[1].value
+        names = [e.value for e in kinds.elements] if isinstance(kinds, cst.Tuple) else [kinds]
+        return stored is not None and any(
+            isinstance(n, cst.Name) and any(same_origin(origin, self.c.index.origin(frame.func, n.value)) for origin in stored)
+            for n in names)
 
     def wire(self, node: cst.Call, callee: str, values: list[Val], p: PathState,
              frame: Frame) -> list[tuple[PathState, Val]] | None:
@@ -1975,6 +1994,15 @@ FACT_LOCAL = FACT + ":"  # the text of a "chain" fact: "?:<chain>"
 
 def chain_fact(chain: str) -> FactKey:
     return FactKey(":" + chain, "chain", frozenset({("local", chain.partition(".")[0])}))
+
+
+def instance_fact(chain: str) -> FactKey:
+    """What class of object the path stored in attribute chain `chain` (`req.finished_reason`),
+    as the origin of the class called (Index.origin). Assigning the chain's root or any
+    attribute of its last name forgets it."""
+    root, _, rest = chain.partition(".")
+    return FactKey("new:" + chain, "instance", frozenset({("local", root), ("field", rest.rpartition(".")[2] or root)}),
+                   (chain,))
 
 
 def comparison_fact(text: str, sides: tuple[str, ...] = ()) -> FactKey:

@@ -170,6 +170,31 @@ class Index:
                     result.append(info)
         return sorted(result, key=lambda c: (c.path, c.line))
 
+    def origin(self, func: FuncRef, name: str) -> str | None:
+        """Where the class or function `name` used in `func` comes from, as `module.name`: an
+        import in the function's body or at its module's top (`from ..x import C`, relative
+        imports read from the module's place in the tree), or a class its module defines. Two
+        uses name the same object when one origin ends the other (an absolute import names the
+        package above the scanned folder): see same_origin. None: not found."""
+        if "." in name:
+            return None
+        module_parts = func.path.removesuffix(".py").split("/")
+        package = module_parts[:-1]
+        for stmt in [*func.node.body, *func.module.tree.body]:
+            if isinstance(stmt, ast.ImportFrom):
+                for alias in stmt.names:
+                    if (alias.asname or alias.name) != name:
+                        continue
+                    if stmt.level:
+                        base = package[:len(package) - (stmt.level - 1)] if stmt.level - 1 <= len(package) else None
+                        if base is None:
+                            return None
+                        return ".".join([*base, *(stmt.module.split(".") if stmt.module else []), alias.name])
+                    return f"{stmt.module}.{alias.name}" if stmt.module else None
+            elif isinstance(stmt, ast.ClassDef) and stmt.name == name and stmt in func.module.tree.body:
+                return ".".join([*module_parts, name])
+        return None
+
     def resolve_function(self, name: str, near: str) -> FuncRef | None:
         """A module-level function called by bare name from file `near`."""
         own = self.module_functions.get(near, {})
@@ -342,3 +367,13 @@ def functions_given_self(index: Index, classes: list[ClassInfo]) -> list[tuple[F
                 if func is not None and at is not None and at < len(params):
                     found.append((func, params[at]))
     return found
+
+
+def same_origin(a: str | None, b: str | None) -> bool:
+    """Whether two origins (Index.origin) name one object: equal, or one ends the other at a
+    dot, with a module and a name at least (`managers.schedule_batch.C` is
+    `sglang.srt.managers.schedule_batch.C` imported absolutely)."""
+    if a is None or b is None or a.count(".") < 1 or b.count(".") < 1:
+        return False
+    short, long = sorted((a, b), key=len)
+    return long == short or long.endswith("." + short)

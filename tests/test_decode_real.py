@@ -77,11 +77,17 @@ def test_prealloc_queue_mapped_by_hand(report: Report) -> None:
     q = next(q for q in report.queues if q.name == "disagg_decode_prealloc_queue")
     assert (q.drain.path, q.drain.line) == (DECODE, 322)
     fates = {state: fate.fate for state, fate in q.states.items()}
-    # The removal loops test request flags kvtrace does not tie to the poll pass, so a polled
-    # request may stay or leave; their `assert decode_req.metadata_buffer_index is not None` (419)
-    # may fail as far as the engine can tell (it follows the allocator check at 379, so it is no
-    # unhandled state). Transferring and Success reach the ValueError.
-    for state in ("Failed", "Bootstrapping", "WaitingForInput"):
+    # Failed: prepare_abort (334) first stores `req.finished_reason = FINISH_ABORT(...)`
+    # (utils.py 321, FINISH_ABORT imported from managers.schedule_batch there and in decode.py),
+    # so the removal loop's `isinstance(decode_req.req.finished_reason, FINISH_ABORT)` (362)
+    # holds and `indices_to_remove.add(i)` (366) removes it; the preallocation loop's `if i in
+    # indices_to_remove: continue` (370) then passes it by: it only leaves. The other polled
+    # states carry no such store: the removal loop may take them (a request aborted elsewhere)
+    # or not, and their `assert decode_req.metadata_buffer_index is not None` (419) may fail as
+    # far as the engine can tell (it follows the allocator check at 379, so it is no unhandled
+    # state). Transferring and Success reach the ValueError.
+    assert fates["Failed"] == ["leaves"]
+    for state in ("Bootstrapping", "WaitingForInput"):
         assert fates[state] == ["kept", "leaves", "raises"], state
     assert fates["Transferring"] == fates["Success"] == ["raises"]
     expected = {
@@ -94,7 +100,7 @@ def test_prealloc_queue_mapped_by_hand(report: Report) -> None:
         ("abort", DECODE, 334, ("Failed",)),
         ("raise", DECODE, 342, ("Transferring", "Success")),
         ("done", DECODE, 366, ("Failed", "Bootstrapping", "WaitingForInput")),
-        ("done", DECODE, 425, ("Failed", "Bootstrapping", "WaitingForInput")),
+        ("done", DECODE, 425, ("Bootstrapping", "WaitingForInput")),  # an aborted request never gets here
         ("reassign", DECODE, 427, ()),
         ("gauge", "sglang/srt/managers/scheduler_metrics_mixin.py", 235, ()),
     }
@@ -200,10 +206,14 @@ def test_0_4_8_prealloc_queue_mapped_by_hand() -> None:
     q = _queue(report, "disagg_decode_prealloc_queue")
     assert (q.drain.path, q.drain.line) == (_srt("decode.py"), 313)
     fates = {state: fate.fate for state, fate in q.states.items()}
-    # Transferring and Success reach only the raise; the others go on to pop_preallocated's
-    # own loops, which may keep, move on or (an assert on the metadata buffer) raise.
+    # Transferring and Success reach only the raise; Bootstrapping and WaitingForInput go on to
+    # pop_preallocated's own loops, which may keep, move on or (an assert on the metadata
+    # buffer) raise. Failed only leaves: prepare_abort stores FINISH_ABORT in finished_reason,
+    # so the removal loop's isinstance test (351) removes it (355) and the preallocation loop
+    # passes it by (`if i in indices_to_remove: continue`, 359).
     assert fates["Transferring"] == fates["Success"] == ["raises"]
-    for state in ("Failed", "Bootstrapping", "WaitingForInput"):
+    assert fates["Failed"] == ["leaves"]
+    for state in ("Bootstrapping", "WaitingForInput"):
         assert fates[state] == ["kept", "leaves", "raises"], state
     expected = {
         ("entry", _srt("decode.py"), 247, ()),

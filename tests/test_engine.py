@@ -24,7 +24,7 @@ from kvtrace.flow import CallSite, Explorer, Options, PathLimit, PathState, RunL
 from kvtrace.effects import QUEUE_EFFECTS, SENDER_EFFECTS, CallEffect, QueueEffects
 from kvtrace.gaps import Cut
 from kvtrace.graph import _removal_index
-from kvtrace.index import FuncRef, Index
+from kvtrace.index import FuncRef, Index, same_origin
 from kvtrace.managers import manager_facts
 from kvtrace.model import EventKind, Gap, GapKind, ProblemKind, SourceFile
 from kvtrace.packs import load_pack
@@ -428,6 +428,41 @@ def test_a_request_whose_index_joined_the_removal_set_is_in_it_later_in_the_call
     # Another name than the loop's index is not the request's index.
     other = explore_removal(REMOVAL_PASS.replace("if i in removed", "if j in removed"), scoped=True)
     assert len(other) == 4
+
+
+ABORTS = ("\n\nclass FINISH_ABORT:\n    pass\n\n\nclass OTHER_REASON:\n    pass\n\n\n"
+          "def prepare_abort(req, message):\n    \"\"\"End it.\"\"\"\n    req.finished_reason = FINISH_ABORT()\n"
+          "    if req.return_logprob:\n        req.logprob = []\n")
+ABORTED_THEN_TESTED = ("prepare_abort(req, 'failed')\n{between}if isinstance(req.finished_reason, {cls}):\n"
+                       "    return KVPoll.Failed\nreturn KVPoll.Success")
+
+
+@pytest.mark.parametrize(("between", "cls", "module", "expected"), [
+    # The abort's first statement stores an instance of the class the test names: decided.
+    ("", "FINISH_ABORT", ABORTS, {frozenset({"Failed"})}),
+    # Another class, the attribute stored again, or a store after an early return: not known.
+    ("", "OTHER_REASON", ABORTS, {frozenset({"Failed"}), frozenset({"Success"})}),
+    ("req.finished_reason = None\n", "FINISH_ABORT", ABORTS, {frozenset({"Failed"}), frozenset({"Success"})}),
+    ("", "FINISH_ABORT", ABORTS.replace("    req.finished_reason = FINISH_ABORT()\n",
+                                        "    if message:\n        return\n    req.finished_reason = FINISH_ABORT()\n"),
+     {frozenset({"Failed"}), frozenset({"Success"})}),
+])
+def test_an_abort_stores_its_reason_and_a_later_isinstance_test_reads_it(between: str, cls: str, module: str,
+                                                                        expected: set) -> None:
+    ends, _ = explore(ABORTED_THEN_TESTED.format(between=between, cls=cls), {"req": frozenset({"@req"})}, module=module)
+    assert any(e.kind is EventKind.ABORT for end in ends for e in end.events)
+    assert returns(ends) == expected
+
+
+def test_an_origin_is_where_the_name_is_imported_from_or_defined() -> None:
+    index, func, _ = function_f("from .managers.batch import FINISH_ABORT as FA\n\n\nclass Local:\n    pass\n\n\n"
+                                "def f():\n    from sglang.srt.other import Thing\n    return FA, Local, Thing\n")
+    assert index.origin(func, "FA") == "managers.batch.FINISH_ABORT"  # m.py is at the top of the tree
+    assert index.origin(func, "Local") == "m.Local"
+    assert index.origin(func, "Thing") == "sglang.srt.other.Thing"
+    assert index.origin(func, "Missing") is None
+    assert same_origin("managers.batch.FINISH_ABORT", "sglang.srt.managers.batch.FINISH_ABORT")
+    assert not same_origin("managers.batch.FINISH_ABORT", "sglang.srt.managers.other_batch.FINISH_ABORT")
 
 
 @pytest.mark.parametrize(("source", "fresh"), [
