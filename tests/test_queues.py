@@ -157,6 +157,8 @@ def test_every_format_names_the_queue_of_each_finding(host: Path, default_json: 
     # Rules about the backends alone (abort-ignored, no-timeout...) are about no queue.
     assert all(f["queue"] is None for f in default_json["findings"] if f["rule"] in ("abort-ignored", "no-timeout"))
     assert all(f["fingerprint"].split("|")[1] == (f["queue"] or "-") for f in default_json["findings"])
+    # Two queues judged: the summary line says which one the errors pin.
+    assert default_json["summary"].startswith(f"2 errors: nixl pins WaitingForInput, Transferring in {INFLIGHT} · ")
 
     sarif = json.loads(kvtrace(str(host), "--format", "sarif").stdout)
     results = sarif["runs"][0]["results"]

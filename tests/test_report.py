@@ -372,8 +372,9 @@ def test_at_80_by_50_the_answer_is_on_screen_when_the_scan_ends() -> None:
     last_screen = "\n".join(_last_screen(out, rows=49, columns=80))  # 50 rows, one for the next prompt
     # Folded at 80 columns: the summary is the last lines after the grid's legend.
     summary = " ".join(last_screen[last_screen.rindex("\n12 warnings"):].split())
-    assert summary == ("12 warnings: nixl pins WaitingForInput only if two requests share a"
-                       " bootstrap_room · 10 notes")
+    # Two queues judged: the pin names its queue.
+    assert summary == ("12 warnings: nixl pins WaitingForInput in disagg_prefill_inflight_queue only if two"
+                       " requests share a bootstrap_room · 10 notes")
     # Both queues of the prefill host: each grid on the last screen.
     assert "Verdicts for disagg_prefill_inflight_queue" in last_screen
     assert "Verdicts for disagg_prefill_bootstrap_queue" in last_screen
@@ -487,7 +488,8 @@ def test_role_all_at_80_by_50_both_roles_answers_are_on_the_end_screen() -> None
         assert f"Verdicts for {queue}" in last_screen, queue
     assert re.search(r"^nixl +\S+ +\S+ +KVT001~ ", last_screen, re.M)  # the prefill side's pin
     flat = " ".join(last_screen.split())
-    assert "12 warnings: nixl pins WaitingForInput only if two requests share a bootstrap_room · 10 notes" in flat
+    assert ("12 warnings: nixl pins WaitingForInput in disagg_prefill_inflight_queue only if two requests share a"
+            " bootstrap_room · 10 notes") in flat
     # the decode side's summary, last (21 before the HiSparse `assert prefix_len == 0` stopped being
     # read as a test of the poll state, five false unhandled-state warnings)
     assert flat.endswith("16 warnings · 8 notes")

@@ -413,30 +413,32 @@ def gap_text(gaps: list[Gap], more: int = 0) -> str:
     return ", ".join(parts)
 
 
-def _named(findings: list[Finding]) -> str:
+def _named(findings: list[Finding], several: bool = False) -> str:
     """`nixl pins Bootstrapping, WaitingForInput; nixl: poll-raises`, each with its premise if it
-    has one (`... only if two requests share a bootstrap_room`)."""
-    what: dict[tuple[str | None, str, str | None], list[str]] = {}
+    has one (`... only if two requests share a bootstrap_room`); with `several` queues judged,
+    each names its queue (`nixl pins WaitingForInput in disagg_decode_transfer_queue`)."""
+    what: dict[tuple[str | None, str, str | None, str | None], list[str]] = {}
     for f in findings:
-        states = what.setdefault((f.backend, f.rule, f.premise), [])
+        states = what.setdefault((f.backend, f.rule, f.premise, f.queue if several else None), [])
         if f.state and f.state not in states:
             states.append(f.state)
     named = []
-    for (backend, rule, premise), states in what.items():
-        subject = backend or "queue"
+    for (backend, rule, premise, queue), states in what.items():
+        subject = backend or queue or "queue"  # a finding of no one backend: its queue says it
+        where = f" in {queue}" if queue and backend else ""
         consequence = consequence_of(rule)  # "nixl pins ...": what happens to the request; else the rule's id
         said = f"{subject} {consequence.verb if consequence else rule} {', '.join(states)}" if states \
             else f"{subject}: {rule}"
-        named.append(said + (f" only if {premise}" if premise else ""))
+        named.append(said + where + (f" only if {premise}" if premise else ""))
     return "; ".join(named)
 
 
-def _conditional(findings: list[Finding]) -> str:
+def _conditional(findings: list[Finding], several: bool = False) -> str:
     """The warnings an on-call reader looks for by name: a pin that holds only under a premise,
     and any finding that rests on a caller outside the scanned folder (an error, or nothing,
     when the folder that holds the callers is scanned)."""
     return _named([f for f in findings if f.premise and (
-        (f.backend and consequence_of(f.rule) and f.state) or PremiseKind.UNSEEN_CALLER in f.premise_kinds)])
+        (f.backend and consequence_of(f.rule) and f.state) or PremiseKind.UNSEEN_CALLER in f.premise_kinds)], several)
 
 
 @dataclass(frozen=True)
@@ -481,7 +483,8 @@ def summarize(report: Report) -> Summary:
             continue
         # A pin that holds only under a premise is a warning, but it is still the answer an
         # on-call reader looks for: name it with what it rests on.
-        named = _named(found) if severity == "error" else _conditional(found)
+        several = len(report.queues) > 1
+        named = _named(found, several) if severity == "error" else _conditional(found, several)
         counted = _plural(len(found), severity)
         parts.append(SummaryPart(f"{counted}: {named}" if named else counted, severity, named))
     if not findings:
