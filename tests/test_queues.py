@@ -200,7 +200,9 @@ def test_a_tree_without_the_bootstrap_queue_keeps_its_report_unless_the_queue_is
 
 def test_unknown_or_conflicting_choices_are_one_line_errors(host: Path) -> None:
     for args, fragment in (
-        (["--queue", "disagg_prefill_waiting_queue"], f"not a queue of the pack sglang-prefill (its queues: {INFLIGHT}, {BOOTSTRAP})"),
+        # A name no role holds: every role's queues are listed (the user chose no pack).
+        (["--queue", "disagg_prefill_waiting_queue"],
+         f"not a queue of any role (the queues: {INFLIGHT}, {BOOTSTRAP}, {PREALLOC}, {TRANSFER})"),
         (["--queue", f"{TRANSFER},{BOOTSTRAP}"], f"{TRANSFER} is in the pack sglang-decode"),
         (["--role", "decode", "--rules", "sglang-prefill"], "give one of them"),
         (["--role", "both"], "--role"),

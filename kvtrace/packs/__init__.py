@@ -390,6 +390,9 @@ def select_queues(pack: Pack, queues: list[str]) -> Pack:
         # Queues of the two roles (prefill's and decode's): --role all is the scan that reads both.
         both = pack.name in roles and len(elsewhere) == len(unknown) and set(elsewhere.values()) <= roles
         suggest = "; --role all scans both roles' queues, one report per role" if both else ""
+        if pack.name in roles and not elsewhere:  # no role holds it: name every role's queues
+            held = [name for role_pack in ROLE_PACKS.values() for name in load_pack(role_pack).queues]
+            raise InputError(f"--queue {', '.join(unknown)}: not a queue of any role (the queues: {', '.join(held)})")
         raise InputError(f"--queue {', '.join(unknown)}: not a queue of the pack {pack.name} "
                          f"(its queues: {', '.join(pack.queues)}){hint}; one scan reads one pack{suggest}")
     return replace(pack, only=tuple(name for name in pack.queues if name in queues))

@@ -430,7 +430,7 @@ def _literal(text: str) -> Text:
 
 
 def _print_backend_detail(console: Console, b: Backend, abort_called: bool = True) -> None:
-    rows: list[tuple[str, str]] = [("sender", f"{b.sender}  {b.path}:{b.line}")]
+    rows: list[tuple[str, str]] = [("class", f"{b.sender}  {b.path}:{b.line}")]
     if b.poll:
         inherited = f" (inherited from {b.poll.inherited_from})" if b.poll.inherited_from else ""
         rows.append(("poll()", f"{b.poll.path}:{b.poll.line}{inherited}"))
