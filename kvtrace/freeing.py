@@ -95,9 +95,11 @@ def what_frees(report: Report, backend: Backend, abort_method: str = "abort") ->
             else:
                 why = (f"{backend.sender} has no concrete {abort_method}() ({_callers_text(callers, abort_method)}, "
                        "and none of those calls reaches its poll())")
+            stuck = (", so the request stays until the server restarts" if _pinned_anywhere(report, backend, state)
+                     else ", but no queue scanned keeps a request in it for good: each grid says where it leaves "
+                          "or why it cannot be there")
             how, text = "nothing", (f"nothing in this release frees it: {why} and "
-                                    f"{_unreached_timeouts(report, timeouts, state)}, so the request stays "
-                                    "until the server restarts")
+                                    f"{_unreached_timeouts(report, timeouts, state)}{stuck}")
             # A timeout that ends the state on other runs of poll() is no way out on the run that
             # keeps it: its lines are in the text, its setting is no answer.
             evidence = list(verdict.chain[:3]) + callers[:1]
@@ -111,6 +113,17 @@ def what_frees(report: Report, backend: Backend, abort_method: str = "abort") ->
             text = "; ".join(parts) or verdict.how
         found.append(Freeing(state, how, text, evidence))
     return found
+
+
+def _pinned_anywhere(report: Report, backend: Backend, state: str) -> bool:
+    """Whether a finding says `backend` pins `state` in some queue (an error, or a warning under
+    a premise); without one, the backend's poll() never ending the state pins no request (the
+    drain lets it out, or no request can be in it there): the grid's verdict, not a restart."""
+    from kvtrace.model import Consequence
+    from kvtrace.rulemeta import consequence_of
+
+    return any(f.backend == backend.name and f.state == state and consequence_of(f.rule) is Consequence.PINNED
+               for f in report.findings)
 
 
 def _unreached_timeouts(report: Report, timeouts: list[TimeoutCheck], state: str) -> str:

@@ -791,3 +791,21 @@ def test_releases_read_for_warnings_only_have_no_error_and_no_path_limit(version
     assert not [p for p in report.problems if p.kind in (ProblemKind.PATH_LIMIT, ProblemKind.CUT)], report.problems
     assert not report.incomplete, report.gaps
     assert not [(f.rule, f.backend, f.state, f.path, f.line) for f in report.findings if f.severity == "error"]
+
+
+def test_what_frees_a_state_no_queue_pins_says_so_instead_of_a_restart() -> None:
+    """0.5.9: NixlKVReceiver.poll() never ends WaitingForInput on its own (no abort(), its
+    timeout not reached on the run that keeps it), yet both decode grids show it `ok` (the
+    prealloc drain moves it on; the transfer queue's way in moved past it). Its "what frees"
+    line said the request stays until the server restarts, against the grid; a backend that
+    does pin a state (0.4.6.post5 nixl, WaitingForInput in the transfer queue) keeps saying it."""
+    from kvtrace.freeing import what_frees
+
+    report = decode_scan("0.5.9")
+    nixl = next(b for b in report.backends if b.name == "nixl")
+    freeing = next(f for f in what_frees(report, nixl) if f.state == "WaitingForInput")
+    assert freeing.how == "nothing" and "no queue scanned keeps a request in it for good" in freeing.text
+    assert "until the server restarts" not in freeing.text
+    old = decode_scan("0.4.6.post5")
+    pinned = next(f for f in what_frees(old, next(b for b in old.backends if b.name == "nixl")) if f.state == "WaitingForInput")
+    assert pinned.text.endswith("so the request stays until the server restarts")
