@@ -422,8 +422,10 @@ class _Fleet:
     def _stamp(self, target: str, result: HostResult, packs: tuple, roots: list[str]) -> None:
         """What the cache cannot know, written on each report: the filters' source and the host's facts."""
         settings = self.options.settings.get(target)
-        # --role all: each report names the role whose pack judged it (in _analyse's order).
-        roles = [_role_of(pack) if len(packs) > 1 else None for pack in packs for _ in roots]
+        # Each report names the role whose pack judged it (in _analyse's order): --role all's
+        # reports, and a scan of the decode side alone (its header says so); the default
+        # (prefill) scan and a pack of one's own, alone, none.
+        roles = [_role_of(pack) if len(packs) > 1 or _other_role(pack) else None for pack in packs for _ in roots]
         for report, role in zip(result.reports, roles):
             # The cache keys on what is selected, not on which file said so: stamp it per run.
             report.filters = replace(report.filters, config=getattr(settings, "source", None))
@@ -500,6 +502,13 @@ def verdicts_of(findings: Iterable[dict[str, Any]]) -> list[str]:
         if line not in lines:
             lines.append(line)
     return lines
+
+
+def _other_role(pack: Any) -> bool:
+    """A bundled role pack other than the default one (the decode side)."""
+    from kvtrace.packs import DEFAULT_PACK, ROLE_PACKS
+
+    return pack.name in ROLE_PACKS.values() and pack.name != DEFAULT_PACK and pack.path is None
 
 
 def _role_of(pack: Any) -> str:

@@ -227,6 +227,9 @@ def test_role_and_a_decode_queue_pick_the_decode_pack() -> None:
         select_queues(decode, [BOOTSTRAP])
     result = kvtrace("examples/nixl-pin", "--queue", TRANSFER, "--format", "json")
     assert [q["name"] for q in json.loads(result.stdout)["reports"][0]["queues"]] == [TRANSFER]
+    # The decode side alone says so in the header; the default (prefill) scan's header is as before.
+    assert kvtrace("examples/nixl-pin", "--role", "decode").stdout.splitlines()[0].endswith(" · role decode")
+    assert " · role " not in kvtrace("examples/nixl-pin").stdout.splitlines()[0]
 
 
 def test_role_all_judges_every_queue_of_either_role_in_one_run(host: Path, default_json: dict,
