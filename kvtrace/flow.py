@@ -368,7 +368,7 @@ class Options:
     removal_set: str | None = None  # `self.q = [x for i, x in enumerate(self.q) if i not in S]`: S.add(i) removes
     # The function that binds S (`S = set()`, nothing else binds it) and the index names of its
     # loops over the queue: there `i in S` is decided by whether this request's index was added.
-    removal_scope: object | None = None
+    removal_scope: ast.FunctionDef | ast.AsyncFunctionDef | None = None
     removal_index: frozenset[str] = frozenset()
     abort_attrs: frozenset[str] = frozenset()
     attr_values: Callable[[str], Val] | None = None
@@ -1568,9 +1568,9 @@ class Explorer:
     def known_membership(self, node: cst.Comparison, op: str, path: PathState, frame: Frame,
                          ) -> list[tuple[PathState, bool, bool]] | None:
         """`x in C` (or `not in`) where C is the status table or the drain's removal set; None: neither."""
-        positive = op == "in"
         if op not in ("in", "not in"):
             return None
+        positive = op == "in"
         if self.is_table(node.comparisons[0].comparator, frame):
             return self.table_membership(node, positive, path, frame)
         if self.is_removal_test(node, path, frame):

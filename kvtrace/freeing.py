@@ -24,7 +24,7 @@ import keyword
 import re
 from dataclasses import dataclass, field
 
-from kvtrace.model import Backend, Evidence, Report, SourceFile, StateVerdict, TimeoutCheck, WayOut
+from kvtrace.model import Backend, Consequence, Evidence, Report, SourceFile, StateVerdict, TimeoutCheck, WayOut
 
 ENV_NAME = re.compile(r"^[A-Z][A-Z0-9]*(?:_[A-Z0-9]+)+$")
 NAME = re.compile(r"[A-Za-z_]\w*")
@@ -119,8 +119,7 @@ def _pinned_anywhere(report: Report, backend: Backend, state: str) -> bool:
     """Whether a finding says `backend` pins `state` in some queue (an error, or a warning under
     a premise); without one, the backend's poll() never ending the state pins no request (the
     drain lets it out, or no request can be in it there): the grid's verdict, not a restart."""
-    from kvtrace.model import Consequence
-    from kvtrace.rulemeta import consequence_of
+    from kvtrace.rulemeta import consequence_of  # generated from the rules: read only when a state is pinned
 
     return any(f.backend == backend.name and f.state == state and consequence_of(f.rule) is Consequence.PINNED
                for f in report.findings)
