@@ -138,7 +138,8 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
     if runner.truncated:  # read before _left_by_methods runs: its own cuts are problems, not notes
         notes.append("path limit reached in " + ", ".join(sorted(set(runner.truncated))))
     covers = polled.covers()  # before _left_by_methods, whose runs pass timeout checks of their own
-    left_by = _left_by_methods(runner, index, pack, cls, poll, concrete_abort, polled.verdicts, domain, [h for _, h in configs])
+    left_by, pinned_after = _left_by_methods(runner, index, pack, cls, poll, concrete_abort, abort_writes, polled.verdicts,
+                                             domain, configs)
     past = _past_states(runner, index, pack, cls, poll, polled.verdicts, domain, [h for _, h in configs])
     verdicts = _undecided_if_unparsed(runner, name, polled.verdicts, problems)
     order = {m: i for i, m in enumerate(domain.members)}
@@ -168,6 +169,7 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
         constructor_only=constructor_only,
         unborn=runner.unborn,
         left_by=left_by,
+        pinned_after=pinned_after,
         past=past,
         from_table=tuple(sorted(polled.returns - polled.untabled, key=by_member)),
     )
@@ -359,17 +361,24 @@ def raise_sites_with_history(index: Index, pack: Pack, domain: Domain, analysis:
 
 
 def _left_by_methods(runner: "_Runner", index: Index, pack: Pack, cls: ClassInfo, poll: FuncRef,
-                     abort: FuncRef | None, verdicts: dict[str, StateVerdict], domain: Domain,
-                     tables: list[Val | None]) -> dict[str, dict[str, Evidence]]:
+                     abort: FuncRef | None, abort_writes: dict[str, Evidence], verdicts: dict[str, StateVerdict],
+                     domain: Domain, configs: list[_Config]
+                     ) -> tuple[dict[str, dict[str, Evidence]], dict[str, dict[str, tuple[Evidence, ...]]]]:
     """For each pinned state: the sender's methods (other than poll, abort and the constructor)
     after which it is no longer pinned, whatever path the method took: poll() no longer returns
     it (`send()` setting `has_sent`), or abort() or the clock now end it (`init()` starting the
     clock of a waiting timeout). The scheduler may call one before or right after the request
-    enters the queue."""
+    enters the queue.
+
+    Second, for each state still pinned after a method that changed the sender: the chain of
+    that pin when it differs from the one found with nothing run (`init()` set the flag of
+    poll()'s first return, and the state comes from a later one): a queue every request enters
+    with the method run cites the lines its poll() can reach."""
     pinned = [s for s, v in verdicts.items() if v.pinned]
     if not pinned:
-        return {}
+        return {}, {}
     found: dict[str, dict[str, Evidence]] = {}
+    chains: dict[str, dict[str, tuple[Evidence, ...]]] = {}
     names = dict.fromkeys(n for c in index.mro(cls) for n in c.methods)
     for name in names:
         if name in (pack.poll_method, pack.abort_method) or name.startswith("__"):
@@ -377,37 +386,70 @@ def _left_by_methods(runner: "_Runner", index: Index, pack: Pack, cls: ClassInfo
         func = index.find_method(cls, name)
         if func is None or is_abstract(func) or runner.parse(func) is None:
             continue
-        returned: set[str] = set()  # pinned states poll() still returns after the method
-        kept: set[str] = set()  # ... and still with no way out from there
-        ran = False
-        for held in tables:  # the method and then poll() with the table holding each state it can
-            start = ((TABLE, held),) if held is not None else ()
-            ends = [e for e in runner.run(func, start) if e.term != "raise"]
-            ran = ran or bool(ends) and any(e.attrs != start for e in ends)
-            for end in ends:
-                for after in runner.run(poll, end.attrs):
-                    if after.term == "raise":
-                        continue
-                    value = after.ret if after.ret is not None else frozenset({NONE})
-                    now = set(pinned) if OTHER in value else set(domain.states(value)) & set(pinned)
-                    returned |= now
-                    # A state still returned may have a way out now (a timeout from a clock the
-                    # method started): it is pinned only if abort() and the clock still end nothing.
-                    kept |= {s for s in now - kept if OTHER in value or runner.way_out(after, abort, poll, s).verdict.pinned}
-                if kept.issuperset(pinned):
-                    break  # every pinned state stays pinned after it: the method leaves none
-            if kept.issuperset(pinned):
-                break
-        if not ran:
+        after = _PollAfter(runner, cls, poll, abort, abort_writes, verdicts, domain, pinned)
+        if not after.run(func, configs):
             continue
+        for state, chain in after.chains.items():
+            chains.setdefault(state, {})[name] = chain
         for state in pinned:
-            if state not in returned:
+            if state not in after.returned:
                 found.setdefault(state, {})[name] = Evidence(
                     func.path, func.line, f"once {func.qualname}() has run, {cls.name}.{poll.name}() no longer returns {state}")
-            elif state not in kept:
+            elif state not in after.kept:
                 found.setdefault(state, {})[name] = Evidence(
                     func.path, func.line, f"once {func.qualname}() has run, {state} has a way out of {cls.name}.{poll.name}()")
-    return found
+    return found, chains
+
+
+class _PollAfter:
+    """A sender method run from each table content, then poll(): the pinned states poll() still
+    returns, those still with no way out, and the chains of those that cite other lines than
+    the verdict's."""
+
+    def __init__(self, runner: "_Runner", cls: ClassInfo, poll: FuncRef, abort: FuncRef | None,
+                 abort_writes: dict[str, Evidence], verdicts: dict[str, StateVerdict], domain: Domain,
+                 pinned: list[str]) -> None:
+        self.runner, self.cls, self.poll, self.abort, self.abort_writes = runner, cls, poll, abort, abort_writes
+        self.verdicts, self.domain, self.pinned = verdicts, domain, pinned
+        self.returned: set[str] = set()
+        self.kept: set[str] = set()
+        self.chains: dict[str, tuple[Evidence, ...]] = {}
+
+    def run(self, func: FuncRef, configs: list[_Config]) -> bool:
+        """False when the method changes nothing on the sender (or always raises)."""
+        ran = False
+        for label, held in configs:
+            start = ((TABLE, held),) if held is not None else ()
+            ends = [e for e in self.runner.run(func, start) if e.term != "raise"]
+            changed = bool(ends) and any(e.attrs != start for e in ends)
+            ran = ran or changed
+            for end in ends:
+                for after in self.runner.run(self.poll, end.attrs):
+                    if after.term != "raise":
+                        self._judge(label, held, after, changed)
+                if self.kept.issuperset(self.pinned):
+                    return ran  # every pinned state stays pinned after it: the method leaves none
+        return ran
+
+    def _judge(self, label: str, held: Val | None, after: PathState, changed: bool) -> None:
+        value = after.ret if after.ret is not None else frozenset({NONE})
+        now = set(self.pinned) if OTHER in value else set(self.domain.states(value)) & set(self.pinned)
+        self.returned |= now
+        # A state still returned may have a way out now (a timeout from a clock the method
+        # started): it is pinned only if abort() and the clock still end nothing.
+        for state in sorted(now - self.kept):
+            if OTHER in value:
+                self.kept.add(state)
+                continue
+            way = self.runner.way_out(after, self.abort, self.poll, state)
+            if not way.verdict.pinned:
+                continue
+            self.kept.add(state)
+            if changed:
+                chain = _chain(self.runner, self.cls, self.poll, self.abort, self.abort_writes, self.runner.manager,
+                               label, held, after, state, way)
+                if chain != self.verdicts[state].chain:
+                    self.chains[state] = chain
 
 
 PAST_RUNS = 160  # runs a never-again closure may take before it is given up (no claim)

@@ -383,6 +383,10 @@ class Backend:
     # it), poll() no longer returns the state. Whether the scheduler calls it on the request
     # after it enters the queue (and whether a path skips it) is the drain side's question.
     left_by: dict[str, dict[str, Evidence]] = field(default_factory=dict)
+    # pinned state -> sender method -> the pin's chain once that method has run, where it cites
+    # other lines than the verdict's (poll()'s first return is behind a flag the method sets).
+    # A queue every request enters with the method run cites these (rules.way_in).
+    pinned_after: dict[str, dict[str, tuple[Evidence, ...]]] = field(default_factory=dict)
     # pinned state -> state -> where: once poll() has answered that state, it never answers the
     # pinned one again (fake's init() setting `bootstrap_done` for good). A request that enters
     # the queue only after such an answer cannot be pinned in it.

@@ -3,7 +3,7 @@ from __future__ import annotations
 from kvtrace.rules.base import Rule, Sample, ScanContext
 from kvtrace.rules.premise import Premise, clause, joined, unseen_caller_premise, verdict_premise
 from kvtrace.rules.send_flow import polled_attributes
-from kvtrace.rules.way_in import answered_before_entry, send_verdict
+from kvtrace.rules.way_in import answered_before_entry, entered_chain, send_verdict
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain, sender
 from kvtrace.model import Consequence, EventKind, Evidence, Finding, Outcome, PremiseKind
 
@@ -149,9 +149,12 @@ class PinnedState(Rule):
                 verdict = ctx.model.way_out(b.name, state)
                 if b.poll is None or verdict is None or not verdict.pinned:
                     continue
+                # A request that enters with init() run is past poll()'s early return: its chain.
+                entered = entered_chain(ctx, b, state)
+                chain = verdict.chain if entered is None else (entered[1], *entered[0])
                 message = (
                     f"{state} can pin {ctx.pack.queue} with the {b.name} backend: {where}, and {b.sender}.poll() "
-                    f"has no way out of it: " + "; ".join(link.note for link in verdict.chain)
+                    f"has no way out of it: " + "; ".join(link.note for link in chain)
                     + ("; the loop logs nothing when it keeps it, so only the queue gauge shows it" if silent else "")
                 )
                 evidence = [Evidence(s.path, s.line, f"entry: {s.function} appends to the queue") for s in ctx.entries]
@@ -162,7 +165,7 @@ class PinnedState(Rule):
                 if several:
                     evidence += [Evidence(c.path, c.line, f"mode {m.label}: {c.note}") for m, _ in pinned for c in m.callers[:1]]
                 evidence += [Evidence(p, line, f"keep: back into the queue for {state}") for p, line in keep_sites]
-                evidence += list(verdict.chain)
+                evidence += list(chain)
                 unseen = unseen_caller_premise(ctx, [m for m, _ in pinned])
                 premise = joined(verdict_premise(ctx, b, state, verdict), unseen)
                 if answered_before_entry(ctx, set(b.past.get(state, ())), polled_attributes(ctx)):

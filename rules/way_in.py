@@ -9,7 +9,9 @@ append, to the end of its iteration. A call of one of the methods that end a sta
 poll() tests) closes a path, directly or in a helper, on both sides of an `if`; a path that leaves
 before the append never enters; one that leaves after it unsent skips the call. If every path of
 every way in calls one, no request in the queue can be pinned in that state; if some path passes
-it by, the pin rests on that path being taken (`send_verdict`).
+it by, the pin rests on that path being taken (`send_verdict`). A call that ends no pin but runs on
+every path moves poll() past the lines it guards (`init()` setting the flag of its first return):
+the pin's chain then cites the lines a request in the queue can reach (`entered_chain`).
 
 Nor can a request be pinned in a state when each way in is guarded by a flag on the request (`if
 not req.handshaken: continue`) that code sets only in a drain loop of this host's queues, where
@@ -258,6 +260,19 @@ def send_verdict(ctx: ScanContext, backend: Backend, state: str) -> tuple[str, l
     on_the_way_in = any(c.before for f in skipped for c in f.calls)
     return ("skipped", why + list(dict.fromkeys(s for f in skipped for s in f.skips)),
             SEND_SKIPPED_ON_THE_WAY_IN if on_the_way_in else SEND_SKIPPED)
+
+
+def entered_chain(ctx: ScanContext, backend: Backend, state: str) -> tuple[tuple[Evidence, ...], Evidence] | None:
+    """The chain of `state`'s pin as poll() answers it in this queue, when every request enters
+    it with a sender method run that moves poll() past the lines of the backend's own chain
+    (`Backend.pinned_after`: `init()` set the flag poll()'s first return tests): that chain, and
+    the call on the way in. None when no such method runs on every path of every way in."""
+    for method, chain in backend.pinned_after.get(state, {}).items():
+        flows = producer_flows(ctx, {method})
+        if flows is not None and not any(f.skipped for f in flows):
+            call = flows[0].calls[0].at
+            return chain, Evidence(call.path, call.line, f"every request's way into the queue runs {call.note}")
+    return None
 
 
 def producer_flows(ctx: ScanContext, methods: set[str]) -> list[SendFlow] | None:

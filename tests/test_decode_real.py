@@ -809,3 +809,35 @@ def test_what_frees_a_state_no_queue_pins_says_so_instead_of_a_restart() -> None
     old = decode_scan("0.4.6.post5")
     pinned = next(f for f in what_frees(old, next(b for b in old.backends if b.name == "nixl")) if f.state == "WaitingForInput")
     assert pinned.text.endswith("so the request stays until the server restarts")
+
+
+@pytest.mark.parametrize(("version", "entered_past_the_flag"), [
+    ("0.4.6.post5", True), ("0.5.2", True), ("0.5.3.post3", True),
+    # init() returns before `started_transfer = True` when the bootstrap info could not be
+    # fetched (its `if self.bootstrap_infos is None: ... return`): the first return stays reachable.
+    ("0.5.4.post3", False),
+])
+def test_nixl_transfer_queue_pin_cites_the_return_a_request_that_ran_init_reaches(
+        version: str, entered_past_the_flag: bool) -> None:
+    """NixlKVReceiver.poll() answers WaitingForInput twice: under `if not self.started_transfer`
+    (before init()) and after check_transfer_done. Every request enters the transfer queue with
+    init() run (pop_preallocated calls it before the append), so where init() always sets the
+    flag the pin's chain cites the second return and the init() call."""
+    report = decode_scan(version)
+    [pin] = [f for f in report.findings if (f.rule, f.backend, f.state, f.queue) ==
+             ("pinned-state", "nixl", "WaitingForInput", "disagg_decode_transfer_queue")]
+    conn = sglang_tree(version) / "sglang/srt/disaggregation/nixl/conn.py"
+    lines = conn.read_text().splitlines()
+    poll = next(e.line for e in pin.evidence if e.note == "no timeout check is reached for WaitingForInput")
+    body = range(poll + 1, next(n for n in range(poll + 1, len(lines) + 1) if lines[n - 1].startswith("    def ")))
+    returns = [n for n in body if lines[n - 1].strip().startswith("return KVPoll.WaitingForInput")]
+    assert len(returns) == 2 and "not self.started_transfer" in lines[returns[0] - 2], returns
+    [cited] = [e.line for e in pin.evidence if e.path == _srt("nixl/conn.py") and "returns WaitingForInput at" in e.note]
+    assert cited == returns[1 if entered_past_the_flag else 0]
+    init = [e for e in pin.evidence if "way into the queue runs" in e.note]
+    if entered_past_the_flag:
+        [e] = init
+        decode = (sglang_tree(version) / DECODE).read_text().splitlines()
+        assert e.path == _srt("decode.py") and ".kv_receiver.init(" in decode[e.line - 1], e
+    else:
+        assert init == []

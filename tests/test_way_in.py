@@ -202,3 +202,44 @@ CASES = [
 def test_a_call_that_ends_the_pin_counts_only_when_it_dominates_every_way_in(
         finish: str, ready_queue: str, pinned: set[str], tmp_path: Path) -> None:
     assert _pinned(_tree(tmp_path, finish, ready_queue)) == pinned
+
+
+# poll() waits without a deadline both before begin() (its first return) and after it (its
+# last): begin() ends no pin, but a request that entered with it run is past the first return.
+_WAITS_EITHER_WAY = sender("Clocked", '''\
+        if not self.begun:
+            return KVPoll.WaitingForInput
+        if self.mgr.done(self.room):
+            return KVPoll.Success
+        return KVPoll.WaitingForInput''', '''
+    def begin(self):
+        self.begun = True
+''', "        self.begun = False\n")
+
+
+@pytest.mark.parametrize(("finish", "cited"), [
+    pytest.param(CASES[0].values[0], "last", id="begun-on-every-way-in"),
+    pytest.param(CASES[1].values[0], "first", id="begun-on-some-paths"),
+])
+def test_a_pin_cites_the_return_a_request_that_entered_can_reach(finish: str, cited: str, tmp_path: Path) -> None:
+    """The chain of a pin names the line poll() answers the state at for a request in the
+    queue: with begin() run on every way in, the return after the flag's test, and the begin()
+    call; else the first return (a request that entered without begin() reaches it)."""
+    root = _tree(tmp_path, finish)
+    conn = root / "disaggregation/clocked/conn.py"
+    conn.write_text(_WAITS_EITHER_WAY)
+    lines = conn.read_text().splitlines()
+    returns = [n for n, text in enumerate(lines, 1) if text.strip() == "return KVPoll.WaitingForInput"]
+    assert len(returns) == 2
+    report = scan_path(root)
+    [pin] = [f for f in report.findings if f.rule == "pinned-state" and f.backend == "clocked"]
+    returned = [e.line for e in pin.evidence if e.path.endswith("clocked/conn.py") and "returns WaitingForInput at" in e.note]
+    assert returned == [returns[-1] if cited == "last" else returns[0]], pin.evidence
+    begun = [e for e in pin.evidence if "way into the queue runs" in e.note]
+    if cited == "last":
+        prefill = (root / "disaggregation/prefill.py").read_text().splitlines()
+        [e] = begun
+        assert prefill[e.line - 1].strip() == "req.disagg_kv_sender.begin()"
+        assert f"returns WaitingForInput at line {returns[-1]}" in pin.message
+    else:
+        assert begun == []
