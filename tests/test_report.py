@@ -82,6 +82,15 @@ def test_nixl_pin_grid_and_summary_name_what_pins() -> None:
     assert sum(1 for line in lines if re.match(rf"\s*❱\s*{poll}\b", line)) == 1
 
 
+def test_the_header_says_where_the_package_is() -> None:
+    """The package below the target is named by its folder; a target that is the package itself
+    (the disaggregation folder, or a copy renamed) says so, never `package .`."""
+    below = terminal_report(EXAMPLES / "nixl-pin").splitlines()[1]
+    assert below.startswith("package disaggregation/ · "), below
+    itself = terminal_report(EXAMPLES / "nixl-pin" / "disaggregation").splitlines()[1]
+    assert itself.startswith("the target is the package · "), itself
+
+
 def test_piped_text_is_plain_without_trailing_spaces() -> None:
     result = kvtrace("scan", "examples/dropped-else", env={"COLUMNS": "80"})
     assert result.returncode == 1

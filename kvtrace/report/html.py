@@ -173,8 +173,8 @@ def _report(report: Report, out: list[str]) -> None:
                 f" — sglang {escape(str(installed))}" if installed else "")
     out.append(f"<h1>kvtrace: <code>{escape(report.target)}</code>{detected}</h1>")
     analysed = sum(f.status == "ok" for f in report.files)
-    out.append(f'<p class="meta">kvtrace {__version__}; package <code>{escape(report.root or ".")}</code>; '
-               f"{analysed}/{len(report.files)} files analysed.</p>")
+    where = f"package <code>{escape(report.root)}</code>" if report.root else "the target is the package"
+    out.append(f'<p class="meta">kvtrace {__version__}; {where}; {analysed}/{len(report.files)} files analysed.</p>')
     if report.filters.active:  # a narrowed scan says so, as the text report's header does
         out.append(f'<p class="meta filters">{escape(report.filters.describe())}</p>')
     problems = [f"{f.path}: {f.status}: {f.error}" for f in report.files if f.status != "ok"] + [p.text for p in report.problems]

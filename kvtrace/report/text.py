@@ -115,7 +115,7 @@ def _header(report: Report, console: Console) -> None:
         title.append(str(role), "bold")
     console.print(title, soft_wrap=True)  # a long target is left for the terminal to wrap, never cut
     analysed = sum(1 for f in report.files if f.status == "ok")
-    where = f"package {report.root + '/' if report.root else '.'}"
+    where = f"package {report.root}/" if report.root else "the target is the package"
     parts = [where, f"{analysed} of {len(report.files)} files analysed", f"{len(report.backends)} backend{'' if len(report.backends) == 1 else 's'}"]
     if report.version is not None:
         parts.append(f"version from {report.version.path}:{report.version.line}")
