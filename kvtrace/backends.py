@@ -10,7 +10,7 @@ from dataclasses import dataclass, field, replace
 from typing import cast
 
 from kvtrace.effects import SENDER_EFFECTS
-from kvtrace.flow import MANAGER, TABLE, Event, Explorer, Options, PathLimit, PathState
+from kvtrace.flow import MANAGER, Event, Explorer, Options, PathLimit, PathState
 from kvtrace.gaps import Cut
 from kvtrace.index import ClassInfo, FuncRef, Index, functions_given_self
 from kvtrace.managers import (
@@ -29,6 +29,7 @@ from kvtrace.packs import Pack, matches
 from kvtrace.parse import parents as _parents
 from kvtrace.syntax import dotted, enum_member, self_attr
 from kvtrace.states import ABSENT, NONE, OTHER, Domain, Val
+from kvtrace.status_table import TABLE
 
 
 

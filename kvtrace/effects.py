@@ -4,7 +4,9 @@ The walker (`flow.Explorer`) evaluates Python: names, conditions, helper calls. 
 queue, a request or a pack; at each call it asks its `Effects` (given in its Options, as
 Semgrep's dataflow engine takes a record of callbacks) whether the call is an effect: a request
 leaving or staying in the queue, a release, an abort, a poll. The drain loop and the sender are
-two implementations. A new effect is one method here and one entry in its class's `CALLS`.
+two implementations. A new effect is one method here and one entry in its class's `CALLS`. The
+sender's also model the manager's status table, the one container read by key
+(kvtrace.status_table), through the walker's `keyed` and `on_key_*` callbacks.
 """
 
 from __future__ import annotations
@@ -14,7 +16,8 @@ from typing import Any, Callable
 
 import libcst as cst
 
-from kvtrace.flow import REMOVED, CallSite, Explorer, PathState, instance_fact
+from kvtrace import status_table
+from kvtrace.flow import REMOVED, CallSite, Explorer, Frame, PathState, instance_fact
 from kvtrace.index import FuncRef, Index
 from kvtrace.syntax import dotted
 from kvtrace.model import EventKind
@@ -42,6 +45,28 @@ class PackEffects:
     def on_unresolved_call(self, run: Explorer, site: CallSite, path: PathState) -> PathState:
         """A call the walker can neither enter nor name: the path as it goes on."""
         return path
+
+    # No container is modelled by key but the sender's status table (SenderEffects): the walker
+    # asks `keyed` first and calls the on_key_* below only when it answers True.
+    def keyed(self, run: Explorer, node: cst.CSTNode, frame: Frame) -> bool:
+        return False
+
+    def on_key_read(self, run: Explorer, node: cst.Subscript, path: PathState, frame: Frame) -> Answer:
+        raise NotImplementedError
+
+    def on_key_store(self, run: Explorer, target: cst.Subscript, value: Val, path: PathState, frame: Frame) -> PathState:
+        raise NotImplementedError
+
+    def on_key_delete(self, run: Explorer, node: cst.Del, path: PathState, frame: Frame) -> list[PathState]:
+        raise NotImplementedError
+
+    def on_key_method(self, run: Explorer, node: cst.Call, method: str, values: list[Val], path: PathState,
+                      frame: Frame) -> Answer:
+        raise NotImplementedError
+
+    def on_key_membership(self, run: Explorer, node: cst.Comparison, is_in: bool, path: PathState,
+                          frame: Frame) -> list[tuple[PathState, bool, bool]]:
+        raise NotImplementedError
 
     def pack_call(self, run: Explorer, site: CallSite, path: PathState) -> Answer | None:
         pack, callee = run.c.pack, site.callee
@@ -112,9 +137,29 @@ class QueueEffects(PackEffects):
 
 
 class SenderEffects(PackEffects):
-    """A sender's and its manager's methods: the pack's calls, and status updates kvtrace cannot
-    tie to the manager (the manager's table itself is read and written by the walker's table
-    handlers, on `Options.table`)."""
+    """A sender's and its manager's methods: the pack's calls, status updates kvtrace cannot tie
+    to the manager, and the manager's status table (`Options.table`, kvtrace.status_table), the
+    one container read by key."""
+
+    def keyed(self, run: Explorer, node: cst.CSTNode, frame: Frame) -> bool:
+        return status_table.is_table(run, node, frame)
+
+    def on_key_read(self, run: Explorer, node: cst.Subscript, path: PathState, frame: Frame) -> Answer:
+        return status_table.read(run, node, path, frame)
+
+    def on_key_store(self, run: Explorer, target: cst.Subscript, value: Val, path: PathState, frame: Frame) -> PathState:
+        return status_table.store(run, target, value, path, frame)
+
+    def on_key_delete(self, run: Explorer, node: cst.Del, path: PathState, frame: Frame) -> list[PathState]:
+        return status_table.delete(run, node, path, frame)
+
+    def on_key_method(self, run: Explorer, node: cst.Call, method: str, values: list[Val], path: PathState,
+                      frame: Frame) -> Answer:
+        return status_table.method_call(run, node, method, values, path, frame)
+
+    def on_key_membership(self, run: Explorer, node: cst.Comparison, is_in: bool, path: PathState,
+                          frame: Frame) -> list[tuple[PathState, bool, bool]]:
+        return status_table.membership(run, node, is_in, path, frame)
 
     def on_unresolved_call(self, run: Explorer, site: CallSite, path: PathState) -> PathState:
         if run.c.table is not None and site.method == run.c.pack.update_method:

@@ -40,7 +40,6 @@ MAX_DEPTH = 12  # helper call depth
 EMPTY: Val = frozenset()
 # Events that describe a path but are not rows of the release map.
 NOT_SITES: frozenset[EventKind] = frozenset(EventKind) - SITE_KINDS
-TABLE = "@table"  # attribute key of this room's entry in the manager's status table
 # Attribute key set once the request's index joined the drain's removal set (`S.add(i)`).
 REMOVED = "@removed"
 
@@ -423,6 +422,27 @@ class Effects(Protocol):
 
     def on_unresolved_call(self, run: Explorer, site: CallSite, path: PathState) -> PathState:
         """The path before a call the walker can neither enter nor name goes on as unknown."""
+
+    def keyed(self, run: Explorer, node: cst.CSTNode, frame: Frame) -> bool:
+        """Whether the expression is a container the domain models by key (the manager's status
+        table): its reads, stores, deletes, methods and membership tests are the calls below."""
+
+    def on_key_read(self, run: Explorer, node: cst.Subscript, path: PathState, frame: Frame) -> list[tuple[PathState, Val]]:
+        """`c[k]`."""
+
+    def on_key_store(self, run: Explorer, target: cst.Subscript, value: Val, path: PathState, frame: Frame) -> PathState:
+        """`c[k] = value`."""
+
+    def on_key_delete(self, run: Explorer, node: cst.Del, path: PathState, frame: Frame) -> list[PathState]:
+        """`del c[k]`."""
+
+    def on_key_method(self, run: Explorer, node: cst.Call, method: str, values: list[Val], path: PathState,
+                      frame: Frame) -> list[tuple[PathState, Val]]:
+        """`c.<method>(values...)`."""
+
+    def on_key_membership(self, run: Explorer, node: cst.Comparison, is_in: bool, path: PathState,
+                          frame: Frame) -> list[tuple[PathState, bool, bool]]:
+        """`k in c` (`is_in`) or `k not in c`: each path with the test's truth."""
 
 
 @dataclass
@@ -1034,19 +1054,10 @@ class Explorer:
         return out
 
     def del_stmt(self, node: cst.Del, path: PathState, frame: Frame) -> list[PathState]:
-        fn = frame.func.qualname
         targets = [e.value for e in node.target.elements] if isinstance(node.target, (cst.Tuple, cst.List)) else [node.target]
         for target in targets:
-            if isinstance(target, cst.Subscript) and self.is_table(target.value, frame):
-                present, absent = self.table_split(path)
-                line = frame.body.line(node)
-                out = []
-                if present is not None:
-                    out.append(present.set_attr(TABLE, frozenset({ABSENT})).emit(
-                        Event(EventKind.TABLE_CLEAR, frame.func.path, line, fn, code(node))))
-                if absent is not None:
-                    out.append(absent.emit(Event(EventKind.TABLE_RAISE, frame.func.path, line, fn, code(node))).ending("raise"))
-                return out
+            if isinstance(target, cst.Subscript) and self.c.effects.keyed(self, target.value, frame):
+                return self.c.effects.on_key_delete(self, node, path, frame)
         return [path]
 
     def continue_stmt(self, node: cst.Continue, path: PathState, frame: Frame) -> list[PathState]:
@@ -1069,10 +1080,8 @@ class Explorer:
     def assign(self, target: cst.CSTNode, value: Val, path: PathState, frame: Frame | None = None) -> PathState:
         if isinstance(target, cst.Name):
             return forget(path, {("local", target.value), ("word", target.value)}).bind(target.value, value)
-        if frame is not None and isinstance(target, cst.Subscript) and self.is_table(target.value, frame):
-            stored = frozenset(self.c.domain.states(value)) or frozenset(self.c.domain.members)
-            return path.set_attr(TABLE, stored).emit(
-                Event(EventKind.TABLE_STORE, frame.func.path, frame.body.line(target), frame.func.qualname, ", ".join(sorted(stored))))
+        if frame is not None and isinstance(target, cst.Subscript) and self.c.effects.keyed(self, target.value, frame):
+            return self.c.effects.on_key_store(self, target, value, path, frame)
         if isinstance(target, cst.Attribute):  # `x.a = ...` ends what the path knew x.a's class to be
             path = forget(path, {("field", target.attr.value)})
         if frame is not None and isinstance(target, cst.Attribute) and frame.is_self_attr(target):
@@ -1092,58 +1101,6 @@ class Explorer:
         if self.c.record_writes:
             path = path.emit(Event(EventKind.ATTR_WRITE, frame.func.path, frame.body.line(target), frame.func.qualname, key))
         return path.set_attr(key, value)
-
-    # --- the manager's status table --------------------------------------------------------
-
-    def is_table(self, node: cst.CSTNode, frame: Frame) -> bool:
-        """`self.<table>` inside the manager, `self.<mgr>.<table>` inside the sender."""
-        if self.c.table is None or not isinstance(node, cst.Attribute) or node.attr.value != self.c.table:
-            return False
-        if frame.prefix == MANAGER:
-            return frame.is_self(node.value)
-        if frame.prefix == "" and isinstance(node.value, cst.Name) and self.c.manager is not None \
-                and node.value.value in self.manager_aliases(frame):
-            return True  # `mgr.<table>` after `self.kv_mgr = mgr` (0.5.22 receivers' constructor)
-        holder = self_attr(node.value, frame.self_name)
-        return holder is not None and holder in self.c.manager_attrs
-
-    def table_split(self, path: PathState) -> tuple[PathState | None, PathState | None]:
-        """The path with the room present (narrowed), and with it absent; None when impossible."""
-        held = path.attr(TABLE)
-        if held is None:
-            held = frozenset(self.c.domain.members) | {ABSENT}
-        present = held - {ABSENT}
-        return (path.set_attr(TABLE, present) if present else None,
-                path.set_attr(TABLE, frozenset({ABSENT})) if ABSENT in held else None)
-
-    def table_call(self, node: cst.Call, method: str, values: list[Val], path: PathState,
-                   frame: Frame) -> list[tuple[PathState, Val]]:
-        here, line, fn = frame.func.path, frame.body.line(node), frame.func.qualname
-        present, absent = self.table_split(path)
-        out: list[tuple[PathState, Val]] = []
-        if method in ("get", "pop", "setdefault"):
-            default = values[1] if len(values) > 1 else frozenset({NONE})
-            if present is not None:
-                value = present.attr(TABLE) or EMPTY
-                if method == "pop":
-                    present = present.set_attr(TABLE, frozenset({ABSENT})).emit(Event(EventKind.TABLE_CLEAR, here, line, fn, code(node)))
-                else:
-                    present = present.emit(Event(EventKind.TABLE_READ, here, line, fn, code(node)))
-                out.append((present, value))
-            if absent is not None:
-                if method == "pop" and len(values) < 2:
-                    out.append((absent.emit(Event(EventKind.TABLE_RAISE, here, line, fn, code(node))).ending("raise"), EMPTY))
-                else:
-                    detail = ", ".join(sorted(self.c.domain.states(default))) or (
-                        code(node.args[1].value) if len(node.args) > 1 else "None")
-                    absent = absent.emit(Event(EventKind.TABLE_DEFAULT if method != "pop" else EventKind.TABLE_CLEAR, here, line, fn, detail))
-                    if method == "setdefault":  # stores the default for an absent room
-                        stored = frozenset(self.c.domain.states(default)) or frozenset(self.c.domain.members)
-                        absent = absent.set_attr(TABLE, stored).emit(
-                            Event(EventKind.TABLE_STORE, here, line, fn, ", ".join(sorted(stored))))
-                    out.append((absent, default))
-            return out
-        return [(path, self.c.domain.universe)]
 
     def if_stmt(self, node: cst.If, paths: list[PathState], frame: Frame) -> list[PathState]:
         yes: list[PathState] = []
@@ -1346,8 +1303,8 @@ class Explorer:
         return self.call(node, path, frame)
 
     def eval_subscript(self, node: cst.Subscript, path: PathState, frame: Frame) -> list[tuple[PathState, Val]]:
-        if self.is_table(node.value, frame):
-            return self.table_read(node, path, frame)
+        if self.c.effects.keyed(self, node.value, frame):
+            return self.c.effects.on_key_read(self, node, path, frame)
         d = self.c.domain
         out = []
         element = node.slice[0].slice if len(node.slice) == 1 else None
@@ -1361,19 +1318,6 @@ class Explorer:
             elif position is not None and (item := item_of(container, position)) is not None:
                 value = item  # `f()[0]` of a tuple kvtrace built
             out.append((p, value))
-        return out
-
-    def table_read(self, node: cst.Subscript, path: PathState, frame: Frame) -> list[tuple[PathState, Val]]:
-        """`table[room]`: the held states for a present room, KeyError for an absent one."""
-        present, absent = self.table_split(path)
-        out = []
-        line = frame.body.line(node)
-        if present is not None:
-            out.append((present.emit(Event(EventKind.TABLE_READ, frame.func.path, line, frame.func.qualname, code(node))),
-                        present.attr(TABLE) or EMPTY))
-        if absent is not None:  # KeyError
-            out.append((absent.emit(Event(EventKind.TABLE_RAISE, frame.func.path, line, frame.func.qualname,
-                                          code(node))).ending("raise"), EMPTY))
         return out
 
     def eval_binary(self, node: cst.BinaryOperation, path: PathState, frame: Frame) -> list[tuple[PathState, Val]]:
@@ -1638,8 +1582,8 @@ class Explorer:
         if op not in ("in", "not in"):
             return None
         positive = op == "in"
-        if self.is_table(node.comparisons[0].comparator, frame):
-            return self.table_membership(node, positive, path, frame)
+        if self.c.effects.keyed(self, node.comparisons[0].comparator, frame):
+            return self.c.effects.on_key_membership(self, node, positive, path, frame)
         if self.is_removal_test(node, path, frame):
             return [(path, (path.attr(REMOVED) is not None) == positive, False)]
         return None
@@ -1699,21 +1643,6 @@ class Explorer:
             out.extend([(p, True, False), (p, False, False)])
         return out
 
-    def table_membership(self, node: cst.Comparison, is_in: bool, path: PathState, frame: Frame,
-                         ) -> list[tuple[PathState, bool, bool]]:
-        out: list[tuple[PathState, bool, bool]] = []
-        for p, _ in self.eval(node.left, path, frame):
-            if p.term is not None:
-                out.append((p, False, False))
-                continue
-            present, absent = self.table_split(p)
-            if present is not None:
-                out.append((present, is_in, False))
-            if absent is not None:
-                absent = absent.emit(Event(EventKind.TABLE_ABSENT, frame.func.path, frame.body.line(node), frame.func.qualname, code(node)))
-                out.append((absent, not is_in, False))
-        return out
-
     # --- calls -----------------------------------------------------------------------------
 
     def call(self, node: cst.Call, path: PathState, frame: Frame) -> list[tuple[PathState, Val]]:
@@ -1724,18 +1653,17 @@ class Explorer:
         receivers = [(path, EMPTY)]
         if isinstance(node.func, cst.Attribute) and not isinstance(node.func.value, cst.Name):
             receivers = self.eval(node.func.value, path, frame)
-        table_method = node.func.attr.value if isinstance(node.func, cst.Attribute) and self.is_table(node.func.value, frame) \
-            else None
-        on_table = table_method is not None
-        if on_table:
+        keyed_method = node.func.attr.value if isinstance(node.func, cst.Attribute) \
+            and self.c.effects.keyed(self, node.func.value, frame) else None
+        if keyed_method is not None:
             receivers = [(path, EMPTY)]
         results: list[tuple[PathState, Val]] = []
         for start, _ in receivers:
             for p, values in self.eval_all([a.value for a in node.args], start, frame):
                 if p.term is not None:
                     results.append((p, EMPTY))
-                elif table_method is not None:
-                    results.extend(self.table_call(node, table_method, values, p, frame))
+                elif keyed_method is not None:
+                    results.extend(self.c.effects.on_key_method(self, node, keyed_method, values, p, frame))
                 else:
                     results.extend(self.call_with(node, callee, values, p, frame, fn, here))
         return _merge_pairs(results)

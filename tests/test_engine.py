@@ -20,7 +20,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvtrace import flow
-from kvtrace.flow import CallSite, Explorer, Options, PathLimit, PathState, RunLog, acting_events
+from kvtrace.flow import CallSite, Explorer, Frame, Options, PathLimit, PathState, RunLog, acting_events
 from kvtrace.effects import QUEUE_EFFECTS, SENDER_EFFECTS, CallEffect, QueueEffects
 from kvtrace.gaps import Cut
 from kvtrace.graph import _removal_index
@@ -300,6 +300,49 @@ def test_an_effect_is_a_callback_the_walker_calls() -> None:
     # The sender's effects know no queue and no poll of a state: the same calls are unknown calls.
     ends, _ = explore(body, params, state=None)
     assert all(not e.events for e in ends)
+
+
+class _Ledger(QueueEffects):
+    """The drain loop's effects, with `ledger` a container modelled by key: each kind of access
+    answers with its own marker value, so a test sees which callback the walker called."""
+
+    def keyed(self, run: Explorer, node: cst.CSTNode, frame: Frame) -> bool:
+        return isinstance(node, cst.Name) and node.value == "ledger"
+
+    def on_key_read(self, run: Explorer, node: cst.Subscript, path: PathState, frame: Frame) -> list[tuple[PathState, Val]]:
+        return [(path, frozenset({"Failed"}))]
+
+    def on_key_store(self, run: Explorer, target: cst.Subscript, value: Val, path: PathState, frame: Frame) -> PathState:
+        return path.set_attr("@ledger", value)
+
+    def on_key_delete(self, run: Explorer, node: cst.Del, path: PathState, frame: Frame) -> list[PathState]:
+        return [path.set_attr("@ledger", frozenset({"None"}))]
+
+    def on_key_method(self, run: Explorer, node: cst.Call, method: str, values: list[Val], path: PathState,
+                      frame: Frame) -> list[tuple[PathState, Val]]:
+        return [(path, frozenset({"Transferring"}) if method == "get" else frozenset({OTHER}))]
+
+    def on_key_membership(self, run: Explorer, node: cst.Comparison, is_in: bool, path: PathState,
+                          frame: Frame) -> list[tuple[PathState, bool, bool]]:
+        return [(path, is_in, False)]  # the key is always in it
+
+
+@pytest.mark.parametrize(("body", "returned", "held"), [
+    ("return ledger[k]", "Failed", None),
+    ("return ledger.get(k)", "Transferring", None),
+    ("ledger[k] = KVPoll.Success\nreturn KVPoll.Bootstrapping", "Bootstrapping", frozenset({"Success"})),
+    ("del ledger[k]\nreturn KVPoll.Bootstrapping", "Bootstrapping", frozenset({"None"})),
+    ("if k not in ledger:\n    return KVPoll.Failed\nreturn KVPoll.Success", "Success", None),
+])
+def test_a_container_the_effects_model_by_key_is_theirs_to_answer(body: str, returned: str, held: Val | None) -> None:
+    """The walker names no table: where its Effects say an expression is a keyed container, a
+    read, store, delete, method call and membership test are their answers."""
+    ends, _ = explore(body, {"k": frozenset({OTHER})}, effects=_Ledger())
+    assert returns(ends) == {frozenset({returned})}
+    assert {end.attr("@ledger") for end in ends} == {held}
+    # Without the callbacks the same container is an unknown value, read and written by no one.
+    plain, _ = explore(body, {"k": frozenset({OTHER})})
+    assert (returns(plain), {end.attr("@ledger") for end in plain}) != (returns(ends), {held})
 
 
 def test_a_small_statement_kind_without_a_handler_is_a_gap(monkeypatch: pytest.MonkeyPatch) -> None:
