@@ -17,7 +17,8 @@ from typing import Any, Callable
 import libcst as cst
 
 from kvtrace import status_table
-from kvtrace.flow import REMOVED, CallSite, Explorer, Frame, PathState, instance_fact
+from kvtrace.flow import ITEM, MAX_TUPLE, REMOVED, CallSite, Explorer, Frame, PathState, instance_fact
+from kvtrace.managers import RECEIVE, WIRE_CALLS, WIRE_METHODS, received_message
 from kvtrace.index import FuncRef, Index
 from kvtrace.syntax import dotted
 from kvtrace.model import EventKind
@@ -84,6 +85,26 @@ class PackEffects:
             return [(path, frozenset({NOW}))]
         return None
 
+    def wire(self, run: Explorer, site: CallSite, path: PathState) -> Answer | None:
+        """A state's trip over a socket, read as the manager model reads it (kvtrace.managers):
+        `str(s).encode()` sent, `int(s.decode())` received keep the member; a message
+        `sock.recv_multipart()` is a tuple of what the sends put in each part. None: not such a
+        call, or a value that is not a member (then the call is what it was)."""
+        node, callee, values, frame = site.node, site.callee, site.values, site.frame
+        members = run.c.domain.members
+        if callee in WIRE_CALLS and len(values) == 1 and not node.args[0].star:
+            return [(path, values[0])] if values[0] and values[0] <= set(members) else None
+        method = node.func.attr.value if isinstance(node.func, cst.Attribute) else None
+        if method in WIRE_METHODS and isinstance(node.func, cst.Attribute) and isinstance(node.func.value, cst.Name):
+            held = run.eval(node.func.value, path, frame)
+            return held if all(v and v <= set(members) for _, v in held) else None
+        if method == RECEIVE and not node.args:
+            parts = received_message(run.c.index, frame.func, frame.body.line(node), members)
+            if parts is None:
+                return None
+            return [(path, frozenset(f"{ITEM}{i}:{t}" for i, held in parts.items() if i < MAX_TUPLE for t in held))]
+        return None
+
 
 class QueueEffects(PackEffects):
     """The drain loop's run for one poll state: where the request goes (kept in the queue, done,
@@ -133,7 +154,8 @@ class QueueEffects(PackEffects):
         stores = leading_stores(run.c.index, func)
         return [(_stored(p, held, stores), value) for p, value in answered]
 
-    CALLS: tuple[CallEffect, ...] = (removal, queue_entry, abort, PackEffects.pack_call, PackEffects.clock_read, poll)
+    CALLS: tuple[CallEffect, ...] = (removal, queue_entry, abort, PackEffects.pack_call, PackEffects.clock_read, poll,
+                                     PackEffects.wire)
 
 
 class SenderEffects(PackEffects):
@@ -168,7 +190,7 @@ class SenderEffects(PackEffects):
             return path.emit(site.event(EventKind.TABLE_UNKNOWN, site.callee))
         return path
 
-    CALLS: tuple[CallEffect, ...] = (PackEffects.pack_call, PackEffects.clock_read)
+    CALLS: tuple[CallEffect, ...] = (PackEffects.pack_call, PackEffects.clock_read, PackEffects.wire)
 
 
 def leading_stores(index: Index, func: FuncRef) -> tuple[tuple[str, str], ...]:

@@ -22,7 +22,6 @@ import libcst as cst
 
 from kvtrace.gaps import Cut
 from kvtrace.index import ClassInfo, FuncRef, Index, same_origin
-from kvtrace.managers import RECEIVE, WIRE_CALLS, WIRE_METHODS, received_message
 from kvtrace.parse import CstFunction
 from kvtrace.model import SITE_KINDS, EventKind
 from kvtrace.packs import Pack
@@ -1687,9 +1686,6 @@ class Explorer:
             return [(p, self.extreme(callee, values))]
         if callee == "isinstance" and len(node.args) == 2 and self.known_instance(node, p, frame):
             return [(p, frozenset({TRUE}))]
-        over_the_wire = self.wire(node, callee, values, p, frame)
-        if over_the_wire is not None:
-            return over_the_wire
         target = self.resolve_call(node, callee, frame, p)
         if target is None:
             return self.opaque_call(node, callee, self.c.effects.on_unresolved_call(self, site, p), frame)
@@ -1713,26 +1709,6 @@ class Explorer:
         return stored is not None and any(
             isinstance(n, cst.Name) and any(same_origin(origin, self.c.index.origin(frame.func, n.value)) for origin in stored)
             for n in names)
-
-    def wire(self, node: cst.Call, callee: str, values: list[Val], p: PathState,
-             frame: Frame) -> list[tuple[PathState, Val]] | None:
-        """A state's trip over a socket, read as the manager model reads it (kvtrace.managers):
-        `str(s).encode()` sent, `int(s.decode())` received keep the member; a message
-        `sock.recv_multipart()` is a tuple of what the sends put in each part. None: not such a
-        call, or a value that is not a member (then the call is what it was)."""
-        members = self.c.domain.members
-        if callee in WIRE_CALLS and len(values) == 1 and not node.args[0].star:
-            return [(p, values[0])] if values[0] and values[0] <= set(members) else None
-        method = node.func.attr.value if isinstance(node.func, cst.Attribute) else None
-        if method in WIRE_METHODS and isinstance(node.func, cst.Attribute) and isinstance(node.func.value, cst.Name):
-            held = self.eval(node.func.value, p, frame)
-            return held if all(v and v <= set(members) for _, v in held) else None
-        if method == RECEIVE and not node.args:
-            parts = received_message(self.c.index, frame.func, frame.body.line(node), members)
-            if parts is None:
-                return None
-            return [(p, frozenset(f"{ITEM}{i}:{t}" for i, held in parts.items() if i < MAX_TUPLE for t in held))]
-        return None
 
     def resolve_call(self, node: cst.Call, callee: str, frame: Frame, path: PathState) -> "CallTarget | None":
         """What a call runs, and on which object: `self.m()`, `super().m()`, `Base.m(self)`,
