@@ -499,10 +499,16 @@ def test_role_all_at_80_by_50_both_roles_answers_are_on_the_end_screen() -> None
     flat = " ".join(last_screen.split())
     assert ("12 warnings: nixl pins WaitingForInput in disagg_prefill_inflight_queue only if two requests share a"
             " bootstrap_room · 10 notes") in flat
-    # the decode side's summary, last (21 before the HiSparse `assert prefix_len == 0` stopped being
-    # read as a test of the poll state, five false unhandled-state warnings)
-    assert flat.endswith("16 warnings · 8 notes")
+    # the decode side's summary, last before the legend (21 before the HiSparse `assert prefix_len
+    # == 0` stopped being read as a test of the poll state, five false unhandled-state warnings)
+    summary, _, legend = flat.partition("16 warnings · 8 notes ")
+    assert summary and legend
     assert sum(line.startswith("In short") for line in out) == 2  # each once, not once per report and again
+    # One legend under all four grids, each code in them explained once (each grid's own legend
+    # is in its report, at the top).
+    codes = set(re.findall(r"\bKVT\d{3}\b", summary.rpartition("In short (as at the top): role prefill")[2]))
+    assert codes and all(len(re.findall(rf"\b{code}: [a-z-]+", legend)) == 1 for code in codes), legend
+    assert legend.count("~: ") == 1 and legend.count("ok: ") == 1
 
 
 def test_the_no_timeout_box_cites_poll_and_names_its_file(tmp_path: Path) -> None:

@@ -230,3 +230,19 @@ def test_backend_option_keeps_only_those_rows() -> None:
     typo = run("--backend", "nixxl")
     assert typo.returncode == 2 and "no such backend in this tree (its backends: ascend, fake, mooncake, mori, nixl)" \
         in typo.stderr and len(typo.stderr.splitlines()) == 1
+
+
+def test_one_legend_for_several_grids_explains_each_mark_once() -> None:
+    """--role all's closing legend: the codes first, each once; two reasons for `?` joined; two
+    premises for `~` left to their findings."""
+    from kvtrace.report.verdicts import merged_legend
+
+    merged = merged_legend([
+        "KVT009: no-timeout", "ok: poll() returns it, it has a way out", "?: backend not checked (see INCOMPLETE)",
+        "~: a warning, it holds only if two requests share a bootstrap_room",
+        "KVT001: pinned-state", "KVT009: no-timeout", "ok: poll() returns it, it has a way out",
+        "?: the drain loop was not read", "~: a warning, it holds only if the send is skipped"])
+    assert merged == [
+        "KVT001: pinned-state", "KVT009: no-timeout", "ok: poll() returns it, it has a way out",
+        "?: backend not checked (see INCOMPLETE); or the drain loop was not read",
+        "~: a warning, it holds only under the premise its finding states"]

@@ -60,8 +60,9 @@ def render_text_stream(reports: list[Report], stream: TextIO, terminal: bool, sh
 
 def _render_all(reports: list[Report], console: Console, show_map: bool) -> None:
     """Each report in turn; with several (--role all), every report's short answer is repeated
-    together at the end, so the end screen holds each role's answer, not only the last one's."""
-    from kvtrace.report.text import render, render_in_short
+    together at the end, its grids under one legend, so the end screen holds each role's
+    answer, not only the last one's."""
+    from kvtrace.report.text import print_legend, render, render_in_short
 
     several = show_map and len(reports) > 1
     for i, report in enumerate(reports):
@@ -69,9 +70,13 @@ def _render_all(reports: list[Report], console: Console, show_map: bool) -> None
             console.print()
         render(report, console, show_map=show_map, in_short=not several)
     if several:
+        legend: list[str] = []
         for report in reports:
             console.print()
-            render_in_short(report, console, several=True)
+            legend += render_in_short(report, console, several=True)
+        if legend:  # one legend for every grid above (each report's top grids have their own)
+            console.print()
+            print_legend(legend, console)
 
 
 def render_plain(reports: list[Report], width: int = 1000, show_map: bool = True) -> str:

@@ -27,6 +27,7 @@ from kvtrace.report.places import Places
 from kvtrace.safe_text import inert, plain
 from kvtrace.report.verdicts import (
     NOT_CHECKED,
+    merged_legend,
     NOT_RETURNED,
     OK,
     UNKNOWN,
@@ -85,18 +86,27 @@ def render(report: Report, console: Console, show_map: bool = True, in_short: bo
             render_in_short(report, console)
 
 
-def render_in_short(report: Report, console: Console, several: bool = False) -> None:
+def render_in_short(report: Report, console: Console, several: bool = False) -> list[str]:
     """The grid and the summary line again, under a heading that says which report it is when
-    `several` are printed (--role all: the prefill and the decode side)."""
+    `several` are printed (--role all: the prefill and the decode side). With several, the
+    grids' legends are not printed but returned, for one legend after all of them (so that
+    every report's answer fits on the last screen)."""
     heading = Text("In short (as at the top)", style="bold")
     role = (report.host_facts or {}).get("role")
     if several:
         heading.append(f": role {role}" if role else f": {report.target}", "bold")
     _print_wrapped(console, heading)
-    _grid(report, console)
+    legend = _grid(report, console, legends=not several)
     summary = summary_line(report)
     style = "bold red" if any(f.severity == "error" and counts_against(f) for f in report.findings) else "bold green"
     console.print(Text(summary, style="bold yellow" if report.incomplete and not report.findings else style))
+    return legend
+
+
+def print_legend(items: list[str], console: Console) -> None:
+    """A legend: one grid's, or several grids' merged into one (verdicts.merged_legend)."""
+    for line in legend_lines(merged_legend(items), console.width):
+        console.print(Text(line, style="dim"), no_wrap=True, overflow="ignore")
 
 
 def _header(report: Report, console: Console) -> None:
@@ -158,24 +168,28 @@ def _grid_width(grid, by_state: bool) -> int:
         width([grid.cells[b, s][0] for s in grid.states], b) for b in grid.backends) - 2
 
 
-def _grid(report: Report, console: Console) -> None:
+def _grid(report: Report, console: Console, legends: bool = True) -> list[str]:
     """One grid per queue. Names in the cells when they fit (states as columns, else backends
     as columns), else rule codes with a legend: a name is never folded or cut. Every grid of
     the report is laid out the same way (the first way all of them fit), so one queue's grid
-    never shows names where the next one shows codes."""
+    never shows names where the next one shows codes. `legends=False`: each grid's legend is
+    not printed under it but returned (the items of all, in order)."""
     queues: list[QueueReport] | list[None] = report.queues or [None]
     # Backends as rows first (names, then codes), then states as rows.
     for by_states, short in ((True, False), (True, True), (False, False), (False, True)):
         grids = [verdict_grid(report, short, queue) for queue in queues]
         if all(_grid_width(grid, by_states) <= console.width for grid in grids):
             break
+    items: list[str] = []
     for number, grid in enumerate(grids):
         if number:
             console.print()
-        _one_grid(grid, by_states, console)
+        _one_grid(grid, by_states, console, legends)
+        items += grid.legend_items if grid.backends else []
+    return items
 
 
-def _one_grid(grid, by_states: bool, console: Console) -> None:
+def _one_grid(grid, by_states: bool, console: Console, legend: bool = True) -> None:
     if not grid.backends:
         console.print(Text(f"No backends found for {grid.queue}.", style="yellow"))
         return
@@ -199,8 +213,8 @@ def _one_grid(grid, by_states: bool, console: Console) -> None:
         for state in grid.states:
             table.add_row(Text(state), *(cell(*grid.cells[b, state]) for b in grid.backends))
     console.print(table)
-    for line in legend_lines(grid.legend_items, console.width):
-        console.print(Text(line, style="dim"), no_wrap=True, overflow="ignore")
+    if legend:
+        print_legend(grid.legend_items, console)
 
 
 def legend_lines(items: list[str], width: int) -> list[str]:

@@ -131,6 +131,7 @@ def rules_left_out(report: Report) -> list[str]:
 BACKEND_WIDE = "any"
 BACKEND_WIDE_LEGEND = "any: a finding about the backend whatever the state (the worst)"
 
+PARTIAL = "*"  # after a backend's name: checked without some of its files
 # After a cell's rule: the finding holds only under a premise (two requests share a room, ...).
 CONDITIONAL = "~"
 
@@ -160,7 +161,7 @@ def verdict_grid(report: Report, short: bool = False, queue: QueueReport | None 
     used: set[str] = set()
     why: set[str] = set()
     for b in report.backends:
-        row = f"{b.name}*" if b.name in partial else b.name
+        row = f"{b.name}{PARTIAL}" if b.name in partial else b.name
         rows.append(row)
         for state in states:
             hits = [f for f in report.findings
@@ -198,7 +199,7 @@ def verdict_grid(report: Report, short: bool = False, queue: QueueReport | None 
     wide = _backend_wide(report, queue, short)
     if wide:
         for backend in report.backends:
-            row = f"{backend.name}*" if backend.name in partial else backend.name
+            row = f"{backend.name}{PARTIAL}" if backend.name in partial else backend.name
             cells[row, BACKEND_WIDE] = wide.get(backend.name, ("", None))
             used.add(cells[row, BACKEND_WIDE][0])
         states = [*states, BACKEND_WIDE]
@@ -237,6 +238,7 @@ def verdict_grids(report: Report, short: bool = False) -> list[Grid]:
 
 
 _SHORT_PREMISE = 160  # characters: two lines at 80 columns
+_ANY_PREMISE = f"{CONDITIONAL}: a warning, it holds only under the premise its finding states"
 
 
 def _legend(report: Report, used: set[str], partial: bool, short: bool, why: set[str]) -> list[str]:
@@ -256,11 +258,30 @@ def _legend(report: Report, used: set[str], partial: bool, short: bool, why: set
     if premises:
         told = f"{CONDITIONAL}: a warning, it holds only if {' or '.join(premises)}"
         # Short labels are for a narrow screen: a premise of several lines is left to its finding.
-        parts.append(told if not short or len(told) <= _SHORT_PREMISE else
-                     f"{CONDITIONAL}: a warning, it holds only under the premise its finding states")
+        parts.append(told if not short or len(told) <= _SHORT_PREMISE else _ANY_PREMISE)
     if partial:
-        parts.append("*: checked without some of its files")
+        parts.append(f"{PARTIAL}: checked without some of its files")
     return parts
+
+
+def merged_legend(items: list[str]) -> list[str]:
+    """One legend for several grids: each item once, the codes first (in order); where grids
+    explain one mark differently, one item: the reasons for `?` joined, and for a premise's mark
+    the premise left to each finding."""
+    merged: dict[str, str] = {}
+    for item in items:
+        mark, _, text = item.partition(": ")
+        known = merged.get(mark)
+        if known is None or known == item:
+            merged[mark] = item
+        elif mark == UNKNOWN:
+            reasons = known.partition(": ")[2].split("; or ")
+            merged[mark] = f"{UNKNOWN}: " + "; or ".join(dict.fromkeys(reasons + text.split("; or ")))
+        else:
+            merged[mark] = _ANY_PREMISE if mark == CONDITIONAL else known
+    marks = {OK, NOT_RETURNED, UNKNOWN, CONDITIONAL, PARTIAL, BACKEND_WIDE}
+    return sorted(item for mark, item in merged.items() if mark not in marks) + \
+        [item for mark, item in merged.items() if mark in marks]
 
 
 def _worst_first(severity: str) -> int:
