@@ -96,8 +96,8 @@ def what_frees(report: Report, backend: Backend, abort_method: str = "abort") ->
                 why = (f"{backend.sender} has no concrete {abort_method}() ({_callers_text(callers, abort_method)}, "
                        "and none of those calls reaches its poll())")
             stuck = (", so the request stays until the server restarts" if _pinned_anywhere(report, backend, state)
-                     else ", but no queue scanned keeps a request in it for good: each grid says where it leaves "
-                          "or why it cannot be there")
+                     else ", but no queue scanned keeps a request in it for good: in each, some path of the drain "
+                          "lets it out (its fates under Poll states) or a request enters past it")
             how, text = "nothing", (f"nothing in this release frees it: {why} and "
                                     f"{_unreached_timeouts(report, timeouts, state)}{stuck}")
             # A timeout that ends the state on other runs of poll() is no way out on the run that

@@ -267,11 +267,19 @@ def entered_chain(ctx: ScanContext, backend: Backend, state: str) -> tuple[tuple
     it with a sender method run that moves poll() past the lines of the backend's own chain
     (`Backend.pinned_after`: `init()` set the flag poll()'s first return tests): that chain, and
     the call on the way in. None when no such method runs on every path of every way in."""
+    verdict = backend.way_out(state)
+    passed = verdict.chain[0] if verdict is not None and verdict.chain else None
     for method, chain in backend.pinned_after.get(state, {}).items():
         flows = producer_flows(ctx, {method})
         if flows is not None and not any(f.skipped for f in flows):
             call = flows[0].calls[0].at
-            return chain, Evidence(call.path, call.line, f"every request's way into the queue runs {call.note}")
+            note = f"every request's way into the queue runs {call.note}"
+            if passed is not None and chain and (passed.path, passed.line) != (chain[0].path, chain[0].line):
+                # What the call rules out: the line the backend's own chain starts at.
+                where = f"line {passed.line}" if backend.poll is not None and passed.path == backend.poll.path \
+                    else f"{passed.path}:{passed.line}"
+                note += f", so {backend.sender}.{ctx.pack.poll_method}() no longer answers {state} at {where}"
+            return chain, Evidence(call.path, call.line, note)
     return None
 
 

@@ -359,8 +359,9 @@ def test_pp_mode_crash_seen_from_the_disaggregation_folder_alone() -> None:
     assert kinds[("Bootstrapping", 576)] == (PremiseKind.SHARED_ROOM, PremiseKind.UNSEEN_CALLER)
     assert kinds[("Bootstrapping", 602)] == (PremiseKind.SHARED_ROOM,)
     said = summary_line(folder)
-    assert f"queue state-crash WaitingForInput, Transferring only if {unseen}" in said, said
-    assert f"queue state-crash Bootstrapping only if {SHARED_ROOM} and {unseen}" in said, said
+    # (Two queues judged: a finding of no one backend is named with its queue.)
+    assert f"state-crash WaitingForInput, Transferring in disagg_prefill_inflight_queue only if {unseen}" in said, said
+    assert f"state-crash Bootstrapping in disagg_prefill_inflight_queue only if {SHARED_ROOM} and {unseen}" in said, said
     assert any("process_disagg_prefill_inflight_queue (prefill.py:" in p.text and "outside the scanned folder are not seen"
                in p.text for p in folder.problems if p.kind is ProblemKind.OUT_OF_VIEW)
     lines = (root / D / "prefill.py").read_text().splitlines()

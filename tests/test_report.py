@@ -88,7 +88,7 @@ def test_the_header_says_where_the_package_is() -> None:
     below = terminal_report(EXAMPLES / "nixl-pin").splitlines()[1]
     assert below.startswith("package disaggregation/ · "), below
     itself = terminal_report(EXAMPLES / "nixl-pin" / "disaggregation").splitlines()[1]
-    assert itself.startswith("the target is the package · "), itself
+    assert itself.startswith("the target is the package (disaggregation/) · "), itself
 
 
 def test_piped_text_is_plain_without_trailing_spaces() -> None:
@@ -120,6 +120,11 @@ def test_syntax_error_in_a_backend_is_loud_everywhere(broken_backend: Path, tmp_
     assert "INCOMPLETE" in text.stdout
     nixl_row = next(line for line in text.stdout.splitlines() if line.startswith("nixl "))
     assert set(nixl_row.split()[1:]) == {"?"}
+    # The header counts the backend the grid shows as unchecked, and says so.
+    header = " ".join(text.stdout.splitlines()[1:3])
+    rows = [line.split()[0] for line in text.stdout.splitlines()[:30] if line.split()[:1] and line.split()[0]
+            in ("ascend", "fake", "mooncake", "nixl")]
+    assert f"{len(set(rows))} backends (1 not checked)" in header, header
     assert any(line.endswith(" · INCOMPLETE: 1 file not analysed, backend nixl not checked")
                for line in text.stdout.splitlines()), text.stdout
 

@@ -28,6 +28,7 @@ from kvtrace.safe_text import inert, plain
 from kvtrace.report.verdicts import (
     NOT_CHECKED,
     merged_legend,
+    unchecked_backends,
     NOT_RETURNED,
     OK,
     UNKNOWN,
@@ -125,8 +126,12 @@ def _header(report: Report, console: Console) -> None:
         title.append(str(role), "bold")
     console.print(title, soft_wrap=True)  # a long target is left for the terminal to wrap, never cut
     analysed = sum(1 for f in report.files if f.status == "ok")
-    where = f"package {report.root}/" if report.root else "the target is the package"
-    parts = [where, f"{analysed} of {len(report.files)} files analysed", f"{len(report.backends)} backend{'' if len(report.backends) == 1 else 's'}"]
+    where = f"package {report.root}/" if report.root else f"the target is the package{_folder_named(report.target)}"
+    # A backend whose files could not be read is in the grid (`?`): counted, and said unchecked.
+    unchecked = len(unchecked_backends(report))
+    backends = len(report.backends) + unchecked
+    parts = [where, f"{analysed} of {len(report.files)} files analysed",
+             f"{backends} backend{'' if backends == 1 else 's'}" + (f" ({unchecked} not checked)" if unchecked else "")]
     if report.version is not None:
         parts.append(f"version from {report.version.path}:{report.version.line}")
     elif installed:
@@ -134,6 +139,13 @@ def _header(report: Report, console: Console) -> None:
     console.print(Text(" · ".join(parts), style="dim"))
     if report.filters.active:  # a filtered scan says so, and by whose word
         console.print(Text(report.filters.describe(), style="dim"), soft_wrap=True)
+
+
+def _folder_named(target: str) -> str:
+    """` (my_fork/)`: the target folder's own name, as a package of any name is recognised by
+    what it defines; "" when the target names none (`.`)."""
+    name = target.rstrip("/").rsplit("/", 1)[-1]
+    return f" ({name}/)" if name and name not in (".", "..") and ":" not in name else ""
 
 
 def _gaps(gaps: list[Gap], console: Console, more: int, heading: bool = True) -> None:

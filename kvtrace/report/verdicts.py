@@ -445,12 +445,14 @@ def _named(findings: list[Finding], several: bool = False) -> str:
             states.append(f.state)
     named = []
     for (backend, rule, premise, queue), states in what.items():
-        subject = backend or queue or "queue"  # a finding of no one backend: its queue says it
-        where = f" in {queue}" if queue and backend else ""
         consequence = consequence_of(rule)  # "nixl pins ...": what happens to the request; else the rule's id
-        said = f"{subject} {consequence.verb if consequence else rule} {', '.join(states)}" if states \
-            else f"{subject}: {rule}"
-        named.append(said + where + (f" only if {premise}" if premise else ""))
+        if backend is None and queue:  # a finding of no one backend, with several queues: where it is
+            said = f"{rule} {', '.join(states)} in {queue}" if states else f"{queue}: {rule}"
+        else:
+            subject = backend or "queue"
+            said = (f"{subject} {consequence.verb if consequence else rule} {', '.join(states)}" if states
+                    else f"{subject}: {rule}") + (f" in {queue}" if queue else "")
+        named.append(said + (f" only if {premise}" if premise else ""))
     return "; ".join(named)
 
 
