@@ -149,7 +149,8 @@ class PinnedState(Rule):
                 verdict = ctx.model.way_out(b.name, state)
                 if b.poll is None or verdict is None or not verdict.pinned:
                     continue
-                # A request that enters with init() run is past poll()'s early return: its chain.
+                # Every request entered with a sender method run (init() setting the flag of an
+                # early return): the chain poll() gives after it, and that call.
                 entered = entered_chain(ctx, b, state)
                 chain = verdict.chain if entered is None else (entered[1], *entered[0])
                 message = (
