@@ -20,7 +20,7 @@ from kvtrace.report import modes_line, state_fate_lines
 from kvtrace.report.excerpt import excerpt
 from kvtrace.report.diagram import LABEL_H, LINE_H, NODE_W, Diagram, diagrams, drawn_queue, node_id
 from kvtrace.report.links import Permalinks, permalinks
-from kvtrace.report.verdicts import OK, Grid, by_severity, summary_line, unknown_returns, verdict_grids
+from kvtrace.report.verdicts import OK, Grid, by_severity, package_place, summary_line, unknown_returns, verdict_grids
 
 CSS = """
 body{font:14px/1.45 system-ui,-apple-system,"Segoe UI",sans-serif;margin:0 auto;max-width:1500px;padding:16px 24px;color:#1f2328}
@@ -173,8 +173,8 @@ def _report(report: Report, out: list[str]) -> None:
                 f" — sglang {escape(str(installed))}" if installed else "")
     out.append(f"<h1>kvtrace: <code>{escape(report.target)}</code>{detected}</h1>")
     analysed = sum(f.status == "ok" for f in report.files)
-    where = f"package <code>{escape(report.root)}</code>" if report.root else "the target is the package"
-    out.append(f'<p class="meta">kvtrace {__version__}; {where}; {analysed}/{len(report.files)} files analysed.</p>')
+    out.append(f'<p class="meta">kvtrace {__version__}; {escape(package_place(report))}; '
+               f"{analysed}/{len(report.files)} files analysed.</p>")
     if report.filters.active:  # a narrowed scan says so, as the text report's header does
         out.append(f'<p class="meta filters">{escape(report.filters.describe())}</p>')
     problems = [f"{f.path}: {f.status}: {f.error}" for f in report.files if f.status != "ok"] + [p.text for p in report.problems]

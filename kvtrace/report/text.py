@@ -28,6 +28,7 @@ from kvtrace.safe_text import inert, plain
 from kvtrace.report.verdicts import (
     NOT_CHECKED,
     merged_legend,
+    package_place,
     unchecked_backends,
     NOT_RETURNED,
     OK,
@@ -126,7 +127,7 @@ def _header(report: Report, console: Console) -> None:
         title.append(str(role), "bold")
     console.print(title, soft_wrap=True)  # a long target is left for the terminal to wrap, never cut
     analysed = sum(1 for f in report.files if f.status == "ok")
-    where = f"package {report.root}/" if report.root else f"the target is the package{_folder_named(report.target)}"
+    where = package_place(report)
     # A backend whose files could not be read is in the grid (`?`): counted, and said unchecked.
     unchecked = len(unchecked_backends(report))
     backends = len(report.backends) + unchecked
@@ -139,13 +140,6 @@ def _header(report: Report, console: Console) -> None:
     console.print(Text(" · ".join(parts), style="dim"))
     if report.filters.active:  # a filtered scan says so, and by whose word
         console.print(Text(report.filters.describe(), style="dim"), soft_wrap=True)
-
-
-def _folder_named(target: str) -> str:
-    """` (my_fork/)`: the target folder's own name, as a package of any name is recognised by
-    what it defines; "" when the target names none (`.`)."""
-    name = target.rstrip("/").rsplit("/", 1)[-1]
-    return f" ({name}/)" if name and name not in (".", "..") and ":" not in name else ""
 
 
 def _gaps(gaps: list[Gap], console: Console, more: int, heading: bool = True) -> None:

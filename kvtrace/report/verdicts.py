@@ -400,6 +400,17 @@ def merged_evidence(findings: list[Finding]) -> list[Evidence]:
     return merged
 
 
+def package_place(report: Report) -> str:
+    """Where the package is, for a header: `package disaggregation/` below the target, or the
+    target itself, named by its folder (`the target is the package (my_fork/)`: a package of any
+    name is recognised by what it defines)."""
+    if report.root:
+        return f"package {report.root}/"
+    name = report.target.rstrip("/").rsplit("/", 1)[-1]
+    named = f" ({name}/)" if name and name not in (".", "..") and ":" not in name else ""
+    return f"the target is the package{named}"
+
+
 def backend_label(name: str | None, info: Backend | None) -> str:
     if name is None:
         return "the queue (every backend)"
