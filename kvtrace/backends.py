@@ -9,8 +9,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import cast
 
-from kvtrace.effects import SENDER_EFFECTS
-from kvtrace.flow import MANAGER, Event, Explorer, Options, PathLimit, PathState
+from kvtrace.effects import SenderEffects
+from kvtrace.flow import COMPANION, Companion, Event, Explorer, Options, PathLimit, PathState
 from kvtrace.gaps import Cut
 from kvtrace.index import ClassInfo, FuncRef, Index, functions_given_self
 from kvtrace.managers import (
@@ -585,7 +585,7 @@ def _entry_points(index: Index, sender: ClassInfo, manager: ManagerModel, update
     their MRO resolves) that no method of theirs calls, except __init__ and the update method
     (whose status comes from its call sites). Threads, public entry points, abort(), clear(),
     poll(). A called method runs inside its callers, with their arguments."""
-    classes = [(manager.cls, MANAGER), (sender, "")]
+    classes = [(manager.cls, COMPANION), (sender, "")]
     called: set[str] = set()
     for owner, _ in classes:
         for c in index.mro(owner):
@@ -715,7 +715,7 @@ class _TableReach:
             return _Unknown(func.qualname) if log.truncated or log.unparsed else ends
 
         runner = self.runner
-        kind = ("reach", self.options.abort_attrs, clock_far)
+        kind = ("reach", self.runner.abort_attrs, clock_far)
         key = ("reach", id(func.node), runner._shared_options(), runner.role(cls) or id(cls.node), prefix, attrs, clock_far)
         outcome = cast("list[PathState] | Exception", runner.shared_run(key, kind, explore))
         if isinstance(outcome, Exception):  # the same question gives up the same way for each runner
@@ -785,9 +785,9 @@ def _touches_table(index: Index, func: FuncRef, prefix: str, manager: ManagerMod
     reaches it; a sender method that (through its own calls) calls such a manager method or
     names the table."""
     if relevant is None or id(func.node) in relevant:
-        if prefix == MANAGER:
+        if prefix == COMPANION:
             return True
-    elif prefix == MANAGER and func.owner is not None and func.owner.methods.get(func.name) is func:
+    elif prefix == COMPANION and func.owner is not None and func.owner.methods.get(func.name) is func:
         return False
     names = {f.name for c in index.mro(manager.cls) for f in c.methods.values()
              if relevant is None or id(f.node) in relevant}
@@ -806,7 +806,7 @@ def _touches_table(index: Index, func: FuncRef, prefix: str, manager: ManagerMod
                 recv = node.func.value
                 if isinstance(recv, ast.Name) and recv.id == "self":
                     callee = index.find_method(f.owner, node.func.attr)
-                    if prefix == MANAGER and callee is not None and (relevant is None or id(callee.node) in relevant):
+                    if prefix == COMPANION and callee is not None and (relevant is None or id(callee.node) in relevant):
                         return True  # a function nested in a manager method that updates the table
                     todo.extend([callee] if callee is not None else [])
                 elif isinstance(recv, ast.Call) and isinstance(recv.func, ast.Name) and recv.func.id == "super":
@@ -947,7 +947,7 @@ class _Runner:
         if cls is self.cls:
             return "sender"
         if self.manager is not None and cls is self.manager.cls:
-            return MANAGER
+            return COMPANION
         return None
 
     def answer(self, query: tuple) -> object:
@@ -999,10 +999,10 @@ class _Runner:
         return self.index.cst(func)
 
     def attr_values(self, key: str) -> Val:
-        if key.startswith(MANAGER):
+        if key.startswith(COMPANION):
             if self.manager is None:
                 return self.domain.universe
-            return _attribute_values(self.index, self.domain, self.manager.cls, key[len(MANAGER):], self.pack)
+            return _attribute_values(self.index, self.domain, self.manager.cls, key[len(COMPANION):], self.pack)
         return _attribute_values(self.index, self.domain, self.cls, key, self.pack, self.history)
 
     def attr_values_seen(self, key: str) -> Val:
@@ -1037,14 +1037,11 @@ class _Runner:
                     self.timeout_sites.add((e.path, e.line))
 
     def options(self, clock_far: bool = False, record_writes: bool = False, record_returns: bool = False) -> Options:
-        return Options(self._index_seen, self.pack, self.domain, abort_attrs=self.abort_attrs,
-                       attr_values=self.attr_values_seen,
-                       manager=self.manager.cls if self.manager else None,
-                       table=self.manager.ref.table if self.manager else None,
-                       manager_attrs=self.manager.attrs if self.manager else frozenset(),
-                       clock_far=clock_far, record_writes=record_writes, manager_relevant=self._relevant_seen,
-                       all_facts=True,
-                       record_returns=record_returns, effects=SENDER_EFFECTS)
+        manager = self.manager
+        return Options(self._index_seen, self.domain, attr_values=self.attr_values_seen,
+                       companion=Companion(manager.cls, manager.attrs, self._relevant_seen) if manager else None,
+                       clock_far=clock_far, all_facts=True, record_returns=record_returns,
+                       effects=SenderEffects(self.pack, manager.facts.table if manager else None, self.abort_attrs, record_writes))
 
     def _run(self, func: FuncRef, attrs, clock_far: bool, record_writes: bool) -> list[PathState]:
         parsed = self.index.cst(func)

@@ -4,22 +4,26 @@ The walker (`flow.Explorer`) evaluates Python: names, conditions, helper calls. 
 queue, a request or a pack; at each call it asks its `Effects` (given in its Options, as
 Semgrep's dataflow engine takes a record of callbacks) whether the call is an effect: a request
 leaving or staying in the queue, a release, an abort, a poll. The drain loop and the sender are
-two implementations. A new effect is one method here and one entry in its class's `CALLS`. The
-sender's also model the manager's status table, the one container read by key
-(kvtrace.status_table), through the walker's `keyed` and `on_key_*` callbacks.
+two implementations, each a frozen record of what its run needs (the drain's queue and removal
+set, the sender's status table and abort flags). A new effect is one method here and one entry
+in its class's `CALLS`. The sender's also model the manager's status table, the one container
+read by key (kvtrace.status_table), through the walker's `keyed` and `on_key_*` callbacks; the
+drain's decide `i in S` for the set its queue is filtered by (`on_membership`).
 """
 
 from __future__ import annotations
 
 import ast
-from typing import Any, Callable
+from dataclasses import dataclass
+from typing import Any, Callable, ClassVar
 
 import libcst as cst
 
 from kvtrace import status_table
-from kvtrace.flow import ITEM, MAX_TUPLE, REMOVED, CallSite, Explorer, Frame, PathState, instance_fact
+from kvtrace.flow import ITEM, MAX_TUPLE, CallSite, Explorer, Event, Frame, PathState, instance_fact
 from kvtrace.managers import RECEIVE, WIRE_CALLS, WIRE_METHODS, received_message
 from kvtrace.index import FuncRef, Index
+from kvtrace.packs import Pack
 from kvtrace.syntax import dotted
 from kvtrace.model import EventKind
 from kvtrace.states import KEEP, NONE, NOW, REQ, TRUE, Val
@@ -28,13 +32,19 @@ Answer = list[tuple[PathState, Val]]
 # An effect: (the Effects object, the walker, the call, the path) -> the paths and value, or None
 # when the call is not this effect.
 CallEffect = Callable[[Any, Explorer, CallSite, PathState], "Answer | None"]
+Membership = list[tuple[PathState, bool, bool]]
+# Attribute key set once the request's index joined the drain's removal set (`S.add(i)`).
+REMOVED = "@removed"
 
 
+@dataclass(frozen=True)
 class PackEffects:
     """The calls the pack names, in both runs: a release, a log line, an abort, a metric, an
     answer to the client, a clock read."""
 
-    CALLS: tuple[CallEffect, ...] = ()
+    pack: Pack
+
+    CALLS: ClassVar[tuple[CallEffect, ...]] = ()
 
     def on_call(self, run: Explorer, site: CallSite, path: PathState) -> Answer | None:
         for effect in self.CALLS:
@@ -46,6 +56,16 @@ class PackEffects:
     def on_unresolved_call(self, run: Explorer, site: CallSite, path: PathState) -> PathState:
         """A call the walker can neither enter nor name: the path as it goes on."""
         return path
+
+    def on_self_read(self, run: Explorer, node: cst.Attribute, key: str, path: PathState, frame: Frame) -> PathState:
+        return path
+
+    def on_self_write(self, run: Explorer, target: cst.Attribute, key: str, path: PathState, frame: Frame) -> PathState:
+        return path
+
+    def on_membership(self, run: Explorer, node: cst.Comparison, is_in: bool, path: PathState,
+                      frame: Frame) -> Membership | None:
+        return None
 
     # No container is modelled by key but the sender's status table (SenderEffects): the walker
     # asks `keyed` first and calls the on_key_* below only when it answers True.
@@ -65,12 +85,8 @@ class PackEffects:
                       frame: Frame) -> Answer:
         raise NotImplementedError
 
-    def on_key_membership(self, run: Explorer, node: cst.Comparison, is_in: bool, path: PathState,
-                          frame: Frame) -> list[tuple[PathState, bool, bool]]:
-        raise NotImplementedError
-
     def pack_call(self, run: Explorer, site: CallSite, path: PathState) -> Answer | None:
-        pack, callee = run.c.pack, site.callee
+        pack, callee = self.pack, site.callee
         if not callee:
             return None
         for named, kind, value in ((pack.is_release, EventKind.RELEASE, None), (pack.is_log, EventKind.LOG, _NONE),
@@ -81,7 +97,7 @@ class PackEffects:
         return None
 
     def clock_read(self, run: Explorer, site: CallSite, path: PathState) -> Answer | None:
-        if site.callee and run.c.pack.is_clock_call(site.callee):
+        if site.callee and self.pack.is_clock_call(site.callee):
             return [(path, frozenset({NOW}))]
         return None
 
@@ -106,17 +122,37 @@ class PackEffects:
         return None
 
 
+@dataclass(frozen=True)
 class QueueEffects(PackEffects):
     """The drain loop's run for one poll state: where the request goes (kept in the queue, done,
     requeued elsewhere, removed by index) and the poll that gives this run's state."""
 
+    queue_attr: str | None = None  # the queue's attribute: appending to it keeps the request
+    removal_set: str | None = None  # `self.q = [x for i, x in enumerate(self.q) if i not in S]`: S.add(i) removes
+    # The function that binds S (`S = set()`, nothing else binds it) and the index names of its
+    # loops over the queue: there `i in S` is decided by whether this request's index was added.
+    removal_scope: ast.FunctionDef | ast.AsyncFunctionDef | None = None
+    removal_index: frozenset[str] = frozenset()
+
     def removal(self, run: Explorer, site: CallSite, path: PathState) -> Answer | None:
-        if site.method == "add" and site.receiver and site.receiver == run.c.removal_set:
+        if site.method == "add" and site.receiver and site.receiver == self.removal_set:
             # The request's index joins the set the queue is filtered by: it leaves the queue.
             left = path.emit(site.event(EventKind.DONE, site.receiver))
-            if site.frame.func.node is run.c.removal_scope:
+            if site.frame.func.node is self.removal_scope:
                 left = left.set_attr(REMOVED, _TRUE)
             return [(left, _NONE)]
+        return None
+
+    def on_membership(self, run: Explorer, node: cst.Comparison, is_in: bool, path: PathState,
+                      frame: Frame) -> Membership | None:
+        """`i in S`, `i` the index of the request in a loop over the queue of the function that
+        binds the removal set S to an empty set: S holds the request's index only if this
+        iteration added it (the set starts empty each call; the loops enumerate one queue)."""
+        left, right = node.left, node.comparisons[0].comparator
+        if frame.func.node is self.removal_scope and isinstance(left, cst.Name) \
+                and left.value in self.removal_index and path.get(left.value) is None \
+                and isinstance(right, cst.Name) and right.value == self.removal_set:
+            return [(path, (path.attr(REMOVED) is not None) == is_in, False)]
         return None
 
     def queue_entry(self, run: Explorer, site: CallSite, path: PathState) -> Answer | None:
@@ -130,13 +166,13 @@ class QueueEffects(PackEffects):
         if not has_req:
             return None
         recv_value = path.get(receiver) if "." not in receiver else None
-        if receiver.endswith(f"self.{run.c.queue_attr}") or (recv_value is not None and KEEP in recv_value):
+        if receiver.endswith(f"self.{self.queue_attr}") or (recv_value is not None and KEEP in recv_value):
             return [(path.emit(site.event(EventKind.KEEP, receiver)), _NONE)]
         kind = EventKind.DONE if "." not in receiver else EventKind.REQUEUE
         return [(path.emit(site.event(kind, receiver)), _NONE)]
 
     def poll(self, run: Explorer, site: CallSite, path: PathState) -> Answer | None:
-        if site.callee and run.c.state is not None and run.c.pack.is_poll_call(site.callee):
+        if site.callee and run.c.state is not None and self.pack.is_poll_call(site.callee):
             return [(path.emit(site.event(EventKind.POLL, site.callee)), run.poll_value())]
         return None
 
@@ -144,7 +180,7 @@ class QueueEffects(PackEffects):
         """An abort call the pack names, with what the called function's first statements store
         on the request it is given (`req.finished_reason = FINISH_ABORT(...)`): a later
         `isinstance(req.finished_reason, FINISH_ABORT)` on the path is then decided."""
-        if not site.callee or not run.c.pack.is_abort(site.callee):
+        if not site.callee or not self.pack.is_abort(site.callee):
             return None
         answered = PackEffects.pack_call(self, run, site, path)
         func, _ = run.resolve(site.callee, site.frame)
@@ -154,17 +190,22 @@ class QueueEffects(PackEffects):
         stores = leading_stores(run.c.index, func)
         return [(_stored(p, held, stores), value) for p, value in answered]
 
-    CALLS: tuple[CallEffect, ...] = (removal, queue_entry, abort, PackEffects.pack_call, PackEffects.clock_read, poll,
+    CALLS: ClassVar[tuple[CallEffect, ...]] = (removal, queue_entry, abort, PackEffects.pack_call, PackEffects.clock_read, poll,
                                      PackEffects.wire)
 
 
+@dataclass(frozen=True)
 class SenderEffects(PackEffects):
     """A sender's and its manager's methods: the pack's calls, status updates kvtrace cannot tie
-    to the manager, and the manager's status table (`Options.table`, kvtrace.status_table), the
-    one container read by key."""
+    to the manager, the manager's status table (`table`, kvtrace.status_table), the one container
+    read by key, and the flags abort() sets."""
+
+    table: str | None = None  # the manager's attribute that holds the status table
+    abort_attrs: frozenset[str] = frozenset()  # attribute keys abort() writes: a read is an abort-read event
+    record_writes: bool = False  # an attr-write event for every self.X = ... (abort()'s runs)
 
     def keyed(self, run: Explorer, node: cst.CSTNode, frame: Frame) -> bool:
-        return status_table.is_table(run, node, frame)
+        return status_table.is_table(run, self.table, node, frame)
 
     def on_key_read(self, run: Explorer, node: cst.Subscript, path: PathState, frame: Frame) -> Answer:
         return status_table.read(run, node, path, frame)
@@ -179,18 +220,31 @@ class SenderEffects(PackEffects):
                       frame: Frame) -> Answer:
         return status_table.method_call(run, node, method, values, path, frame)
 
-    def on_key_membership(self, run: Explorer, node: cst.Comparison, is_in: bool, path: PathState,
-                          frame: Frame) -> list[tuple[PathState, bool, bool]]:
+    def on_membership(self, run: Explorer, node: cst.Comparison, is_in: bool, path: PathState,
+                      frame: Frame) -> Membership | None:
+        if not self.keyed(run, node.comparisons[0].comparator, frame):
+            return None
         return status_table.membership(run, node, is_in, path, frame)
 
+    def on_self_read(self, run: Explorer, node: cst.Attribute, key: str, path: PathState, frame: Frame) -> PathState:
+        if key in self.abort_attrs:
+            return path.emit(Event(EventKind.ABORT_READ, frame.func.path, frame.body.line(node), frame.func.qualname,
+                                   node.attr.value))
+        return path
+
+    def on_self_write(self, run: Explorer, target: cst.Attribute, key: str, path: PathState, frame: Frame) -> PathState:
+        if self.record_writes:
+            return path.emit(Event(EventKind.ATTR_WRITE, frame.func.path, frame.body.line(target), frame.func.qualname, key))
+        return path
+
     def on_unresolved_call(self, run: Explorer, site: CallSite, path: PathState) -> PathState:
-        if run.c.table is not None and site.method == run.c.pack.update_method:
+        if self.table is not None and site.method == self.pack.update_method:
             # A status update on an object kvtrace cannot tie to the manager: what it
             # stores is not followed (a reachability question must not rely on this path).
             return path.emit(site.event(EventKind.TABLE_UNKNOWN, site.callee))
         return path
 
-    CALLS: tuple[CallEffect, ...] = (PackEffects.pack_call, PackEffects.clock_read, PackEffects.wire)
+    CALLS: ClassVar[tuple[CallEffect, ...]] = (PackEffects.pack_call, PackEffects.clock_read, PackEffects.wire)
 
 
 def leading_stores(index: Index, func: FuncRef) -> tuple[tuple[str, str], ...]:
@@ -236,5 +290,3 @@ def _stored(path: PathState, held: str, stores: tuple[tuple[str, str], ...]) -> 
 
 _NONE: Val = frozenset({NONE})
 _TRUE: Val = frozenset({TRUE})
-QUEUE_EFFECTS = QueueEffects()
-SENDER_EFFECTS = SenderEffects()

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence
 
 import libcst as cst
 
-from kvtrace.effects import QUEUE_EFFECTS
+from kvtrace.effects import QueueEffects
 from kvtrace.flow import NOT_SITES, CstBody, Event, Explorer, Frame, Options, PathState, acting_events, ast_constant
 from kvtrace.index import ClassInfo, FuncRef, Index
 from kvtrace.managers import ManagerFacts
@@ -101,7 +101,7 @@ class Drain:
     then: list[tuple[FuncRef, CstBody, cst.For, dict[str, str]]] = field(default_factory=list)
     owner: FuncRef | None = None  # the function that reassigns the queue (func, unless it polls in a helper)
     # The index names of the owner's loops over the queue, when it binds the removal set to an
-    # empty set and nothing else binds it (see Options.removal_index).
+    # empty set and nothing else binds it (see QueueEffects.removal_index).
     removal_index: frozenset[str] = frozenset()
 
 
@@ -813,11 +813,10 @@ def _explore_mode(index: Index, list_pack: Pack, domain: Domain, drain: Drain, b
     """Every path of one iteration of the drain loop, per poll state, with the drain's mode
     parameters bound."""
     paths: dict[str, list[QueuePath]] = {}
+    effects = QueueEffects(list_pack, list_pack.queue, drain.removal_set,
+                           (drain.owner or drain.func).node if drain.removal_index else None, drain.removal_index)
     for state in domain.members:
-        explorer = Explorer(Options(index, list_pack, domain, state=state, queue_attr=list_pack.queue,
-                                    removal_set=drain.removal_set, guards=guards, effects=QUEUE_EFFECTS,
-                                    removal_scope=(drain.owner or drain.func).node if drain.removal_index else None,
-                                    removal_index=drain.removal_index))
+        explorer = Explorer(Options(index, domain, state=state, guards=guards, effects=effects))
         env = {name: frozenset({state}) if role == "@state" else frozenset({role}) for name, role in drain.initial.items()}
         env.update({name: value for name, value in bindings.items() if name not in env})
         start = PathState(env=tuple(sorted(env.items())))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import libcst as cst
 
-from kvtrace.flow import EMPTY, MANAGER, Event, Explorer, Frame, PathState, code
+from kvtrace.flow import COMPANION, EMPTY, Event, Explorer, Frame, PathState, code
 from kvtrace.model import EventKind
 from kvtrace.states import ABSENT, NONE, Val
 from kvtrace.syntax import self_attr
@@ -25,18 +25,19 @@ TABLE = "@table"  # attribute key of this room's entry in the manager's status t
 Answer = list[tuple[PathState, Val]]
 
 
-def is_table(run: Explorer, node: cst.CSTNode, frame: Frame) -> bool:
-    """`self.<table>` inside the manager, `self.<mgr>.<table>` inside the sender."""
-    c = run.c
-    if c.table is None or not isinstance(node, cst.Attribute) or node.attr.value != c.table:
+def is_table(run: Explorer, table: str | None, node: cst.CSTNode, frame: Frame) -> bool:
+    """`self.<table>` inside the manager (the walker's companion), `self.<mgr>.<table>` inside
+    the sender."""
+    manager = run.c.companion
+    if table is None or not isinstance(node, cst.Attribute) or node.attr.value != table:
         return False
-    if frame.prefix == MANAGER:
+    if frame.prefix == COMPANION:
         return frame.is_self(node.value)
-    if frame.prefix == "" and isinstance(node.value, cst.Name) and c.manager is not None \
-            and node.value.value in run.manager_aliases(frame):
+    if frame.prefix == "" and isinstance(node.value, cst.Name) and manager is not None \
+            and node.value.value in run.companion_aliases(frame):
         return True  # `mgr.<table>` after `self.kv_mgr = mgr` (0.5.22 receivers' constructor)
     holder = self_attr(node.value, frame.self_name)
-    return holder is not None and holder in c.manager_attrs
+    return holder is not None and manager is not None and manager.holds(holder)
 
 
 def split(run: Explorer, path: PathState) -> tuple[PathState | None, PathState | None]:

@@ -13,6 +13,7 @@ import pickle
 import subprocess
 import sys
 from pathlib import Path
+from typing import ClassVar
 
 import libcst as cst
 import pytest
@@ -20,8 +21,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kvtrace import flow
-from kvtrace.flow import CallSite, Explorer, Frame, Options, PathLimit, PathState, RunLog, acting_events
-from kvtrace.effects import QUEUE_EFFECTS, SENDER_EFFECTS, CallEffect, QueueEffects
+from kvtrace.flow import CallSite, Companion, Explorer, Frame, Options, PathLimit, PathState, RunLog, acting_events
+from kvtrace.effects import CallEffect, QueueEffects, SenderEffects
 from kvtrace.gaps import Cut
 from kvtrace.graph import _removal_index
 from kvtrace.index import FuncRef, Index, same_origin
@@ -72,8 +73,8 @@ def explore_with(body: str, params: dict[str, Val] | None = None, state: str | N
     index, func, parsed = function_f(HEADER + f"def f({', '.join(params)}):\n"
                                      + "".join(f"    {line}\n" for line in body.splitlines()) + module)
     # A drain loop's run for a poll state; a sender's run for none.
-    effects = config.pop("effects", QUEUE_EFFECTS if state is not None else SENDER_EFFECTS)
-    options = Options(index, PACK, DOMAIN, state=state, queue_attr=PACK.queue, effects=effects, **config)  # type: ignore[arg-type]
+    effects = config.pop("effects", QueueEffects(PACK, PACK.queue) if state is not None else SenderEffects(PACK))
+    options = Options(index, DOMAIN, state=state, effects=effects, **config)  # type: ignore[arg-type]
     explorer = Explorer(options)
     ends, _ = explorer.explore_function(func, parsed, None, [PathState(env=tuple(sorted(params.items())))])
     return ends, explorer
@@ -286,13 +287,13 @@ class _Tick(QueueEffects):
             return None
         return [(path.emit(site.event(EventKind.METRIC, "tick")), frozenset({"None"}))]
 
-    CALLS: tuple[CallEffect, ...] = QueueEffects.CALLS + (tick,)
+    CALLS: ClassVar[tuple[CallEffect, ...]] = QueueEffects.CALLS + (tick,)
 
 
 def test_an_effect_is_a_callback_the_walker_calls() -> None:
     body = "tick()\nx = sender.poll()\ndone.append(r)\nreturn x"
     params = {"r": frozenset({"@req"}), "done": frozenset({OTHER}), "sender": frozenset({OTHER})}
-    ends, _ = explore(body, params, effects=_Tick())
+    ends, _ = explore(body, params, effects=_Tick(PACK))
     [end] = ends
     assert [(e.kind, e.detail) for e in end.events] == [
         (EventKind.METRIC, "tick"), (EventKind.POLL, "sender.poll"), (EventKind.DONE, "done")]
@@ -322,8 +323,10 @@ class _Ledger(QueueEffects):
                       frame: Frame) -> list[tuple[PathState, Val]]:
         return [(path, frozenset({"Transferring"}) if method == "get" else frozenset({OTHER}))]
 
-    def on_key_membership(self, run: Explorer, node: cst.Comparison, is_in: bool, path: PathState,
-                          frame: Frame) -> list[tuple[PathState, bool, bool]]:
+    def on_membership(self, run: Explorer, node: cst.Comparison, is_in: bool, path: PathState,
+                      frame: Frame) -> list[tuple[PathState, bool, bool]] | None:
+        if not self.keyed(run, node.comparisons[0].comparator, frame):
+            return None
         return [(path, is_in, False)]  # the key is always in it
 
 
@@ -337,7 +340,7 @@ class _Ledger(QueueEffects):
 def test_a_container_the_effects_model_by_key_is_theirs_to_answer(body: str, returned: str, held: Val | None) -> None:
     """The walker names no table: where its Effects say an expression is a keyed container, a
     read, store, delete, method call and membership test are their answers."""
-    ends, _ = explore(body, {"k": frozenset({OTHER})}, effects=_Ledger())
+    ends, _ = explore(body, {"k": frozenset({OTHER})}, effects=_Ledger(PACK))
     assert returns(ends) == {frozenset({returned})}
     assert {end.attr("@ledger") for end in ends} == {held}
     # Without the callbacks the same container is an unknown value, read and written by no one.
@@ -445,6 +448,38 @@ def test_helpers_entered_that_did_nothing_do_not_multiply_paths_past_the_limit()
     assert len(sender) == 2 * 2 ** 3
 
 
+BOX = "class Box:\n    def value(self):\n        self.seen = KVPoll.Success\n        return KVPoll.Failed\n\n" \
+      "    def other(self):\n        return KVPoll.Success\n"
+
+
+@pytest.mark.parametrize("body", ["return self.h.value()", "read = self.h.value\nreturn read()",
+                                  "h = Box()\nself.h = h\nreturn h.value()"])
+def test_a_companion_is_an_object_the_walker_enters_through_the_attributes_that_hold_it(body: str) -> None:
+    """The walker knows the sender's manager only as a Companion: a class, the attributes that
+    hold it, the methods worth entering. A call through those attributes (a bound method, a
+    local stored into one) runs the companion's method on the companion, whose attributes live
+    on the path under their own prefix; a method not worth entering is an unknown value."""
+    index, func, parsed = function_f(HEADER + "def f(self):\n" + "".join(f"    {line}\n" for line in body.splitlines())
+                                     + "\n\n" + BOX)
+    box = index.resolve_class("Box", near=func.path)
+    assert box is not None
+
+    def run(companion: Companion | None) -> list[PathState]:
+        options = Options(index, DOMAIN, companion=companion, all_facts=True, effects=SenderEffects(PACK))
+        ends, _ = Explorer(options).explore_function(func, parsed, None, [PathState()])
+        return ends
+
+    [end] = run(Companion(box, frozenset({"h"})))
+    assert (end.ret, end.attr(flow.COMPANION + "seen"), end.attr("seen")) == (frozenset({"Failed"}), frozenset({"Success"}), None)
+    # No companion, or a method not worth entering: Box.value() never runs, its value is not known.
+    value = index.find_method(box, "value")
+    assert value is not None
+    for ends in (run(None), run(Companion(box, frozenset({"h"}), frozenset()))):
+        assert all(end.attr(flow.COMPANION + "seen") is None for end in ends)
+        assert {end.ret for end in ends} != {frozenset({"Failed"})}
+    assert {end.ret for end in run(Companion(box, frozenset({"h"}), frozenset({id(value.node)})))} == {frozenset({"Failed"})}
+
+
 REMOVAL_PASS = ("if r.failed:\n    removed.add(i)\nif i in removed:\n    return KVPoll.Failed\n"
                 "logger.warning('still queued')\nreturn KVPoll.Success")
 
@@ -453,9 +488,8 @@ def explore_removal(body: str, scoped: bool) -> list[PathState]:
     """`body` as the drain owner's loop over the queue (`i` its index, `removed` the set the queue
     is filtered by), with the set known fresh (`scoped`) or not."""
     index, func, parsed = function_f(HEADER + "def f(r):\n" + "".join(f"    {line}\n" for line in body.splitlines()))
-    options = Options(index, PACK, DOMAIN, state="Success", queue_attr=PACK.queue, effects=QUEUE_EFFECTS,
-                      removal_set="removed", removal_scope=func.node if scoped else None,
-                      removal_index=frozenset({"i"}) if scoped else frozenset())
+    effects = QueueEffects(PACK, PACK.queue, "removed", func.node if scoped else None, frozenset({"i"}) if scoped else frozenset())
+    options = Options(index, DOMAIN, state="Success", effects=effects)
     ends, _ = Explorer(options).explore_function(func, parsed, None, [PathState(env=(("r", frozenset({"@req"})),))])
     return ends
 
