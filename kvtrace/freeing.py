@@ -39,6 +39,24 @@ class EnvSetting:
     unread: str | None = None  # the module that declares it (srt/environ.py) when it was not in the scanned folder
 
 
+@dataclass(frozen=True)
+class AbortCall:
+    """A call of the sender's abort method on a request taken from a queue: where, in which
+    function, on which queue's loop (its evidence line says all three)."""
+
+    path: str
+    line: int
+    function: str  # qualified name, or "module level"
+    call: str  # the call as written
+    queue: str
+    loop_line: int
+
+    @property
+    def evidence(self) -> Evidence:
+        return Evidence(self.path, self.line, f"{self.function}() calls {self.call} on a request of {self.queue} "
+                                              f"(loop at line {self.loop_line})")
+
+
 @dataclass
 class Freeing:
     state: str
@@ -65,7 +83,7 @@ def what_frees(report: Report, backend: Backend, abort_method: str = "abort") ->
         if abort_frees and callers:
             parts.append(f"aborting the request frees it ({reads}); "
                          f"the scheduler does: {_callers_text(callers, abort_method)}")
-            evidence += via + callers
+            evidence += via + [c.evidence for c in callers]
         elif abort_frees:
             parts.append(f"abort() would end it ({reads}), but "
                          f"nothing in the scanned code calls {abort_method}() for a request in {queues}, so abort "
@@ -102,7 +120,7 @@ def what_frees(report: Report, backend: Backend, abort_method: str = "abort") ->
                                     f"{_unreached_timeouts(report, timeouts, state)}{stuck}")
             # A timeout that ends the state on other runs of poll() is no way out on the run that
             # keeps it: its lines are in the text, its setting is no answer.
-            evidence = list(verdict.chain[:3]) + callers[:1]
+            evidence = list(verdict.chain[:3]) + [c.evidence for c in callers[:1]]
         elif verdict.way_out is WayOut.UNKNOWN and not parts:
             how, text = "unknown", f"not decided: {verdict.how}"
         else:
@@ -191,18 +209,14 @@ def abort_ends_text(backend: Backend) -> str:
     return f"abort() ends {', '.join(ended)} ({abort_mechanism(backend.verdicts[ended[0]], backend)})"
 
 
-_CALLER_QUEUE = re.compile(r" on a request of (\w+) \(")
-
-
-def _callers_text(callers: list[Evidence], abort_method: str) -> str:
+def _callers_text(callers: list[AbortCall], abort_method: str) -> str:
     """`Scheduler.abort_request() calls abort() for it at managers/scheduler.py:3841`; with the
     queue each call is for when the calls loop over different queues (a request in the inflight
     queue is aborted by the inflight loop, not by the bootstrap queue's)."""
     first = callers[0]
-    function = first.note.split(" calls ", 1)[0]
-    queues = [match.group(1) if (match := _CALLER_QUEUE.search(c.note)) else None for c in callers]
-    if len(callers) > 1 and None not in queues and len(set(queues)) > 1:
-        places = [f"at {c.path}:{c.line} for a request in {q}" for c, q in zip(callers, queues)]
+    function = f"{first.function}()"
+    if len({c.queue for c in callers}) > 1:
+        places = [f"at {c.path}:{c.line} for a request in {c.queue}" for c in callers]
         return f"{function} calls {abort_method}() " + (", ".join(places[:-1]) + " and " + places[-1])
     more = f" and {len(callers) - 1} more place{'s' if len(callers) > 2 else ''}" if len(callers) > 1 else ""
     return f"{function} calls {abort_method}() for it at {first.path}:{first.line}{more}"
@@ -217,16 +231,16 @@ def _scope_hint(report: Report) -> str:
 
 
 # (path, sha256, queues, method) -> the calls found: a report is rendered once per backend.
-_ABORT_CALLS: dict[tuple[str, str, tuple[str, ...], str], list[Evidence]] = {}
+_ABORT_CALLS: dict[tuple[str, str, tuple[str, ...], str], list[AbortCall]] = {}
 
 
-def scheduler_aborts(report: Report, abort_method: str = "abort") -> list[Evidence]:
+def scheduler_aborts(report: Report, abort_method: str = "abort") -> list[AbortCall]:
     """Each call of `abort_method()` on the sender of a request taken from one of the report's
     queues, in any file scanned: `for req in self.<queue>: ... req.<sender>.abort()`, with the
     function it is in. The sender is what the request holds itself (`req.<attr>`), not
     something further down (`req.time_stats.trace_ctx.abort(...)` in the drain is a trace's)."""
     queues = tuple(q.name for q in report.queues)
-    found: list[Evidence] = []
+    found: list[AbortCall] = []
     if not queues:
         return found
     for source in report.files:
@@ -240,12 +254,12 @@ def scheduler_aborts(report: Report, abort_method: str = "abort") -> list[Eviden
     return found
 
 
-def _abort_calls(source: SourceFile, text: str, queues: tuple[str, ...], abort_method: str) -> list[Evidence]:
+def _abort_calls(source: SourceFile, text: str, queues: tuple[str, ...], abort_method: str) -> list[AbortCall]:
     try:
         tree = ast.parse(text)
     except (SyntaxError, ValueError, RecursionError, MemoryError):
         return []  # the scan reports the file that does not parse
-    found: list[Evidence] = []
+    found: list[AbortCall] = []
 
     def visit(node: ast.AST, scope: list[str]) -> None:
         for child in ast.iter_child_nodes(node):
@@ -257,10 +271,8 @@ def _abort_calls(source: SourceFile, text: str, queues: tuple[str, ...], abort_m
                 names = {n.id for n in ast.walk(child.target) if isinstance(n, ast.Name)}  # `i, req` too
                 if queue is not None:
                     for call in _calls_on(child.body, names, abort_method):
-                        where = ".".join(scope) or "module level"
-                        found.append(Evidence(source.path, call.lineno,
-                                              f"{where}() calls {ast.unparse(call)} on a request of {queue} "
-                                              f"(loop at line {child.lineno})"))
+                        found.append(AbortCall(source.path, call.lineno, ".".join(scope) or "module level",
+                                               ast.unparse(call), queue, child.lineno))
             visit(child, scope)
 
     visit(tree, [])

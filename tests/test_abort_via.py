@@ -12,8 +12,8 @@ from pathlib import Path
 
 import networkx as nx
 
-from kvtrace.freeing import _callers_text, abort_ended, what_frees
-from kvtrace.model import Evidence, WayOut
+from kvtrace.freeing import AbortCall, _callers_text, abort_ended, what_frees
+from kvtrace.model import WayOut
 from kvtrace.report import markdown
 from kvtrace.report.diagram import _way_out
 from kvtrace.scan import scan_path
@@ -94,10 +94,12 @@ def test_diagram_box_covers_only_the_states_abort_ends(tmp_path: Path) -> None:
 
 
 def test_callers_name_their_queue_when_loops_differ() -> None:
-    callers = [Evidence("managers/scheduler.py", 3834, "Scheduler.abort_request() calls req.disagg_kv_sender.abort() "
-                        "on a request of disagg_prefill_bootstrap_queue (loop at line 3830)"),
-               Evidence("managers/scheduler.py", 3841, "Scheduler.abort_request() calls req.disagg_kv_sender.abort() "
-                        "on a request of disagg_prefill_inflight_queue (loop at line 3837)")]
+    callers = [AbortCall("managers/scheduler.py", 3834, "Scheduler.abort_request", "req.disagg_kv_sender.abort()",
+                         "disagg_prefill_bootstrap_queue", 3830),
+               AbortCall("managers/scheduler.py", 3841, "Scheduler.abort_request", "req.disagg_kv_sender.abort()",
+                         "disagg_prefill_inflight_queue", 3837)]
+    assert callers[0].evidence.note == ("Scheduler.abort_request() calls req.disagg_kv_sender.abort() on a request of "
+                                        "disagg_prefill_bootstrap_queue (loop at line 3830)")
     assert _callers_text(callers, "abort") == (
         "Scheduler.abort_request() calls abort() at managers/scheduler.py:3834 for a request in "
         "disagg_prefill_bootstrap_queue and at managers/scheduler.py:3841 for a request in disagg_prefill_inflight_queue")

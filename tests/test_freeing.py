@@ -49,13 +49,14 @@ def test_the_scheduler_abort_path_is_named_with_its_line(tmp_path: Path) -> None
     # nor an abort() of the request object itself.
     assert [(c.path, c.line) for c in calls] == [("managers/scheduler.py", 7)]
     assert "req.disagg_kv_sender.abort()" in (tree / calls[0].path).read_text().splitlines()[calls[0].line - 1]
-    assert calls[0].note.startswith("Scheduler.abort_request() calls req.disagg_kv_sender.abort()")
+    assert (calls[0].function, calls[0].call) == ("Scheduler.abort_request", "req.disagg_kv_sender.abort()")
+    assert calls[0].evidence.note.startswith("Scheduler.abort_request() calls req.disagg_kv_sender.abort()")
     mooncake = next(b for b in report.backends if b.name == "mooncake")
     frees = {f.state: f for f in what_frees(report, mooncake)}
     boot = frees["Bootstrapping"]
     assert boot.how == "abort"
     assert "the scheduler does: Scheduler.abort_request() calls abort() for it at managers/scheduler.py:7" in boot.text
-    assert calls[0] in boot.evidence
+    assert calls[0].evidence in boot.evidence
     nixl = next(b for b in report.backends if b.name == "nixl")
     pinned = {f.state for f in report.findings if f.rule == "pinned-state" and f.backend == "nixl"}
     assert pinned
@@ -101,7 +102,8 @@ def test_real_releases(version: str, line: int | None) -> None:
     source = (tree / "managers" / "scheduler.py").read_text().splitlines()
     assert all(source[c.line - 1].strip() == "req.disagg_kv_sender.abort()" for c in calls)
     inflight = next(c for c in calls if c.line == line)
-    loop = int(inflight.note.rsplit("loop at line ", 1)[1].rstrip(")"))
+    assert inflight.queue == "disagg_prefill_inflight_queue"
+    loop = inflight.loop_line
     assert "disagg_prefill_inflight_queue" in source[loop - 1] and source[loop - 1].lstrip().startswith("for ")
     enclosing = next(source[n] for n in range(loop - 1, -1, -1) if source[n].lstrip().startswith("def "))
     assert enclosing.lstrip().startswith("def abort_request(")
