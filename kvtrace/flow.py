@@ -717,7 +717,8 @@ class Explorer:
         for batch, first in parked.batches:
             steps = parked.steps[first:]
             if steps:
-                batch = self._forgetting(batch, lambda name: all(name in after for after, _ in steps),
+                live_after_all = frozenset.intersection(*(after for after, _ in steps))
+                batch = self._forgetting(batch, live_after_all.__contains__,
                                          lambda key: any(self.dead_fact(key, after, stmt, frame) for after, stmt in steps))
             ready += batch
         parked.clear()

@@ -126,7 +126,13 @@ def _untied_appends(ctx: ScanContext, list_attr: str | None) -> bool:
     no entry site of its own, so nothing says what that request's sender has done."""
     if not list_attr:
         return False
-    wanted = f"{ctx.pack.queue}.{list_attr}"
+    key = ("untied appends", ctx.pack.queue, list_attr)  # the same for every sender: walked once per queue
+    if key not in ctx.index.derived:
+        ctx.index.derived[key] = _appends_through_holder(ctx, f"{ctx.pack.queue}.{list_attr}")
+    return ctx.index.derived[key]
+
+
+def _appends_through_holder(ctx: ScanContext, wanted: str) -> bool:
     for module in ctx.index.modules.values():
         if wanted not in (module.source.text or ""):
             continue
