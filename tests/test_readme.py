@@ -121,3 +121,12 @@ def test_fleet_sample_is_what_kvtrace_prints(tmp_path: Path) -> None:
         return re.sub(r" for \d+\.\d s ", " for N s ", text).splitlines()
 
     assert normal(expected) == normal(result.stderr)
+
+
+def test_rules_table_lists_every_rule_with_its_code_and_severity() -> None:
+    """The README's Rules table is the list a user reads: one row per rule in ALL_RULES, with its
+    code, name and default severity, and no row for a rule that does not exist."""
+    from kvtrace.rules import ALL_RULES
+
+    rows = set(re.findall(r"^\| (KVT\d{3}) \| `([a-z-]+)` \| (error|warning|note) \|", README, re.MULTILINE))
+    assert rows == {(r.code, r.name, r.severity) for r in ALL_RULES}
