@@ -756,7 +756,7 @@ def analyse_queue(index: Index, pack: Pack, domain: Domain) -> QueueAnalysis:
                 drain.list_attr = attr
     if not drains:
         unseen: list[str] = [] if _assigned_in_tree(index, pack.queue) or not _used_in_tree(index, pack.queue) else [
-            f"self.{pack.queue} is bound outside the scanned folder (nothing here assigns it), so the object that "
+            f"self.{pack.queue} is bound outside the scanned folder (nothing here binds it to an object), so the object that "
             f"drains it is not seen; scan the folder that holds the scheduler"]
         return QueueAnalysis(None, graph, {}, static, unparsed=sorted(set(unparsed)), unseen_callers=unseen)
     drain = drains[0]
@@ -799,9 +799,13 @@ def _used_in_tree(index: Index, attr: str) -> bool:
 
 
 def _assigned_in_tree(index: Index, attr: str) -> bool:
-    """Whether some analysed file assigns `<x>.<attr> = ...` (where the queue object is bound)."""
+    """Whether some analysed file assigns `<x>.<attr> = ...` (where the queue object is bound).
+    `<x>.<attr> = None` (a teardown: 0.5.23's role_switch.py) and a bare annotation bind no
+    object: the queue's own binding is still elsewhere."""
     for module in index.modules.values():
         for node in index.assignments(module):
+            if node.value is None or (isinstance(node.value, ast.Constant) and node.value.value is None):
+                continue
             targets = node.targets if isinstance(node, ast.Assign) else [node.target]
             if any(isinstance(t, ast.Attribute) and t.attr == attr for t in targets):
                 return True

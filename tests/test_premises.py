@@ -404,13 +404,16 @@ def test_silent_status_drop_sees_the_returning_if_in_common_update_status() -> N
     assert lines[221 - 1].strip() == "return" and "self.request_status[bootstrap_room] = status" in lines[222 - 1]
 
 
-def test_decode_queues_bound_in_managers_are_a_gap_from_the_folder_alone() -> None:
+@pytest.mark.parametrize("version", ["0.5.2", "0.5.23"])
+def test_decode_queues_bound_in_managers_are_a_gap_from_the_folder_alone(version: str) -> None:
     """0.5.2 decode: scheduler.py (managers/) binds self.disagg_decode_prealloc_queue and
     self.disagg_decode_transfer_queue to their queue objects; decode.py appends to the transfer
-    queue (890). Before, disaggregation/ alone gave two undrained-queue errors there."""
+    queue (890). Before, disaggregation/ alone gave two undrained-queue errors there. 0.5.23's
+    role_switch.py clears both (`scheduler.disagg_decode_prealloc_queue = None`): that binds no
+    object, and before it hid the gap (two grids of `?`, no INCOMPLETE line)."""
     from kvtrace.packs import load_pack
 
-    root = sglang_tree("0.5.2")
+    root = sglang_tree(version)
     folder = scan_path(root / D, load_pack("sglang-decode"))
     assert not [f for f in folder.findings if f.rule == "undrained-queue"]
     for queue in ("disagg_decode_prealloc_queue", "disagg_decode_transfer_queue"):

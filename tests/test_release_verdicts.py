@@ -144,6 +144,13 @@ def test_release_verdicts(version: str) -> None:
     # callers of the drain, in managers/): a verdict reached only in a mode such a caller would
     # bind rests on that caller (a warning with that premise), never an error.
     folder = scan_path(root / D)
+    # A queue judged from srt/ but not from the folder alone is bound outside it: the folder's
+    # scan says so (0.5.23's role_switch.py clears the bootstrap queue with `= None`; before,
+    # that hid it and the queue's grid went missing with no INCOMPLETE line).
+    drained = {q.name for q in whole.queues if q.drain is not None}
+    for queue in drained - {q.name for q in folder.queues if q.drain is not None}:
+        assert any(p.kind is ProblemKind.OUT_OF_VIEW and p.text.startswith(f"self.{queue} is bound outside the scanned folder")
+                   for p in folder.problems), (version, queue)
     wide = {r[:5]: r[5:] for r in verdict_rows(whole)}
     narrow = {r[:5]: r[5:] for r in verdict_rows(folder)}
     assert set(wide) <= set(narrow), (version, set(wide) - set(narrow))
