@@ -41,9 +41,8 @@ import stat
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, cast, get_args
+from typing import TYPE_CHECKING, NamedTuple, cast, get_args
 
 from kvtrace import __version__, log
 from kvtrace.errors import InputError
@@ -167,8 +166,10 @@ def scan_key(fetched: FetchResult, pack: object, settings: object = None, root: 
     return hashlib.sha256("\n".join(parts).encode("utf-8", "surrogateescape")).hexdigest()
 
 
-@dataclass
-class CacheInfo:
+class CacheInfo(NamedTuple):
+    """What `kvtrace cache info` shows. A NamedTuple: a dataclass's generated methods would be
+    built on every start, a cached rescan's too."""
+
     path: Path
     entries: int
     total_bytes: int

@@ -64,15 +64,26 @@ def _encode(value: Any) -> Any:
     raise TypeError(f"cannot cache a {type(value).__name__}")
 
 
+# Values that are their own plain form: exactly these types (a subclass, such as an enum, is not
+# one). The graphs are mostly such leaves: tested inline, a leaf costs no call.
+_LEAVES = frozenset({str, int, float, bool, type(None)})
+
+
 def _plain(value: Any) -> Any:
+    kind = type(value)
+    if kind in _LEAVES:
+        return value
+    if kind is dict:  # the graphs' attributes, the commonest container: tested before the chain below
+        return {"dict": [[k if type(k) in _LEAVES else _plain(k), v if type(v) in _LEAVES else _plain(v)]
+                         for k, v in value.items()]}
     if value is None or isinstance(value, (bool, int, float)):
         return value
     if isinstance(value, str):
         return str(value)
     if isinstance(value, list):
-        return [_plain(v) for v in value]
+        return [v if type(v) in _LEAVES else _plain(v) for v in value]
     if isinstance(value, tuple):
-        return {"tuple": [_plain(v) for v in value]}
+        return {"tuple": [v if type(v) in _LEAVES else _plain(v) for v in value]}
     if isinstance(value, (set, frozenset)):
         items = sorted((_plain(v) for v in value), key=json.dumps)  # the same bytes for the same set
         return {"frozenset" if isinstance(value, frozenset) else "set": items}
@@ -94,15 +105,21 @@ def key_bytes(extra: dict[str, Any], report: Report) -> bytes:
                       ensure_ascii=False).encode("utf-8", "surrogatepass")
 
 
+# dataclass -> (field name, written as a plain value) of each field a key holds, worked out once.
+_KEY_FIELDS: dict[type, tuple[tuple[str, bool], ...]] = {}
+
+
 def _key_part(value: Any) -> Any:
-    if isinstance(value, enum.Enum):  # a str-valued enum never gets here: JSON writes it as its string
-        return value.value
-    if not dataclasses.is_dataclass(value) or isinstance(value, type):
-        raise TypeError(f"cannot key a {type(value).__name__}")
     cls = type(value)
-    skipped, plain = _SKIPPED.get(cls, frozenset()), _PLAIN.get(cls, frozenset())
-    return {f.name: (_plain(getattr(value, f.name)) if f.name in plain else getattr(value, f.name))
-            for f in _fields(cls) if f.name not in skipped}
+    spec = _KEY_FIELDS.get(cls)
+    if spec is None:
+        if isinstance(value, enum.Enum):  # a str-valued enum never gets here: JSON writes it as its string
+            return value.value
+        if not dataclasses.is_dataclass(value) or isinstance(value, type):
+            raise TypeError(f"cannot key a {type(value).__name__}")
+        skipped, plain = _SKIPPED.get(cls, frozenset()), _PLAIN.get(cls, frozenset())
+        spec = _KEY_FIELDS[cls] = tuple((f.name, f.name in plain) for f in _fields(type(value)) if f.name not in skipped)
+    return {name: _plain(getattr(value, name)) if plain else getattr(value, name) for name, plain in spec}
 
 
 # --- decoding -----------------------------------------------------------------------------------
@@ -272,17 +289,18 @@ def _dataclass(cls: type) -> Decoder:
 
 
 def _unplain(value: Any) -> Any:
-    if value is None or type(value) in (bool, int, float, str):
+    if type(value) in _LEAVES:
         return value
     if type(value) is list:
-        return [_unplain(v) for v in value]
+        return [v if type(v) in _LEAVES else _unplain(v) for v in value]
     if type(value) is dict and len(value) == 1:
         (tag, items), = value.items()
         if tag in _PLAIN_TAGS and type(items) is list:
             if tag == "dict":
                 pairs = [_fixed_pair(pair) for pair in items]
-                return {_unplain(k): _unplain(v) for k, v in pairs}
-            decoded = [_unplain(v) for v in items]
+                return {k if type(k) in _LEAVES else _unplain(k): v if type(v) in _LEAVES else _unplain(v)
+                        for k, v in pairs}
+            decoded = [v if type(v) in _LEAVES else _unplain(v) for v in items]
             return {"tuple": tuple, "set": set, "frozenset": frozenset}[tag](decoded)
     raise _fail("a plain value", value)
 

@@ -397,7 +397,6 @@ def run_scan(request: ScanRequest) -> int:
 def _prepare(request: ScanRequest, overrides) -> _Prepared:
     """Every option and target checked, and each target's settings and packs read, before the
     first fetch: a bad one is one line and exit 2, never a half-done run."""
-    from kvtrace import baseline as baselines
     from kvtrace.cache import Cache
     from kvtrace.fleet import read_hosts_file
     from kvtrace.packs import load_pack, pack_for, select_queues
@@ -423,7 +422,11 @@ def _prepare(request: ScanRequest, overrides) -> _Prepared:
                  else select_queues(load_pack(pack_for(rules if role else s.pack, role.value if role else None,
                                                        queues)), queues)
                  for target, s in settings.items()}
-        baseline_prints = {t: baselines.load(Path(s.baseline)) for t, s in settings.items() if s.baseline}
+        baseline_prints = {}
+        if any(s.baseline for s in settings.values()):
+            from kvtrace import baseline as baselines  # only with a baseline: most scans (a cached rescan) have none
+
+            baseline_prints = {t: baselines.load(Path(s.baseline)) for t, s in settings.items() if s.baseline}
         if request.metrics is not None:
             from kvtrace.metrics import parse_metrics_url
 
@@ -435,9 +438,9 @@ def _prepare(request: ScanRequest, overrides) -> _Prepared:
 
 
 def _compare_with_baseline(baseline_prints: dict, target: str, report: Report) -> None:
-    from kvtrace import baseline as baselines
-
     if target in baseline_prints:
+        from kvtrace import baseline as baselines  # only with a baseline: most scans have none
+
         compared = baselines.apply(report.findings, baseline_prints[target])
         log.debug("%s: baseline: %d unchanged, %d new, %d no longer found", target, compared.unchanged,
                   compared.new, len(compared.gone))
@@ -560,13 +563,14 @@ def report_failures(results, gate_levels: dict[str, tuple[str, str]]) -> None:
     """One stderr line per report that fails the run: what failed it, what else was reported,
     and the exit code. The text report's tally counts everything; a JSON or SARIF report on
     stdout goes to a file or a pipe, and this line is then all the person running it sees."""
+    failed_results = [r for r in results if r.exit_code == EXIT_FINDINGS]
+    if not failed_results:
+        return  # nothing to say: nor the baseline module to import (a clean or incomplete rescan)
     from kvtrace.baseline import counts_against
     from kvtrace.fleet import report_label
     from kvtrace.gate import counted, failing, verdict_line
 
-    for r in results:
-        if r.exit_code != EXIT_FINDINGS:
-            continue
+    for r in failed_results:
         for report in r.reports:
             line = verdict_line(report.findings, *gate_levels[report.target])
             if line.startswith("failed"):
@@ -1145,16 +1149,17 @@ def run() -> None:
     os._exit(code)
 
 
-# click (and typer's copy of it) words option errors its own way; say the same in ours.
+# click (and typer's copy of it) words option errors its own way; say the same in ours. Patterns as
+# text, compiled by re.fullmatch when a usage error is worded: every run would pay for 8 compiles.
 _USAGE_WORDING = [
-    (re.compile(r"'(?P<value>.*)' is not one of (?P<choices>.*?)\.?$"), None),
-    (re.compile(r"'.*' is not a valid (?:integer|int range)\.?"), "not a whole number"),
-    (re.compile(r"'.*' is not a valid (?:float|float range)\.?"), "not a number"),
-    (re.compile(r".* is not in the range x>=(?P<n>\S+?)\.?"), "must be at least {n}"),
-    (re.compile(r".* is not in the range x<=(?P<n>\S+?)\.?"), "must be at most {n}"),
-    (re.compile(r".* is not in the range x>(?P<n>\S+?)\.?"), "must be more than {n}"),
-    (re.compile(r".* is not in the range x<(?P<n>\S+?)\.?"), "must be less than {n}"),
-    (re.compile(r".* is not in the range (?P<low>\S+?)<=x<=(?P<high>\S+?)\.?"), "must be from {low} to {high}"),
+    (r"'(?P<value>.*)' is not one of (?P<choices>.*?)\.?$", None),
+    (r"'.*' is not a valid (?:integer|int range)\.?", "not a whole number"),
+    (r"'.*' is not a valid (?:float|float range)\.?", "not a number"),
+    (r".* is not in the range x>=(?P<n>\S+?)\.?", "must be at least {n}"),
+    (r".* is not in the range x<=(?P<n>\S+?)\.?", "must be at most {n}"),
+    (r".* is not in the range x>(?P<n>\S+?)\.?", "must be more than {n}"),
+    (r".* is not in the range x<(?P<n>\S+?)\.?", "must be less than {n}"),
+    (r".* is not in the range (?P<low>\S+?)<=x<=(?P<high>\S+?)\.?", "must be from {low} to {high}"),
 ]
 
 
@@ -1166,7 +1171,7 @@ def _usage_message(exc: Exception) -> str | None:
     if not opts:
         return None
     for pattern, wording in _USAGE_WORDING:
-        match = pattern.fullmatch(text.strip())
+        match = re.fullmatch(pattern, text.strip())
         if match is None:
             continue
         if wording is None:

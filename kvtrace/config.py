@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import difflib
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Protocol
+from typing import Any, NamedTuple, Protocol
 
 from kvtrace.errors import InputError
 from kvtrace.userfiles import TOML_CAP, SchemaError, load_toml, validate
@@ -35,9 +34,10 @@ class RuleNames(Protocol):
 FAIL_ON_LEVELS = ("error", "warning", "note", "never")
 
 
-@dataclass(frozen=True)
-class Settings:
-    """What a scan is asked to report. Empty `select` means every rule."""
+class Settings(NamedTuple):
+    """What a scan is asked to report. Empty `select` means every rule. Immutable: a NamedTuple
+    rather than a frozen dataclass, whose generated methods every run (a cached rescan's too)
+    would pay to build."""
 
     select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
@@ -154,9 +154,9 @@ def load_settings(path: Path, known_rules: RuleNames) -> Settings:
     check_rules(settings, known_rules, where)
     base = path.parent
     if settings.baseline is not None:
-        settings = replace(settings, baseline=confined(base, settings.baseline, where, "baseline"))
+        settings = settings._replace(baseline=confined(base, settings.baseline, where, "baseline"))
     if settings.pack is not None and not _bundled_pack(settings.pack):
-        settings = replace(settings, pack=confined(base, settings.pack, where, "pack"))
+        settings = settings._replace(pack=confined(base, settings.pack, where, "pack"))
     return settings
 
 
@@ -185,9 +185,9 @@ def check_rules(settings: Settings, known_rules: RuleNames, where: str | None) -
             raise InputError(said + unknown_rule(unknown[0], known_rules))
 
 
-@dataclass(frozen=True)
-class Overrides:
-    """Command-line options; None (or empty) means "not given", so the file's value stands."""
+class Overrides(NamedTuple):
+    """Command-line options; None (or empty) means "not given", so the file's value stands. A
+    NamedTuple, as Settings."""
 
     select: tuple[str, ...] = ()
     ignore: tuple[str, ...] = ()
@@ -206,4 +206,4 @@ def resolve(target: Path | None, cwd: Path, overrides: Overrides, known_rules: R
                if getattr(overrides, name)}
     changes |= {name: getattr(overrides, name) for name in ("pack", "fail_on", "baseline")
                 if getattr(overrides, name) is not None}
-    return replace(settings, **changes)
+    return settings._replace(**changes)

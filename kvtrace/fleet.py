@@ -27,7 +27,6 @@ from kvtrace.errors import (EXIT_CLEAN, EXIT_FINDINGS, EXIT_INCOMPLETE, EXIT_INP
                             InputError, KvtraceError)
 from kvtrace.gate import DEFAULT_FAIL_ON, fails_on
 from kvtrace.model import Consequence, FetchLimits, FetchResult, Report
-from kvtrace.rulemeta import consequence_of
 from kvtrace.safe_text import plain
 
 # Worst first: nothing analysed, then analysed but incomplete, then findings, then clean.
@@ -38,6 +37,8 @@ Log = Callable[[str], None]
 
 @dataclass
 class HostResult:
+    """One target's outcome: its report(s), or the error that stopped it, and the exit code."""
+
     target: str
     report: Report | None = None
     error: str | None = None
@@ -273,6 +274,8 @@ class Progress:
 
 @dataclass
 class FleetOptions:
+    """What every target of a run is scanned with: packs and settings per target, limits, the cache."""
+
     packs: dict[str, Any]  # target -> rules pack, or a tuple of packs (--role all: a report each)
     settings: dict[str, Any]  # target -> kvtrace.config.Settings (select/ignore, fail_on, baseline)
     limits: FetchLimits = FetchLimits()
@@ -488,6 +491,8 @@ class HostSummary:
 
 
 def verdicts_of(findings: Iterable[dict[str, Any]]) -> list[str]:
+    from kvtrace.rulemeta import consequence_of  # the rule table: only a fleet summary reads it, not a scan
+
     lines = []
     for f in findings:
         # The rule is in the brackets; what follows names what the finding is about (the backend,

@@ -3,6 +3,9 @@ analysed model live in kvtrace.graph.ScanModel).
 
 The pipeline is target -> fetch -> parse -> index -> graph -> checks -> report; each stage
 takes and returns the types below, so any stage can be read (and tested) on its own.
+
+Every dataclass here has a docstring: @dataclass writes one from inspect.signature for a class
+without, on each start (a cached rescan imports this module too).
 """
 
 from __future__ import annotations
@@ -230,6 +233,8 @@ class FetchResult:
 
 @dataclass(frozen=True)
 class Evidence:
+    """A line of the scanned code a finding, a fate or a verdict rests on, and what it shows."""
+
     path: str
     line: int
     note: str
@@ -281,6 +286,8 @@ class ModeInfo:
 
 @dataclass
 class StateFate:
+    """What becomes of a request in one poll state at the drain: every outcome, the lines that show them, per mode."""
+
     fate: list[Outcome]  # every outcome, all modes together
     evidence: list[Evidence]
     modes: list[ModeFate] = field(default_factory=list)  # per mode, in QueueReport.modes' order
@@ -288,6 +295,8 @@ class StateFate:
 
 @dataclass
 class QueueReport:
+    """One judged queue: its drain loop, the release map's sites, each poll state's fate, the drain's modes."""
+
     name: str
     drain: Evidence | None
     sites: list[Site]
@@ -297,6 +306,8 @@ class QueueReport:
 
 @dataclass(frozen=True)
 class PollRef:
+    """Where a backend's poll() is defined, and the class it is inherited from when not its own."""
+
     path: str
     line: int
     inherited_from: str | None
@@ -304,6 +315,8 @@ class PollRef:
 
 @dataclass(frozen=True)
 class TimeoutCheck:
+    """An elapsed-time comparison in poll() and the states it ends."""
+
     path: str
     line: int
     covers: tuple[str, ...]
@@ -361,6 +374,8 @@ class ManagerRef:
 
 @dataclass
 class Backend:
+    """One transfer backend (its sender class): what its poll() returns and each state's way out."""
+
     name: str
     sender: str
     path: str
@@ -453,6 +468,8 @@ class PremiseKind(TextEnum):
 
 @dataclass
 class Finding:
+    """What a rule found, where, and about which backend, state and queue."""
+
     rule: str
     severity: Severity
     message: str
@@ -565,6 +582,8 @@ class Filters:
 
 @dataclass
 class Report:
+    """Everything one scan of one package found: what every report format is written from."""
+
     target: str
     files: list[SourceFile]
     queues: list[QueueReport]

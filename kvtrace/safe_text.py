@@ -18,8 +18,6 @@ import re
 from collections.abc import Callable
 from typing import Any, TypeVar
 
-from rich.markup import escape
-
 # C0 and C1 controls and DEL (tab stays: harmless, and source code has it; newline is escaped so
 # one value stays one line), Unicode line/paragraph separators, and the bidi embedding/override/
 # isolate controls that reorder what the reader sees ("Trojan Source").
@@ -35,6 +33,8 @@ def plain(text: object) -> str:
 
 def markup(text: object) -> str:
     """`plain(text)`, safe inside a rich markup string too."""
+    from rich.markup import escape  # here: rich.markup (most of rich) would cost every run ~5 ms
+
     return escape(plain(text))
 
 

@@ -17,21 +17,25 @@ from __future__ import annotations
 
 import os
 import re
-from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 from urllib.parse import unquote
 
 from kvtrace.errors import InputError
 
 
-@dataclass(frozen=True)
-class LocalTarget:
+# The parsed targets are NamedTuples rather than frozen dataclasses, whose generated methods
+# every run (a cached rescan's too) would pay to build.
+class LocalTarget(NamedTuple):
+    """A path on this machine, and the TARGET text as the user wrote it."""
+
     path: Path
     label: str
 
 
-@dataclass(frozen=True)
-class SshTarget:
+class SshTarget(NamedTuple):
+    """A path on a host reached over SSH."""
+
     user: str | None
     host: str  # a host name, an IP address (IPv6 without brackets) or an ~/.ssh/config alias
     port: int | None

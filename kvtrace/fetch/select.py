@@ -15,9 +15,8 @@ the same files.
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
 from pathlib import PurePosixPath
-from typing import Any
+from typing import Any, NamedTuple
 
 from kvtrace.model import FetchResult, SourceFile
 
@@ -25,9 +24,9 @@ VERSION_FILES = ("version.py", "_version.py")
 _IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-@dataclass(frozen=True)
-class Wanted:
-    """What a rules pack makes the scan look for: the enum, the queue names, the folder name."""
+class Wanted(NamedTuple):
+    """What a rules pack makes the scan look for: the enum, the queue names, the folder name.
+    A NamedTuple rather than a frozen dataclass, whose generated methods every run would pay to build."""
 
     enum: str
     queues: tuple[str, ...]

@@ -82,6 +82,8 @@ SCHEMA: dict[str, dict[str, tuple[str, Any]]] = {
 
 @dataclass(frozen=True)
 class Pack:
+    """A rules pack as loaded and checked (see SCHEMA): the names the engine looks for."""
+
     name: str
     description: str
     package_dir: str

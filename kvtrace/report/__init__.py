@@ -6,11 +6,12 @@ from __future__ import annotations
 import io
 import os
 import sys
-from typing import TextIO
-
-from rich.console import Console
+from typing import TYPE_CHECKING, TextIO
 
 from kvtrace.model import ModeFate, QueueReport, Report, StateFate
+
+if TYPE_CHECKING:  # rich is imported where a report is laid out: a kept rendering never needs it
+    from rich.console import Console
 
 
 def plain_width(piped: bool = False) -> int:
@@ -51,6 +52,8 @@ def _terminal_width() -> int | None:
 def render_text_stream(reports: list[Report], stream: TextIO, terminal: bool, show_map: bool = True) -> None:
 
     if terminal:
+        from rich.console import Console
+
         # No markup, no emoji codes: a name like `[/x]` or `:warning:` from the tree is text.
         console = Console(file=stream, highlight=False, markup=False, emoji=False)
         _render_all(reports, console, show_map)
@@ -81,6 +84,7 @@ def _render_all(reports: list[Report], console: Console, show_map: bool) -> None
 
 def render_plain(reports: list[Report], width: int = 1000, show_map: bool = True) -> str:
     """The text report as plain text: no colour, no trailing spaces."""
+    from rich.console import Console
 
     buffer = io.StringIO()
     console = Console(file=buffer, width=width, no_color=True, force_terminal=False, highlight=False,
