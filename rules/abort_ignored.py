@@ -69,7 +69,8 @@ class AbortIgnored(Rule):
                 evidence.append(Evidence(abort.path, abort.line, f"{ctx.pack.abort_method}() writes "
                                          f"{b.abort_state or 'nothing poll() could read'}"))
             inherited = f" (inherited from {b.poll.inherited_from})" if b.poll.inherited_from else ""
-            evidence.append(Evidence(b.poll.path, b.poll.line, f"{b.sender}.poll(){inherited} never reads it"))
+            read = "never reads it" if abort is not None else f"reads no abort state (there is no {ctx.pack.abort_method}())"
+            evidence.append(Evidence(b.poll.path, b.poll.line, f"{b.sender}.poll(){inherited} {read}"))
             if b.abort_state:
                 what = f"never reads {b.abort_state}, which {ctx.pack.abort_method}() writes"
             elif abort is None:

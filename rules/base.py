@@ -114,5 +114,12 @@ def path_evidence(events, state: str, kinds: tuple[EventKind, ...] = (EventKind.
     return out
 
 
+def mode_named(label: str) -> str:
+    """A drain mode's label as a clause names it: in parentheses when it binds several parameters
+    ("when (return_failed_reqs=False, rids_to_check=None) and when (...)": its own commas would
+    run into the sentence's)."""
+    return f"({label})" if ", " in label else label
+
+
 def returned_by(ctx: ScanContext, state: str) -> list[str]:
     return ctx.model.returning(state)

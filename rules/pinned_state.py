@@ -1,6 +1,6 @@
 from __future__ import annotations
 
-from kvtrace.rules.base import Rule, Sample, ScanContext
+from kvtrace.rules.base import Rule, Sample, ScanContext, mode_named
 from kvtrace.rules.premise import Premise, clause, joined, unseen_caller_premise, verdict_premise
 from kvtrace.rules.send_flow import polled_attributes
 from kvtrace.rules.way_in import answered_before_entry, entered_chain, send_verdict
@@ -143,7 +143,7 @@ class PinnedState(Rule):
             elif len(pinned) == len(queue.modes):
                 where = f"in every mode of the drain ({'; '.join(m.label for m, _ in pinned)}) {keeps}"
             else:
-                where = f"when {' and when '.join(m.label for m, _ in pinned)}, {keeps}"
+                where = f"when {' and when '.join(mode_named(m.label) for m, _ in pinned)}, {keeps}"
             for analysis in ctx.senders:
                 b = analysis.backend
                 verdict = ctx.model.way_out(b.name, state)

@@ -1,7 +1,7 @@
 from __future__ import annotations
 
 from kvtrace.model import EventKind, Evidence, Finding, Outcome
-from kvtrace.rules.base import Rule, Sample, ScanContext, drain_evidence, path_evidence
+from kvtrace.rules.base import Rule, Sample, ScanContext, drain_evidence, mode_named, path_evidence
 from kvtrace.rules.premise import clause, crash_premise, joined, unseen_caller_premise
 from kvtrace.rules.reentry_premise import reentry_premise
 from kvtrace.rules.samples import SCHEDULER, STANDARD_BRANCHES, drain, sender
@@ -138,7 +138,7 @@ class StateCrash(Rule):
                 what = f"{'an' if raised and raised.detail == 'assert' else 'a'} {raised.detail if raised else 'raise'}"
                 when = ""
                 if several:
-                    when = " when " + " and when ".join(m for m, _, _ in modes) + \
+                    when = " when " + " and when ".join(mode_named(m) for m, _, _ in modes) + \
                         "".join(f" (called so at {c.path}:{c.line})" for m in queue.modes
                                 if m.label in [x for x, _, _ in modes] for c in m.callers[:1])
                 held = f", once {waits[0].note} no longer holds it" if waits and waits[0].note else ""
