@@ -190,8 +190,8 @@ class QueueEffects(PackEffects):
         stores = leading_stores(run.c.index, func)
         return [(_stored(p, held, stores), value) for p, value in answered]
 
-    CALLS: ClassVar[tuple[CallEffect, ...]] = (removal, queue_entry, abort, PackEffects.pack_call, PackEffects.clock_read, poll,
-                                     PackEffects.wire)
+    CALLS: ClassVar[tuple[CallEffect, ...]] = (removal, queue_entry, abort, PackEffects.pack_call, PackEffects.clock_read,
+                                               poll, PackEffects.wire)
 
 
 @dataclass(frozen=True)

@@ -364,6 +364,9 @@ class Companion:
     def holds(self, attr: str) -> bool:
         return attr in self.attrs
 
+    def enters(self, func: FuncRef) -> bool:
+        return self.enterable is None or id(func.node) in self.enterable
+
 
 @dataclass(frozen=True)
 class Options:
@@ -1695,8 +1698,7 @@ class Explorer:
         a module function (given `self`: it then works on the same object)."""
         func, cls = self.resolve(callee, frame)
         companion = self.c.companion
-        if func is not None and frame.prefix == COMPANION and companion is not None \
-                and companion.enterable is not None and id(func.node) not in companion.enterable:
+        if func is not None and frame.prefix == COMPANION and companion is not None and not companion.enters(func):
             return None
         parts = callee.split(".")
         held = path.get(callee) if callee and "." not in callee else None
@@ -1704,8 +1706,7 @@ class Explorer:
             prefix, _, name = next(iter(held))[len(METHOD):].partition("|")
             owner = (companion.cls if companion is not None else None) if prefix == COMPANION else frame.cls
             found = self.c.index.find_method(owner, name) if owner is not None else None
-            if found is not None and prefix == COMPANION and companion is not None and companion.enterable is not None \
-                    and id(found.node) not in companion.enterable:
+            if found is not None and prefix == COMPANION and companion is not None and not companion.enters(found):
                 return None  # as when called through the attribute: not worth entering, its value unknown
             if found is not None:
                 return CallTarget(found, owner, prefix, "self")
@@ -1716,7 +1717,7 @@ class Explorer:
                 and parts[0] == frame.self_name and companion.holds(parts[1]):
             # `self.<attr>.<method>(...)`: the companion's method, on the companion object.
             found = self.c.index.find_method(companion.cls, parts[2])
-            if found is not None and (companion.enterable is None or id(found.node) in companion.enterable):
+            if found is not None and companion.enters(found):
                 return CallTarget(found, companion.cls, COMPANION, "self")
             if found is not None:
                 return None  # a method not worth entering (Companion.enterable): its value is unknown
