@@ -621,6 +621,9 @@ def nested_functions(func: FuncRef, index: Index | None = None) -> list[FuncRef]
     Index, a function that defines none (most) is told from its kept node lists."""
     if index is not None and len(index.nodes_in(func, _DEFS)) == 1:  # only `func` itself
         return []
+    key = ("nested functions", id(func.node), func.name, id(func.owner))
+    if index is not None and key in index.derived:  # the entry points ask again for each sender
+        return index.derived[key]
     found: list[FuncRef] = []
     todo: list[tuple[ast.AST, str]] = [(stmt, func.name) for stmt in func.node.body]
     while todo:
@@ -633,7 +636,10 @@ def nested_functions(func: FuncRef, index: Index | None = None) -> list[FuncRef]
             todo.extend((stmt, name) for stmt in node.body)
             continue
         todo.extend((child, scope) for child in ast.iter_child_nodes(node))
-    return sorted(found, key=lambda f: f.line)
+    found.sort(key=lambda f: f.line)
+    if index is not None:
+        index.derived[key] = found
+    return found
 
 
 _DEFS = (ast.FunctionDef, ast.AsyncFunctionDef)

@@ -24,7 +24,7 @@ from kvtrace.gaps import Cut
 from kvtrace.index import ClassInfo, FuncRef, Index, same_origin
 from kvtrace.parse import CstFunction
 from kvtrace.model import SITE_KINDS, EventKind
-from kvtrace.syntax import dotted, enum_member, self_attr, walk
+from kvtrace.syntax import cst_descendants, dotted, enum_member, self_attr
 from kvtrace.states import ABSENT, FALSE, INT, MARKERS, NONE, NOW, OTHER, POLLS, ROLES, TRUE, Domain, Val, refine
 
 MAX_PATHS = 4096  # per statement; past this the analysis says it is incomplete
@@ -477,15 +477,11 @@ def code(node: cst.CSTNode) -> str:
 def names_in(node: cst.CSTNode) -> set[str]:
     """Every identifier and attribute name in an expression (for timeout detection)."""
     found: set[str] = set()
-
-    class Collect(cst.CSTVisitor):
-        def visit_Name(self, n: cst.Name) -> None:
+    for n in cst_descendants(node):
+        if isinstance(n, cst.Name):
             found.add(n.value)
-
-        def visit_Attribute(self, n: cst.Attribute) -> None:
+        elif isinstance(n, cst.Attribute):
             found.add(n.attr.value)
-
-    node.visit(Collect())
     return found
 
 
@@ -495,6 +491,22 @@ _CHAIN = re.compile(r"[A-Za-z_]\w*(?:\.[A-Za-z_]\w*)*")  # a name or attribute c
 
 def _lines_of(func: FuncRef) -> list[str]:
     return func.module.lines[func.node.lineno - 1: func.node.end_lineno or func.node.lineno]
+
+
+def _searchable(text: str) -> bool:
+    """Text no line break can split: it is in a file's lines iff it is in the file's text."""
+    return "\n" not in text and "\r" not in text
+
+
+def _holds(index: Index, func: FuncRef, text: str) -> bool:
+    """Whether one of the function's lines holds `text` (its lines joined once, searched at C speed)."""
+    if not _searchable(text):
+        return any(text in line for line in _lines_of(func))
+    key = ("function text", id(func.node))
+    joined = index.derived.get(key)
+    if joined is None:
+        joined = index.derived[key] = "\n".join(_lines_of(func))
+    return text in joined
 
 
 def merge(paths: Iterable[PathState]) -> list[PathState]:
@@ -831,7 +843,7 @@ class Explorer:
         key = ("read later", id(frame.func.node), id(stmt), len(self.stack) == 1, text)
         known = self.c.index.derived.get(key)
         if known is None:
-            known = any(text in line for func in self.later_functions(after, stmt, frame) for line in _lines_of(func))
+            known = any(_holds(self.c.index, func, text) for func in self.later_functions(after, stmt, frame))
             self.c.index.derived[key] = known
         return known
 
@@ -870,16 +882,18 @@ class Explorer:
         key = ("chain elsewhere", id(frame.func.node), chain)
         known = self.c.index.derived.get(key)
         if known is None:
-            func = frame.func
+            func, index = frame.func, self.c.index
             known = False
-            for path, module in self.c.index.modules.items():
-                lines = module.lines
+            for path, module in index.modules.items():
                 if path == func.path:
-                    lines = lines[: func.node.lineno - 1] + lines[func.node.end_lineno or len(lines):]
-                if any(chain in line for line in lines):
+                    lines = module.lines
+                    if any(chain in line for line in lines[: func.node.lineno - 1] + lines[func.node.end_lineno or len(lines):]):
+                        known = True
+                        break
+                elif chain in (module.source.text or "") if _searchable(chain) else any(chain in line for line in module.lines):
                     known = True
                     break
-            self.c.index.derived[key] = known
+            index.derived[key] = known
         return known
 
     def call_function(self, func: FuncRef, cls: ClassInfo | None, args: dict[str, Val], path: PathState,
@@ -1598,7 +1612,7 @@ class Explorer:
         if cached is not None and cached[0] is node:
             return cached[1]
         key = None
-        if not any(isinstance(n, (cst.Call, cst.Await, cst.Yield, cst.NamedExpr, cst.Lambda)) for n in walk(node)) \
+        if not any(isinstance(n, (cst.Call, cst.Await, cst.Yield, cst.NamedExpr, cst.Lambda)) for n in cst_descendants(node)) \
                 and (self.keeps_fact(node.left, frame) or self.keeps_fact(node.comparisons[0].comparator, frame)):
             # (A comparison tested once in the function: nothing would read the fact again.)
             left, right = code(node.left), code(node.comparisons[0].comparator)

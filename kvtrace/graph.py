@@ -795,7 +795,7 @@ def _assembled_in_view(index: Index, cls: ClassInfo) -> bool:
 def _used_in_tree(index: Index, attr: str) -> bool:
     """Whether some analysed file reads `<x>.<attr>`: code in view works with the queue object."""
     return any(isinstance(node, ast.Attribute) and node.attr == attr
-               for module in index.modules.values() for node in walk_ast(module.tree))
+               for module in index.modules.values() if index.may_name(module, attr) for node in walk_ast(module.tree))
 
 
 def _assigned_in_tree(index: Index, attr: str) -> bool:

@@ -66,6 +66,7 @@ class Index:
         self._assignments: dict[str, list[ast.Assign | ast.AnnAssign]] = {}
         self._callers: dict[str, list[tuple[FuncRef, ast.Call]]] = {}
         self._name_lines: dict[tuple[str, str], list[int]] = {}
+        self._ascii: dict[str, bool] = {}
         for module in modules:
             self._add(module)
 
@@ -290,6 +291,16 @@ class Index:
             self._callers[name] = found
         return found
 
+    def may_name(self, module: ParsedModule, name: str) -> bool:
+        """Whether the module's text may spell the identifier `name` (one C-speed search of the
+        file; a line breaks no name). The parser normalizes identifiers (NFKC): a file outside
+        ASCII may spell it otherwise, so it may."""
+        path, text = module.source.path, module.source.text or ""
+        plain = self._ascii.get(path)
+        if plain is None:
+            plain = self._ascii[path] = text.isascii()
+        return not plain or "\n" in name or "\r" in name or name in text
+
     def _mentions(self, func: FuncRef, name: str) -> bool:
         """Whether the function's lines (its decorators' included, as ast.walk visits them) hold `name`."""
         key = (func.path, name)
@@ -297,7 +308,8 @@ class Index:
         if lines is None:
             # The parser normalizes identifiers (NFKC): a line outside ASCII may spell it otherwise.
             lines = self._name_lines[key] = [at for at, line in enumerate(func.module.lines, 1)
-                                             if name in line or not line.isascii()]
+                                             if name in line or not line.isascii()] \
+                if self.may_name(func.module, name) else []
         node = func.node
         start = min([d.lineno for d in node.decorator_list] + [node.lineno])
         at = bisect.bisect_left(lines, start)

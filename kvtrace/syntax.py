@@ -107,12 +107,38 @@ def walk(node: Node, skip: Node | None = None, memo: dict[int, Sequence[cst.CSTN
         stack.extend(reversed(children))
 
 
+_NODE_FIELDS: dict[type, tuple[str, ...]] = {}
+
+
+def cst_descendants(node: "cst.CSTNode") -> Iterator["cst.CSTNode"]:
+    """Every libcst node under `node`, itself included, in no set order: read from the node's
+    dataclass fields (a field holds the node's children, alone or in a sequence), where
+    libcst's visitors and `children` rebuild each node they pass."""
+    import dataclasses
+
+    node_type = _cst().CSTNode
+    stack = [node]
+    while stack:
+        current = stack.pop()
+        yield current
+        cls = type(current)
+        names = _NODE_FIELDS.get(cls)
+        if names is None:
+            names = _NODE_FIELDS[cls] = tuple(f.name for f in dataclasses.fields(cls))
+        for name in names:
+            value = getattr(current, name)
+            if isinstance(value, node_type):
+                stack.append(value)
+            elif isinstance(value, (list, tuple)):
+                stack.extend(item for item in value if isinstance(item, node_type))
+
+
 def mentions_attr(node: Node, attr: str) -> bool:
     """Whether the expression reads `<anything>.<attr>` (a queue named by its attribute)."""
     if isinstance(node, ast.AST):
         return any(isinstance(n, ast.Attribute) and n.attr == attr for n in _ast_walk(node))
     cst = _cst()
-    return any(isinstance(n, cst.Attribute) and n.attr.value == attr for n in walk(node))
+    return any(isinstance(n, cst.Attribute) and n.attr.value == attr for n in cst_descendants(node))
 
 
 def enum_member(node: ast.AST, enum: str) -> str | None:
