@@ -93,11 +93,7 @@ class Beside:
             os.close(self._fd)
             self._fd = None
         if self._pid is not None:
-            try:
-                os.kill(self._pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            os.waitpid(self._pid, 0)
+            _end(self._pid, kill=True)
             self._pid = None
 
 
@@ -125,3 +121,112 @@ class Claims:
         os.close(self._lock_read)
         os.close(self._lock_write)
         self._taken.close()
+
+
+class Server:
+    """`with Server(handle) as server: reply = server.call(request)`: a child forked at the start
+    (while the process still has one thread) that answers requests with `handle(request)`, one at
+    a time, on a second core, while the parent's threads go on (a fleet fetches hosts while an
+    earlier host's tree is analysed). call() is None when the child is not running or could not
+    answer; the caller then does the work itself, so a result never depends on whether it ran."""
+
+    def __init__(self, handle: Callable[[bytes], bytes], enabled: bool = True):
+        self._handle = handle
+        self._enabled = enabled and can_fork()
+        self._pid: int | None = None
+        self._to_child: int | None = None
+        self._from_child: int | None = None
+        self._lock = threading.Lock()
+
+    def __enter__(self) -> "Server":
+        if not self._enabled:
+            return self
+        requests_read, requests_write = os.pipe()
+        replies_read, replies_write = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: serves until the parent closes its end, never returns
+            status = 1
+            try:
+                os.close(requests_write)
+                os.close(replies_read)
+                signal.signal(signal.SIGINT, signal.SIG_DFL)  # Ctrl-C ends it with the parent
+                gc.freeze()  # see Beside: the inherited heap is never collected (nor copied) here
+                while (request := _read_frame(requests_read)) is not None:
+                    try:
+                        reply = b"R" + self._handle(request)
+                    except Exception:  # noqa: BLE001 - the parent does this one itself
+                        reply = b"F"
+                    _write_frame(replies_write, reply)
+                status = 0
+            except BaseException:  # noqa: BLE001
+                pass
+            finally:
+                os._exit(status)
+        os.close(requests_read)
+        os.close(replies_write)
+        self._pid, self._to_child, self._from_child = pid, requests_write, replies_read
+        return self
+
+    def call(self, request: bytes) -> bytes | None:
+        with self._lock:
+            if self._to_child is None or self._from_child is None:
+                return None
+            try:
+                _write_frame(self._to_child, request)
+                reply = _read_frame(self._from_child)
+            except OSError:
+                reply = None
+            if reply is None:  # the child is gone: every later request is done by the caller
+                self._close()
+                return None
+            return reply[1:] if reply[:1] == b"R" else None
+
+    def _close(self) -> None:
+        for fd in (self._to_child, self._from_child):
+            if fd is not None:
+                os.close(fd)
+        self._to_child = self._from_child = None
+
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 trace: TracebackType | None) -> None:
+        with self._lock:
+            self._close()  # the child reads the end of its requests and exits
+        if self._pid is not None:
+            # Left early (an error, Ctrl-C): do not wait for a request to finish.
+            _end(self._pid, kill=kind is not None)
+            self._pid = None
+
+
+def _end(pid: int, kill: bool) -> None:
+    """Reap the child, killed first when `kill`."""
+    if kill:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    os.waitpid(pid, 0)
+
+
+def _write_frame(fd: int, data: bytes) -> None:
+    view = memoryview(len(data).to_bytes(8, "big") + data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _read_frame(fd: int) -> bytes | None:
+    """One frame, or None at the end of the pipe (or a frame cut short)."""
+    head = _read_exactly(fd, 8)
+    if head is None:
+        return None
+    return _read_exactly(fd, int.from_bytes(head, "big"))
+
+
+def _read_exactly(fd: int, size: int) -> bytes | None:
+    parts, left = [], size
+    while left:
+        part = os.read(fd, min(left, 1 << 20))
+        if not part:
+            return None
+        parts.append(part)
+        left -= len(part)
+    return b"".join(parts)

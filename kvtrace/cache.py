@@ -448,9 +448,12 @@ ScanFn = Callable[[FetchResult, object], Report]
 
 def scan_cached(fetched: FetchResult, pack: Pack | None, cache: Cache | None,
                 memo: dict[str, bytes] | None = None, scan: ScanFn | None = None,
-                settings: Settings | None = None, root: str | None = None) -> tuple[Report, bool]:
+                settings: Settings | None = None, root: str | None = None,
+                elsewhere: Callable[[FetchResult, str], bytes | None] | None = None) -> tuple[Report, bool]:
     """The report for `fetched`, from `memo` (this run) or `cache` (earlier runs) when the same
-    code, pack, settings and files were scanned before, else by scanning. Returns (report, was_hit)."""
+    code, pack, settings and files were scanned before, else by scanning: `elsewhere(fetched,
+    key)` (another process: the report as _freeze gives it, or None) first, when given, then
+    here. Returns (report, was_hit)."""
     key = scan_key(fetched, pack, settings, root)
     payload = memo.get(key) if memo is not None else None
     if payload is None and cache is not None:
@@ -463,14 +466,16 @@ def scan_cached(fetched: FetchResult, pack: Pack | None, cache: Cache | None,
             return report, True
         if cache is not None:
             cache.discard(key)
-    with gc_paused():
-        if scan is not None:
-            report = scan(fetched, pack)
-        else:
-            from kvtrace.scan import scan_fetched
-
-            report = scan_fetched(fetched, pack, settings, root=root) if settings is not None else \
-                scan_fetched(fetched, pack, root=root)
+    payload = elsewhere(fetched, key) if elsewhere is not None else None
+    if payload is not None:
+        report = _thaw(payload, fetched, key)
+        if report is not None:
+            if memo is not None:
+                memo[key] = payload
+            if cache is not None:
+                cache.put(key, payload)
+            return report, False
+    report = _scan_here(fetched, pack, scan, settings, root)
     if memo is not None or cache is not None:
         try:
             frozen = _freeze(report, key)
@@ -482,6 +487,24 @@ def scan_cached(fetched: FetchResult, pack: Pack | None, cache: Cache | None,
         if cache is not None:
             cache.put(key, frozen)
     return report, False
+
+
+def _scan_here(fetched: FetchResult, pack: Pack | None, scan: ScanFn | None, settings: Settings | None,
+               root: str | None) -> Report:
+    with gc_paused():
+        if scan is not None:
+            return scan(fetched, pack)
+        from kvtrace.scan import scan_fetched
+
+        return scan_fetched(fetched, pack, settings, root=root) if settings is not None else \
+            scan_fetched(fetched, pack, root=root)
+
+
+def frozen_scan(fetched: FetchResult, pack: Pack | None, settings: Settings | None, root: str | None,
+                key: str) -> bytes:
+    """The report of a scan done here, as scan_cached keeps it under `key` (what a process that
+    scans for another, kvtrace.fleet's analysis server, answers with)."""
+    return _freeze(_scan_here(fetched, pack, None, settings, root), key)
 
 
 # --- renderings ------------------------------------------------------------------------------

@@ -463,8 +463,8 @@ def _scan_targets(request: ScanRequest, prepared: _Prepared) -> list:
         import gc
 
         gc.disable()
-    with Progress(fleet and not request.quiet and not request.verbose and sys.stderr.isatty()) as progress:
-        results = run_fleet(prepared.targets, options, log.debug, progress)
+    results = run_fleet(prepared.targets, options, log.debug,
+                        Progress(fleet and not request.quiet and not request.verbose and sys.stderr.isatty()))
     for r in results:
         if r.exception is not None:  # a bug in kvtrace: exit 4, the traceback with -v
             if request.verbose:

@@ -17,17 +17,21 @@ import re
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from types import SimpleNamespace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kvtrace.errors import (EXIT_CLEAN, EXIT_FINDINGS, EXIT_INCOMPLETE, EXIT_INPUT, EXIT_INTERNAL, AmbiguousTarget,
                             InputError, KvtraceError)
 from kvtrace.gate import DEFAULT_FAIL_ON, fails_on
 from kvtrace.model import Consequence, FetchLimits, FetchResult, Report
 from kvtrace.safe_text import plain
+
+if TYPE_CHECKING:
+    from concurrent.futures import Executor, Future
 
 # Worst first: nothing analysed, then analysed but incomplete, then findings, then clean.
 EXIT_BADNESS = {EXIT_INTERNAL: 4, EXIT_INPUT: 3, EXIT_INCOMPLETE: 2, EXIT_FINDINGS: 1, EXIT_CLEAN: 0}
@@ -308,22 +312,57 @@ def _fetch_pack(packs: tuple) -> Any:
 
 def run_fleet(targets: list[str], options: FleetOptions, log: Log | None = None,
               progress: Progress | None = None) -> list[HostResult]:
-    """Scan every target; results come back in the order of `targets`."""
+    """Scan every target; results come back in the order of `targets`. `progress` is shown from
+    here (not yet entered: its thread must not exist when the analysis server is forked)."""
     url = None
     if options.metrics_url:
         from kvtrace.metrics import parse_metrics_url
 
         url = parse_metrics_url(options.metrics_url)
-    fleet = _Fleet(options, log or (lambda _m: None), progress or Progress(False), url)
+    progress = progress or Progress(False)
+    fleet = _Fleet(options, log or (lambda _m: None), progress, url)
     if len(targets) == 1:
-        return [fleet.one(targets[0])]
-    from concurrent.futures import ThreadPoolExecutor  # here: a one-target run (the warm rescan) never needs it
+        with progress:
+            return [fleet.one(targets[0])]
+    from concurrent.futures import Future, ThreadPoolExecutor  # here: a one-target run (the warm rescan) never needs it
 
+    from kvtrace.beside import Server
     from kvtrace.parse import shared_parses
 
-    # Identical trees are analysed once (_Fleet.memo); files identical across different trees are parsed once.
-    with shared_parses(), ThreadPoolExecutor(max_workers=max(1, options.jobs)) as pool:
-        return list(pool.map(fleet.one, targets))
+    # Identical trees are analysed once (_Fleet.memo); files identical across different trees are
+    # parsed once. The trees are analysed in a forked server while the threads fetch the next hosts
+    # (forked first, while this process has one thread: paramiko's and rich's come after).
+    with shared_parses(), Server(fleet.analyse_request) as server, progress, \
+            ThreadPoolExecutor(max_workers=1) as analysis, ThreadPoolExecutor(max_workers=max(1, options.jobs)) as pool:
+        fleet.server = server
+        done = list(pool.map(lambda target: fleet.start(target, analysis), targets))
+        return [d.result() if isinstance(d, Future) else d for d in done]
+
+
+def _fetched_request(fetched: FetchResult, target: str, position: int, root: str | None, key: str) -> bytes:
+    """A tree and what to scan it with, for the analysis server: a JSON head (the pack and
+    settings are named by the target and the pack's position, as the server holds the same
+    options), then the files' bytes back to back."""
+    import json
+
+    head = json.dumps({"target": target, "position": position, "root": root, "key": key, "label": fetched.target,
+                       "notes": fetched.notes,
+                       "files": [[f.path, f.sha256, f.status, f.error, len(f.data)] for f in fetched.files]}).encode()
+    return len(head).to_bytes(8, "big") + head + b"".join(f.data for f in fetched.files)
+
+
+def _request_fetched(request: bytes) -> tuple[FetchResult, dict[str, Any]]:
+    import json
+
+    from kvtrace.model import SourceFile
+
+    size = int.from_bytes(request[:8], "big")
+    head = json.loads(request[8: 8 + size])
+    at, files = 8 + size, []
+    for path, sha256, status, error, length in head["files"]:
+        files.append(SourceFile(path, request[at: at + length], sha256, status, error))
+        at += length
+    return FetchResult(head["label"], files, head["notes"]), head
 
 
 @dataclass
@@ -337,16 +376,46 @@ class _Fleet:
     url: Any  # kvtrace.metrics' parsed --metrics URL, or None
     memo: dict[str, bytes] = field(default_factory=dict)
     analysis_lock: threading.Lock = field(default_factory=threading.Lock)
+    server: Any = None  # kvtrace.beside.Server analysing trees beside the fetches, or None
+
+    def analyse_request(self, request: bytes) -> bytes:
+        """In the analysis server: one tree scanned, answered as the cache keeps a report."""
+        from kvtrace.cache import frozen_scan
+
+        fetched, head = _request_fetched(request)
+        pack = _packs_of(self.options, head["target"])[head["position"]]
+        return frozen_scan(fetched, pack, self.options.settings.get(head["target"]), head["root"], head["key"])
+
+    def _elsewhere(self, target: str, position: int, root: str | None) -> Callable[[FetchResult, str], bytes | None] | None:
+        server = self.server
+        if server is None:
+            return None
+        return lambda fetched, key: server.call(_fetched_request(fetched, target, position, root, key))
 
     def one(self, target: str) -> HostResult:
         """One host: fetched, analysed with each of its packs, its facts stamped on its reports;
         a failure is this host's error line, never the run's."""
+        result = self.start(target, None)
+        assert isinstance(result, HostResult)  # nothing was handed on
+        return result
+
+    def start(self, target: str, analysis: Executor | None) -> HostResult | Future[HostResult]:
+        """`one`; with `analysis` (one thread), what follows the fetch is left to it once the tree
+        is here: this thread is free to fetch the next host while trees are analysed in turn."""
         result = HostResult(target)
         started = time.perf_counter()
         found: dict[str, Any] = {}  # what the open connection told: client, version, metrics
-        try:
+        with self._failures(target, result, started):
             fetched = self._fetch(target, found)
             result.timings["fetch"] = time.perf_counter() - started
+            if analysis is not None:
+                return analysis.submit(self._rest, target, result, fetched, found, started)
+            return self._rest(target, result, fetched, found, started)
+        return result
+
+    def _rest(self, target: str, result: HostResult, fetched: FetchResult, found: dict[str, Any],
+              started: float) -> HostResult:
+        with self._failures(target, result, started):
             analysed = time.perf_counter()
             packs, roots = self._analyse(target, fetched, result)
             result.timings["analyse"] = time.perf_counter() - analysed
@@ -355,14 +424,22 @@ class _Fleet:
                 self._local_facts(target, result, found)
             result.metrics = found.get("metrics")
             self._stamp(target, result, packs, roots)
+        return result
+
+    @contextmanager
+    def _failures(self, target: str, result: HostResult, started: float) -> Iterator[None]:
+        """A failure in the block is the host's error line; the host is done when it fails or
+        leaves the block with its result (a block that hands the rest on leaves it unfinished)."""
+        try:
+            yield
         except KvtraceError as exc:
             result.error = str(exc)
         except Exception as exc:  # noqa: BLE001 -- a bug in kvtrace: one line for this host only
             result.error = f"internal error on {target}: {type(exc).__name__}: {exc}"
             result.exit_code, result.exception = EXIT_INTERNAL, exc
-        result.timings["total"] = time.perf_counter() - started
-        self.show.update(target, "done" if result.error is None else "failed")
-        return result
+        if result.error is not None or result.report is not None:
+            result.timings["total"] = time.perf_counter() - started
+            self.show.update(target, "done" if result.error is None else "failed")
 
     def _fetch(self, target: str, found: dict[str, Any]) -> FetchResult:
         options, url = self.options, self.url
@@ -399,8 +476,10 @@ class _Fleet:
             raise AmbiguousTarget(fetched.target, roots)
         with self.analysis_lock:
             # One package: scan_fetched finds it again (and the cache key stays the one-package key).
-            scanned = [scan_cached(fetched, pack, options.cache, self.memo, settings=settings,
-                                   root=root if len(roots) > 1 else None) for pack in packs for root in roots]
+            scanned = [scan_cached(fetched, pack, options.cache, self.memo, settings=settings, root=scan_root,
+                                   elsewhere=self._elsewhere(target, position, scan_root))
+                       for position, pack in enumerate(packs) for root in roots
+                       for scan_root in [root if len(roots) > 1 else None]]
         result.report, result.cached = scanned[0]
         result.extra_reports = [report for report, _ in scanned[1:]]
         for report in result.reports:

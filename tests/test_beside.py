@@ -119,3 +119,74 @@ print(json.dumps({{"forked": forked, "report": to_document([report])}}))
             r.pop("duration_seconds", None)
     assert together["report"] == alone["report"]
     assert together["report"]["reports"][0]["findings"], "the example has findings to compare"
+
+
+def test_server_answers_in_another_process_and_a_failed_request_is_none() -> None:
+    out = run("""
+import os
+from kvtrace.beside import Server
+def handle(request):
+    if request == b"boom":
+        raise ValueError("this one fails")
+    return request.upper() + b" " + str(os.getpid()).encode()
+with Server(handle) as server:
+    print(server.call(b"one").split()[0].decode(), server.call(b"boom"), server.call(b"x" * 3_000_000)[:3].decode())
+    pid = int(server.call(b"two").split()[1])
+    print(pid != os.getpid())
+try:
+    os.kill(pid, 0)
+    print("alive")
+except ProcessLookupError:
+    print("gone")
+""")
+    assert out.split() == ["ONE", "None", "XXX", "True", "gone"]
+
+
+def test_server_gone_leaves_every_later_request_to_the_caller() -> None:
+    out = run("""
+import os, signal
+from kvtrace.beside import Server
+with Server(lambda request: b"pid " + str(os.getpid()).encode()) as server:
+    pid = int(server.call(b"?").split()[1])
+    os.kill(pid, signal.SIGKILL)
+    print(server.call(b"?"), server.call(b"?"))
+""")
+    assert out.split() == ["None", "None"]
+
+
+def test_fleet_analysed_by_the_server_is_the_fleet_analysed_here() -> None:
+    """Several targets: each tree is analysed in the forked server (the replies are counted) and
+    every report is the one the same run gives without it; a tree the server cannot scan (no
+    package) is the host's own error line, as without it."""
+    program = """
+import json
+from kvtrace.beside import Server
+from kvtrace.fleet import FleetOptions, run_fleet
+from kvtrace.packs import load_pack
+from kvtrace.report.json import to_document
+answered = []
+real_call = Server.call
+def counted(self, request):
+    reply = real_call(self, request)
+    answered.append(reply is not None)
+    return reply
+Server.call = counted
+targets = ["examples/nixl-pin", "examples/manager-shapes", "examples/nixl-pin", "kvtrace/report"]
+pack = load_pack()
+results = run_fleet(targets, FleetOptions({t: pack for t in targets}, {}, jobs=2))
+documents = [to_document([r.report]) if r.report is not None else None for r in results]
+for doc in documents:
+    if doc is not None:
+        doc.pop("generated", None)
+        for r in doc.get("reports", []):
+            r.pop("duration_seconds", None)
+print(json.dumps({"answered": answered, "errors": [r.error for r in results], "documents": documents}))
+"""
+    served = json.loads(run(program))
+    here = json.loads(run(program, {"KVTRACE_NO_FORK": "1"}))
+    # Two distinct trees scanned in the server (the third target repeats the first: the run's
+    # memo answers it; the folder without a package fails before any scan), none without it.
+    assert served["answered"] == [True, True] and here["answered"] == [False, False]
+    assert served["errors"] == here["errors"] and served["errors"][3] is not None
+    assert served["documents"] == here["documents"]
+    assert all(doc is not None and doc["reports"][0]["findings"] for doc in served["documents"][:3])

@@ -45,6 +45,9 @@ def test_identical_files_across_hosts_are_parsed_once(tmp_path: Path, monkeypatc
         return real_parse(source, filename, *args, **kwargs)
 
     monkeypatch.setattr(kvtrace.parse.ast, "parse", counting_parse)
+    # The parses counted here are this process's: no analysis server (the server shares parses
+    # the same way, as it is forked inside the sharing; tests/test_beside.py checks its reports).
+    monkeypatch.setenv("KVTRACE_NO_FORK", "1")
     pack = load_pack()
     results = run_fleet([str(a), str(b)], FleetOptions({str(a): pack, str(b): pack}, {}, jobs=2))
     monkeypatch.undo()
