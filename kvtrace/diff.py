@@ -188,8 +188,12 @@ class Checkout:
     the repository at `repo` by kvtrace.gitread (optionally only `subdir` of it)."""
 
     def __init__(self, repo: Path, subdir: str | None = None):
+        from kvtrace.gitread import clean_subdir
+
         self.repo = repo
         self.subdir = subdir
+        # Inside a folder as inside a revision: `--path /x` is the tree's x, never the machine's /x.
+        self.inside = clean_subdir(subdir)
         self.stack = ExitStack()
         self.skipped: dict[Path, list[SourceFile]] = {}  # per exported tree: what it holds that no fetch can see
 
@@ -206,7 +210,7 @@ class Checkout:
         except OSError:  # a name too long to be a folder: maybe a revision
             is_folder = False
         if is_folder:
-            return path / self.subdir if self.subdir else path
+            return path / self.inside if self.inside else path
         return self._export(spec)
 
     def fetch(self, tree: Path, limits: FetchLimits = FetchLimits()) -> FetchResult:

@@ -83,7 +83,8 @@ def resolve_commit(repo: Path, rev: str) -> str:
 
 
 def clean_subdir(subdir: str | None) -> str:
-    """`--path` as a plain relative path inside the repository ('' for all of it)."""
+    """`--path` as a plain relative path inside the repository or folder ('' for all of it): a
+    leading '/' is its top, as in git's own pathspecs, never the machine's root."""
     if not subdir:
         return ""
     parts = [p for p in subdir.split("/") if p not in ("", ".")]
@@ -177,11 +178,13 @@ def _make_dirs(root: Path, parts: list[str]) -> Path:
     return folder
 
 
-def materialise(repo: Path, commit: str, subdir: str, into: Path, limits: FetchLimits) -> Materialised:
-    """Write the `.py` blobs and the links below `subdir` at `commit` into the empty folder `into`."""
+def materialise(repo: Path, commit: str, subdir: str, into: Path, limits: FetchLimits,
+                shown: str | None = None) -> Materialised:
+    """Write the `.py` blobs and the links below `subdir` at `commit` into the empty folder `into`
+    (`shown`: --path as the user wrote it, for messages)."""
     entries = list_tree(repo, commit, subdir)
     if not entries:
-        raise InputError(f"--path {subdir}: no folder of that name in {commit[:12]}" if subdir else
+        raise InputError(f"--path {shown or subdir}: no folder of that name in {commit[:12]}" if subdir else
                          f"{commit[:12]}: an empty tree")
     result = Materialised(into)
     links: list[tuple[list[str], TreeEntry]] = []
@@ -236,4 +239,4 @@ def export_revision(repo: Path, commit: str, subdir: str | None, folder: Path, l
     returned folder is the one to scan (`folder/subdir`)."""
     inside = clean_subdir(subdir)
     target = _make_dirs(folder, inside.split("/")) if inside else folder
-    return materialise(repo, commit, inside, target, limits)
+    return materialise(repo, commit, inside, target, limits, shown=subdir)

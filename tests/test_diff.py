@@ -204,6 +204,28 @@ def test_diff_of_two_git_revisions(repo: Path) -> None:
     assert "\nadded (0)\n" in reverse.stdout
 
 
+def test_diff_path_with_a_leading_slash_is_inside_the_tree(repo: Path, tmp_path: Path) -> None:
+    """`--path /python/sglang` is the tree's folder (git's own pathspecs read a leading '/' so),
+    for revisions and folders alike: never the machine's /python/sglang; a folder the tree does not
+    have is named as the user wrote it."""
+    plain = kvtrace("diff", "HEAD~1", "HEAD", "--path", "python/sglang", "-f", "json", cwd=repo)
+    rooted = kvtrace("diff", "HEAD~1", "HEAD", "--path", "/python/sglang", "-f", "json", cwd=repo)
+    assert plain.returncode == rooted.returncode == 1, rooted.stderr
+    assert json.loads(rooted.stdout)["added"] == json.loads(plain.stdout)["added"] != []
+    missing = kvtrace("diff", "HEAD~1", "HEAD", "--path", "/no/such", cwd=repo)
+    assert missing.returncode == 2 and missing.stderr.startswith("kvtrace: error: --path /no/such: no folder")
+    # Two folders: the same --path inside each, never the machine's root (here /kvtrace-no-such).
+    base, head = tmp_path / "base", tmp_path / "head"
+    shutil.copytree(repo, base, ignore=shutil.ignore_patterns(".git"))
+    shutil.copytree(repo, head, ignore=shutil.ignore_patterns(".git"))
+    folders = kvtrace("diff", str(base), str(head), "--path", "/python/sglang", "-f", "json")
+    assert folders.returncode == 0 and json.loads(folders.stdout)["unchanged"], folders.stderr
+    outside = kvtrace("diff", str(base), str(head), "--path", "/kvtrace-no-such")
+    assert outside.returncode == 2 and "kvtrace-no-such" in outside.stderr and str(base) in outside.stderr
+    dotdot = kvtrace("diff", str(base), str(head), "--path", "../x")
+    assert dotdot.returncode == 2 and "no '..'" in dotdot.stderr
+
+
 def test_diff_bad_revision_is_one_line(repo: Path, tmp_path: Path) -> None:
     result = kvtrace("diff", "no-such-rev", "HEAD", cwd=repo)
     assert result.returncode == 2 and "Traceback" not in result.stderr

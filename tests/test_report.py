@@ -692,3 +692,16 @@ def test_every_grid_of_a_report_is_laid_out_alike_at_any_width(example: str) -> 
         assert len(layouts) >= 2 and len(set(layouts)) == 1, (width, layouts)
         kinds.add(layouts[0])
     assert len(kinds) >= 2  # the widths tried do change the layout
+
+
+def test_summary_names_the_backends_a_queue_error_reaches() -> None:
+    """A queue rule's error (state-crash: the drain raises on the state) names the backends whose
+    poll() returns that state, the rows its grid marks: fake never returns Bootstrapping."""
+    from kvtrace.report.verdicts import summary_line, verdict_grid
+
+    report = scan_path(ROOT / "examples" / "healthy")
+    line = summary_line(report)
+    assert "queue state-crash Bootstrapping (mooncake, mori, nixl)" in line, line
+    grid = verdict_grid(report)
+    marked = [b for b in grid.backends if grid.cells[b, "Bootstrapping"][1] == "error"]
+    assert marked == ["mooncake", "mori", "nixl"]

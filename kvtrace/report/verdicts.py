@@ -5,6 +5,7 @@ and the one-line account of what was not analysed. Generic over rules, states an
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from kvtrace.baseline import counts_against, mark, tally
@@ -445,17 +446,19 @@ def gap_text(gaps: list[Gap], more: int = 0) -> str:
     return ", ".join(parts)
 
 
-def _named(findings: list[Finding], several: bool = False) -> str:
+def _named(findings: list[Finding], several: bool = False, reached: Callable[[Finding], list[str]] | None = None) -> str:
     """`nixl pins Bootstrapping, WaitingForInput; nixl: poll-raises`, each with its premise if it
     has one (`... only if two requests share a bootstrap_room`); with `several` queues judged,
-    each names its queue (`nixl pins WaitingForInput in disagg_decode_transfer_queue`)."""
-    what: dict[tuple[str | None, str, str | None, str | None], list[str]] = {}
+    each names its queue (`nixl pins WaitingForInput in disagg_decode_transfer_queue`). A finding
+    of no one backend about a state names the backends it reaches (`reached`), as its grid shows."""
+    what: dict[tuple[str | None, str, str | None, str | None], tuple[list[str], list[str]]] = {}
     for f in findings:
-        states = what.setdefault((f.backend, f.rule, f.premise, f.queue if several else None), [])
+        states, backends = what.setdefault((f.backend, f.rule, f.premise, f.queue if several else None), ([], []))
         if f.state and f.state not in states:
             states.append(f.state)
+        backends.extend(b for b in (reached(f) if reached is not None and f.backend is None else []) if b not in backends)
     named = []
-    for (backend, rule, premise, queue), states in what.items():
+    for (backend, rule, premise, queue), (states, backends) in what.items():
         consequence = consequence_of(rule)  # "nixl pins ...": what happens to the request; else the rule's id
         if backend is None and queue:  # a finding of no one backend, with several queues: where it is
             said = f"{rule} {', '.join(states)} in {queue}" if states else f"{queue}: {rule}"
@@ -463,8 +466,19 @@ def _named(findings: list[Finding], several: bool = False) -> str:
             subject = backend or "queue"
             said = (f"{subject} {consequence.verb if consequence else rule} {', '.join(states)}" if states
                     else f"{subject}: {rule}") + (f" in {queue}" if queue else "")
-        named.append(said + (f" only if {premise}" if premise else ""))
+        named.append(said + (f" ({', '.join(backends)})" if backends else "") + (f" only if {premise}" if premise else ""))
     return "; ".join(named)
+
+
+def _reached(report: Report) -> Callable[[Finding], list[str]]:
+    """The backends a finding of no one backend about a state reaches: those whose poll() returns
+    the state and whose row it belongs in (the grid's cells that show it), in the report's order."""
+    def reached(finding: Finding) -> list[str]:
+        if finding.state is None:
+            return []
+        return [b.name for b in report.backends
+                if b.poll is not None and finding.state in b.returns and _concerns(finding, b)]
+    return reached
 
 
 def _conditional(findings: list[Finding], several: bool = False) -> str:
@@ -518,7 +532,7 @@ def summarize(report: Report) -> Summary:
         # A pin that holds only under a premise is a warning, but it is still the answer an
         # on-call reader looks for: name it with what it rests on.
         several = len(report.queues) > 1
-        named = _named(found, several) if severity == "error" else _conditional(found, several)
+        named = _named(found, several, _reached(report)) if severity == "error" else _conditional(found, several)
         counted = _plural(len(found), severity)
         parts.append(SummaryPart(f"{counted}: {named}" if named else counted, severity, named))
     if not findings:
