@@ -467,25 +467,21 @@ def scan_cached(fetched: FetchResult, pack: Pack | None, cache: Cache | None,
         if cache is not None:
             cache.discard(key)
     payload = elsewhere(fetched, key) if elsewhere is not None else None
-    if payload is not None:
-        report = _thaw(payload, fetched, key)
-        if report is not None:
-            if memo is not None:
-                memo[key] = payload
-            if cache is not None:
-                cache.put(key, payload)
+    report = _thaw(payload, fetched, key) if payload is not None else None
+    if report is None:
+        report = _scan_here(fetched, pack, scan, settings, root)
+        if memo is None and cache is None:
             return report, False
-    report = _scan_here(fetched, pack, scan, settings, root)
-    if memo is not None or cache is not None:
         try:
-            frozen = _freeze(report, key)
+            payload = _freeze(report, key)
         except (TypeError, ValueError) as exc:  # a value the codec does not know: the scan stands, uncached
             log.debug("result not cached: %s", exc)
             return report, False
-        if memo is not None:
-            memo[key] = frozen
-        if cache is not None:
-            cache.put(key, frozen)
+    assert payload is not None  # the report was thawed from it, or it was frozen from the report
+    if memo is not None:
+        memo[key] = payload
+    if cache is not None:
+        cache.put(key, payload)
     return report, False
 
 

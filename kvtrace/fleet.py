@@ -408,10 +408,11 @@ class _Fleet:
         with self._failures(target, result, started):
             fetched = self._fetch(target, found)
             result.timings["fetch"] = time.perf_counter() - started
-            if analysis is not None:
-                return analysis.submit(self._rest, target, result, fetched, found, started)
-            return self._rest(target, result, fetched, found, started)
-        return result
+        if result.error is not None:
+            return result
+        if analysis is not None:
+            return analysis.submit(self._rest, target, result, fetched, found, started)
+        return self._rest(target, result, fetched, found, started)
 
     def _rest(self, target: str, result: HostResult, fetched: FetchResult, found: dict[str, Any],
               started: float) -> HostResult:
@@ -429,7 +430,7 @@ class _Fleet:
     @contextmanager
     def _failures(self, target: str, result: HostResult, started: float) -> Iterator[None]:
         """A failure in the block is the host's error line; the host is done when it fails or
-        leaves the block with its result (a block that hands the rest on leaves it unfinished)."""
+        leaves the block with its report (the fetch's block, when it succeeds, is not the end)."""
         try:
             yield
         except KvtraceError as exc:

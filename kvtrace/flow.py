@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Iterator, Protocol, TypeVar
 import libcst as cst
 
 from kvtrace.gaps import Cut
-from kvtrace.index import ClassInfo, FuncRef, Index, same_origin
+from kvtrace.index import ClassInfo, FuncRef, Index, holds_text, same_origin
 from kvtrace.parse import CstFunction
 from kvtrace.model import SITE_KINDS, EventKind
 from kvtrace.syntax import cst_descendants, dotted, enum_member, self_attr
@@ -493,20 +493,13 @@ def _lines_of(func: FuncRef) -> list[str]:
     return func.module.lines[func.node.lineno - 1: func.node.end_lineno or func.node.lineno]
 
 
-def _searchable(text: str) -> bool:
-    """Text no line break can split: it is in a file's lines iff it is in the file's text."""
-    return "\n" not in text and "\r" not in text
-
-
 def _holds(index: Index, func: FuncRef, text: str) -> bool:
-    """Whether one of the function's lines holds `text` (its lines joined once, searched at C speed)."""
-    if not _searchable(text):
-        return any(text in line for line in _lines_of(func))
+    """Whether one of the function's lines holds `text` (its lines joined once)."""
     key = ("function text", id(func.node))
     joined = index.derived.get(key)
     if joined is None:
         joined = index.derived[key] = "\n".join(_lines_of(func))
-    return text in joined
+    return holds_text(_lines_of(func), joined, text)
 
 
 def merge(paths: Iterable[PathState]) -> list[PathState]:
@@ -885,12 +878,12 @@ class Explorer:
             func, index = frame.func, self.c.index
             known = False
             for path, module in index.modules.items():
-                if path == func.path:
-                    lines = module.lines
-                    if any(chain in line for line in lines[: func.node.lineno - 1] + lines[func.node.end_lineno or len(lines):]):
-                        known = True
-                        break
-                elif chain in (module.source.text or "") if _searchable(chain) else any(chain in line for line in module.lines):
+                lines = module.lines
+                if path == func.path:  # the file without the function's own lines
+                    held = any(chain in line for line in lines[: func.node.lineno - 1] + lines[func.node.end_lineno or len(lines):])
+                else:
+                    held = holds_text(lines, module.source.text or "", chain)
+                if held:
                     known = True
                     break
             index.derived[key] = known

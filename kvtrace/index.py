@@ -292,14 +292,13 @@ class Index:
         return found
 
     def may_name(self, module: ParsedModule, name: str) -> bool:
-        """Whether the module's text may spell the identifier `name` (one C-speed search of the
-        file; a line breaks no name). The parser normalizes identifiers (NFKC): a file outside
-        ASCII may spell it otherwise, so it may."""
-        path, text = module.source.path, module.source.text or ""
+        """Whether the module's text may spell the identifier `name`. The parser normalizes
+        identifiers (NFKC): a file outside ASCII may spell it otherwise, so it may."""
+        path = module.source.path
         plain = self._ascii.get(path)
         if plain is None:
-            plain = self._ascii[path] = text.isascii()
-        return not plain or "\n" in name or "\r" in name or name in text
+            plain = self._ascii[path] = (module.source.text or "").isascii()
+        return not plain or holds_text(module.lines, module.source.text or "", name)
 
     def _mentions(self, func: FuncRef, name: str) -> bool:
         """Whether the function's lines (its decorators' included, as ast.walk visits them) hold `name`."""
@@ -324,6 +323,14 @@ class Index:
                 self.marks.append(FileMark(func.module.source.path, "skipped", why))
             self._cst[key] = parsed
         return self._cst[key]
+
+
+def holds_text(lines: list[str], text: str, part: str) -> bool:
+    """Whether one of `lines` (the lines of `text`) holds `part`: one C-speed search of the text
+    when no line break can split `part`, else line by line."""
+    if "\n" in part or "\r" in part:
+        return any(part in line for line in lines)
+    return part in text
 
 
 def _position(pair: tuple[int, ast.AST]) -> int:
