@@ -926,6 +926,7 @@ class _Runner:
                  history: frozenset[str] | None = None):
         self.index, self.pack, self.domain, self.cls, self.manager = index, pack, domain, cls, manager
         self.history = history  # the sender's methods that can have run (None: any of them)
+        self._attr_values: dict[str, Val] = {}  # attr_values' answers: the class and history are fixed
         self.abort_attrs: frozenset[str] = frozenset()
         self.truncated: list[str] = []
         self.unparsed: set[str] = set()
@@ -1005,6 +1006,12 @@ class _Runner:
         return self.index.cst(func)
 
     def attr_values(self, key: str) -> Val:
+        found = self._attr_values.get(key)
+        if found is None:
+            found = self._attr_values[key] = self._values_of(key)
+        return found
+
+    def _values_of(self, key: str) -> Val:
         if key.startswith(COMPANION):
             if self.manager is None:
                 return self.domain.universe

@@ -237,10 +237,9 @@ def _lookup(bindings: Bindings, name: str) -> Val | None:
 
 def _with(bindings: Bindings, name: str, value: Val) -> Bindings:
     """The bindings (sorted by name, names unique) with `name` bound to `value`."""
-    kept = [(k, v) for k, v in bindings if k != name]
-    at = bisect.bisect_left(kept, name, key=_name_of)
-    kept.insert(at, (name, value))
-    return tuple(kept)
+    at = bisect.bisect_left(bindings, name, key=_name_of)
+    after = at + 1 if at < len(bindings) and bindings[at][0] == name else at
+    return bindings[:at] + ((name, value),) + bindings[after:]
 
 
 def _name_of(binding: tuple[str, Val]) -> str:
@@ -805,7 +804,9 @@ class Explorer:
             if attrs is None:
                 attrs = path.attrs
                 if any(isinstance(k, FactKey) and k.kind in _FORGETTABLE for k, _ in attrs):
-                    attrs = tuple(b for b in attrs if alive(b[0]))
+                    kept = tuple(b for b in attrs if alive(b[0]))
+                    if len(kept) < len(attrs):  # the same path when nothing was dropped: it keeps its hash
+                        attrs = kept
                 facts[id(path.attrs)] = attrs
             out.append(path if len(env) == len(path.env) and attrs is path.attrs
                        else _path(env, attrs, path.events, path.term, path.ret, path))

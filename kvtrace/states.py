@@ -8,6 +8,7 @@ name holds. An unknown value is the whole universe, so every comparison works on
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 Val = frozenset[str]
 
@@ -34,7 +35,7 @@ class Domain:
     values: tuple[int | None, ...]
     terminal: tuple[str, ...]
 
-    @property
+    @cached_property  # asked at most calls the analysis cannot enter: built once
     def universe(self) -> Val:
         return frozenset(self.members) | {NONE, TRUE, FALSE, OTHER}
 
