@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ast
 import bisect
+import unicodedata
 from dataclasses import dataclass, field
 
 from kvtrace.model import FileMark
@@ -66,7 +67,7 @@ class Index:
         self._assignments: dict[str, list[ast.Assign | ast.AnnAssign]] = {}
         self._callers: dict[str, list[tuple[FuncRef, ast.Call]]] = {}
         self._name_lines: dict[tuple[str, str], list[int]] = {}
-        self._ascii: dict[str, bool] = {}
+        self._searched: dict[str, str] = {}  # path -> the text may_name searches (NFKC outside ASCII)
         for module in modules:
             self._add(module)
 
@@ -293,12 +294,14 @@ class Index:
 
     def may_name(self, module: ParsedModule, name: str) -> bool:
         """Whether the module's text may spell the identifier `name`. The parser normalizes
-        identifiers (NFKC): a file outside ASCII may spell it otherwise, so it may."""
+        identifiers (NFKC): a file outside ASCII is searched in its normalized form (an
+        identifier lies within a line and ends at a character that composes with nothing)."""
         path = module.source.path
-        plain = self._ascii.get(path)
-        if plain is None:
-            plain = self._ascii[path] = (module.source.text or "").isascii()
-        return not plain or holds_text(module.lines, module.source.text or "", name)
+        searched = self._searched.get(path)
+        if searched is None:
+            text = module.source.text or ""
+            searched = self._searched[path] = text if text.isascii() else unicodedata.normalize("NFKC", text)
+        return holds_text(module.lines, searched, name)
 
     def _mentions(self, func: FuncRef, name: str) -> bool:
         """Whether the function's lines (its decorators' included, as ast.walk visits them) hold `name`."""
@@ -307,7 +310,8 @@ class Index:
         if lines is None:
             # The parser normalizes identifiers (NFKC): a line outside ASCII may spell it otherwise.
             lines = self._name_lines[key] = [at for at, line in enumerate(func.module.lines, 1)
-                                             if name in line or not line.isascii()] \
+                                             if name in line or (not line.isascii()
+                                                                 and name in unicodedata.normalize("NFKC", line))] \
                 if self.may_name(func.module, name) else []
         node = func.node
         start = min([d.lineno for d in node.decorator_list] + [node.lineno])

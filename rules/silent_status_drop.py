@@ -159,6 +159,8 @@ def _flow(stmts: list[ast.stmt], m: ManagerMethod, status: str | None, value: st
 def _guarded_callers(ctx: ScanContext, m: ManagerMethod, failed: str) -> list[tuple[str, int]]:
     found = []
     for module in ctx.index.modules.values():
+        if not (ctx.index.may_name(module, m.table) and ctx.index.may_name(module, m.func.name)):
+            continue
         for node in walk(module.tree):
             if isinstance(node, ast.If) and isinstance(node.test, ast.Compare) and isinstance(node.test.ops[0], ast.In) \
                     and isinstance(node.test.comparators[0], ast.Attribute) and node.test.comparators[0].attr == m.table:

@@ -854,3 +854,25 @@ def test_idle_helper_stripping_carried_forward_equals_stripping_the_whole_sequen
     raw = flow._Keyed(events[:len(events) // 2], flow._sequence_hash(events[:len(events) // 2]))
     raw.stripping = flow._Stripping.EMPTY.advanced(raw.value)  # type: ignore[arg-type]
     assert flow._extended(raw, events[len(events) // 2:]).stripping.kept.value == expected  # type: ignore[union-attr]
+
+
+def test_a_name_is_searched_for_as_the_parser_reads_it() -> None:
+    """Index.may_name and Index._mentions answer for identifiers as Python normalizes them
+    (NFKC): a file that spells a name with a fullwidth letter names it, and a file outside ASCII
+    that does not spell it in any form does not (it used to "may" name everything)."""
+    source = ("class Q:\n"
+              "    def drain(self):  # a dash — outside ASCII\n"
+              "        self.\uff44isagg_queue.append(1)\n"
+              "    def other(self):\n"
+              "        return 0\n")
+    data = source.encode()
+    module = parse_module(SourceFile("m.py", data, hashlib.sha256(data).hexdigest()))
+    assert module is not None
+    index = Index([module])
+    assert any(isinstance(n, ast.Attribute) and n.attr == "disagg_queue" for n in ast.walk(module.tree))
+    assert index.may_name(module, "disagg_queue")
+    assert not index.may_name(module, "prefill_queue")
+    drain, other = index.classes["Q"][0].methods["drain"], index.classes["Q"][0].methods["other"]
+    assert index._mentions(drain, "disagg_queue")
+    assert not index._mentions(other, "disagg_queue")
+    assert not index._mentions(drain, "prefill_queue")
