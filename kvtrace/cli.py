@@ -562,8 +562,10 @@ def _fail_on_source(settings, overrides) -> tuple[str, str]:
 def report_failures(results, gate_levels: dict[str, tuple[str, str]]) -> None:
     """One stderr line per report that fails the run: what failed it, what else was reported,
     and the exit code. The text report's tally counts everything; a JSON or SARIF report on
-    stdout goes to a file or a pipe, and this line is then all the person running it sees."""
-    failed_results = [r for r in results if r.exit_code == EXIT_FINDINGS]
+    stdout goes to a file or a pipe, and this line is then all the person running it sees. An
+    incomplete report (exit 3) that would fail on its findings says so too: its `incomplete:`
+    lines name what was not analysed, not what was found."""
+    failed_results = [r for r in results if r.exit_code in (EXIT_FINDINGS, EXIT_INCOMPLETE)]
     if not failed_results:
         return  # nothing to say: nor the baseline module to import (a clean or incomplete rescan)
     from kvtrace.baseline import counts_against
@@ -577,9 +579,10 @@ def report_failures(results, gate_levels: dict[str, tuple[str, str]]) -> None:
                 failed = {id(f) for f in failing(report.findings, gate_levels[report.target][0])}
                 rest = counted(f for f in report.findings if counts_against(f) and id(f) not in failed)
                 also = f"; also {rest}" if rest else ""
-                typer.echo(plain(f"kvtrace: {report_label(report, r.reports)}: {line}{also}; exit {EXIT_FINDINGS}"),
+                code = f"{EXIT_INCOMPLETE} (INCOMPLETE)" if r.exit_code == EXIT_INCOMPLETE else f"{EXIT_FINDINGS}"
+                typer.echo(plain(f"kvtrace: {report_label(report, r.reports)}: {line}{also}; exit {code}"),
                            err=True)
-            elif len(r.reports) > 1:  # --role all, --all: each report's totals, not only the failing one's
+            elif len(r.reports) > 1 and r.exit_code == EXIT_FINDINGS:  # --role all, --all: each report's totals
                 typer.echo(plain(f"kvtrace: {report_label(report, r.reports)}: {line}"), err=True)
 
 

@@ -510,7 +510,7 @@ class ProblemKind(TextEnum):
     UNPARSED = "unparsed"  # a function libcst could not parse
     PATH_LIMIT = "path-limit"  # the engine's path limit: paths were cut
     CUT = "cut"  # a run stopped following the code (a statement kind not modelled, the work budget)
-    UNDRAINED = "undrained"  # a queue neither filled nor drained in the files analysed
+    UNDRAINED = "undrained"  # a queue not drained (nor filled, or with files not analysed) in the files analysed
     OUT_OF_VIEW = "out-of-view"  # callers, or where the queue is bound, outside the scanned folder
     FETCH = "fetch"  # something reading the target could not do
 

@@ -195,13 +195,14 @@ def checks(parsed: Parsed, indexed: Indexed, analysed: Analysed, pack: Pack, set
     rules = [rule for rule in ALL_RULES if settings.wants_rule(rule.name, rule.code)]
     # A pack may name several queues (decode: prealloc and transfer); each is its own graph,
     # the backends are shared. Rules about the backends alone run once.
+    unread = [f.path for f in in_scope if f.status != "ok"]
     for number, (name, (queue, queue_problems)) in enumerate(_judged(pack, queue_names, analysed.queues, in_scope)):
         queue_pack = pack.for_queue(name)
         problems.extend(queue_problems)
         entries = [s for s in queue.static_sites if s.kind is EventKind.ENTRY]
         model = ScanModel(queue, senders, domain)
         ctx = ScanContext(queue_pack, domain, index, model, entries,
-                          [other for other, _ in analysed.queues if other is not queue])
+                          [other for other, _ in analysed.queues if other is not queue], unread)
         for rule in rules:
             if rule.per_queue or number == 0:
                 for f in rule().check(ctx):
@@ -212,10 +213,10 @@ def checks(parsed: Parsed, indexed: Indexed, analysed: Analysed, pack: Pack, set
             # Never a silent skip, nor a confident "undrained": the scan is incomplete (exit 3).
             problems.append(Problem(ProblemKind.UNPARSED, f"could not be parsed with libcst, so the analysis of {name} is "
                                     "incomplete: " + ", ".join(queue.unparsed)))
-        elif queue.drain is None and not entries and not queue.unseen_callers:
-            unread = [f.path for f in in_scope if f.status != "ok"]
+        elif queue.drain is None and not queue.unseen_callers and (not entries or unread):
             cause = f" (files not analysed: {', '.join(unread[:3])}{' ...' if len(unread) > 3 else ''})" if unread else ""
-            problems.append(Problem(ProblemKind.UNDRAINED, f"self.{name} is neither filled nor drained in the analysed files{cause}"))
+            done = "filled but not drained" if entries else "neither filled nor drained"
+            problems.append(Problem(ProblemKind.UNDRAINED, f"self.{name} is {done} in the analysed files{cause}"))
         problems.extend(Problem(ProblemKind.OUT_OF_VIEW, unseen) for unseen in queue.unseen_callers)
         limits = [t for t in queue.truncated if not isinstance(t, Cut)]
         if limits:

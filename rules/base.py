@@ -32,6 +32,9 @@ class ScanContext:
     # The pack's other queues (the same host's): a request waits in one of them at a time, so what
     # their drains do to a sender acts on another request than one queued here.
     others: list[QueueAnalysis] = field(default_factory=list)
+    # In-scope files that were not analysed (unparsable, undecodable, over a limit, unread): what
+    # is absent from the analysis may be in them.
+    unread: list[str] = field(default_factory=list)
 
     @property
     def queue(self) -> QueueAnalysis:

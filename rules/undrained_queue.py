@@ -51,7 +51,7 @@ class UndrainedQueue(Rule):
                       expect=((None, None),))]
 
     def check(self, ctx: ScanContext) -> list[Finding]:
-        if ctx.queue.drain is not None or ctx.queue.unparsed or ctx.queue.unseen_callers:
+        if ctx.queue.drain is not None or ctx.queue.unparsed or ctx.queue.unseen_callers or ctx.unread:
             return []  # drained, or what may drain it could not be read or seen (a gap, not a finding)
         return [
             self.finding(

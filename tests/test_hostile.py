@@ -445,6 +445,40 @@ def test_a_backend_built_on_an_unread_file_is_named_not_dropped(tmp_path: Path, 
     assert ("nixl" in checked) == (broken == "mooncake/conn.py")
 
 
+@pytest.mark.parametrize("broken", [b"def (:\n", b'x = "\xe9"\n'])
+def test_a_queue_whose_drain_file_cannot_be_read_is_a_gap_not_an_error(tmp_path: Path, broken: bytes) -> None:
+    """Before: with SGLang 0.5.2's disaggregation/prefill.py unparsable (or not UTF-8), the bootstrap
+    queue, filled in managers/scheduler.py and drained in the unread file, was reported as an
+    undrained-queue error. A drain absent from the analysis may be in a file not analysed."""
+    from tests.sglang_wheels import sglang_tree
+
+    root = tmp_path / "sglang"
+    shutil.copytree(sglang_tree("0.5.2") / "sglang", root)
+    prefill = root / "srt" / "disaggregation" / "prefill.py"
+    prefill.write_bytes(broken + prefill.read_bytes())
+    result = kvtrace("scan", str(root / "srt"), "--format", "json")
+    assert result.returncode == 3, result.stderr
+    report = json.loads(result.stdout)["reports"][0]
+    assert not [f for f in report["findings"] if f["rule"] == "undrained-queue"], report["findings"]
+    assert "error" not in {f["severity"] for f in report["findings"]}
+    assert "self.disagg_prefill_bootstrap_queue is filled but not drained in the analysed files (files not " \
+           "analysed:" in result.stderr, result.stderr
+    assert "disaggregation/prefill.py not analysed" in result.stderr, result.stderr
+
+
+def test_an_incomplete_scan_with_errors_says_both_on_stderr(tree: Path, tmp_path: Path) -> None:
+    """Before: with a report written to a file, an incomplete scan (exit 3) that also found errors
+    said only what was not analysed; the errors were in the file alone."""
+    (tree / "disaggregation" / "broken.py").write_text("def (:\n")
+    out = tmp_path / "out.json"
+    result = kvtrace("scan", str(tree), "-f", "json", "-o", str(out))
+    assert result.returncode == 3, result.stderr
+    assert "broken.py not analysed (syntax error" in result.stderr, result.stderr
+    assert f"kvtrace: {tree}: failed: 2 errors (--fail-on error, the default); also 5 warnings, 7 notes; " \
+           "exit 3 (INCOMPLETE)" in result.stderr, result.stderr
+    assert json.loads(out.read_text())["reports"][0]["complete"] is False
+
+
 def test_enum_in_a_latin1_file_is_still_found(tree: Path) -> None:
     """locate_packages looks for the enum's name in the raw bytes before decoding: an ASCII name
     has the same bytes in a file that declares latin-1, so such a file still defines it."""

@@ -33,6 +33,19 @@ def test_rule_samples(rule: type[Rule], sample: Sample, kind: str, tmp_path: Pat
         assert not sample.expect
 
 
+def test_a_drain_that_may_be_in_a_file_not_analysed_is_a_gap_not_undrained(tmp_path: Path) -> None:
+    """undrained-queue's INVALID sample plus one file that does not parse: the drain may be there,
+    so the queue is a problem of the scan (INCOMPLETE), never the rule's error."""
+    from kvtrace.rules.undrained_queue import UndrainedQueue
+
+    [invalid] = UndrainedQueue.INVALID
+    report = scan_path(write_tree(tmp_path, {**invalid.files, "disaggregation/bootstrap.py": "def (:\n"}))
+    assert [f.status for f in report.files if f.path.endswith("bootstrap.py")] == ["syntax-error"]
+    assert not [f for f in report.findings if f.rule == UndrainedQueue.name]
+    assert any("is filled but not drained in the analysed files (files not analysed: disaggregation/bootstrap.py)"
+               in p.text for p in report.problems), report.problems
+
+
 PACK_CASES = [
     pytest.param(pack, sample, shared, id=f"{pack}-{sample.rule}-{sample.kind}-line{sample.line}")
     for pack in available_packs()
