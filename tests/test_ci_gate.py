@@ -280,6 +280,18 @@ def test_github_annotations_relative_to_cwd(tree: Path, tmp_path: Path) -> None:
     assert lines[-1].startswith("kvtrace tree: 2 finding(s)")
 
 
+def test_github_annotations_outside_the_working_directory_are_absolute(tree: Path, tmp_path: Path) -> None:
+    """Before: `file=../../tmp/...`, a climb out of the working directory, where every other
+    format (and the README) gives a file outside it by its absolute path."""
+    elsewhere = tmp_path / "elsewhere" / "deeper"
+    elsewhere.mkdir(parents=True)
+    result = kvtrace("scan", str(tree), "-f", "github", cwd=elsewhere)
+    assert result.returncode == 1, result.stderr
+    files = [dict(p.split("=", 1) for p in line.split("::")[1].split(" ", 1)[1].split(",") if "=" in p)["file"]
+             for line in result.stdout.splitlines() if line.startswith("::") and "file=" in line]
+    assert files and all(f.startswith(str(tree.resolve()) + "/") and Path(f).is_file() for f in files), files
+
+
 def test_github_annotation_titles_name_the_queue(tree: Path, tmp_path: Path) -> None:
     """A prefill host has two queues (bootstrap, inflight) and their findings share rule, backend
     and state: before, the title (`kvtrace pinned-state (nixl / WaitingForInput)`) did not say

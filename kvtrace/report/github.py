@@ -1,32 +1,21 @@
 """GitHub Actions workflow commands: one `::error file=...,line=...::message` line per finding,
 which GitHub shows as an annotation on the pull request's diff.
 
-Paths are made relative to the working directory (the repository root in a workflow), since the
-runner resolves `file=` from there; a path named in a message is shown as it opens from there
-too (kvtrace.report.places). Findings silenced in the code are left out; findings in the
+Paths open from the working directory (the repository root in a workflow), since the runner
+resolves `file=` from there: relative under it, else absolute, as in every other output; a path
+named in a message is shown the same way (kvtrace.report.places). Findings silenced in the code are left out; findings in the
 baseline become `notice` annotations, so they are visible but not alarming.
 """
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
-from pathlib import Path
 
 from kvtrace.model import Finding, Report
 from kvtrace.report.places import Places
 from kvtrace.safe_text import plain
 
 LEVEL = {"error": "error", "warning": "warning", "note": "notice"}
-
-
-def cwd_path(report: Report, path: str) -> str:
-    """A report path (relative to the scanned target) as seen from the working directory."""
-    target = Path(report.target)
-    if not target.exists():
-        return path  # a remote target: its paths are all there is
-    base = target.parent if target.is_file() else target
-    return Path(os.path.relpath(base / path)).as_posix()
 
 
 def _data(text: str) -> str:
@@ -48,7 +37,7 @@ def annotation(report: Report, finding: Finding, places: Places | None = None) -
         title += f" in {finding.queue}"
     if finding.baseline == "unchanged":
         title += " [in baseline]"
-    props = f"file={_property(cwd_path(report, finding.path))},line={finding.line},title={_property(title)}"
+    props = f"file={_property(places.path(finding.path))},line={finding.line},title={_property(title)}"
     return f"::{level} {props}::{_data(places.text(finding.message))}"
 
 
@@ -66,7 +55,7 @@ def render(reports: list[Report], fail_on: Mapping[str, tuple[str, str]] | None 
             lines.append(f"::warning title=kvtrace incomplete scan::{_data(f'{report.target}: {places.text(problem.text)}')}")
         for f in report.files:
             if f.status != "ok":
-                lines.append(f"::warning file={_property(cwd_path(report, f.path))},title=kvtrace could not analyse"
+                lines.append(f"::warning file={_property(places.path(f.path))},title=kvtrace could not analyse"
                              f"::{_data(f'{f.status}: {f.error}')}")
         silenced = len(report.findings) - len(shown)
         baselined = sum(f.baseline == "unchanged" for f in shown)
