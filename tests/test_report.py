@@ -448,15 +448,16 @@ def test_excerpts_leave_out_the_examples_test_annotations() -> None:
 
 
 def _long_path_lines_are_whole(lines: list[str], width: int, target: str) -> None:
-    """A line wider than the terminal is only a label and one whole `path:line` (or the header's
-    target) that cannot fit: left for the terminal to wrap, never cut (`…`) or split over two
-    lines by kvtrace."""
+    """A line wider than the terminal is one whole `path:line` (or the header's target) that
+    cannot fit, on a line of its own (its label, if any, on the line before; before, release-map
+    and backend rows and the header kept it beside the path): left for the terminal to wrap,
+    never cut (`…`) or split over two lines by kvtrace."""
     for line in lines:
         if len(line) <= width:
             continue
         words = line.split()
-        assert len(words) <= 4 and (PATH_LINE.search(words[-1]) or words[-1] == target), line
-        assert len(line) - len(words[-1]) < width // 2, line  # the path is what made it long
+        assert len(words) == 1 and (PATH_LINE.search(words[0]) or words[0] == target), line
+        assert len(line) - len(words[0]) < width // 2, line  # the path is what made it long
 
 
 def _absolute_paths_whole(out: str, tree: Path) -> None:
@@ -705,3 +706,21 @@ def test_summary_names_the_backends_a_queue_error_reaches() -> None:
     grid = verdict_grid(report)
     marked = [b for b in grid.backends if grid.cells[b, "Bootstrapping"][1] == "error"]
     assert marked == ["mooncake", "mori", "nixl"]
+
+
+def test_summary_names_states_together_only_where_they_reach_the_same_backends() -> None:
+    """SGLang 0.5.9's drain raises on WaitingForInput (every backend returns it) and on
+    Transferring (mori alone does): the summary said "state-crash WaitingForInput, Transferring
+    (ascend, fake, mooncake, mori, nixl)", naming four backends that never return Transferring."""
+    from kvtrace.model import Finding, Severity
+    from kvtrace.report.verdicts import _named
+
+    reaches = {"WaitingForInput": ["ascend", "mori"], "Transferring": ["mori"], "Bootstrapping": ["ascend", "mori"]}
+
+    def crash(state: str) -> Finding:
+        return Finding("state-crash", Severity("error"), "", "prefill.py", 1, None, state, [])
+
+    named = _named([crash("WaitingForInput"), crash("Transferring"), crash("Bootstrapping")],
+                   reached=lambda f: reaches[f.state or ""])
+    assert named == ("queue state-crash WaitingForInput, Bootstrapping (ascend, mori); "
+                     "queue state-crash Transferring (mori)"), named

@@ -120,12 +120,23 @@ def _header(report: Report, console: Console) -> None:
     elif installed:
         title.append(f"sglang {installed}", "bold")
         title.append(" · ")
-    title.append(report.target, "bold")
     role = (report.host_facts or {}).get("role")  # --role all: which of the reports this is
-    if role:
-        title.append(" · role ")
-        title.append(str(role), "bold")
-    console.print(title, soft_wrap=True)  # a long target is left for the terminal to wrap, never cut
+    target = Text(report.target, "bold")
+    if title.cell_len + target.cell_len + (len(f" · role {role}") if role else 0) > console.width:
+        # A target too wide to share the line: the rest first, the target on a line of its own
+        # (left whole for the terminal to wrap, never cut).
+        title.right_crop(3)
+        if role:
+            title.append(" · role ")
+            title.append(str(role), "bold")
+        console.print(title, soft_wrap=True)
+        console.print(target, soft_wrap=True)
+    else:
+        title.append_text(target)
+        if role:
+            title.append(" · role ")
+            title.append(str(role), "bold")
+        console.print(title, soft_wrap=True)
     analysed = sum(1 for f in report.files if f.status == "ok")
     where = package_place(report)
     # A backend whose files could not be read is in the grid (`?`): counted, and said unchecked.
@@ -256,6 +267,14 @@ def _print_wrapped(console: Console, body: Text, indent: int = 0, label: Text | 
         head.pad_right(max(0, indent + label_width - head.cell_len))
     hang = head.cell_len
     room = max(20, console.width - hang)
+    lead = re.match(r"\s*(\S+)", body.plain)
+    if head.plain.strip() and lead is not None and len(lead.group(1)) > room and "/" in lead.group(1):
+        # A path too wide to follow its label: the label alone, the path on the next line.
+        head.rstrip()
+        console.print(head, soft_wrap=True)
+        head = Text(" " * (indent + 2))
+        hang = head.cell_len
+        room = max(20, console.width - hang)
     first = True
     for part in body.split("\n", allow_blank=True):
         plain_part = part.plain
@@ -272,7 +291,10 @@ def _print_wrapped(console: Console, body: Text, indent: int = 0, label: Text | 
             line_len = end - line_start
         for piece in part.divide(cuts) if cuts else [part]:
             piece.rstrip()
-            line = head.copy() if first else Text(" " * hang)
+            alone = piece.plain.strip()
+            # A path wider than the room, on its own line: as far left as the label's own.
+            wide = len(alone) > room and "/" in alone and " " not in alone
+            line = head.copy() if first else Text(" " * (min(hang, indent + 2) if wide else hang))
             line.append_text(piece)
             line.rstrip()
             console.print(line, soft_wrap=True)

@@ -450,15 +450,16 @@ def _named(findings: list[Finding], several: bool = False, reached: Callable[[Fi
     """`nixl pins Bootstrapping, WaitingForInput; nixl: poll-raises`, each with its premise if it
     has one (`... only if two requests share a bootstrap_room`); with `several` queues judged,
     each names its queue (`nixl pins WaitingForInput in disagg_decode_transfer_queue`). A finding
-    of no one backend about a state names the backends it reaches (`reached`), as its grid shows."""
-    what: dict[tuple[str | None, str, str | None, str | None], tuple[list[str], list[str]]] = {}
+    of no one backend about a state names the backends it reaches (`reached`), as its grid shows;
+    states are named together only where they reach the same backends."""
+    what: dict[tuple[str | None, str, str | None, str | None, tuple[str, ...]], list[str]] = {}
     for f in findings:
-        states, backends = what.setdefault((f.backend, f.rule, f.premise, f.queue if several else None), ([], []))
+        backends = tuple(reached(f)) if reached is not None and f.backend is None else ()
+        states = what.setdefault((f.backend, f.rule, f.premise, f.queue if several else None, backends), [])
         if f.state and f.state not in states:
             states.append(f.state)
-        backends.extend(b for b in (reached(f) if reached is not None and f.backend is None else []) if b not in backends)
     named = []
-    for (backend, rule, premise, queue), (states, backends) in what.items():
+    for (backend, rule, premise, queue, backends), states in what.items():
         consequence = consequence_of(rule)  # "nixl pins ...": what happens to the request; else the rule's id
         if backend is None and queue:  # a finding of no one backend, with several queues: where it is
             said = f"{rule} {', '.join(states)} in {queue}" if states else f"{queue}: {rule}"
