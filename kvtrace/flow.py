@@ -359,6 +359,9 @@ class Companion:
     cls: ClassInfo
     attrs: frozenset[str]
     enterable: frozenset[int] | None = None
+    # A token one argument must hold for a call from the analysed object to be entered (a queue's
+    # builder: the request, `self.scheduler.handle_bootstrap_failure(req)`); None: any call.
+    given: str | None = None
 
     def holds(self, attr: str) -> bool:
         return attr in self.attrs
@@ -1678,6 +1681,10 @@ class Explorer:
         if callee == "isinstance" and len(node.args) == 2 and self.known_instance(node, p, frame):
             return [(p, frozenset({TRUE}))]
         target = self.resolve_call(node, callee, frame, p)
+        companion = self.c.companion
+        if target is not None and target.prefix == COMPANION and frame.prefix == "" and companion is not None \
+                and companion.given is not None and not any(companion.given in v for v in values):
+            target = None  # not handed what the companion is entered for: its value is unknown
         if target is None:
             return self.opaque_call(node, callee, self.c.effects.on_unresolved_call(self, site, p), frame)
         args = self.bind_args(target.func, node, values, target.drop_first)

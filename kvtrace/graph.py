@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, NamedTuple, Sequence
 import libcst as cst
 
 from kvtrace.effects import QueueEffects
-from kvtrace.flow import NOT_SITES, CstBody, Event, Explorer, Frame, Options, PathState, acting_events, ast_constant
+from kvtrace.flow import NOT_SITES, Companion, CstBody, Event, Explorer, Frame, Options, PathState, acting_events, ast_constant
 from kvtrace.index import ClassInfo, FuncRef, Index
 from kvtrace.managers import ManagerFacts
 from kvtrace.model import OUTCOME_ORDER, Backend, EventKind, Evidence, ModeFate, Outcome, Site, StateFate, StateVerdict
@@ -538,6 +538,58 @@ def held_queue(index: Index, pack: Pack) -> tuple[ClassInfo, str] | None:
     return None
 
 
+def holder_companion(index: Index, pack: Pack, cls: ClassInfo) -> Companion | None:
+    """The object that builds a held queue and hands itself to it (`PrefillBootstrapQueue(...,
+    scheduler=self)`, kept as `self.scheduler = scheduler`): the drain's calls through that
+    attribute (`self.scheduler.handle_bootstrap_failure(req)`) run the builder's methods, found
+    through the class of the method that builds the queue (its MRO: the mixins it composes)."""
+    for module in index.modules.values():
+        for node in index.assignments(module):
+            if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
+                    and any(isinstance(t, ast.Attribute) and t.attr == pack.queue for t in node.targets)
+                    and (dotted(node.value.func, calls=True) or "").rsplit(".", 1)[-1] == cls.name):
+                continue
+            builder = _enclosing_method(index, module.source.path, node.lineno)
+            if builder is None or builder.owner is None or not builder.node.args.args:
+                continue
+            me = builder.node.args.args[0].arg
+            params = [a.arg for a in _init_params(index, cls)]
+            handed = [kw.arg for kw in node.value.keywords if isinstance(kw.value, ast.Name) and kw.value.id == me]
+            handed += [params[i] for i, a in enumerate(node.value.args)
+                       if isinstance(a, ast.Name) and a.id == me and i < len(params)]
+            attrs = frozenset(_kept_as(index, cls, name) for name in handed if name) - {None}
+            if attrs:
+                # Only a call handed the request can answer, end or release it: the others are
+                # left unknown, as before (entering them all added a quarter to a decode scan).
+                return Companion(builder.owner, frozenset(a for a in attrs if a is not None), given=REQ)
+    return None
+
+
+def _enclosing_method(index: Index, path: str, line: int) -> FuncRef | None:
+    inside = [f for f in index.all_functions() if f.path == path and f.owner is not None
+              and f.node.lineno <= line <= (f.node.end_lineno or f.node.lineno)]
+    return max(inside, key=lambda f: f.node.lineno, default=None)
+
+
+def _init_params(index: Index, cls: ClassInfo) -> list[ast.arg]:
+    """The holder's __init__ parameters after self (the first __init__ in its MRO)."""
+    init = next((c.methods["__init__"] for c in index.mro(cls) if "__init__" in c.methods), None)
+    return (init.node.args.args[1:] + init.node.args.kwonlyargs) if init is not None else []
+
+
+def _kept_as(index: Index, cls: ClassInfo, param: str) -> str | None:
+    """The attribute __init__ keeps a parameter in (`self.scheduler = scheduler`)."""
+    init = next((c.methods["__init__"] for c in index.mro(cls) if "__init__" in c.methods), None)
+    if init is None:
+        return None
+    for node in index.nodes_in(init, (ast.Assign,)):
+        if isinstance(node.value, ast.Name) and node.value.id == param:
+            for t in node.targets:
+                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                    return t.attr
+    return None
+
+
 def _polled_list(index: Index, pack: Pack, cls: ClassInfo) -> str | None:
     reassigned: set[str] = set()
     polled: list[str] = []
@@ -743,6 +795,7 @@ def analyse_queue(index: Index, pack: Pack, domain: Domain) -> QueueAnalysis:
     graph.add_node(ROOT)
     static = static_sites(index, pack)
     list_pack = pack
+    companion = None
     if not drains:
         held = held_queue(index, pack)
         if held is not None:
@@ -754,6 +807,7 @@ def analyse_queue(index: Index, pack: Pack, domain: Domain) -> QueueAnalysis:
             static = sorted(static + _held_sites(index, list_pack, cls, methods), key=lambda s: (s.path, s.line, s.kind))
             for drain in drains:
                 drain.list_attr = attr
+            companion = holder_companion(index, pack, cls)
     if not drains:
         unseen: list[str] = [] if _assigned_in_tree(index, pack.queue) or not _used_in_tree(index, pack.queue) else [
             f"self.{pack.queue} is bound outside the scanned folder (nothing here binds it to an object), so the object that "
@@ -763,8 +817,8 @@ def analyse_queue(index: Index, pack: Pack, domain: Domain) -> QueueAnalysis:
     unseen = []
     modes, truncated = find_modes(index, drain.func, domain, unseen)
     guards = frozenset(name for mode in modes for name, _ in mode.bindings)
-    mode_paths = [_explore_mode(index, list_pack, domain, drain, dict(mode.bindings), guards, truncated, unparsed)
-                  for mode in modes]
+    mode_paths = [_explore_mode(index, list_pack, domain, drain, dict(mode.bindings), guards, truncated, unparsed,
+                                companion) for mode in modes]
     paths: dict[str, list[QueuePath]] = mode_paths[0] if len(mode_paths) == 1 else {}
     for found in mode_paths if len(mode_paths) > 1 else []:
         for state, state_paths in found.items():
@@ -813,14 +867,15 @@ def _assigned_in_tree(index: Index, attr: str) -> bool:
 
 
 def _explore_mode(index: Index, list_pack: Pack, domain: Domain, drain: Drain, bindings: dict[str, Val],
-                  guards: frozenset[str], truncated: list[str], unparsed: list[str]) -> dict[str, list[QueuePath]]:
+                  guards: frozenset[str], truncated: list[str], unparsed: list[str],
+                  companion: Companion | None = None) -> dict[str, list[QueuePath]]:
     """Every path of one iteration of the drain loop, per poll state, with the drain's mode
-    parameters bound."""
+    parameters bound (`companion`: the object that builds a held queue, see holder_companion)."""
     paths: dict[str, list[QueuePath]] = {}
     effects = QueueEffects(list_pack, list_pack.queue, drain.removal_set,
                            (drain.owner or drain.func).node if drain.removal_index else None, drain.removal_index)
     for state in domain.members:
-        explorer = Explorer(Options(index, domain, state=state, guards=guards, effects=effects))
+        explorer = Explorer(Options(index, domain, state=state, guards=guards, effects=effects, companion=companion))
         env = {name: frozenset({state}) if role == "@state" else frozenset({role}) for name, role in drain.initial.items()}
         env.update({name: value for name, value in bindings.items() if name not in env})
         start = PathState(env=tuple(sorted(env.items())))

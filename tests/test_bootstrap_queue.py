@@ -10,7 +10,9 @@ what the cited line is, why the verdict holds or not, and the upstream thread th
 
 from __future__ import annotations
 
+import shutil
 from functools import lru_cache
+from pathlib import Path
 
 import pytest
 
@@ -21,6 +23,7 @@ from kvtrace.scan import scan_path
 from tests.releases import ALL, KEYERROR_ROOM, KEYERROR_SITES, Verdict
 from tests.sglang_wheels import sglang_tree
 
+EXAMPLES = Path(__file__).resolve().parent.parent / "examples"
 BOOTSTRAP = "disagg_prefill_bootstrap_queue"
 S = "sglang/srt"
 D = f"{S}/disaggregation"
@@ -266,3 +269,65 @@ def test_nixl_raise_behind_has_sent_is_no_bootstrap_queue_error() -> None:
     old = scanned("0.4.8")
     assert [(f.queue, f.line, f.severity) for f in old.findings if f.rule == "poll-raises" and f.backend == "nixl"] \
         == [("disagg_prefill_inflight_queue", 402, "error")]
+
+
+def test_failed_is_answered_through_the_scheduler_the_queue_was_built_by() -> None:
+    """0.5.14 onward the bootstrap queue hands a Failed request to
+    `self.scheduler.handle_bootstrap_failure(req)` (0.5.23 prefill.py:525), which releases its KV
+    and metadata buffer, aborts it and streams the answer (1371-1375). `self.scheduler` is the
+    object that built the queue (`PrefillBootstrapQueue(..., scheduler=self)` in
+    managers/scheduler.py, kept as `self.scheduler = scheduler`), so the call runs the
+    scheduler's method. Before, it was a call into the unknown, and 0.5.22 and 0.5.23 reported a
+    release-leak warning ("no abort, no answer call") for a request that is answered."""
+    for version, lines in (("0.5.14", (349, 873, 874, 876)), ("0.5.23", (525, 1371, 1372, 1374))):
+        report = scanned(version)
+        assert not [f for f in report.findings if f.rule == "release-leak" and f.queue == BOOTSTRAP], version
+        evidence = {(e.line, e.note.partition(":")[0]) for e in bootstrap(report).states["Failed"].evidence}
+        helper, *released, aborted = lines
+        assert (helper, "helper") in evidence, (version, evidence)
+        assert {(line, "release") for line in released} | {(aborted, "abort")} <= evidence, (version, evidence)
+        source = (sglang_tree(version) / PREFILL).read_text().splitlines()
+        assert "self.scheduler.handle_bootstrap_failure(req)" in source[helper - 1]
+        assert "prepare_abort(" in source[aborted - 1]
+
+
+def test_a_call_through_the_builder_kept_by_a_held_queue_runs_the_builders_method(tmp_path: Path) -> None:
+    """examples/installed-layout, with the bootstrap queue built as `PrefillBootstrapQueue(self,
+    ...)` by a scheduler class that composes the prefill mixin, and its Failed branch handing the
+    request to `self.scheduler.fail_bootstrap(req)`, a mixin method that aborts and answers it: the
+    path runs that method (its abort and answer are on the path), and nothing says the client is
+    never answered. With the builder's `self` passed to another parameter, the call is unknown
+    again and the request is reported lost (dropped: nothing keeps, ends or answers it), as before."""
+    tree = tmp_path / "tree"
+    shutil.copytree(EXAMPLES / "installed-layout", tree)
+    prefill = tree / D / "prefill.py"
+    text = prefill.read_text()
+    text = text.replace(
+        "                reason = f\"bootstrap of {req.rid} failed\"\n"
+        "                prepare_abort(req, reason, status_code=HTTPStatus.INTERNAL_SERVER_ERROR)\n"
+        "                self.scheduler.stream_output([req], req.return_logprob)\n",
+        "                self.scheduler.fail_bootstrap(req)\n")
+    text = text.replace(
+        "class SchedulerDisaggregationPrefillMixin:\n"
+        "    \"\"\"Methods the scheduler gains when it only runs prefill.\"\"\"\n",
+        "class SchedulerDisaggregationPrefillMixin:\n"
+        "    \"\"\"Methods the scheduler gains when it only runs prefill.\"\"\"\n\n"
+        "    def fail_bootstrap(self, req):\n"
+        "        prepare_abort(req, \"bootstrap failed\", status_code=HTTPStatus.INTERNAL_SERVER_ERROR)\n"
+        "        self.stream_output([req], req.return_logprob)\n")
+    assert text.count("fail_bootstrap") == 2
+    prefill.write_text(text)
+    binding = tree / S / "managers" / "scheduler_metrics_mixin.py"
+    built = binding.read_text().replace(
+        "class SchedulerQueueBinding:", "class SchedulerQueueBinding(SchedulerDisaggregationPrefillMixin):  # noqa: F821")
+    for builder, followed in (("PrefillBootstrapQueue(self, None, None)", True),
+                              ("PrefillBootstrapQueue(None, self, None)", False)):
+        binding.write_text(built.replace("PrefillBootstrapQueue()", builder))
+        report = scan_path(tree / S, load_pack("sglang-prefill"))
+        failed = bootstrap(report).states["Failed"]
+        notes = [e.note for e in failed.evidence]
+        lost = [f for f in report.findings
+                if f.rule in ("release-leak", "dropped-state") and f.queue == BOOTSTRAP and f.state == "Failed"]
+        assert ("helper: SchedulerDisaggregationPrefillMixin.fail_bootstrap" in notes) == followed, notes
+        assert any(n.startswith("abort") for n in notes) == followed, notes
+        assert bool(lost) != followed, (builder, lost)
