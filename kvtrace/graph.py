@@ -552,16 +552,19 @@ def holder_companion(index: Index, pack: Pack, cls: ClassInfo) -> Companion | No
             builder = _enclosing_method(index, module.source.path, node.lineno)
             if builder is None or builder.owner is None or not builder.node.args.args:
                 continue
+            init = next((c.methods["__init__"] for c in index.mro(cls) if "__init__" in c.methods), None)
+            if init is None:
+                continue
             me = builder.node.args.args[0].arg
-            params = [a.arg for a in _init_params(index, cls)]
+            params = [a.arg for a in init.node.args.args[1:]]
             handed = [kw.arg for kw in node.value.keywords if isinstance(kw.value, ast.Name) and kw.value.id == me]
             handed += [params[i] for i, a in enumerate(node.value.args)
                        if isinstance(a, ast.Name) and a.id == me and i < len(params)]
-            attrs = frozenset(_kept_as(index, cls, name) for name in handed if name) - {None}
+            attrs = frozenset(attr for name in handed if name for attr in _kept_as(index, init, name))
             if attrs:
                 # Only a call handed the request can answer, end or release it: the others are
                 # left unknown, as before (entering them all added a quarter to a decode scan).
-                return Companion(builder.owner, frozenset(a for a in attrs if a is not None), given=REQ)
+                return Companion(builder.owner, attrs, given=REQ)
     return None
 
 
@@ -571,23 +574,11 @@ def _enclosing_method(index: Index, path: str, line: int) -> FuncRef | None:
     return max(inside, key=lambda f: f.node.lineno, default=None)
 
 
-def _init_params(index: Index, cls: ClassInfo) -> list[ast.arg]:
-    """The holder's __init__ parameters after self (the first __init__ in its MRO)."""
-    init = next((c.methods["__init__"] for c in index.mro(cls) if "__init__" in c.methods), None)
-    return (init.node.args.args[1:] + init.node.args.kwonlyargs) if init is not None else []
-
-
-def _kept_as(index: Index, cls: ClassInfo, param: str) -> str | None:
-    """The attribute __init__ keeps a parameter in (`self.scheduler = scheduler`)."""
-    init = next((c.methods["__init__"] for c in index.mro(cls) if "__init__" in c.methods), None)
-    if init is None:
-        return None
-    for node in index.nodes_in(init, (ast.Assign,)):
-        if isinstance(node.value, ast.Name) and node.value.id == param:
-            for t in node.targets:
-                if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
-                    return t.attr
-    return None
+def _kept_as(index: Index, init: FuncRef, param: str) -> list[str]:
+    """The attributes __init__ keeps a parameter in (`self.scheduler = scheduler`)."""
+    return [t.attr for node in index.nodes_in(init, (ast.Assign,))
+            if isinstance(node.value, ast.Name) and node.value.id == param
+            for t in node.targets if isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self"]
 
 
 def _polled_list(index: Index, pack: Pack, cls: ClassInfo) -> str | None:

@@ -3,8 +3,9 @@ which GitHub shows as an annotation on the pull request's diff.
 
 Paths open from the working directory (the repository root in a workflow), since the runner
 resolves `file=` from there: relative under it, else absolute, as in every other output; a path
-named in a message is shown the same way (kvtrace.report.places). Findings silenced in the code are left out; findings in the
-baseline become `notice` annotations, so they are visible but not alarming.
+named in a message is shown the same way (kvtrace.report.places). Findings silenced in the
+code are left out; findings in the baseline become `notice` annotations, so they are visible
+but not alarming.
 """
 
 from __future__ import annotations

@@ -122,21 +122,19 @@ def _header(report: Report, console: Console) -> None:
         title.append(" · ")
     role = (report.host_facts or {}).get("role")  # --role all: which of the reports this is
     target = Text(report.target, "bold")
-    if title.cell_len + target.cell_len + (len(f" · role {role}") if role else 0) > console.width:
-        # A target too wide to share the line: the rest first, the target on a line of its own
-        # (left whole for the terminal to wrap, never cut).
-        title.right_crop(3)
-        if role:
-            title.append(" · role ")
-            title.append(str(role), "bold")
-        console.print(title, soft_wrap=True)
-        console.print(target, soft_wrap=True)
+    # A target too wide to share the line: the rest first, the target on a line of its own (left
+    # whole for the terminal to wrap, never cut).
+    alone = title.cell_len + target.cell_len + (len(f" · role {role}") if role else 0) > console.width
+    if alone:
+        title.right_crop(len(" · "))
     else:
         title.append_text(target)
-        if role:
-            title.append(" · role ")
-            title.append(str(role), "bold")
-        console.print(title, soft_wrap=True)
+    if role:
+        title.append(" · role ")
+        title.append(str(role), "bold")
+    console.print(title, soft_wrap=True)
+    if alone:
+        console.print(target, soft_wrap=True)
     analysed = sum(1 for f in report.files if f.status == "ok")
     where = package_place(report)
     # A backend whose files could not be read is in the grid (`?`): counted, and said unchecked.
