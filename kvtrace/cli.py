@@ -47,7 +47,8 @@ app = typer.Typer(
     rich_markup_mode=None,
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
-    help="Find KV-transfer poll states that pin SGLang's disaggregated prefill queue.\n\n" + EXIT_CODES_HELP,
+    help="Find KV-transfer poll states that pin requests in SGLang's disaggregation queues (prefill by "
+         "default; --role decode, --role all).\n\n" + EXIT_CODES_HELP,
 )
 
 
