@@ -228,6 +228,12 @@ class Event:
 Bindings = tuple[tuple[str, Val], ...]
 
 
+# The attribute keys each helper run in progress read or wrote (PathState.attr, set_attr), the
+# innermost last: what a run's result can depend on besides the facts it may forget (see
+# Explorer.call_function). A run that ends adds its own to its caller's.
+_TOUCHED: list[set[str]] = []
+
+
 def _lookup(bindings: Bindings, name: str) -> Val | None:
     for key, value in bindings:
         if key == name:
@@ -265,9 +271,13 @@ class PathState:
         return _path(_with(self.env, name, value), self.attrs, self.events, self.term, self.ret, self)
 
     def attr(self, name: str) -> Val | None:
+        if _TOUCHED:
+            _TOUCHED[-1].add(name)
         return _lookup(self.attrs, name)
 
     def set_attr(self, name: str, value: Val) -> "PathState":
+        if _TOUCHED:
+            _TOUCHED[-1].add(name)
         return _path(self.env, _with(self.attrs, name, value), self.events, self.term, self.ret, self)
 
     def emit(self, event: Event) -> "PathState":
@@ -611,6 +621,7 @@ def _first_by(paths: list[PathState], key: Callable[[PathState], tuple]) -> Iter
 
 
 PARK_ENDED = True  # False: every statement forgets, merges and widens the ended paths too (the tests' reference)
+SHARE_RUNS = True  # False: a helper's run serves only paths with all the same attributes (the tests' reference)
 
 
 class _Parked:
@@ -906,23 +917,39 @@ class Explorer:
         # call: they are carried through unchanged). The drain loop is explored once per state
         # and calls the same helpers with the same arguments on many paths: each such run is
         # done once per scan (per state only when the poll value was read during it).
-        key = (self._options_key(), id(func.node), id(cls), prefix, self_name, env, path.attrs, tuple(self.stack))
+        static = (self._options_key(), id(func.node), id(cls), prefix, self_name, env, tuple(self.stack))
         memo = self.c.index.call_memo
-        known = memo.get((key, None))
-        if known is None and self.c.state is not None:
-            known = memo.get((key, self.c.state))
+        states = (None, self.c.state) if self.c.state is not None else (None,)
+        known = next((found for s in states if (found := memo.get((static, path.attrs, s))) is not None), None)
         if known is None:
-            known = self._run_call(func, cst_func, cls, env, path, prefix, self_name)
-            memo[(key, self.c.state if known.read_state else None)] = known
-        else:
-            self.log.truncated.extend(known.truncated)
-            for where in known.unparsed:
-                self._unparsed(where)
-            if known.clears_discarded:
-                self._discarded = None
-            self._read_state = self._read_state or known.read_state
+            # A run reads a few of the caller's attributes and facts: one run serves every path
+            # that agrees with it on those, the others taken as they are (_rebased). The facts a
+            # run may drop unread (forget_dead, forget, coarsen judge a fact by its key) are
+            # part of the lookup's key.
+            lookup = (static, _fact_keys(path.attrs))
+            known = next((run for s in states for run in memo.get((lookup, s), ()) if run.serves(path.attrs)), None) \
+                if SHARE_RUNS else None
+            if known is None:
+                known = self._run_call(func, cst_func, cls, env, path, prefix, self_name)
+                state = self.c.state if known.read_state else None
+                memo[(static, path.attrs, state)] = known
+                memo.setdefault((lookup, state), []).append(known)
+                return self._call_results(path, known)
+        self.log.truncated.extend(known.truncated)
+        for where in known.unparsed:
+            self._unparsed(where)
+        if known.clears_discarded:
+            self._discarded = None
+        self._read_state = self._read_state or known.read_state
+        if _TOUCHED:
+            _TOUCHED[-1].update(known.touched)
+        return self._call_results(path, known)
+
+    @staticmethod
+    def _call_results(path: PathState, known: "_CallRun") -> list[tuple[PathState, Val]]:
         results = []
         for attrs, events, term, value in known.ends:
+            attrs = _rebased(attrs, known.start, path.attrs, known.touched)
             results.append((_appending(path, path.env, attrs, events, term if term is not None else path.term, path.ret),
                             value))
         return _merge_pairs(results)
@@ -938,9 +965,14 @@ class Explorer:
         outer, self._discarded = self._discarded, _OUTER
         self.stack.append(id(func.node))
         self._calls += 1
+        touched: set[str] = set()
+        _TOUCHED.append(touched)
         try:
             ends = self.run_block(function_body(cst_func.node), [start], frame)
         finally:
+            _TOUCHED.pop()
+            if _TOUCHED:
+                _TOUCHED[-1].update(touched)
             self._calls -= 1
             self.stack.pop()
             cleared = self._discarded is None
@@ -954,7 +986,8 @@ class Explorer:
             else:
                 results.append((end.attrs, end.events[skip:], None, end.ret if end.ret is not None else frozenset({NONE})))
         return _CallRun(tuple(results), tuple(self.log.truncated[truncated:]), tuple(self._unparsed_log[unparsed:]),
-                        cleared, read)
+                        cleared, read, path.attrs, frozenset(touched),
+                        tuple((name, _lookup(path.attrs, name)) for name in sorted(touched)))
 
     def _unparsed(self, where: str) -> None:
         self.log.unparsed.add(where)
@@ -2052,6 +2085,39 @@ class _CallRun:
     unparsed: tuple[str, ...]
     clears_discarded: bool
     read_state: bool
+    start: Bindings  # the attrs the run started from
+    touched: frozenset[str]  # the attribute keys it (or a run inside it) read or wrote
+    touched_at_start: tuple[tuple[str, Val | None], ...]  # their values in `start` (None: absent)
+
+    def serves(self, attrs: Bindings) -> bool:
+        """Whether a run from `attrs` (with the same facts, see Explorer.call_function) is this
+        run: every key it touched holds the same value there."""
+        return all(_lookup(attrs, name) == value for name, value in self.touched_at_start)
+
+
+def _fact_keys(attrs: Bindings) -> frozenset:
+    """The facts of `attrs`, without their values: what a run may drop by key alone."""
+    return frozenset((k, k.kind, k.reads, k.sides) for k, _ in attrs if isinstance(k, FactKey))
+
+
+def _rebased(end: Bindings, start: Bindings, now: Bindings, touched: frozenset[str]) -> Bindings:
+    """A run's end `end` (it started from `start`) as the run from `now` ends: the keys it
+    touched as they ended, every other key as `now` holds it (untouched, it is kept as it was;
+    a fact the run dropped stays dropped)."""
+    if now is start or now == start:
+        return end
+    before = dict(start)
+    held = {key: (key, value) for key, value in now}
+    out = {}
+    for key, value in end:
+        if key in touched or key not in before:
+            out[key] = (key, value)
+        elif key in held:
+            out[key] = held[key]
+    for key, binding in held.items():
+        if key not in touched and key not in before:
+            out[key] = binding
+    return tuple(sorted(out.values(), key=_name_of))
 
 
 @dataclass(frozen=True)

@@ -33,6 +33,23 @@ def kvtrace_scan():
     return scan_path
 
 
+def reports_with_and_without(switch: str, root: Path, pack: str | None = None) -> tuple[str, str]:
+    """The JSON report of a scan of `root`, then of a scan with `kvtrace.flow.<switch>` off: a
+    shortcut of the engine against the reference it must equal."""
+    from kvtrace import flow
+    from kvtrace.packs import load_pack
+    from kvtrace.report.json import render
+
+    loaded = load_pack(pack) if pack else None
+    fast = render([kvtrace_scan()(root, loaded)])
+    setattr(flow, switch, False)
+    try:
+        reference = render([kvtrace_scan()(root, loaded)])
+    finally:
+        setattr(flow, switch, True)
+    return fast, reference
+
+
 def numbered(text: str) -> str:
     return "\n".join(f"{i:4} | {line}" for i, line in enumerate(text.splitlines(), 1))
 
