@@ -518,9 +518,19 @@ def _removal_index(func: ast.AST, removal: str, queue: str) -> frozenset[str]:
     return frozenset(names)
 
 
-def held_queue(index: Index, pack: Pack) -> tuple[ClassInfo, str] | None:
+class HeldQueue(NamedTuple):
+    """A queue that is an object: the class that keeps and drains its list, the list attribute,
+    the construction that binds it (`self.<queue> = SomeQueue(...)`) and that file's path."""
+
+    cls: ClassInfo
+    attr: str
+    built: ast.Assign
+    path: str
+
+
+def held_queue(index: Index, pack: Pack) -> HeldQueue | None:
     """A queue that is an object (`self.<queue> = SomeQueue(...)`) whose class keeps the requests
-    in a list attribute and drains it itself: (that class, the list attribute).
+    in a list attribute and drains it itself.
 
     The list is the attribute the class polls (`poll_and_all_reduce([r.receiver for r in self.X])`)
     and reassigns; the outside reads it as `self.<queue>.X` (the gauge)."""
@@ -534,38 +544,31 @@ def held_queue(index: Index, pack: Pack) -> tuple[ClassInfo, str] | None:
             for cls in index.classes.get(name, []):
                 attr = _polled_list(index, pack, cls)
                 if attr is not None:
-                    return cls, attr
+                    return HeldQueue(cls, attr, node, module.source.path)
     return None
 
 
-def holder_companion(index: Index, pack: Pack, cls: ClassInfo) -> Companion | None:
+def holder_companion(index: Index, held: HeldQueue) -> Companion | None:
     """The object that builds a held queue and hands itself to it (`PrefillBootstrapQueue(...,
     scheduler=self)`, kept as `self.scheduler = scheduler`): the drain's calls through that
     attribute (`self.scheduler.handle_bootstrap_failure(req)`) run the builder's methods, found
     through the class of the method that builds the queue (its MRO: the mixins it composes)."""
-    for module in index.modules.values():
-        for node in index.assignments(module):
-            if not (isinstance(node, ast.Assign) and isinstance(node.value, ast.Call)
-                    and any(isinstance(t, ast.Attribute) and t.attr == pack.queue for t in node.targets)
-                    and (dotted(node.value.func, calls=True) or "").rsplit(".", 1)[-1] == cls.name):
-                continue
-            builder = _enclosing_method(index, module.source.path, node.lineno)
-            if builder is None or builder.owner is None or not builder.node.args.args:
-                continue
-            init = next((c.methods["__init__"] for c in index.mro(cls) if "__init__" in c.methods), None)
-            if init is None:
-                continue
-            me = builder.node.args.args[0].arg
-            params = [a.arg for a in init.node.args.args[1:]]
-            handed = [kw.arg for kw in node.value.keywords if isinstance(kw.value, ast.Name) and kw.value.id == me]
-            handed += [params[i] for i, a in enumerate(node.value.args)
-                       if isinstance(a, ast.Name) and a.id == me and i < len(params)]
-            attrs = frozenset(attr for name in handed if name for attr in _kept_as(index, init, name))
-            if attrs:
-                # Only a call handed the request can answer, end or release it: the others are
-                # left unknown, as before (entering them all added a quarter to a decode scan).
-                return Companion(builder.owner, attrs, given=REQ)
-    return None
+    node, call = held.built, held.built.value
+    assert isinstance(call, ast.Call)  # held_queue keeps constructions only
+    builder = _enclosing_method(index, held.path, node.lineno)
+    if builder is None or builder.owner is None or not builder.node.args.args:
+        return None
+    init = next((c.methods["__init__"] for c in index.mro(held.cls) if "__init__" in c.methods), None)
+    if init is None:
+        return None
+    me = builder.node.args.args[0].arg
+    params = [a.arg for a in init.node.args.args[1:]]
+    handed = [kw.arg for kw in call.keywords if isinstance(kw.value, ast.Name) and kw.value.id == me]
+    handed += [params[i] for i, a in enumerate(call.args) if isinstance(a, ast.Name) and a.id == me and i < len(params)]
+    attrs = frozenset(attr for name in handed if name for attr in _kept_as(index, init, name))
+    # Only a call handed the request can answer, end or release it: the others are left
+    # unknown, as before (entering them all added a quarter to a decode scan).
+    return Companion(builder.owner, attrs, given=REQ) if attrs else None
 
 
 def _enclosing_method(index: Index, path: str, line: int) -> FuncRef | None:
@@ -791,14 +794,14 @@ def analyse_queue(index: Index, pack: Pack, domain: Domain) -> QueueAnalysis:
         held = held_queue(index, pack)
         if held is not None:
             # The queue is an object whose class holds the list and drains it itself.
-            cls, attr = held
+            cls, attr = held.cls, held.attr
             list_pack = pack.for_queue(attr)
             methods = [m for c in index.mro(cls) for m in c.methods.values()]
             drains = find_drains(index, list_pack, methods, unparsed)
             static = sorted(static + _held_sites(index, list_pack, cls, methods), key=lambda s: (s.path, s.line, s.kind))
             for drain in drains:
                 drain.list_attr = attr
-            companion = holder_companion(index, pack, cls)
+            companion = holder_companion(index, held)
     if not drains:
         unseen: list[str] = [] if _assigned_in_tree(index, pack.queue) or not _used_in_tree(index, pack.queue) else [
             f"self.{pack.queue} is bound outside the scanned folder (nothing here binds it to an object), so the object that "

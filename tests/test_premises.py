@@ -764,7 +764,7 @@ def test_0_5_23_transfer_queue_names_the_receiver_it_polls_through_a_pollers_met
     assert not find_drains(index, pack)  # the queue is an object that drains itself
     held = held_queue(index, pack)
     assert held is not None
-    cls, attr = held
+    cls, attr = held.cls, held.attr
     list_pack = pack.for_queue(attr)
     [drain] = find_drains(index, list_pack, [m for c in index.mro(cls) for m in c.methods.values()])
     assert (drain.func.qualname, drain.poll_line) == ("DecodeTransferQueue.pop_transferred", None)
@@ -937,7 +937,7 @@ def test_0_5_23_every_receiver_clear_is_a_drains_or_on_a_request_it_handed_over(
     for name in ("disagg_decode_prealloc_queue", "disagg_decode_transfer_queue"):
         held = held_queue(index, base.for_queue(name))
         assert held is not None
-        cls, attr = held
+        cls, attr = held.cls, held.attr
         list_pack = base.for_queue(name).for_queue(attr)
         [drain] = find_drains(index, list_pack, [m for c in index.mro(cls) for m in c.methods.values()])
         queues.append((list_pack, SimpleNamespace(drain=drain)))
