@@ -278,7 +278,9 @@ def entered_chain(ctx: ScanContext, backend: Backend, state: str) -> tuple[tuple
                 # What the call rules out: the line the backend's own chain starts at.
                 where = f"line {passed.line}" if backend.poll is not None and passed.path == backend.poll.path \
                     else f"{passed.path}:{passed.line}"
-                note += f", so {backend.sender}.{ctx.pack.poll_method}() no longer answers {state} at {where}"
+                # The return the call gets past, not the state: poll() still answers it at the
+                # chain's first row, the evidence that follows.
+                note += f", so {backend.sender}.{ctx.pack.poll_method}() gets past its return of {state} at {where}"
             return chain, Evidence(call.path, call.line, note)
     return None
 

@@ -839,6 +839,6 @@ def test_nixl_transfer_queue_pin_cites_the_return_a_request_that_ran_init_reache
         [e] = init
         decode = (sglang_tree(version) / DECODE).read_text().splitlines()
         assert e.path == _srt("decode.py") and ".kv_receiver.init(" in decode[e.line - 1], e
-        assert e.note.endswith(f"so NixlKVReceiver.poll() no longer answers WaitingForInput at line {returns[0]}"), e
+        assert e.note.endswith(f"so NixlKVReceiver.poll() gets past its return of WaitingForInput at line {returns[0]}"), e
     else:
         assert init == []

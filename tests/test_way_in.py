@@ -240,7 +240,7 @@ def test_a_pin_cites_the_return_a_request_that_entered_can_reach(finish: str, ci
         prefill = (root / "disaggregation/prefill.py").read_text().splitlines()
         [e] = begun
         assert prefill[e.line - 1].strip() == "req.disagg_kv_sender.begin()"
-        assert e.note.endswith(f"so ClockedKVSender.poll() no longer answers WaitingForInput at line {returns[0]}"), e
+        assert e.note.endswith(f"so ClockedKVSender.poll() gets past its return of WaitingForInput at line {returns[0]}"), e
         assert f"returns WaitingForInput at line {returns[-1]}" in pin.message
     else:
         assert begun == []
