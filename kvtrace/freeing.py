@@ -36,7 +36,7 @@ class EnvSetting:
     default: str | None
     read_at: Evidence  # the assignment that reads it
     declared_at: Evidence | None = None  # where its default is declared, when apart
-    unread: str | None = None  # the module that declares it (srt/environ.py) when it was not in the scanned folder
+    unread: str | None = None  # the module that declares it (srt/environ.py) when outside.module_beside did not find it
 
 
 @dataclass(frozen=True)
@@ -95,8 +95,8 @@ def what_frees(report: Report, backend: Backend, abort_method: str = "abort") ->
                 parts.append(f"a timeout frees it (checked at {t.path}:{t.line}; its setting was not found)")
             else:
                 default = f", default {setting.default}" if setting.default is not None else \
-                    f", default unknown: {setting.unread}, where it is declared, is not in the scanned folder " \
-                    "(not analysed)" if setting.unread else ", default not found"
+                    f", default unknown: it is declared in {setting.unread}, which was not found at, above or " \
+                    "just below the scanned folder (not analysed)" if setting.unread else ", default not found"
                 parts.append(f"a timeout frees it: {setting.variable}{default} (checked at {t.path}:{t.line})")
                 evidence.append(setting.read_at)
                 if setting.declared_at is not None:

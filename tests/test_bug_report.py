@@ -410,7 +410,8 @@ def test_html_header_names_the_installed_release(tmp_path: Path) -> None:
 def test_a_default_declared_outside_the_scanned_folder_says_so(tmp_path: Path) -> None:
     """0.5.14 declares SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT = EnvInt(300) in srt/environ.py.
     Scanned without that file, the default was "not found", as if the release had none; it now
-    says which file declares it and that the folder scanned does not hold it."""
+    says which file declares it and that it was not found where kvtrace looks for it (a folder
+    named like the package at, above or just below the target: a renamed copy is not one)."""
     from kvtrace.freeing import what_frees
     from kvtrace.scan import scan_path
 
@@ -419,8 +420,8 @@ def test_a_default_declared_outside_the_scanned_folder_says_so(tmp_path: Path) -
     report = scan_path(site / "sglang")
     mooncake = next(b for b in report.backends if b.name == "mooncake")
     boot = next(f for f in what_frees(report, mooncake) if f.state == "Bootstrapping")
-    assert ("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, default unknown: sglang/srt/environ.py, where it is "
-            "declared, is not in the scanned folder (not analysed)") in boot.text, boot.text
+    assert ("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, default unknown: it is declared in sglang/srt/environ.py, "
+            "which was not found at, above or just below the scanned folder (not analysed)") in boot.text, boot.text
     assert "default not found" not in boot.text
     _with_environ(site, "0.5.14")  # with the file, its default
     report = scan_path(site / "sglang")
