@@ -913,19 +913,17 @@ class Explorer:
         if cst_func is None or id(func.node) in self.stack or len(self.stack) >= MAX_DEPTH:
             return [(path, self.c.domain.universe)]
         env = tuple(sorted(args.items()))
-        # A callee's run depends only on what is in this key (never on the events before the
-        # call: they are carried through unchanged). The drain loop is explored once per state
-        # and calls the same helpers with the same arguments on many paths: each such run is
-        # done once per scan (per state only when the poll value was read during it).
+        # The drain loop is explored once per state and calls the same helpers with the same
+        # arguments on many paths. A run depends on this key, never on the events before the call
+        # (carried through unchanged), and of the caller's attributes only on those it read or
+        # wrote: one run serves every path that agrees with it on those and holds the same facts
+        # (forget_dead, forget and coarsen drop a fact by its key, unread), the others taken as
+        # they are (_rebaser). It is remembered per state only when it read the poll value.
         static = (self._options_key(), id(func.node), id(cls), prefix, self_name, env, tuple(self.stack))
         memo = self.c.index.call_memo
         states = (None, self.c.state) if self.c.state is not None else (None,)
         known = next((found for s in states if (found := memo.get((static, path.attrs, s))) is not None), None)
         if known is None:
-            # A run reads a few of the caller's attributes and facts: one run serves every path
-            # that agrees with it on those, the others taken as they are (_rebased). The facts a
-            # run may drop unread (forget_dead, forget, coarsen judge a fact by its key) are
-            # part of the lookup's key.
             lookup = (static, _fact_keys(path.attrs))
             known = next((run for s in states for run in memo.get((lookup, s), ()) if run.serves(path.attrs)), None) \
                 if SHARE_RUNS else None
@@ -948,8 +946,9 @@ class Explorer:
     @staticmethod
     def _call_results(path: PathState, known: "_CallRun") -> list[tuple[PathState, Val]]:
         results = []
+        rebased = _rebaser(known.start, path.attrs, known.touched)
         for attrs, events, term, value in known.ends:
-            attrs = _rebased(attrs, known.start, path.attrs, known.touched)
+            attrs = rebased(attrs)
             results.append((_appending(path, path.env, attrs, events, term if term is not None else path.term, path.ret),
                             value))
         return _merge_pairs(results)
@@ -986,8 +985,7 @@ class Explorer:
             else:
                 results.append((end.attrs, end.events[skip:], None, end.ret if end.ret is not None else frozenset({NONE})))
         return _CallRun(tuple(results), tuple(self.log.truncated[truncated:]), tuple(self._unparsed_log[unparsed:]),
-                        cleared, read, path.attrs, frozenset(touched),
-                        tuple((name, _lookup(path.attrs, name)) for name in sorted(touched)))
+                        cleared, read, path.attrs, frozenset(touched))
 
     def _unparsed(self, where: str) -> None:
         self.log.unparsed.add(where)
@@ -2087,7 +2085,12 @@ class _CallRun:
     read_state: bool
     start: Bindings  # the attrs the run started from
     touched: frozenset[str]  # the attribute keys it (or a run inside it) read or wrote
-    touched_at_start: tuple[tuple[str, Val | None], ...]  # their values in `start` (None: absent)
+    # The touched keys' values in `start` (None: absent), so that a lookup need not scan `start`.
+    touched_at_start: tuple[tuple[str, Val | None], ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "touched_at_start",
+                           tuple((name, _lookup(self.start, name)) for name in sorted(self.touched)))
 
     def serves(self, attrs: Bindings) -> bool:
         """Whether a run from `attrs` (with the same facts, see Explorer.call_function) is this
@@ -2100,24 +2103,31 @@ def _fact_keys(attrs: Bindings) -> frozenset:
     return frozenset((k, k.kind, k.reads, k.sides) for k, _ in attrs if isinstance(k, FactKey))
 
 
-def _rebased(end: Bindings, start: Bindings, now: Bindings, touched: frozenset[str]) -> Bindings:
-    """A run's end `end` (it started from `start`) as the run from `now` ends: the keys it
-    touched as they ended, every other key as `now` holds it (untouched, it is kept as it was;
-    a fact the run dropped stays dropped)."""
+def _rebaser(start: Bindings, now: Bindings, touched: frozenset[str]) -> Callable[[Bindings], Bindings]:
+    """How each end of a run that started from `start` reads as the run from `now` ends: the
+    keys it touched as they ended, every other key as `now` holds it (untouched, it is kept as it
+    was; a fact the run dropped stays dropped)."""
     if now is start or now == start:
-        return end
-    before = dict(start)
+        return _same
+    before = {key for key, _ in start}
     held = {key: (key, value) for key, value in now}
-    out = {}
-    for key, value in end:
-        if key in touched or key not in before:
-            out[key] = (key, value)
-        elif key in held:
-            out[key] = held[key]
-    for key, binding in held.items():
-        if key not in touched and key not in before:
-            out[key] = binding
-    return tuple(sorted(out.values(), key=_name_of))
+    carried = [binding for key, binding in held.items() if key not in touched and key not in before]
+
+    def rebased(end: Bindings) -> Bindings:
+        out = {}
+        for key, value in end:
+            if key in touched or key not in before:
+                out[key] = (key, value)
+            elif key in held:
+                out[key] = held[key]
+        for binding in carried:
+            out[binding[0]] = binding
+        return tuple(sorted(out.values(), key=_name_of))
+    return rebased
+
+
+def _same(end: Bindings) -> Bindings:
+    return end
 
 
 @dataclass(frozen=True)

@@ -1924,6 +1924,34 @@ def drain_programs(draw, features: frozenset = ALL_FEATURES) -> DrainProgram:
     return program
 
 
+@st.composite
+def flag_around_helper_programs(draw, features: frozenset = ALL_FEATURES) -> DrainProgram:
+    """A drawn drain with one flag tested, a helper called, and the same flag tested again
+    around the rest: paths that differ in the flag reach the helper, and what the flag decides
+    after it tells whether each path kept its own. drain_programs rarely draws this (a flag of
+    the loop, then a helper call, then a repeat of that flag: about 10 drains in 400)."""
+    program = draw(drain_programs(features))
+    owner = draw(st.sampled_from(("req", "self")))
+    family = draw(st.sampled_from(sorted(set(FLAG_FAMILIES.values()))))
+    shapes = [k for k, f in FLAG_FAMILIES.items() if f == family]
+    first = FlagTest(owner, "tested_around", draw(st.sampled_from(shapes)))
+    again = FlagTest(owner, "tested_around", draw(st.sampled_from(shapes)))
+    # What the helper does: nothing the flag is about, a test of a flag of its own, or a test of
+    # the same flag (a run from one side of it must not serve the other).
+    helper_body = _pick(draw, [
+        (2, (Neutral(draw(st.sampled_from(NEUTRAL_KINDS))),)),
+        (2, (If(FlagTest("req", "helper_own", draw(st.sampled_from(FLAG_SHAPES))), (Neutral("log"),)),)),
+        (2, (If(FlagTest(owner, "tested_around", draw(st.sampled_from(shapes))), (Neutral("log"),)),)),
+        (1, (HReturn(None),)),
+    ])
+    helper = Helper("_between_tests", draw(st.sampled_from((None,) + POLL_PARAMS)), draw(st.booleans()), helper_body)
+    first_side = draw(st.sampled_from(((Neutral("log"),), (Neutral("set_reason"), Neutral("log")))))
+    split = draw(st.integers(0, len(program.body)))
+    other = _pick(draw, [(2, (Keep(),)), (1, (Release("release_kv_cache"), Done())), (1, (Continue(),))])
+    body = (If(first, first_side), *program.body[:split], Call(helper), If(again, program.body[split:] or (Keep(),), other))
+    return dataclasses.replace(program, body=body)
+
+
 # ---------------------------------------------------------------------------------------------
 # Strategies: senders
 

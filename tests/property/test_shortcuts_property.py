@@ -32,6 +32,16 @@ def test_a_shortcut_changes_no_report(shortcut: str, program) -> None:
     assert fast == reference
 
 
+@gen.budget(ci=60, slow=600)
+@given(program=gen.flag_around_helper_programs(gen.ALL_FEATURES))
+def test_a_shared_run_keeps_each_callers_facts(program) -> None:
+    """The shape a wrong shared run shows (a flag, a helper, the flag again), drawn on purpose."""
+    files = gen.render_tree(drain=program)
+    with tempfile.TemporaryDirectory() as d:
+        fast, reference = reports_with_and_without("SHARE_RUNS", gen.write_files(Path(d), files))
+    assert fast == reference
+
+
 @pytest.mark.parametrize(("shortcut", "version", "pack"), [
     ("PARK_ENDED", "0.5.14", "sglang-decode"), ("PARK_ENDED", "0.5.23", "sglang-decode"),
     ("SHARE_RUNS", "0.5.2", "sglang-decode"), ("SHARE_RUNS", "0.5.23", "sglang-decode"),
