@@ -528,7 +528,7 @@ def rendered(cache: Cache, reports: list[Report], options: tuple[object, ...], r
 
     OUTSIDE_READS.clear()
     text = render()
-    outside = [[target, module, _outside_digest(found)] for (target, module), found in OUTSIDE_READS.items()]
+    outside = [[target, root, module, _outside_digest(found)] for (target, root, module), found in OUTSIDE_READS.items()]
     cache.put(key, json.dumps({"key": key, "outside": outside, "text": text}).encode())
     return text
 
@@ -604,10 +604,10 @@ def _rendering_from(payload: bytes, key: str) -> str | None:
         if outside:
             from kvtrace.outside import module_beside
 
-            for target, module, digest in outside:
-                if not (isinstance(target, str) and isinstance(module, str)):
+            for target, root, module, digest in outside:
+                if not (isinstance(target, str) and isinstance(root, str) and isinstance(module, str)):
                     return None
-                if _outside_digest(module_beside(target, module)) != digest:
+                if _outside_digest(module_beside(target, root, module)) != digest:
                     return None
         return entry["text"]
     except Exception:  # any damage at all is a miss, never a crash

@@ -401,4 +401,4 @@ def _imported_from(lines: list[str], name: str) -> str | None:
 def _module_on_disk(report: Report, module: str) -> tuple[str, list[str]] | None:
     from kvtrace.outside import module_beside
 
-    return module_beside(report.target, module)
+    return module_beside(report.target, report.root, module)

@@ -12,9 +12,9 @@ from pathlib import Path
 MAX_MODULE = 4 << 20
 SMALL = 1 << 20  # HEAD, refs, config, gitdir/commondir files (read_bounded's default)
 
-# (target, module) -> what module_beside found there in this run: a rendering kept in the cache
+# (target, package root, module) -> what module_beside found there in this run: a rendering kept in the cache
 # is reused only while each of these still reads the same.
-OUTSIDE_READS: dict[tuple[str, str], tuple[str, list[str]] | None] = {}
+OUTSIDE_READS: dict[tuple[str, str, str], tuple[str, list[str]] | None] = {}
 
 
 def read_bounded(path: Path, limit: int = SMALL) -> bytes | None:
@@ -36,15 +36,15 @@ def read_bounded(path: Path, limit: int = SMALL) -> bytes | None:
         os.close(fd)
 
 
-def module_beside(target_text: str, module: str) -> tuple[str, list[str]] | None:
-    """(its path as the report shows it, its lines) of `module` beside the target, or None: the
-    report path is relative to the target, as the others."""
-    found = _module_beside(target_text, module)
-    OUTSIDE_READS[(target_text, module)] = found
+def module_beside(target_text: str, root: str, module: str) -> tuple[str, list[str]] | None:
+    """(its path as the report shows it, its lines) of `module` beside the package found at `root`
+    (relative to the target), or None: the report path is relative to the target, as the others."""
+    found = _module_beside(target_text, root, module)
+    OUTSIDE_READS[(target_text, root, module)] = found
     return found
 
 
-def _module_beside(target_text: str, module: str) -> tuple[str, list[str]] | None:
+def _module_beside(target_text: str, root: str, module: str) -> tuple[str, list[str]] | None:
     from kvtrace.target import LocalTarget, parse_target
 
     try:
@@ -54,23 +54,30 @@ def _module_beside(target_text: str, module: str) -> tuple[str, list[str]] | Non
     if not isinstance(target, LocalTarget):
         return None
     base = target.path.resolve()
+    package = (base / root).resolve() if root else base
     parts = module.split(".")
-    # The package's top folder is where the report's files start from, or a parent of the target.
-    for top in [base, *base.parents][:8]:
-        if top.name != parts[0]:
+    # The package's top folder is at or above the package kvtrace found: the folder named like the
+    # module's package, or the one holding the module's next folder on the way down to the scanned
+    # package (a copy of `sglang` under another name, as versions/sglang-0.5.23/ is: its files
+    # import `sglang.srt...`, and srt/ sits in it).
+    for top in [package, *package.parents][:10]:
+        inside = len(parts) > 1 and package.is_relative_to(top / parts[1])
+        if top.name != parts[0] and not inside:
             continue
         candidate = top.joinpath(*parts[1:]).with_suffix(".py")
         data = read_bounded(candidate, MAX_MODULE)
         if data is not None:
-            try:
-                shown = candidate.relative_to(base).as_posix()
-            except ValueError:
-                shown = str(candidate)
-            return shown, data.decode("utf-8", "replace").splitlines()
-    root = base / parts[0]
+            return _shown(candidate, base), data.decode("utf-8", "replace").splitlines()
     if (base / parts[0]).is_dir():
-        candidate = root.joinpath(*parts[1:]).with_suffix(".py")
+        candidate = (base / parts[0]).joinpath(*parts[1:]).with_suffix(".py")
         data = read_bounded(candidate, MAX_MODULE)
         if data is not None:
-            return candidate.relative_to(base).as_posix(), data.decode("utf-8", "replace").splitlines()
+            return _shown(candidate, base), data.decode("utf-8", "replace").splitlines()
     return None
+
+
+def _shown(path: Path, base: Path) -> str:
+    try:
+        return path.relative_to(base).as_posix()
+    except ValueError:
+        return str(path)

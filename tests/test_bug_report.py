@@ -430,6 +430,34 @@ def test_a_default_declared_outside_the_scanned_folder_says_so(tmp_path: Path) -
     assert "SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, default 300" in boot.text and "unknown" not in boot.text
 
 
+def test_a_copy_of_the_package_under_another_name_reads_its_own_environ(tmp_path: Path) -> None:
+    """Before: versions/sglang-0.5.14/ (a copy of the package named otherwise) holds
+    srt/environ.py, but kvtrace looked for it only under a folder named `sglang`: "default
+    unknown ... not found", scanned alone or with --all. With --all the lookup was also
+    remembered per target, not per package: two releases of one run would share it."""
+    versions = tmp_path / "versions"
+    versions.mkdir()
+    declared = {}
+    for version in ("0.5.14", "0.5.23"):
+        site = _installed(tmp_path / version, version)
+        _with_environ(site, version)
+        lines = (site / "sglang" / "srt" / "environ.py").read_text().splitlines()
+        declared[version] = next(n for n, line in enumerate(lines, 1)
+                                 if re.match(r"\s*SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT\b", line))
+        shutil.move(site / "sglang", versions / f"sglang-{version}")
+    assert declared["0.5.14"] != declared["0.5.23"]  # so that one package's line cannot pass for the other's
+    alone = " ".join(kvtrace("scan", "versions/sglang-0.5.14", "--backend", "mooncake", "--no-cache",
+                             cwd=tmp_path).stdout.split())
+    assert "default unknown" not in alone
+    assert re.search(r"SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, default 300 .*?"
+                     rf"versions/sglang-0\.5\.14/srt/environ\.py:{declared['0.5.14']}\b", alone), alone
+    both = " ".join(kvtrace("scan", "versions", "--all", "--backend", "mooncake", "--no-cache",
+                            cwd=tmp_path).stdout.split())
+    assert "default unknown" not in both
+    for version, line in declared.items():
+        assert f"versions/sglang-{version}/srt/environ.py:{line}" in both, version
+
+
 def test_a_backend_with_no_finding_of_its_own_still_says_what_frees_the_state_it_keeps(tmp_path: Path) -> None:
     """Before: 0.5.23's fake backend keeps WaitingForInput (the drain's queue-level silent-wait)
     and its timeout covers it (fake/conn.py:92, SGLANG_DISAGGREGATION_WAITING_TIMEOUT), so no
