@@ -207,6 +207,23 @@ def test_manager_finding_in_a_shared_base_fills_the_rows_of_the_backends_that_ru
             if f"{shared[0].path}:CommonKVManager.update_status" in (b["manager"] or {}).get("runs", [])} == runs_it
 
 
+def test_a_managers_findings_are_told_under_that_manager_not_under_every_backend() -> None:
+    """Before: the text report told 0.5.14's failed-not-sticky in CommonKVManager.update_status
+    (ascend, mooncake, nixl run it; mori overrides it) under "the queue (every backend)", beside
+    the drain loop's own findings, which every backend does meet. It is told under the manager,
+    naming the backends whose rows carry it, and the queue's heading keeps the drain's findings."""
+    report = scan_path(sglang_tree("0.5.14"))
+    text = render_plain([report], width=200)
+    sections = re.split(r"\n(?=\S)", text)  # a heading starts at column 0
+    shared = [f for f in report.findings if f.rule == "failed-not-sticky" and "/common/" in f.path][0]
+    heading = "manager CommonKVManager (backends " + ", ".join(shared.backends[:-1]) + f" and {shared.backends[-1]})"
+    assert "mori" not in shared.backends
+    manager = next(s for s in sections if s.startswith(heading + "\n"))
+    assert re.search(rf"warning\[failed-not-sticky\] at \S*/{re.escape(shared.path)}:{shared.line}\n", manager), manager
+    queue = next(s for s in sections if s.startswith("the queue (every backend)\n"))
+    assert "failed-not-sticky" not in queue and "[silent-wait]" in queue
+
+
 def test_backend_option_keeps_only_those_rows() -> None:
     """--backend nixl: the host runs one backend; the grid, findings and exit code are its own."""
     import json as jsonlib

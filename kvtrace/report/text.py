@@ -37,6 +37,7 @@ from kvtrace.report.verdicts import (
     unknown_returns,
     way_out_text,
     finding_groups,
+    shared_sections,
     gap_text,
     summary_line,
     verdict_grid,
@@ -65,8 +66,9 @@ def render(report: Report, console: Console, show_map: bool = True, in_short: bo
     _grid(report, console)
     groups = finding_groups(report)
     for backend, items in groups.items():
-        console.print()
-        _backend_findings(report, backend, items, files, frees.get(backend or ""), console)
+        for label, part in shared_sections(items) if backend is None else [(None, items)]:
+            console.print()
+            _backend_findings(report, backend, part, files, frees.get(backend or ""), console, label)
     for b in report.backends:
         if b.name not in groups and frees.get(b.name):
             console.print()
@@ -303,9 +305,9 @@ def _print_wrapped(console: Console, body: Text, indent: int = 0, label: Text | 
 
 
 def _backend_findings(report: Report, backend: str | None, groups, files: dict[str, SourceFile],
-                      frees: list[Freeing] | None, console: Console) -> None:
+                      frees: list[Freeing] | None, console: Console, label: str | None = None) -> None:
     info = next((b for b in report.backends if b.name == backend), None)
-    _print_wrapped(console, Text(backend_label(backend, info), style="bold"))
+    _print_wrapped(console, Text(label or backend_label(backend, info), style="bold"))
     shown: set[tuple[str, int]] = set()
     for group in groups:
         head = Text.assemble(

@@ -344,6 +344,23 @@ def finding_groups(report: Report) -> dict[str | None, list[FindingGroup]]:
     return result
 
 
+def shared_sections(groups: list[FindingGroup]) -> list[tuple[str, list[FindingGroup]]]:
+    """The groups of findings that name no backend, under what they are about: the queue's drain
+    loop, which every backend meets, or a manager's method, which only the backends whose
+    managers run it meet (the grid's rows for it). In the order the groups come."""
+    sections: dict[str, list[FindingGroup]] = {}
+    for group in groups:
+        sections.setdefault(_shared_label(group.findings[0]), []).append(group)
+    return list(sections.items())
+
+
+def _shared_label(finding: Finding) -> str:
+    if finding.backends and finding.function and "." in finding.function:
+        manager = finding.function.rsplit(".", 1)[0]
+        return f"manager {manager} (backend{'s' if len(finding.backends) > 1 else ''} {_join(list(finding.backends))})"
+    return "the queue (every backend)"
+
+
 def _join(states: list[str]) -> str:
     return states[0] if len(states) == 1 else ", ".join(states[:-1]) + " and " + states[-1]
 
