@@ -63,6 +63,60 @@ def test_ci_snippet_runs_as_written(tmp_path: Path) -> None:
     assert codes[-1] == 1  # ...and the last step fails the job on the findings
 
 
+def test_local_sshd_block_runs_as_written() -> None:
+    """The README's "Trying it without a remote host" block, as a user pastes it into bash (on a
+    free port instead of 2222, which another process may hold): a real sshd, a remote scan of
+    the bundled example that answers as the local scan does, and nothing left running."""
+    from tests.sshd_server import free_port, require_sshd
+
+    require_sshd()
+    block = re.search(r"<!-- local sshd:.*?-->\n```sh\n(.*?)```", README, re.S).group(1)
+    port = str(free_port())
+    script = block.replace("2222", port)
+    kvtrace = ROOT / ".venv" / "bin" / "kvtrace"
+    if not kvtrace.exists():  # the suite's own kvtrace stands in for the README's venv
+        script = script.replace(".venv/bin/kvtrace", str(Path(sys.executable).parent / "kvtrace"))
+    run = subprocess.Popen(["bash", "--noprofile", "--norc", "-c", script], cwd=ROOT, start_new_session=True,
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        out, err = run.communicate(timeout=120)
+        left = _session_alive(run.pid, wait=10)  # `kill $!` stopped the sshd (it may take a moment)
+    finally:
+        try:
+            os.killpg(run.pid, 9)  # sshd too, should the block not have stopped it
+        except ProcessLookupError:
+            pass
+    local = subprocess.run([sys.executable, "-m", "kvtrace", "scan", "examples/nixl-pin", "--no-map"], cwd=ROOT,
+                           capture_output=True, text=True, env={**os.environ, "COLUMNS": "80"})
+    assert f"127.0.0.1:{port}:{ROOT}/examples/nixl-pin" in out, (out, err)
+    assert "2 errors: nixl pins WaitingForInput, Transferring" in out, (out, err)
+    assert local.stdout.splitlines()[-1] == out.splitlines()[-1]  # the same answer as the local scan
+    assert not left
+
+
+def _session_alive(group: int, wait: float) -> bool:
+    """Whether a live process of the group (not a zombie waiting for its reaper) is still there
+    after up to `wait` seconds."""
+    import time
+
+    deadline = time.monotonic() + wait
+    while True:
+        alive = False
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            try:
+                fields = stat.read_text().rsplit(")", 1)[1].split()
+            except (OSError, IndexError):
+                continue  # gone meanwhile
+            if int(fields[2]) == group and fields[0] != "Z":
+                alive = True
+                break
+        if not alive:
+            return False
+        if time.monotonic() > deadline:
+            return True
+        time.sleep(0.05)
+
+
 def test_summary_line_quoted_is_what_kvtrace_prints() -> None:
     quoted = re.search(r"on `examples/nixl-pin`:\s+`([^`]+)`", README)
     assert quoted, "the summary-line example and the example it comes from"
