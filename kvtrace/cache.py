@@ -437,6 +437,12 @@ def _thaw(payload: bytes, fetched: FetchResult, key: str) -> Report | None:
         return None
     report.files = files
     report.target = fetched.target
+    # The only part of a report read from the target's name, not its files: a package found at
+    # the top is named by the target's folder, and another target with the same files shares
+    # the entry (versions/sglang-0.5.23 and a copy of it elsewhere).
+    from kvtrace.scan import detect_version
+
+    report.version = detect_version(fetched.files, report.root, fetched.target)
     return report
 
 

@@ -63,6 +63,25 @@ def test_hit_returns_the_same_report_without_analysing(tree: Path, tmp_path: Pat
     assert second.queues[0].sites == first.queues[0].sites
 
 
+def test_a_hit_names_the_package_after_its_own_target(tmp_path: Path) -> None:
+    """Before: a package whose version.py is at the top of the target is named by the target's
+    folder, and two targets with the same files share an entry: a scan of versions/sglang-0.5.23
+    after one of a copy named sglang said `sglang 0.5.23` (a new user's trial)."""
+    cache, pack, scan = Cache(tmp_path / "c"), load_pack(), CountingScan()
+    targets = []
+    for name in ("sglang", "sglang-1.2.3"):
+        target = tmp_path / name / name
+        shutil.copytree(EXAMPLE, target)
+        (target / "version.py").write_text('__version__ = "1.2.3"\n')
+        targets.append(target)
+    first, hit1 = scan_cached(fetch(targets[0]), pack, cache, scan=scan)
+    second, hit2 = scan_cached(fetch(targets[1]), pack, cache, scan=scan)
+    assert (hit1, hit2, scan.calls) == (False, True, 1)
+    assert first.version is not None and (first.version.package, first.version.version) == ("sglang", "1.2.3")
+    assert second.version is not None and (second.version.package, second.version.version) == ("sglang-1.2.3", "1.2.3")
+    assert (second.version.path, second.version.line) == (first.version.path, first.version.line) == ("version.py", 1)
+
+
 def test_a_changed_file_or_pack_is_a_miss(tree: Path, tmp_path: Path) -> None:
     cache, pack, scan = Cache(tmp_path / "c"), load_pack(), CountingScan()
     scan_cached(fetch(tree), pack, cache, scan=scan)
