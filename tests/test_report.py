@@ -484,6 +484,19 @@ def test_80_columns_absolute_paths_are_whole_and_open(tmp_path: Path) -> None:
     _long_path_lines_are_whole(out.splitlines(), 80, str(tree))
 
 
+def test_all_names_each_package_in_its_short_answer(tmp_path: Path) -> None:
+    """Before: `scan versions --all` ended with one "In short (as at the top): versions" per
+    package, the same heading for each: the last screen gave no way to tell the answers apart."""
+    for name in ("sglang-0.5.9", "sglang-0.5.23"):
+        shutil.copytree(ROOT / "examples" / "nixl-pin", tmp_path / "versions" / name)
+    result = subprocess.run([sys.executable, "-m", "kvtrace", "scan", "versions", "--all", "--no-cache"], cwd=tmp_path,
+                            capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "80"})
+    assert result.returncode == 1, result.stderr
+    headings = [line for line in result.stdout.splitlines() if line.startswith("In short")]
+    assert headings == ["In short (as at the top): versions (package sglang-0.5.23/disaggregation)",
+                        "In short (as at the top): versions (package sglang-0.5.9/disaggregation)"], headings
+
+
 def test_role_all_at_80_by_50_both_roles_answers_are_on_the_end_screen() -> None:
     """Before: `--role all` printed the prefill report, then the decode report, each with its own
     "In short" at its end: the end screen showed the decode side's only, and the prefill side's

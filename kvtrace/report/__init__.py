@@ -74,9 +74,11 @@ def _render_all(reports: list[Report], console: Console, show_map: bool) -> None
         render(report, console, show_map=show_map, in_short=not several)
     if several:
         legend: list[str] = []
+        from kvtrace.fleet import report_label
+
         for report in reports:
             console.print()
-            legend += render_in_short(report, console, several=True)
+            legend += render_in_short(report, console, several=True, label=report_label(report, reports))
         if legend:  # one legend for every grid above (each report's top grids have their own)
             console.print()
             print_legend(legend, console)

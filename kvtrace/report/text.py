@@ -90,15 +90,15 @@ def render(report: Report, console: Console, show_map: bool = True, in_short: bo
             render_in_short(report, console)
 
 
-def render_in_short(report: Report, console: Console, several: bool = False) -> list[str]:
+def render_in_short(report: Report, console: Console, several: bool = False, label: str | None = None) -> list[str]:
     """The grid and the summary line again, under a heading that says which report it is when
-    `several` are printed (--role all: the prefill and the decode side). With several, the
-    grids' legends are not printed but returned, for one legend after all of them (so that
-    every report's answer fits on the last screen)."""
+    `several` are printed (--role all: the prefill and the decode side; --all: `label`, the
+    target and the package). With several, the grids' legends are not printed but returned, for
+    one legend after all of them (so that every report's answer fits on the last screen)."""
     heading = Text("In short (as at the top)", style="bold")
     role = (report.host_facts or {}).get("role")
     if several:
-        heading.append(f": role {role}" if role else f": {report.target}", "bold")
+        heading.append(f": role {role}" if role else f": {label or report.target}", "bold")
     _print_wrapped(console, heading)
     legend = _grid(report, console, legends=not several)
     summary = summary_line(report)
