@@ -438,6 +438,29 @@ def test_piped_text_is_folded_to_the_terminal_stderr_is_on(tmp_path: Path) -> No
     assert max(len(line) for line in unfolded.splitlines()) > 80
 
 
+def test_an_excerpt_keeps_the_findings_own_line_at_80_columns(tmp_path: Path) -> None:
+    """Before: at 80 columns the excerpt cut every line at the edge, the finding's own too:
+    `❱ 44  self.request_status[bootstrap_room] = …`, leaving out the max() the finding is about.
+    The line is folded under its code instead, within a few rows (a generated line is not
+    printed whole), and its neighbours are still cut."""
+    lines = terminal_report(EXAMPLES / "nixl-pin").splitlines()
+    at = next(i for i, line in enumerate(lines) if "❱ 44 " in line)
+    assert " ".join(part.strip() for part in lines[at:at + 2]).endswith(
+        "self.request_status[bootstrap_room] = max(self.request_status[bootstrap_room], status)")
+    assert all(len(line) <= 80 for line in lines if "/" not in line)
+    tree = tmp_path / "tree"
+    shutil.copytree(EXAMPLES / "nixl-pin", tree)
+    conn = tree / "disaggregation" / "mooncake" / "conn.py"
+    text = conn.read_text().splitlines()
+    text[43] = text[43] + "  # " + "padding " * 2000  # the finding's line, 16,000 characters longer
+    conn.write_text("\n".join(text) + "\n")
+    lines = terminal_report(tree).splitlines()
+    at = next(i for i, line in enumerate(lines) if "❱ 44 " in line)
+    after = next(i for i in range(at + 1, len(lines)) if lines[i].lstrip().startswith("45 "))
+    assert after - at <= 5  # a few rows, not 200
+    assert lines[after - 1].rstrip().endswith("…")  # and it says it was cut
+
+
 def test_excerpts_leave_out_the_examples_test_annotations() -> None:
     examples = ROOT / "examples"
     annotated = [p for p in examples.rglob("*.py") if "# expect:" in p.read_text() or "; expect:" in p.read_text()]

@@ -353,9 +353,16 @@ def _excerpt(source: SourceFile | None, line: int, width: int, context: int = 2)
     start, end = max(1, line - context), min(len(lines), line + context)
     # Long code lines are cut at a space with a marker, never mid-name by the terminal edge.
     room = max(20, width - len(str(end)) - 4)
-    shown = [_cut(plain(without_annotation(lines[n - 1])), room) for n in range(start, end + 1)]
+    # The finding's own line is kept (what the finding is about may sit at its end), folded at
+    # spaces under its code, up to a few rows (a generated line can be megabytes); its neighbours
+    # are context only.
+    shown = [_cut(plain(without_annotation(lines[n - 1])), room * (OWN_LINE_ROWS if n == line else 1))
+             for n in range(start, end + 1)]
     return Syntax("\n".join(shown), "python", line_numbers=True, start_line=start, highlight_lines={line},
-                  word_wrap=False, background_color="default", theme="ansi_dark")
+                  word_wrap=True, background_color="default", theme="ansi_dark")
+
+
+OWN_LINE_ROWS = 4
 
 
 def _cut(code: str, room: int) -> str:
