@@ -782,11 +782,63 @@ def outcome_of(events: tuple[Event, ...] | list[Event], term: str | None, remova
     return Outcome.DROPPED
 
 
-def analyse_queue(index: Index, pack: Pack, domain: Domain) -> QueueAnalysis:
+# What exploring a queue's drain finds, per mode (in find_modes' order) the paths per poll state,
+# and what the exploration alone cut short and could not parse (analyse_queue adds the rest).
+Explored = tuple[list[dict[str, list[QueuePath]]], list[str], list[str]]
+
+
+def analyse_queue(index: Index, pack: Pack, domain: Domain, explored: Explored | None = None) -> QueueAnalysis:
+    """The queue's analysis; its exploration taken from `explored` when another process did it
+    (explore_queue on the same tree), else done here."""
     unparsed: list[str] = []
-    drains = find_drains(index, pack, unparsed=unparsed)
+    planned = _plan(index, pack, unparsed)
+    if isinstance(planned, QueueAnalysis):
+        return planned
+    drain, static, list_pack, companion = planned
+    unseen: list[str] = []
+    modes, truncated = find_modes(index, drain.func, domain, unseen)
+    guards = frozenset(name for mode in modes for name, _ in mode.bindings)
+    if explored is None:
+        mode_paths = [_explore_mode(index, list_pack, domain, drain, dict(mode.bindings), guards, truncated, unparsed,
+                                    companion) for mode in modes]
+    else:
+        mode_paths = explored[0]
+        truncated += explored[1]
+        unparsed += explored[2]
+    paths: dict[str, list[QueuePath]] = mode_paths[0] if len(mode_paths) == 1 else {}
+    for found in mode_paths if len(mode_paths) > 1 else []:
+        for state, state_paths in found.items():
+            merged = paths.setdefault(state, [])
+            seen = {(tuple(p.events), p.outcome) for p in merged}
+            merged.extend(p for p in state_paths if (tuple(p.events), p.outcome) not in seen)
     graph = StateGraph()
     graph.add_node(ROOT)
+    for state, state_paths in paths.items():
+        _add_paths(graph, state, state_paths)
+    return QueueAnalysis(drain, graph, paths, static, sorted(set(truncated)), modes, mode_paths,
+                         sorted(set(unparsed)), unseen)
+
+
+def explore_queue(index: Index, pack: Pack, domain: Domain) -> Explored | None:
+    """The costly part of analyse_queue, for a forked child to do: None when there is no drain
+    loop to explore (analyse_queue then needs nothing from it)."""
+    planned = _plan(index, pack, [])
+    if isinstance(planned, QueueAnalysis):
+        return None
+    drain, _static, list_pack, companion = planned
+    modes, _truncated = find_modes(index, drain.func, domain, [])
+    guards = frozenset(name for mode in modes for name, _ in mode.bindings)
+    truncated: list[str] = []
+    unparsed: list[str] = []
+    mode_paths = [_explore_mode(index, list_pack, domain, drain, dict(mode.bindings), guards, truncated, unparsed,
+                                companion) for mode in modes]
+    return mode_paths, truncated, unparsed
+
+
+def _plan(index: Index, pack: Pack, unparsed: list[str]) -> tuple[Drain, list[Site], Pack, Companion | None] | QueueAnalysis:
+    """The drain loop to explore, the queue's static sites, the pack of the list it drains and
+    the companion of a held queue; or, with no drain loop, the queue's whole analysis."""
+    drains = find_drains(index, pack, unparsed=unparsed)
     static = static_sites(index, pack)
     list_pack = pack
     companion = None
@@ -806,23 +858,10 @@ def analyse_queue(index: Index, pack: Pack, domain: Domain) -> QueueAnalysis:
         unseen: list[str] = [] if _assigned_in_tree(index, pack.queue) or not _used_in_tree(index, pack.queue) else [
             f"self.{pack.queue} is bound outside the scanned folder (nothing here binds it to an object), so the object that "
             f"drains it is not seen; scan the folder that holds the scheduler"]
+        graph = StateGraph()
+        graph.add_node(ROOT)
         return QueueAnalysis(None, graph, {}, static, unparsed=sorted(set(unparsed)), unseen_callers=unseen)
-    drain = drains[0]
-    unseen = []
-    modes, truncated = find_modes(index, drain.func, domain, unseen)
-    guards = frozenset(name for mode in modes for name, _ in mode.bindings)
-    mode_paths = [_explore_mode(index, list_pack, domain, drain, dict(mode.bindings), guards, truncated, unparsed,
-                                companion) for mode in modes]
-    paths: dict[str, list[QueuePath]] = mode_paths[0] if len(mode_paths) == 1 else {}
-    for found in mode_paths if len(mode_paths) > 1 else []:
-        for state, state_paths in found.items():
-            merged = paths.setdefault(state, [])
-            seen = {(tuple(p.events), p.outcome) for p in merged}
-            merged.extend(p for p in state_paths if (tuple(p.events), p.outcome) not in seen)
-    for state, state_paths in paths.items():
-        _add_paths(graph, state, state_paths)
-    return QueueAnalysis(drain, graph, paths, static, sorted(set(truncated)), modes, mode_paths,
-                         sorted(set(unparsed)), unseen)
+    return drains[0], static, list_pack, companion
 
 
 def _callers_in_view(index: Index, func: FuncRef) -> bool:

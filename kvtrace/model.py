@@ -431,14 +431,48 @@ class SenderRecord:
     other_mode_unknown: tuple[str, ...] = ()  # SenderAnalysis.other_mode_unknown
 
 
+@dataclass(frozen=True)
+class EventRecord:
+    """A drain path's event (kvtrace.flow.Event) as data."""
+
+    kind: EventKind
+    path: str
+    line: int
+    function: str
+    detail: str
+    after_loop: bool
+
+
+@dataclass
+class PathRecord:
+    """A drain path (kvtrace.graph.QueuePath) as data."""
+
+    events: list[EventRecord]
+    outcome: Outcome
+
+
+@dataclass
+class QueueRecord:
+    """A queue's exploration done by the forked child (kvtrace.graph.explore_queue): the pack's
+    queue it is (`position`), per mode the paths per poll state, and what the exploration cut
+    short or could not parse. The parent assembles the queue's analysis from it."""
+
+    position: int
+    modes: list[dict[str, list[PathRecord]]]
+    truncated: list[str]
+    unparsed: list[str]
+
+
 @dataclass
 class SendersResult:
-    """What the forked child returns, as JSON (kvtrace.cachecodec): its senders, the problems it
-    met and what it learned about files. Data only: loading it runs no code."""
+    """What the forked child returns, as JSON (kvtrace.cachecodec): its senders, the queues it
+    explored, the problems it met and what it learned about files. Data only: loading it runs
+    no code."""
 
     senders: list[SenderRecord]
     problems: list[Problem]
     marks: list[FileMark]
+    queues: list[QueueRecord] = field(default_factory=list)
 
 
 class Consequence(TextEnum):

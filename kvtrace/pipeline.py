@@ -27,20 +27,25 @@ from kvtrace.cachecodec import decode_record, encode_record
 from kvtrace.config import Settings
 from kvtrace.errors import AmbiguousTarget, InputError
 from kvtrace.gaps import Cut, find_gaps
-from kvtrace.graph import QueueAnalysis, ScanModel, StateGraph, analyse_queue, find_enum, static_sites
+from kvtrace.flow import Event
+from kvtrace.graph import (Explored, QueueAnalysis, QueuePath, ScanModel, StateGraph, analyse_queue, explore_queue,
+                           find_enum, static_sites)
 from kvtrace.index import Index
 from kvtrace.managers import manager_facts
 from kvtrace.model import (
     Consequence,
     EventKind,
+    EventRecord,
     Evidence,
     FetchResult,
     FileMark,
     Filters,
     Finding,
     ModeInfo,
+    PathRecord,
     Problem,
     ProblemKind,
+    QueueRecord,
     QueueReport,
     Report,
     SenderRecord,
@@ -120,44 +125,62 @@ def index(parsed: Parsed, pack: Pack, target: str) -> Indexed:
 
 def graph(parsed: Parsed, indexed: Indexed, pack: Pack, beside: type[Beside] = Beside,
           parallel_min_bytes: int = 0) -> Analysed:
-    """The queues' and the senders' analyses; the senders in a forked child (`beside`) when the
-    files in scope hold at least `parallel_min_bytes`."""
+    """The queues' and the senders' analyses; the senders, and a queue the parent has not started
+    by the time they are done, in a forked child (`beside`) when the files in scope hold at least
+    `parallel_min_bytes`."""
     index, domain, root, in_scope = indexed.index, indexed.domain, parsed.root, parsed.files
     queue_names = pack.queues or (pack.queue,)
-    # The senders are analysed beside the queue (kvtrace.beside) when the work is worth a fork:
-    # the child takes them in order, the parent the ones it has not started once the queue is done.
+    # The senders are analysed beside the queues (kvtrace.beside) when the work is worth a fork.
+    # Work items: the senders (0..n-1), then the queues. The child takes the senders in order,
+    # then any queue not yet taken; the parent the queues in order, then the senders not taken.
     big = sum(len(f.data) for f in in_scope) >= parallel_min_bytes
-    claims = Claims(len(sender_classes(index, pack)))
+    first_queue = len(sender_classes(index, pack))
+    claims = Claims(first_queue + len(queue_names))
+
+    def take_queue(position: int) -> bool:
+        return claims.claim(first_queue + position)
+
     try:
-        with beside(lambda: _senders_out(index, pack, domain, root, claims.claim), big) as child:
-            queues: list[tuple[QueueAnalysis, list[Problem]]] = []
-            for name in queue_names:
-                queue_pack = pack.for_queue(name)
-                try:
-                    queues.append((analyse_queue(index, queue_pack, domain), []))
-                except RecursionError:
-                    # Pathologically nested code: say so rather than guess (the scan is marked incomplete).
-                    queues.append((QueueAnalysis(None, StateGraph(), {}, static_sites(index, queue_pack)),
-                                   [Problem(ProblemKind.TOO_DEEP, f"the drain loop of {name} is nested too deeply to analyse")]))
+        with beside(lambda: _senders_out(index, pack, domain, root, claims.claim, take_queue), big) as child:
+            queues: list[tuple[QueueAnalysis, list[Problem]] | None] = [
+                _queue(index, pack.for_queue(name), domain) if take_queue(position) else None
+                for position, name in enumerate(queue_names)]
             sender_problems: list[Problem] = []
             mine = analyse_backends(index, pack, domain, root, sender_problems, claims.claim) if child.forked else None
             from_child = child.result()
     finally:
         claims.close()
     marks: list[FileMark] = []
+    explored: dict[int, QueueRecord] = {}
     if mine is not None and from_child is not None:
         childs = decode_record(from_child, SendersResult)
         senders = _senders_in(childs, index, pack) + mine
         sender_problems.extend(childs.problems)
         marks = childs.marks  # the child's marks first: a later one (this process's) wins, as in one process
+        explored = {record.position: record for record in childs.queues}
         order = {id(c): i for i, c in enumerate(sender_classes(index, pack))}
         senders.sort(key=lambda s: order[id(s.cls)])
     else:  # one process (or the child failed: everything is done here)
         sender_problems = []
         senders = analyse_backends(index, pack, domain, root, sender_problems)
+    # A queue the child took is assembled here from its exploration (or analysed here, when the
+    # child did not send it).
+    done = [found if found is not None else
+            _queue(index, pack.for_queue(name), domain, _explored(explored[position]) if position in explored else None)
+            for position, (name, found) in enumerate(zip(queue_names, queues))]
     files = with_marks(in_scope, marks + index.marks)
     # The problems in the same order whichever process met them.
-    return Analysed(queues, senders, sorted(sender_problems, key=lambda p: p.text), files)
+    return Analysed(done, senders, sorted(sender_problems, key=lambda p: p.text), files)
+
+
+def _queue(index: Index, queue_pack: Pack, domain: Domain,
+           explored: Explored | None = None) -> tuple[QueueAnalysis, list[Problem]]:
+    try:
+        return analyse_queue(index, queue_pack, domain, explored), []
+    except RecursionError:
+        # Pathologically nested code: say so rather than guess (the scan is marked incomplete).
+        return (QueueAnalysis(None, StateGraph(), {}, static_sites(index, queue_pack)),
+                [Problem(ProblemKind.TOO_DEEP, f"the drain loop of {queue_pack.queue} is nested too deeply to analyse")])
 
 
 def _judged(pack: Pack, names: tuple[str, ...], queues: list[tuple[QueueAnalysis, list[Problem]]],
@@ -264,17 +287,42 @@ def report(fetched: FetchResult, parsed: Parsed, indexed: Indexed, analysed: Ana
     return report
 
 
-def _senders_out(index: Index, pack: Pack, domain: Domain, root: str, take: Callable[[int], bool]) -> bytes:
-    """In the child: analyse the senders it claims; send the reports, the problems met and the
-    files found not analysable (a function too deep for libcst), as JSON data, never the trees."""
+def _senders_out(index: Index, pack: Pack, domain: Domain, root: str, take: Callable[[int], bool],
+                 take_queue: Callable[[int], bool]) -> bytes:
+    """In the child: analyse the senders it claims, then explore the queues it claims; send the
+    reports, the explorations, the problems met and the files found not analysable (a function
+    too deep for libcst), as JSON data, never the trees."""
 
     problems: list[Problem] = []
     senders = analyse_backends(index, pack, domain, root, problems, take)
+    queues = []
+    for position, name in enumerate(pack.queues or (pack.queue,)):
+        if take_queue(position):
+            try:
+                explored = explore_queue(index, pack.for_queue(name), domain)
+            except RecursionError:
+                continue  # the parent analyses it, and says why it could not
+            if explored is not None:
+                queues.append(_queue_record(position, explored))
     records = [SenderRecord((s.cls.path, s.cls.line), s.backend, (s.poll.path, s.poll.line) if s.poll else None,
                             list(s.raise_sites), list(s.absent_raise_sites),
                             (s.manager.cls.path, s.manager.cls.line) if s.manager else None,
                             s.other_mode_unknown) for s in senders]
-    return encode_record(SendersResult(records, problems, index.marks))
+    return encode_record(SendersResult(records, problems, index.marks, queues))
+
+
+def _queue_record(position: int, explored: Explored) -> QueueRecord:
+    mode_paths, truncated, unparsed = explored
+    return QueueRecord(position, [
+        {state: [PathRecord([EventRecord(e.kind, e.path, e.line, e.function, e.detail, e.after_loop) for e in path.events],
+                            path.outcome) for path in paths] for state, paths in mode.items()}
+        for mode in mode_paths], truncated, unparsed)
+
+
+def _explored(record: QueueRecord) -> Explored:
+    return ([{state: [QueuePath([Event(e.kind, e.path, e.line, e.function, e.detail, e.after_loop) for e in path.events],
+                                path.outcome) for path in paths] for state, paths in mode.items()}
+             for mode in record.modes], record.truncated, record.unparsed)
 
 
 def _senders_in(result: SendersResult, index: Index, pack: Pack) -> list[SenderAnalysis]:

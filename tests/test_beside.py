@@ -113,12 +113,61 @@ print(json.dumps({{"forked": forked, "report": to_document([report])}}))
     together = json.loads(run(program))
     alone = json.loads(run(program, {"KVTRACE_NO_FORK": "1"}))
     assert together["forked"] == [True] and alone["forked"] == [False]
-    for doc in (together, alone):  # run-dependent fields, not results
+    _without_run_fields(together, alone)
+    assert together["report"] == alone["report"]
+    assert together["report"]["reports"][0]["findings"], "the example has findings to compare"
+
+
+@pytest.mark.parametrize(("version", "pack"), [("0.5.14", "sglang-decode"), ("0.5.23", "sglang-prefill")])
+def test_a_queue_the_child_explored_gives_the_report_of_one_process(version: str, pack: str, tmp_path: Path) -> None:
+    """The child, its senders done, takes a queue the parent has not started, and the parent
+    assembles that queue from what the child sends: the report (every field) is the one process's.
+    The parent's first queue waits until the child has taken one, so the child always does."""
+    from tests.sglang_wheels import sglang_tree
+
+    program = f"""
+import json, os, pathlib, time
+import kvtrace.pipeline as pipeline
+import kvtrace.scan as scan
+from kvtrace.packs import load_pack
+from kvtrace.report.json import to_document
+marker = pathlib.Path({str(tmp_path / "taken")!r})
+explore, queue, explored = pipeline.explore_queue, pipeline._queue, pipeline._explored
+def explore_queue(*args):
+    marker.write_text("taken")
+    return explore(*args)
+waited = [True] if os.environ.get("KVTRACE_NO_FORK") else []
+def first_waits(*args, **kwargs):
+    if not waited:
+        deadline = time.monotonic() + 240
+        while not marker.exists() and time.monotonic() < deadline:
+            time.sleep(0.01)
+        waited.append(marker.exists())
+    return queue(*args, **kwargs)
+assembled = []
+def from_child(record):
+    assembled.append(record.position)
+    return explored(record)
+pipeline.explore_queue, pipeline._queue, pipeline._explored = explore_queue, first_waits, from_child
+scan.PARALLEL_MIN_BYTES = 0
+report = scan.scan_path(pathlib.Path({str(sglang_tree(version))!r}), load_pack({pack!r}))
+print(json.dumps({{"waited": waited, "assembled": assembled, "report": to_document([report])}}))
+"""
+    together = json.loads(run(program))
+    alone = json.loads(run(program, {"KVTRACE_NO_FORK": "1"}))
+    assert together["waited"] == [True] and together["assembled"] == [1], together["assembled"]
+    assert alone["assembled"] == []
+    _without_run_fields(together, alone)
+    assert together["report"] == alone["report"]
+    assert together["report"]["reports"][0]["findings"], "the tree has findings to compare"
+
+
+def _without_run_fields(*docs: dict) -> None:
+    """Drop what depends on the run (when, how long), not on the results."""
+    for doc in docs:
         doc["report"].pop("generated", None)
         for r in doc["report"].get("reports", []):
             r.pop("duration_seconds", None)
-    assert together["report"] == alone["report"]
-    assert together["report"]["reports"][0]["findings"], "the example has findings to compare"
 
 
 def test_server_answers_in_another_process_and_a_failed_request_is_none() -> None:

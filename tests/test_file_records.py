@@ -124,10 +124,24 @@ def test_the_child_result_round_trips_as_json_and_refuses_anything_else() -> Non
     fetched = fetch_local(EXAMPLE)
     parsed = parse(fetched, pack, None)
     indexed = index(parsed, pack, fetched.target)
-    payload = _senders_out(indexed.index, pack, indexed.domain, parsed.root, lambda position: True)
+    payload = _senders_out(indexed.index, pack, indexed.domain, parsed.root, lambda position: True, lambda position: True)
     result = decode_record(payload, SendersResult)
     assert [r.backend.name for r in result.senders] == ["mooncake", "nixl"]
     assert encode_record(result) == payload
+    # The queue the child explored, assembled here, is the queue analysed here.
+    from kvtrace.graph import analyse_queue
+    from kvtrace.pipeline import _explored
+
+    assert [r.position for r in result.queues] == [0]
+    here = analyse_queue(indexed.index, pack, indexed.domain)
+    there = analyse_queue(indexed.index, pack, indexed.domain, _explored(result.queues[0]))
+    assert here.mode_paths and there.mode_paths == here.mode_paths and there.paths == here.paths
+    assert (there.truncated, there.unparsed, there.static_sites) == (here.truncated, here.unparsed, here.static_sites)
+    assert (there.graph.nodes, there.graph.edges) == (here.graph.nodes, here.graph.edges)
+    data = json.loads(payload)
+    data["queues"][0]["modes"][0]["Failed"][0]["outcome"] = "vanished"  # not an outcome
+    with pytest.raises(ValueError):
+        decode_record(json.dumps(data).encode(), SendersResult)
     data = json.loads(payload)
     data["senders"][0]["cls"] = ["disaggregation/nixl/conn.py", "80"]  # a line that is not a number
     with pytest.raises(CacheFormatError):
