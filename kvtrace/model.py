@@ -451,6 +451,17 @@ class PathRecord:
     outcome: Outcome
 
 
+@dataclass(frozen=True)
+class CutRecord:
+    """Where an exploration stopped (kvtrace.gaps.Cut, with its kind, where and what; or, with
+    no kind, the plain `path:line` of a path limit) as data."""
+
+    text: str
+    kind: str = ""
+    where: str = ""
+    what: str = ""
+
+
 @dataclass
 class QueueRecord:
     """A queue's exploration done by the forked child (kvtrace.graph.explore_queue): the pack's
@@ -459,7 +470,7 @@ class QueueRecord:
 
     position: int
     modes: list[dict[str, list[PathRecord]]]
-    truncated: list[str]
+    truncated: list[CutRecord]
     unparsed: list[str]
 
 

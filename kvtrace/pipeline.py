@@ -34,6 +34,7 @@ from kvtrace.index import Index
 from kvtrace.managers import manager_facts
 from kvtrace.model import (
     Consequence,
+    CutRecord,
     EventKind,
     EventRecord,
     Evidence,
@@ -316,13 +317,15 @@ def _queue_record(position: int, explored: Explored) -> QueueRecord:
     return QueueRecord(position, [
         {state: [PathRecord([EventRecord(e.kind, e.path, e.line, e.function, e.detail, e.after_loop) for e in path.events],
                             path.outcome) for path in paths] for state, paths in mode.items()}
-        for mode in mode_paths], truncated, unparsed)
+        for mode in mode_paths], [CutRecord(t, t.kind, t.where, t.what) if isinstance(t, Cut) else CutRecord(t) for t in truncated],
+        unparsed)
 
 
 def _explored(record: QueueRecord) -> Explored:
     return ([{state: [QueuePath([Event(e.kind, e.path, e.line, e.function, e.detail, e.after_loop) for e in path.events],
                                 path.outcome) for path in paths] for state, paths in mode.items()}
-             for mode in record.modes], record.truncated, record.unparsed)
+             for mode in record.modes], [Cut(t.kind, t.where, t.what) if t.kind else t.text for t in record.truncated],
+            record.unparsed)
 
 
 def _senders_in(result: SendersResult, index: Index, pack: Pack) -> list[SenderAnalysis]:

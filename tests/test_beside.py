@@ -118,8 +118,14 @@ print(json.dumps({{"forked": forked, "report": to_document([report])}}))
     assert together["report"]["reports"][0]["findings"], "the example has findings to compare"
 
 
-@pytest.mark.parametrize(("version", "pack"), [("0.5.14", "sglang-decode"), ("0.5.23", "sglang-prefill")])
-def test_a_queue_the_child_explored_gives_the_report_of_one_process(version: str, pack: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize(("version", "pack", "steps"), [
+    ("0.5.14", "sglang-decode", None), ("0.5.23", "sglang-prefill", None),
+    # A work budget small enough to cut the explorations short: where each stopped, and why,
+    # crosses from the child as it is (a Cut, not its text alone).
+    ("0.5.14", "sglang-decode", 300),
+])
+def test_a_queue_the_child_explored_gives_the_report_of_one_process(version: str, pack: str, steps: int | None,
+                                                                     tmp_path: Path) -> None:
     """The child, its senders done, takes a queue the parent has not started, and the parent
     assembles that queue from what the child sends: the report (every field) is the one process's.
     The parent's first queue waits until the child has taken one, so the child always does."""
@@ -127,6 +133,8 @@ def test_a_queue_the_child_explored_gives_the_report_of_one_process(version: str
 
     program = f"""
 import json, os, pathlib, time
+import kvtrace.flow
+kvtrace.flow.MAX_STEPS = {steps or 2_000_000}
 import kvtrace.pipeline as pipeline
 import kvtrace.scan as scan
 from kvtrace.packs import load_pack
@@ -160,6 +168,7 @@ print(json.dumps({{"waited": waited, "assembled": assembled, "report": to_docume
     _without_run_fields(together, alone)
     assert together["report"] == alone["report"]
     assert together["report"]["reports"][0]["findings"], "the tree has findings to compare"
+    assert ("analysis cut short" in json.dumps(together["report"])) == bool(steps)
 
 
 def _without_run_fields(*docs: dict) -> None:
