@@ -365,7 +365,8 @@ def _env_read(report: Report, path: str, line: int, expression: ast.expr) -> Env
             declared = _declaration(report, path, registry, node.attr)
             default, where = declared if declared is not None else (None, None)
             module = _imported_from(_source_lines(report, path), registry) if declared is None else None
-            unread = module.replace(".", "/") + ".py" if module and _module_on_disk(report, module) is None else None
+            module = _absolute(module, path) if module is not None else None
+            unread = _as_file(module) if module and _module_on_disk(report, module) is None else None
             return EnvSetting(node.attr, default, Evidence(path, line, f"reads {registry}.{node.attr}"), where, unread)
     return None
 
@@ -377,6 +378,7 @@ def _declaration(report: Report, path: str, registry: str, variable: str) -> tup
     # cached text report's time).
     candidates: list[tuple[str, list[str]]] = [(f.path, f.lines) for f in report.files if variable in (f.text or "")]
     module = _imported_from(_source_lines(report, path), registry)
+    module = _absolute(module, path) if module is not None else None
     if module is not None:
         on_disk = _module_on_disk(report, module)
         if on_disk is not None:
@@ -391,6 +393,24 @@ def _declaration(report: Report, path: str, registry: str, variable: str) -> tup
                 default = _literal(expression.args[0])
                 return default, Evidence(where, number, f"declares {variable}" + (f", default {default}" if default else ""))
     return None
+
+
+def _absolute(module: str, importer: str) -> str | None:
+    """A relative import's module as the path (relative to the target) of the file it names,
+    from the importing file's path (`..envs` in a/b/c.py is a/envs.py); a dotted name as it is;
+    None when the dots climb above the target."""
+    if not module.startswith("."):
+        return module
+    rest = module.lstrip(".")
+    folder = importer.split("/")[:-1]
+    up = len(module) - len(rest) - 1
+    if up > len(folder) or not rest:
+        return None
+    return "/".join(folder[: len(folder) - up] + rest.split(".")) + ".py"
+
+
+def _as_file(module: str) -> str:
+    return module if module.endswith(".py") else module.replace(".", "/") + ".py"
 
 
 def _imported_from(lines: list[str], name: str) -> str | None:

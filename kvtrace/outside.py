@@ -38,7 +38,9 @@ def read_bounded(path: Path, limit: int = SMALL) -> bytes | None:
 
 def module_beside(target_text: str, root: str, module: str) -> tuple[str, list[str]] | None:
     """(its path as the report shows it, its lines) of `module` beside the package found at `root`
-    (relative to the target), or None: the report path is relative to the target, as the others."""
+    (relative to the target), or None: the report path is relative to the target, as the others.
+    `module` is dotted (`sglang.srt.environ`), or a file's path relative to the target (`x/y.py`,
+    where a relative import leads) that is read only inside the target."""
     found = _module_beside(target_text, root, module)
     OUTSIDE_READS[(target_text, root, module)] = found
     return found
@@ -54,12 +56,20 @@ def _module_beside(target_text: str, root: str, module: str) -> tuple[str, list[
     if not isinstance(target, LocalTarget):
         return None
     base = target.path.resolve()
+    if module.endswith(".py"):
+        candidate = (base / module).resolve()
+        data = read_bounded(candidate, MAX_MODULE) if candidate.is_relative_to(base) else None
+        return (_shown(candidate, base), data.decode("utf-8", "replace").splitlines()) if data is not None else None
     package = (base / root).resolve() if root else base
     parts = module.split(".")
+    if not all(parts):  # not a dotted name
+        return None
     # The package's top folder is at or above the package kvtrace found: the folder named like the
     # module's package, or the one holding the module's next folder on the way down to the scanned
     # package (a copy of `sglang` under another name, as versions/sglang-0.5.23/ is: its files
     # import `sglang.srt...`, and srt/ sits in it).
+    # Once the scanned package's own top is found, the module is there or nowhere: another
+    # package's copy (versions/sglang/ beside versions/sglang-0.5.23/) is not its module.
     for top in [package, *package.parents][:10]:
         inside = len(parts) > 1 and package.is_relative_to(top / parts[1])
         if top.name != parts[0] and not inside:
@@ -68,6 +78,8 @@ def _module_beside(target_text: str, root: str, module: str) -> tuple[str, list[
         data = read_bounded(candidate, MAX_MODULE)
         if data is not None:
             return _shown(candidate, base), data.decode("utf-8", "replace").splitlines()
+        if inside:
+            return None
     if (base / parts[0]).is_dir():
         candidate = (base / parts[0]).joinpath(*parts[1:]).with_suffix(".py")
         data = read_bounded(candidate, MAX_MODULE)

@@ -137,3 +137,39 @@ def test_a_sender_without_a_concrete_abort_is_said_to_have_none(tmp_path: Path) 
     ignored = [f for f in report.findings if f.rule == "abort-ignored" and f.backend == "nixl"]
     assert len(ignored) == 1 and "cannot be aborted: abort() is abstract in every class " \
         f"{nixl.sender} inherits" in ignored[0].message, [f.message for f in ignored]
+
+
+def test_a_relative_import_names_a_file_inside_the_target_never_one_above_it(tmp_path: Path) -> None:
+    """Before: `from ..envs import envs` gave the module "..envs", which the lookup of a module
+    beside the package split into empty parts: every folder above the target matched, and the
+    first envs.py found there (outside the scanned tree) was cited as the timeout's default. A
+    relative import names a file by the importing file's place, and only one inside the target
+    is read."""
+    from kvtrace.freeing import _absolute
+    from kvtrace.outside import module_beside
+
+    (tmp_path / "envs.py").write_text("SGLANG_X = EnvInt(1)\n")  # above the target: never read
+    target = tmp_path / "proj"
+    (target / "pkg" / "disagg").mkdir(parents=True)
+    assert module_beside(str(target), "pkg/disagg", "..envs") is None
+    assert _absolute("..envs", "pkg/disagg/conn.py") == "pkg/envs.py"
+    assert _absolute("...envs", "pkg/disagg/conn.py") == "envs.py"
+    assert _absolute("....envs", "pkg/disagg/conn.py") is None  # above the target
+    assert module_beside(str(target), "pkg/disagg", "pkg/envs.py") is None  # not there
+    (target / "pkg" / "envs.py").write_text("SGLANG_X = EnvInt(2)\n")
+    assert module_beside(str(target), "pkg/disagg", "pkg/envs.py") == ("pkg/envs.py", ["SGLANG_X = EnvInt(2)"])
+    assert module_beside(str(target), "pkg/disagg", "../envs.py") is None  # outside the target
+
+
+def test_a_package_without_the_module_never_reads_another_packages_copy(tmp_path: Path) -> None:
+    """versions/sglang/ and versions/sglang-0.5.x/ side by side (--all): the second package has
+    no srt/environ.py, and the lookup must not take the first package's."""
+    from kvtrace.outside import module_beside
+
+    versions = tmp_path / "versions"
+    for name in ("sglang", "sglang-0.5.x"):
+        (versions / name / "srt" / "disaggregation").mkdir(parents=True)
+    (versions / "sglang" / "srt" / "environ.py").write_text("SGLANG_X = EnvInt(1)\n")
+    assert module_beside(str(versions), "sglang-0.5.x/srt/disaggregation", "sglang.srt.environ") is None
+    assert module_beside(str(versions), "sglang/srt/disaggregation", "sglang.srt.environ") == (
+        "sglang/srt/environ.py", ["SGLANG_X = EnvInt(1)"])
