@@ -364,8 +364,7 @@ def _env_read(report: Report, path: str, line: int, expression: ast.expr) -> Env
             registry = node.value.id
             declared = _declaration(report, path, registry, node.attr)
             default, where = declared if declared is not None else (None, None)
-            module = _imported_from(_source_lines(report, path), registry) if declared is None else None
-            module = _absolute(module, path) if module is not None else None
+            module = _registry_module(report, path, registry) if declared is None else None
             unread = _as_file(module) if module and _module_on_disk(report, module) is None else None
             return EnvSetting(node.attr, default, Evidence(path, line, f"reads {registry}.{node.attr}"), where, unread)
     return None
@@ -377,8 +376,7 @@ def _declaration(report: Report, path: str, registry: str, variable: str) -> tup
     # Only files that hold the name can declare it (splitting every file into lines was most of a
     # cached text report's time).
     candidates: list[tuple[str, list[str]]] = [(f.path, f.lines) for f in report.files if variable in (f.text or "")]
-    module = _imported_from(_source_lines(report, path), registry)
-    module = _absolute(module, path) if module is not None else None
+    module = _registry_module(report, path, registry)
     if module is not None:
         on_disk = _module_on_disk(report, module)
         if on_disk is not None:
@@ -393,6 +391,13 @@ def _declaration(report: Report, path: str, registry: str, variable: str) -> tup
                 default = _literal(expression.args[0])
                 return default, Evidence(where, number, f"declares {variable}" + (f", default {default}" if default else ""))
     return None
+
+
+def _registry_module(report: Report, path: str, registry: str) -> str | None:
+    """The module the file at `path` imports `registry` from: dotted, or the file a relative
+    import names (see _absolute)."""
+    module = _imported_from(_source_lines(report, path), registry)
+    return _absolute(module, path) if module is not None else None
 
 
 def _absolute(module: str, importer: str) -> str | None:

@@ -797,10 +797,8 @@ def analyse_queue(index: Index, pack: Pack, domain: Domain, explored: Explored |
     drain, static, list_pack, companion = planned
     unseen: list[str] = []
     modes, truncated = find_modes(index, drain.func, domain, unseen)
-    guards = frozenset(name for mode in modes for name, _ in mode.bindings)
     if explored is None:
-        mode_paths = [_explore_mode(index, list_pack, domain, drain, dict(mode.bindings), guards, truncated, unparsed,
-                                    companion) for mode in modes]
+        mode_paths = _explore_modes(index, list_pack, domain, drain, modes, truncated, unparsed, companion)
     else:
         mode_paths = explored[0]
         truncated += explored[1]
@@ -827,12 +825,16 @@ def explore_queue(index: Index, pack: Pack, domain: Domain) -> Explored | None:
         return None
     drain, _static, list_pack, companion = planned
     modes, _truncated = find_modes(index, drain.func, domain, [])
-    guards = frozenset(name for mode in modes for name, _ in mode.bindings)
     truncated: list[str] = []
     unparsed: list[str] = []
-    mode_paths = [_explore_mode(index, list_pack, domain, drain, dict(mode.bindings), guards, truncated, unparsed,
-                                companion) for mode in modes]
-    return mode_paths, truncated, unparsed
+    return _explore_modes(index, list_pack, domain, drain, modes, truncated, unparsed, companion), truncated, unparsed
+
+
+def _explore_modes(index: Index, list_pack: Pack, domain: Domain, drain: Drain, modes: list[Mode], truncated: list[str],
+                   unparsed: list[str], companion: Companion | None) -> list[dict[str, list[QueuePath]]]:
+    guards = frozenset(name for mode in modes for name, _ in mode.bindings)
+    return [_explore_mode(index, list_pack, domain, drain, dict(mode.bindings), guards, truncated, unparsed, companion)
+            for mode in modes]
 
 
 def _plan(index: Index, pack: Pack, unparsed: list[str]) -> tuple[Drain, list[Site], Pack, Companion | None] | QueueAnalysis:

@@ -58,8 +58,7 @@ def _module_beside(target_text: str, root: str, module: str) -> tuple[str, list[
     base = target.path.resolve()
     if module.endswith(".py"):
         candidate = (base / module).resolve()
-        data = read_bounded(candidate, MAX_MODULE) if candidate.is_relative_to(base) else None
-        return (_shown(candidate, base), data.decode("utf-8", "replace").splitlines()) if data is not None else None
+        return _read(candidate, base) if candidate.is_relative_to(base) else None
     package = (base / root).resolve() if root else base
     parts = module.split(".")
     if not all(parts):  # not a dotted name
@@ -74,22 +73,22 @@ def _module_beside(target_text: str, root: str, module: str) -> tuple[str, list[
         inside = len(parts) > 1 and package.is_relative_to(top / parts[1])
         if top.name != parts[0] and not inside:
             continue
-        candidate = top.joinpath(*parts[1:]).with_suffix(".py")
-        data = read_bounded(candidate, MAX_MODULE)
-        if data is not None:
-            return _shown(candidate, base), data.decode("utf-8", "replace").splitlines()
-        if inside:
-            return None
+        found = _read(top.joinpath(*parts[1:]).with_suffix(".py"), base)
+        if found is not None or inside:
+            return found
     if (base / parts[0]).is_dir():
-        candidate = (base / parts[0]).joinpath(*parts[1:]).with_suffix(".py")
-        data = read_bounded(candidate, MAX_MODULE)
-        if data is not None:
-            return _shown(candidate, base), data.decode("utf-8", "replace").splitlines()
+        return _read((base / parts[0]).joinpath(*parts[1:]).with_suffix(".py"), base)
     return None
 
 
-def _shown(path: Path, base: Path) -> str:
+def _read(path: Path, base: Path) -> tuple[str, list[str]] | None:
+    """The file's path as the report shows it (relative to the target when inside it) and its
+    lines, or None when it cannot be read."""
+    data = read_bounded(path, MAX_MODULE)
+    if data is None:
+        return None
     try:
-        return path.relative_to(base).as_posix()
+        shown = path.relative_to(base).as_posix()
     except ValueError:
-        return str(path)
+        shown = str(path)
+    return shown, data.decode("utf-8", "replace").splitlines()
