@@ -100,27 +100,45 @@ class Beside:
 class Claims:
     """Work items 0..n-1 shared by a parent and its forked child: `claim(i)` is True for exactly
     one of them, whichever asks first, so each takes what the other has not started. One byte
-    per item in memory both see (an anonymous shared mapping made before the fork), guarded by a
-    pipe holding one token (reading a byte from a pipe is atomic: one process gets it)."""
+    per item in a memory file both see (made before the fork), guarded by a POSIX record lock on
+    that file: the kernel grants it to one process at a time and takes it back from a process
+    that dies holding it, so a child killed mid-claim (the OOM killer) never blocks the parent."""
 
     def __init__(self, count: int):
-        self._taken = mmap.mmap(-1, max(count, 1))
-        self._lock_read, self._lock_write = os.pipe()
-        os.write(self._lock_write, b"t")
+        size = max(count, 1)
+        # Only Linux forks a child (can_fork); elsewhere one process claims alone, unlocked.
+        self._file = os.memfd_create("kvtrace-claims", os.MFD_CLOEXEC) if hasattr(os, "memfd_create") else None
+        if self._file is None:
+            self._taken = mmap.mmap(-1, size)
+        else:
+            os.ftruncate(self._file, size)
+            self._taken = mmap.mmap(self._file, size)
 
     def claim(self, item: int) -> bool:
-        os.read(self._lock_read, 1)
+        self._lock()
         try:
             won = self._taken[item] == 0
             self._taken[item] = 1
         finally:
-            os.write(self._lock_write, b"t")
+            self._unlock()
         return won
 
+    def _lock(self) -> None:
+        if self._file is not None:
+            import fcntl  # POSIX only, like the fork it guards against
+
+            fcntl.lockf(self._file, fcntl.LOCK_EX)
+
+    def _unlock(self) -> None:
+        if self._file is not None:
+            import fcntl
+
+            fcntl.lockf(self._file, fcntl.LOCK_UN)
+
     def close(self) -> None:
-        os.close(self._lock_read)
-        os.close(self._lock_write)
         self._taken.close()
+        if self._file is not None:
+            os.close(self._file)
 
 
 class Server:

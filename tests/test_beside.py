@@ -70,6 +70,25 @@ print(len(mine) + len(theirs), len(set(mine) | set(theirs)), 0 in theirs)
     assert out.split() == ["400", "400", "True"]
 
 
+def test_a_child_killed_while_claiming_never_blocks_the_parent() -> None:
+    """A child the kernel kills (the OOM killer) between taking the claims' lock and giving it
+    back: the parent still claims, at once, what the child had not taken."""
+    out = run("""
+import os, signal
+from kvtrace.beside import Claims
+claims = Claims(2)
+pid = os.fork()
+if pid == 0:
+    claims._lock()  # held, never released: the process dies here
+    os.kill(os.getpid(), signal.SIGKILL)
+os.waitpid(pid, 0)
+signal.alarm(10)  # a claim that blocks ends the process (and the test) here
+print(claims.claim(0), claims.claim(0), claims.claim(1))
+claims.close()
+""")
+    assert out.split() == ["True", "False", "True"]
+
+
 def test_leaving_early_ends_the_child() -> None:
     out = run("""
 import os, time
