@@ -516,8 +516,9 @@ def test_all_names_each_package_in_its_short_answer(tmp_path: Path) -> None:
                             capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "80"})
     assert result.returncode == 1, result.stderr
     headings = [line for line in result.stdout.splitlines() if line.startswith("In short")]
-    assert headings == ["In short (as at the top): versions (package sglang-0.5.23/disaggregation)",
-                        "In short (as at the top): versions (package sglang-0.5.9/disaggregation)"], headings
+    # In version order, as a person lists releases (before: as strings, 0.5.23 first).
+    assert headings == ["In short (as at the top): versions (package sglang-0.5.9/disaggregation)",
+                        "In short (as at the top): versions (package sglang-0.5.23/disaggregation)"], headings
 
 
 def test_role_all_at_80_by_50_both_roles_answers_are_on_the_end_screen() -> None:

@@ -81,9 +81,16 @@ def named_folders(paths: list[str], package_dir: str, target: str) -> set[str]:
 
 
 def outermost(named: set[str], defining: list[str]) -> list[str]:
-    """The named folders that hold a defining file, without those inside another one; sorted."""
-    candidates = sorted(d for d in named if any(inside(p, d) for p in defining))
+    """The named folders that hold a defining file, without those inside another one; in
+    version order (`sglang-0.5.9/` before `sglang-0.5.23/`), as a person lists releases."""
+    candidates = sorted((d for d in named if any(inside(p, d) for p in defining)), key=_in_version_order)
     return [d for d in candidates if not any(o != d and inside(d, o) for o in candidates)]
+
+
+def _in_version_order(path: str) -> list[str | int]:
+    """Runs of digits compared as numbers: the parts alternate text and number, so any two keys
+    compare part by part as the same type."""
+    return [int(part) if index % 2 else part for index, part in enumerate(re.split(r"(\d+)", path))]
 
 
 def defining_files(files: list[SourceFile], wanted: Wanted) -> list[str]:
