@@ -336,7 +336,8 @@ def _by_queue(items: Iterable[T], queue_of: Callable[[T], str]) -> list[tuple[st
 
 def fold(row: str, width: int) -> str:
     """A row wrapped at spaces to `width`, each continuation indented two more than the row; a
-    word wider than the line stays whole on its own line (a path is never cut)."""
+    word too wide for that is indented less, as far as it then fits, and one wider than the
+    line stays whole on its own line (a path or a name is never cut)."""
     if len(row) <= width:
         return row
     lead = row[: len(row) - len(row.lstrip(" "))]
@@ -345,7 +346,7 @@ def fold(row: str, width: int) -> str:
     for gap, word in re.findall(r"( *)(\S+)", row[len(lead):]):
         if line.strip() and len(line) + len(gap) + len(word) > width:
             lines.append(line)
-            line = lead + "  " + word
+            line = " " * max(0, min(len(lead) + 2, width - len(word))) + word
         else:
             line += gap + word
     lines.append(line)

@@ -402,8 +402,9 @@ def test_diff_text_folds_to_the_terminal_width(repo: Path) -> None:
     assert wide.returncode == narrow.returncode == 1, narrow.stderr
     assert max(len(row) for row in wide.stdout.splitlines()) > 80
     rows = narrow.stdout.splitlines()
-    # Wider only where one word is (a qualified name of 74 characters under its indent).
-    assert all(len(row) <= 80 or len(row.split()) == 1 for row in rows), [row for row in rows if len(row) > 80]
+    # A word that fits the line is never past it: under its indent, or indented less (a qualified
+    # name of 74 characters, 84 with its indent, was past it before).
+    assert all(len(row) <= 80 for row in rows), [row for row in rows if len(row) > 80]
     # The same words in the same order: each path:line of the wide text is whole in the narrow one.
     assert narrow.stdout.split() == wide.stdout.split()
     # Paths open from the checkout's root, where the command ran (the revisions' files are there).
@@ -411,4 +412,6 @@ def test_diff_text_folds_to_the_terminal_width(repo: Path) -> None:
     assert places and all((repo / word.split(":")[0]).is_file() for word in places)
     # A continuation hangs under its row; a word wider than the line is kept whole.
     assert fold("  + a b c", 5) == "  + a\n    b\n    c"
-    assert fold("x " + "p" * 12 + " y", 6) == "x\n  " + "p" * 12 + "\n  y"
+    assert fold("x " + "p" * 12 + " y", 6) == "x\n" + "p" * 12 + "\n  y"
+    # A word that fits the line only indented less is indented less, as far as it then fits.
+    assert fold("    a " + "q" * 9, 12) == "    a\n   " + "q" * 9
