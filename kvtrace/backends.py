@@ -164,6 +164,7 @@ def analyse_sender(index: Index, pack: Pack, domain: Domain, cls: ClassInfo, roo
         timeouts=timeouts,
         notes=notes,
         has_abort=concrete_abort is not None,
+        abort_writes=tuple(sorted(abort_writes.values(), key=lambda e: (e.path, e.line))),
         returns_unknown=list(dict.fromkeys(unknown + unreadable_stores)),
         manager=manager.ref if manager else None,
         verdicts={s: verdicts[s] for s in sorted(verdicts, key=by_member)},

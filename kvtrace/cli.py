@@ -243,7 +243,8 @@ def scan(
         help="Markdown: summary (the answer, what fails with its code and diagram, the rest folded, under "
              "60,000 characters) or full (every diagram and table, no size bound).")] = Detail.summary,
     sarif_root: Annotated[Optional[Path], typer.Option("--sarif-root", metavar="DIR",
-        help="SARIF: make file locations relative to DIR (default: the current directory).")] = None,
+        help="SARIF: make file locations relative to DIR (default: the current directory); a target "
+             "outside DIR keeps them relative to the target folder.")] = None,
     identity: Annotated[Optional[list[str]], typer.Option("--identity", "-i", metavar="KEY",
         help="SSH private key (repeatable).")] = None,
     ssh_config: Annotated[Optional[str], typer.Option("--ssh-config", metavar="FILE",
@@ -673,9 +674,10 @@ def report_gaps(reports: list[Report], quiet: bool) -> None:
 def gap_line(gap, places=None) -> str:
     """One thing not analysed; with `places` (kvtrace.report.places) its paths open from here."""
     shown = places.path if places is not None else str
-    reason = places.text(gap.reason) if places is not None else gap.reason
     if gap.kind == "file":
-        return f"{shown(gap.subject)} not analysed ({reason})"
+        why = places.text(gap.why) if places is not None else gap.why
+        return f"{shown(gap.subject)}{'' if gap.line is None else f':{gap.line}'} not analysed ({why})"
+    reason = places.text(gap.reason) if places is not None else gap.reason
     if gap.kind == "backend":
         return f"backend {gap.subject} {reason}"
     return reason

@@ -96,14 +96,17 @@ def what_frees(report: Report, backend: Backend, abort_method: str = "abort") ->
             else:
                 default = f", default {setting.default}" if setting.default is not None else \
                     f", default unknown: it is declared in {setting.unread}, which was not found at, above or " \
-                    "just below the scanned folder (not analysed)" if setting.unread else ", default not found"
+                    "just below the scanned folder" if setting.unread else ", default not found"
                 parts.append(f"a timeout frees it: {setting.variable}{default} (checked at {t.path}:{t.line})")
                 evidence.append(setting.read_at)
                 if setting.declared_at is not None:
                     evidence.append(setting.declared_at)
             evidence.append(Evidence(t.path, t.line, f"timeout check covering {state}"))
         if abort_frees and not callers and not timeouts and verdict.way_out is not WayOut.NONE:
-            parts.append("no timeout covers it either, so the request stays until the server restarts")
+            # With the scheduler out of view, an abort there is not ruled out (the grid's note).
+            parts.append("no timeout covers it either, so unless code outside the scanned folder aborts it, the request "
+                         "stays until the server restarts" if _scope_hint(report) else
+                         "no timeout covers it either, so the request stays until the server restarts")
         if verdict.way_out is WayOut.NONE:
             if not callers:
                 why = (f"abort() does not end it (nothing in the scanned code calls {abort_method}() for a "

@@ -5,6 +5,7 @@ makes the report INCOMPLETE in every format and the exit code 3."""
 from __future__ import annotations
 
 import ast
+import re
 from typing import TYPE_CHECKING
 
 from kvtrace.managers import folder_below
@@ -56,8 +57,14 @@ def file_reason(f: SourceFile) -> str:
     return f"{status}: {f.error}" if f.error else status
 
 
+def error_line(f: SourceFile) -> int | None:
+    """The line a file's error names (kvtrace.parse writes a syntax error as `line N: ...`)."""
+    found = re.match(r"line (\d+): ", f.error or "") if f.status == "syntax-error" else None
+    return int(found.group(1)) if found else None
+
+
 def find_gaps(report: Report, enum_path: str | None = None, index: Index | None = None) -> list[Gap]:
-    gaps = [Gap(GapKind.FILE, f.path, file_reason(f)) for f in report.files if f.status != "ok"]
+    gaps = [Gap(GapKind.FILE, f.path, file_reason(f), line=error_line(f)) for f in report.files if f.status != "ok"]
     checked = {b.name for b in report.backends}
     enum_folder = folder_below(enum_path, report.root) if enum_path else None
     missed: dict[str, list[SourceFile]] = {}

@@ -412,6 +412,8 @@ class Backend:
     # A concrete abort() in the sender's MRO: without one, a scheduler's abort() call is skipped
     # (`hasattr`), fails, or reaches an abstract method, and never the sender's poll().
     has_abort: bool = True
+    # Where abort() (or a method it calls) writes each attribute of abort_state, in line order.
+    abort_writes: tuple[Evidence, ...] = ()
 
     def way_out(self, state: str) -> StateVerdict | None:
         return self.verdicts.get(state)
@@ -581,6 +583,17 @@ class Gap:
     reason: str
     partial: bool = False  # a backend gap: checked, but without what `reason` names (else not checked at all)
     problem: ProblemKind | None = None  # an analysis gap: what kind of problem it is
+    line: int | None = None  # a file gap at a line of it (a syntax error's), which `reason` also says
+
+    @property
+    def place(self) -> str:
+        """The subject as a person opens it: `path:line` for a file gap at a line."""
+        return f"{self.subject}:{self.line}" if self.line is not None else self.subject
+
+    @property
+    def why(self) -> str:
+        """The reason without the line `place` already gives."""
+        return self.reason.replace(f"line {self.line}: ", "", 1) if self.line is not None else self.reason
 
 
 @dataclass(frozen=True)

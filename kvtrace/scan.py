@@ -74,7 +74,12 @@ def _no_package_message(files: list[SourceFile], pack: Pack, target: str, named:
 
 
 def _status_reason(f: SourceFile) -> str:
-    return f"{f.status}: {f.error}" if f.error else f.status
+    """`path:line: syntax error: ...` (the line a person opens), else `path: <why>`."""
+    from kvtrace.gaps import error_line, file_reason
+
+    line = error_line(f)
+    reason = file_reason(f)
+    return f"{f.path}: {reason}" if line is None else f"{f.path}:{line}: {reason.replace(f'line {line}: ', '', 1)}"
 
 
 def locate_package(files: list[SourceFile], pack: Pack, target: str) -> str:
@@ -162,7 +167,7 @@ def scan_fetched(fetched: FetchResult, pack: Pack | None = None, settings: Setti
 def _enum_unreadable_message(target: str, pack: Pack, files: list[SourceFile]) -> str:
     enum_def = re.compile(rf"^\s*class\s+{re.escape(pack.enum)}\b", re.MULTILINE)
     where = [f for f in files if enum_def.search(f.text or "")]
-    detail = "; ".join(f"{f.path}: {_status_reason(f)}" for f in where if f.status != "ok")
+    detail = "; ".join(_status_reason(f) for f in where if f.status != "ok")
     return f"{target}: `class {pack.enum}` could not be read" + (f" ({detail})" if detail else " (it has no members)")
 
 

@@ -65,9 +65,10 @@ class AbortIgnored(Rule):
                 continue  # abort() reaches poll() another way (a Failed in the manager's table) for every state
             abort = ctx.index.find_method(analysis.cls, ctx.pack.abort_method)
             evidence = [Evidence(b.path, b.line, f"class {b.sender} (backend {b.name})")]
-            if abort is not None:
-                evidence.append(Evidence(abort.path, abort.line, f"{ctx.pack.abort_method}() writes "
-                                         f"{b.abort_state or 'nothing poll() could read'}"))
+            if b.abort_writes:  # each write at its own line, in abort() or a method it calls
+                evidence.extend(b.abort_writes)
+            elif abort is not None:
+                evidence.append(Evidence(abort.path, abort.line, f"{ctx.pack.abort_method}() writes nothing poll() could read"))
             inherited = f" (inherited from {b.poll.inherited_from})" if b.poll.inherited_from else ""
             read = "never reads it" if abort is not None else f"reads no abort state (there is no {ctx.pack.abort_method}())"
             evidence.append(Evidence(b.poll.path, b.poll.line, f"{b.sender}.poll(){inherited} {read}"))

@@ -421,7 +421,7 @@ def test_a_default_declared_outside_the_scanned_folder_says_so(tmp_path: Path) -
     mooncake = next(b for b in report.backends if b.name == "mooncake")
     boot = next(f for f in what_frees(report, mooncake) if f.state == "Bootstrapping")
     assert ("SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, default unknown: it is declared in sglang/srt/environ.py, "
-            "which was not found at, above or just below the scanned folder (not analysed)") in boot.text, boot.text
+            "which was not found at, above or just below the scanned folder (checked at ") in boot.text, boot.text
     assert "default not found" not in boot.text
     _with_environ(site, "0.5.14")  # with the file, its default
     report = scan_path(site / "sglang")

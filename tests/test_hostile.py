@@ -463,7 +463,9 @@ def test_a_queue_whose_drain_file_cannot_be_read_is_a_gap_not_an_error(tmp_path:
     assert "error" not in {f["severity"] for f in report["findings"]}
     assert "self.disagg_prefill_bootstrap_queue is filled but not drained in the analysed files (files not " \
            "analysed:" in result.stderr, result.stderr
-    assert "disaggregation/prefill.py not analysed" in result.stderr, result.stderr
+    # At the line a syntax error is at (which a person opens), the file alone when not UTF-8.
+    at = ":1" if broken.startswith(b"def") else ""
+    assert f"disaggregation/prefill.py{at} not analysed" in result.stderr, result.stderr
 
 
 def test_an_incomplete_scan_with_errors_says_both_on_stderr(tree: Path, tmp_path: Path) -> None:
@@ -473,7 +475,7 @@ def test_an_incomplete_scan_with_errors_says_both_on_stderr(tree: Path, tmp_path
     out = tmp_path / "out.json"
     result = kvtrace("scan", str(tree), "-f", "json", "-o", str(out))
     assert result.returncode == 3, result.stderr
-    assert "broken.py not analysed (syntax error" in result.stderr, result.stderr
+    assert "broken.py:1 not analysed (syntax error: invalid syntax)" in result.stderr, result.stderr
     assert f"kvtrace: {tree}: failed: 2 errors (--fail-on error, the default); also 5 warnings, 7 notes; " \
            "exit 3 (INCOMPLETE)" in result.stderr, result.stderr
     assert json.loads(out.read_text())["reports"][0]["complete"] is False

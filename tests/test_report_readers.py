@@ -91,8 +91,8 @@ def test_incomplete_lines_on_stderr_open_from_the_working_directory(tmp_path: Pa
     assert result.returncode == 3
     lines = [line for line in result.stderr.splitlines() if line.startswith("kvtrace: incomplete: ")]
     assert lines and all("proj/srt/disaggregation/nixl/extra.py" in line for line in lines), result.stderr
-    shown = re.search(r"(\S+\.py) not analysed", lines[0]).group(1)
-    assert (tmp_path / shown).is_file()
+    shown, line = re.search(r"(\S+\.py):(\d+) not analysed", lines[0]).groups()  # the syntax error's line
+    assert (tmp_path / shown).is_file() and line == "1"
 
 
 @pytest.mark.parametrize("fmt", ["json", "sarif", "text"])
@@ -126,3 +126,45 @@ def test_an_error_is_never_told_under_a_warning_heading_on_0_5_9() -> None:
     at_576 = sorted((g.severity.value, tuple(g.states)) for g in groups
                     if g.rule == "state-crash" and g.path.endswith("prefill.py") and g.line == 576)
     assert at_576 == [("error", ("WaitingForInput", "Transferring")), ("warning", ("Bootstrapping",))]
+
+
+def test_abort_ignored_cites_the_line_that_writes_the_abort_state() -> None:
+    """Before (a new user's trial): `nixl/conn.py:100  abort() writes conclude_state`, the line of
+    `def abort`; the write is two lines down. Each write is cited at its own line, which holds it."""
+    report = scan_path(EXAMPLES / "nixl-pin")
+    ignored = [f for f in report.findings if f.rule == "abort-ignored"]
+    assert ignored
+    for finding in ignored:
+        writes = [e for e in finding.evidence if " writes self." in e.note]
+        assert writes, finding.evidence
+        for e in writes:
+            attr = e.note.rsplit("self.", 1)[1]
+            code = (EXAMPLES / "nixl-pin" / e.path).read_text().splitlines()[e.line - 1]
+            assert re.match(rf"\s*self\.{attr}\s*=", code), (e, code)
+    nixl = next(f for f in ignored if f.backend == "nixl")
+    assert ("disaggregation/nixl/conn.py", 102) in [(e.path, e.line) for e in nixl.evidence]
+
+
+def test_a_syntax_error_is_cited_at_its_line_in_every_format(tmp_path: Path) -> None:
+    """Before: a file that does not parse was named without its line (`extra.py syntax error: line 2:
+    ...` in text, `startLine` 1 in SARIF, no `line=` in a GitHub annotation): a reader had to search
+    for it. Now `path:line` everywhere a person or a code-scanning UI opens it."""
+    tree = tmp_path / "srt"
+    shutil.copytree(EXAMPLES / "nixl-pin", tree)
+    (tree / "disaggregation" / "nixl" / "extra.py").write_text("x = 1\ndef broken(:\n")
+    place = "srt/disaggregation/nixl/extra.py:2"
+    text = kvtrace("scan", "srt", "--no-map", cwd=tmp_path, columns="200")
+    assert text.returncode == 3 and f"{place} syntax error: invalid syntax" in text.stdout, text.stdout
+    assert f"kvtrace: incomplete: srt: {place} not analysed (syntax error: invalid syntax)" in text.stderr
+    sarif = json.loads(kvtrace("scan", "srt", "-f", "sarif", cwd=tmp_path).stdout)
+    notes = [n for inv in sarif["runs"][0]["invocations"] for n in inv["toolExecutionNotifications"]
+             if n["descriptor"]["id"] == "kvtrace/incomplete/file"]
+    assert [n["locations"][0]["physicalLocation"]["region"]["startLine"] for n in notes] == [2]
+    github = kvtrace("scan", "srt", "-f", "github", cwd=tmp_path).stdout
+    assert "::warning file=srt/disaggregation/nixl/extra.py,line=2,title=kvtrace could not analyse::syntax error: " \
+           "invalid syntax" in github, github
+    for fmt in ("markdown", "concise", "html"):
+        assert "extra.py:2" in kvtrace("scan", "srt", "-f", fmt, cwd=tmp_path).stdout, fmt
+    # JSON keeps the file as its subject and the reason whole (what a script reads is unchanged).
+    gaps = json.loads(kvtrace("scan", "srt", "-f", "json", cwd=tmp_path).stdout)["reports"][0]["gaps"]
+    assert {"kind": "file", "subject": "disaggregation/nixl/extra.py", "reason": "syntax error: line 2: invalid syntax"} in gaps

@@ -37,7 +37,7 @@ def render(reports: list[Report], fail_on: Mapping[str, tuple[str, str]] | None 
         shown = [f for f in report.findings if not f.suppressed]
         places = Places(report)
         lines += [finding_line(report, f, places) for f in shown]
-        lines += [plain(f"{report.target}: INCOMPLETE: {places.text(gap.subject)}: {places.text(gap.reason)}")
+        lines += [plain(f"{report.target}: INCOMPLETE: {places.text(gap.place)}: {places.text(gap.why)}")
                   for gap in report.gaps]
         total = f"{len(shown)} finding{'s' if len(shown) != 1 else ''}" + (f" ({counted(shown)})" if shown else "")
         extra = tally(report.findings)

@@ -54,10 +54,11 @@ def render(reports: list[Report], fail_on: Mapping[str, tuple[str, str]] | None 
         lines += [annotation(report, f, places) for f in shown]
         for problem in report.problems:
             lines.append(f"::warning title=kvtrace incomplete scan::{_data(f'{report.target}: {places.text(problem.text)}')}")
-        for f in report.files:
-            if f.status != "ok":
-                lines.append(f"::warning file={_property(places.path(f.path))},title=kvtrace could not analyse"
-                             f"::{_data(f'{f.status}: {f.error}')}")
+        for gap in report.gaps:
+            if gap.kind == "file":
+                at = "" if gap.line is None else f",line={gap.line}"
+                lines.append(f"::warning file={_property(places.path(gap.subject))}{at},title=kvtrace could not analyse"
+                             f"::{_data(gap.why)}")
         silenced = len(report.findings) - len(shown)
         baselined = sum(f.baseline == "unchanged" for f in shown)
         lines.append(f"kvtrace {plain(report.target)}: {len(shown)} finding(s)"

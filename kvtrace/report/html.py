@@ -177,7 +177,7 @@ def _report(report: Report, out: list[str]) -> None:
                f"{analysed}/{len(report.files)} files analysed.</p>")
     if report.filters.active:  # a narrowed scan says so, as the text report's header does
         out.append(f'<p class="meta filters">{escape(report.filters.describe())}</p>')
-    problems = [f"{f.path}: {f.status}: {f.error}" for f in report.files if f.status != "ok"] + [p.text for p in report.problems]
+    problems = [f"{g.place}: {g.why}" for g in report.gaps if g.kind == "file"] + [p.text for p in report.problems]
     if problems:
         out.append('<p class="bad">INCOMPLETE: ' + "; ".join(escape(p) for p in problems) + "</p>")
     # The answer first, as in the text report: what pins (the summary line), then the grid.

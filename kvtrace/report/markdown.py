@@ -173,9 +173,9 @@ def _answer(report: Report, links: Permalinks | None) -> list[str]:
         out.append(f"> **INCOMPLETE**: {linked_prose(gap_text(report.gaps), links)}")
         out.append("")
         for gap in report.gaps:
-            subject = code(gap.subject) if gap.kind == "file" else f"backend {code(gap.subject)}" \
+            subject = code(gap.place) if gap.kind == "file" else f"backend {code(gap.subject)}" \
                 if gap.kind == "backend" else "analysis"
-            out.append(f"- {subject}: {linked_prose(gap.reason, links)}")
+            out.append(f"- {subject}: {linked_prose(gap.why, links)}")
         out.append("")
     for grid in verdict_grids(report):
         if grid.backends:

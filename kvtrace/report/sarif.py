@@ -121,7 +121,7 @@ def _invocation(report: Report, locate: _Locator) -> dict[str, Any]:
             "descriptor": {"id": f"kvtrace/incomplete/{gap.kind}"},
         }
         if gap.kind == "file":
-            note["locations"] = [{"physicalLocation": locate(gap.subject, 1)["physicalLocation"]}]
+            note["locations"] = [{"physicalLocation": locate(gap.subject, gap.line or 1)["physicalLocation"]}]
         notifications.append(note)
     return {
         "executionSuccessful": not report.incomplete,

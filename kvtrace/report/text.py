@@ -158,17 +158,17 @@ def _gaps(gaps: list[Gap], console: Console, more: int, heading: bool = True) ->
         return
     if heading:
         console.print(Text(f"INCOMPLETE: {gap_text(gaps, more)}", style="bold yellow"))
-    subjects = [Text("analysis" if gap.kind == "analysis" else gap.subject if gap.kind != "backend"
+    subjects = [Text("analysis" if gap.kind == "analysis" else gap.place if gap.kind != "backend"
                      else f"backend {gap.subject}", style="yellow") for gap in gaps]
     label_width = max(s.cell_len for s in subjects) + 1
     for subject, gap in zip(subjects, gaps):
         # Beside its subject only if the reason's longest word fits there (never cut an identifier).
-        longest = max((len(word) for word in gap.reason.split()), default=0)
+        longest = max((len(word) for word in gap.why.split()), default=0)
         if 2 + label_width + max(24, longest) <= console.width:
-            _print_wrapped(console, Text(gap.reason), 2, subject, label_width)
+            _print_wrapped(console, Text(gap.why), 2, subject, label_width)
         else:  # a long path: whole on its line, the reason under it
             _print_wrapped(console, subject, 2)
-            _print_wrapped(console, Text(gap.reason), 4)
+            _print_wrapped(console, Text(gap.why), 4)
     if more > 0:
         console.print(Text(f"  ... and {more} more (listed at the end)", style="yellow"))
 
@@ -340,7 +340,7 @@ def _what_frees(frees: list[Freeing], console: Console) -> None:
         where = "; ".join(f"{e.path}:{e.line}" for e in cited[:3])
         line = Text.assemble(("what frees ", "bold"), (freeing.state, "bold"), ": ", freeing.text)
         if where:
-            line.append(f" ({where})", "dim")
+            line.append(f" (see {where})", "dim")
         _print_wrapped(console, line, 2)
 
 
