@@ -216,10 +216,21 @@ class FileMark:
 
 
 def with_marks(files: list[SourceFile], marks: list[FileMark]) -> list[SourceFile]:
-    """The files as the marks leave them (a later mark for the same path wins), each marked one a
-    new record: the fetched files stay as they were read."""
-    last = {m.path: m for m in marks}
-    return [replace(f, status=last[f.path].status, error=last[f.path].error) if f.path in last else f for f in files]
+    """The files as the marks leave them, each marked one a new record: the fetched files stay as
+    they were read. Several marks of a file give every reason, sorted, so the result does not
+    depend on the order they were found in (which process met which function first)."""
+    by_path: dict[str, list[FileMark]] = {}
+    for mark in marks:
+        by_path.setdefault(mark.path, []).append(mark)
+    out = []
+    for f in files:
+        found = by_path.get(f.path)
+        if found is None:
+            out.append(f)
+            continue
+        status = min(m.status for m in found)
+        out.append(replace(f, status=status, error="; ".join(sorted({m.error for m in found if m.status == status}))))
+    return out
 
 
 @dataclass

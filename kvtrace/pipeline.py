@@ -19,7 +19,7 @@ with a typed result:
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from kvtrace.backends import SenderAnalysis, analyse_backends, sender_classes
 from kvtrace.beside import Beside, Claims
@@ -86,6 +86,8 @@ class Analysed:
     senders: list[SenderAnalysis]
     problems: list[Problem]
     files: list[SourceFile]
+    marks: list[FileMark] = field(default_factory=list)  # what `files` were marked with (both processes')
+    marks_here: int = 0  # how many of this process's index.marks were found by the end of the graph stage
 
 
 @dataclass
@@ -157,7 +159,7 @@ def graph(parsed: Parsed, indexed: Indexed, pack: Pack, beside: type[Beside] = B
         childs = decode_record(from_child, SendersResult)
         senders = _senders_in(childs, index, pack) + mine
         sender_problems.extend(childs.problems)
-        marks = childs.marks  # the child's marks first: a later one (this process's) wins, as in one process
+        marks = childs.marks
         explored = {record.position: record for record in childs.queues}
         order = {id(c): i for i, c in enumerate(sender_classes(index, pack))}
         senders.sort(key=lambda s: order[id(s.cls)])
@@ -169,9 +171,10 @@ def graph(parsed: Parsed, indexed: Indexed, pack: Pack, beside: type[Beside] = B
     done = [found if found is not None else
             _queue(index, pack.for_queue(name), domain, _explored(explored[position]) if position in explored else None)
             for position, (name, found) in enumerate(zip(queue_names, queues))]
-    files = with_marks(in_scope, marks + index.marks)
+    marks = marks + index.marks
     # The problems in the same order whichever process met them.
-    return Analysed(done, senders, sorted(sender_problems, key=lambda p: p.text), files)
+    return Analysed(done, senders, sorted(sender_problems, key=lambda p: p.text), with_marks(in_scope, marks), marks,
+                    len(index.marks))
 
 
 def _queue(index: Index, queue_pack: Pack, domain: Domain,
@@ -268,7 +271,8 @@ def report(fetched: FetchResult, parsed: Parsed, indexed: Indexed, analysed: Ana
     senders = analysed.senders
     report = Report(
         target=fetched.target,
-        files=with_marks(analysed.files, indexed.index.marks),  # and any mark found after the graph stage
+        # The graph stage's marks and any found after it, applied together (see with_marks).
+        files=with_marks(parsed.files, analysed.marks + indexed.index.marks[analysed.marks_here:]),
         queues=checked.queue_reports,
         backends=[s.backend for s in senders if settings.wants_backend(s.backend.name)],
         findings=checked.findings,

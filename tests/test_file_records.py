@@ -153,12 +153,15 @@ def test_the_child_result_round_trips_as_json_and_refuses_anything_else() -> Non
     assert isinstance(result.senders[0], SenderRecord)
 
 
-def test_later_marks_win_and_unmarked_files_are_the_same_objects() -> None:
+def test_marks_give_every_reason_in_any_order_and_unmarked_files_are_the_same_objects() -> None:
+    """Before: a later mark won, and the child's marks were put first, so a file with two functions
+    too deep for libcst (one reached in each process) named another function than one process did."""
     report = scan_path(EXAMPLE)
     files = report.files[:3]
-    marks = [FileMark(files[0].path, "skipped", "first"), FileMark(files[0].path, "skipped", "second")]
+    marks = [FileMark(files[0].path, "skipped", "g() at line 9"), FileMark(files[0].path, "skipped", "f() at line 30")]
     marked = with_marks(files, marks)
-    assert marked[0].status == "skipped" and marked[0].error == "second" and files[0].status == "ok"
+    assert marked == with_marks(files, marks[::-1]) == with_marks(files, marks + marks)
+    assert marked[0].status == "skipped" and marked[0].error == "f() at line 30; g() at line 9" and files[0].status == "ok"
     assert marked[1:] == files[1:] and all(a is b for a, b in zip(marked[1:], files[1:]))
 
 
@@ -207,3 +210,29 @@ def test_a_package_whose_enum_file_does_not_decode_says_so(tmp_path: Path) -> No
         scan_path(tree)
     message = str(raised.value)
     assert "1 not-utf8" in message and "not UTF-8 and no usable coding cookie" in message, message
+
+
+def test_a_file_with_a_function_too_deep_in_each_process_names_both_as_one_process(tmp_path: Path) -> None:
+    """nixl/conn.py holds two functions libcst is not handed: poll(), which the child meets (the
+    senders), and a helper the drain loop calls on Failed, which the parent meets (the queue).
+    Before, the later mark won and the child's came first: the forked report named the helper
+    where one process named poll()."""
+    deep_tree = tmp_path / "nixl-pin"
+    shutil.copytree(EXAMPLE, deep_tree)
+    conn = deep_tree / "disaggregation" / "nixl" / "conn.py"
+    nest_too_deep(conn, "    def poll(self) -> KVPoll:  # expect: pinned", " " * 8)
+    conn.write_text(conn.read_text() + "\n\ndef note_failure(req):\n    return None\n")
+    nest_too_deep(conn, "def note_failure(req):", " " * 4)
+    prefill = deep_tree / "disaggregation" / "prefill.py"
+    text = prefill.read_text()
+    anchor = "                logger.warning(reason)\n"
+    assert anchor in text
+    prefill.write_text(text.replace(anchor, "                note_failure(req)\n" + anchor, 1)
+                       .replace("import logging\n", "import logging\n\nfrom .nixl.conn import note_failure\n", 1))
+    together = scan_in_a_fresh_process(deep_tree, fork=True)
+    alone = scan_in_a_fresh_process(deep_tree, fork=False)
+    assert together["forked"] == [True] and alone["forked"] == [False]
+    assert together["report"] == alone["report"]
+    files = {f["path"]: f for f in together["report"]["reports"][0]["files"]}
+    error = files["disaggregation/nixl/conn.py"]["error"]
+    assert "note_failure() at line" in error and "poll() at line" in error, error
