@@ -141,7 +141,7 @@ class StateCrash(Rule):
                     when = " when " + " and when ".join(mode_named(m) for m, _, _ in modes) + \
                         "".join(f" (called so at {c.path}:{c.line})" for m in queue.modes
                                 if m.label in [x for x, _, _ in modes] for c in m.callers[:1])
-                held = f" (a request waits first while `{waits[0].note}` holds)" if waits and waits[0].note else ""
+                held = f" once `{waits[0].note}` is false (the request waits while it holds)" if waits and waits[0].note else ""
                 who = "; ".join(([f"returned by: {', '.join(by)}"] if by else []) +
                                 ([f"maybe by: {', '.join(maybe)}, whose poll() returns values kvtrace cannot read"]
                                  if maybe else []))

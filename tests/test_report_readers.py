@@ -165,6 +165,8 @@ def test_a_syntax_error_is_cited_at_its_line_in_every_format(tmp_path: Path) -> 
            "invalid syntax" in github, github
     for fmt in ("markdown", "concise", "html"):
         assert "extra.py:2" in kvtrace("scan", "srt", "-f", fmt, cwd=tmp_path).stdout, fmt
-    # JSON keeps the file as its subject and the reason whole (what a script reads is unchanged).
+    # JSON keeps the file as its subject and the reason whole, and gives the line as a number.
     gaps = json.loads(kvtrace("scan", "srt", "-f", "json", cwd=tmp_path).stdout)["reports"][0]["gaps"]
-    assert {"kind": "file", "subject": "disaggregation/nixl/extra.py", "reason": "syntax error: line 2: invalid syntax"} in gaps
+    assert {"kind": "file", "subject": "disaggregation/nixl/extra.py", "reason": "syntax error: line 2: invalid syntax",
+            "line": 2} in gaps
+    assert f"file {place[4:]}: syntax error: invalid syntax" in [n["message"]["text"] for n in notes]

@@ -38,7 +38,8 @@ def to_json_dict(report: Report) -> dict[str, Any]:
         "version": asdict(report.version) if report.version else None,
         "complete": not report.incomplete,
         "summary": summary_line(report),
-        "gaps": [{"kind": g.kind, "subject": g.subject, "reason": g.reason} for g in report.gaps],
+        "gaps": [{"kind": g.kind, "subject": g.subject, "reason": g.reason, **({"line": g.line} if g.line else {})}
+                 for g in report.gaps],
         "enum": _evidence([report.enum])[0] if report.enum else None,
         "files": [
             {"path": f.path, "sha256": f.sha256, "status": f.status, "error": f.error} for f in report.files

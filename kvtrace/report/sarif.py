@@ -117,7 +117,7 @@ def _invocation(report: Report, locate: _Locator) -> dict[str, Any]:
     for gap in report.gaps:
         note: dict[str, Any] = {
             "level": "error",
-            "message": {"text": f"{gap.kind} {gap.subject}: {gap.reason}" if gap.kind != "analysis" else gap.reason},
+            "message": {"text": f"{gap.kind} {gap.place}: {gap.why}" if gap.kind != "analysis" else gap.reason},
             "descriptor": {"id": f"kvtrace/incomplete/{gap.kind}"},
         }
         if gap.kind == "file":

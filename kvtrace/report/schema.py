@@ -31,6 +31,7 @@ _GAP = {
         "kind": {"enum": ["file", "backend", "analysis"]},
         "subject": {"type": "string", "description": "the file path, the backend name, or the target"},
         "reason": {"type": "string"},
+        "line": {"type": "integer", "minimum": 1, "description": "a file gap's line, when it is at one (a syntax error's)"},
     },
     "additionalProperties": False,
 }

@@ -148,7 +148,15 @@ def _header(report: Report, console: Console) -> None:
         parts.append(f"version from {report.version.path}:{report.version.line}")
     elif installed:
         parts.append("version from the installed package's metadata")
-    console.print(Text(" · ".join(parts), style="dim"))
+    # Wrapped between parts, never inside one ("5" and "backends" on one line).
+    lines = [""]
+    for part in parts:
+        if lines[-1] and len(lines[-1]) + 3 + len(part) > console.width:
+            lines.append(part)
+        else:
+            lines[-1] += (" · " if lines[-1] else "") + part
+    for line in lines:
+        console.print(Text(line, style="dim"))
     if report.filters.active:  # a filtered scan says so, and by whose word
         console.print(Text(report.filters.describe(), style="dim"), soft_wrap=True)
 
@@ -337,7 +345,7 @@ def _what_frees(frees: list[Freeing], console: Console) -> None:
     knows what to do now."""
     for freeing in frees:
         cited = [e for e in freeing.evidence if f"{e.path}:{e.line}" not in freeing.text]  # not twice
-        where = "; ".join(f"{e.path}:{e.line}" for e in cited[:3])
+        where = "; ".join(f"{e.path}:{e.line} {e.note}" for e in cited[:3])
         line = Text.assemble(("what frees ", "bold"), (freeing.state, "bold"), ": ", freeing.text)
         if where:
             line.append(f" (see {where})", "dim")
