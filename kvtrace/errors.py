@@ -23,12 +23,19 @@ class InputError(KvtraceError):
     """Missing path, no disaggregation package, bad rules pack, unreadable file, bad option."""
 
 
+AMBIGUOUS_SHOWN = 6  # packages a several-packages error names before "and N more"
+
+
 class AmbiguousTarget(InputError):
     """Several candidate packages under one target: the user must pick one (or pass --all)."""
 
     def __init__(self, target: str, candidates: list[str]) -> None:
         self.candidates = candidates
-        listed = ", ".join(f"{c}/" for c in candidates)
+        # One line a reader takes in: a tree of fixtures can hold dozens of packages.
+        shown = candidates if len(candidates) <= AMBIGUOUS_SHOWN else candidates[:AMBIGUOUS_SHOWN - 1]
+        listed = ", ".join(f"{c}/" for c in shown)
+        if len(shown) < len(candidates):
+            listed += f" and {len(candidates) - len(shown)} more"
         super().__init__(
             f"{target}: {len(candidates)} packages found ({listed}); "
             "scan one of them, or pass --all to scan each as its own report"

@@ -226,9 +226,10 @@ def _callers_text(callers: list[AbortCall], abort_method: str) -> str:
 
 
 def _scope_hint(report: Report) -> str:
-    """When only the disaggregation folder was scanned, the scheduler's abort path was not in view."""
+    """When only the disaggregation folder was scanned, the scheduler's abort path was not in view:
+    every file is in the located folder (`root` is empty when the target is that folder itself)."""
     root = report.root.rstrip("/")
-    if root and all(f.path.startswith(root + "/") for f in report.files):
+    if not root or all(f.path.startswith(root + "/") for f in report.files):
         return " (the scheduler's files were not scanned: scan the whole srt package to see its abort path)"
     return ""
 

@@ -173,3 +173,34 @@ def test_a_package_without_the_module_never_reads_another_packages_copy(tmp_path
     assert module_beside(str(versions), "sglang-0.5.x/srt/disaggregation", "sglang.srt.environ") is None
     assert module_beside(str(versions), "sglang/srt/disaggregation", "sglang.srt.environ") == (
         "sglang/srt/environ.py", ["SGLANG_X = EnvInt(1)"])
+
+
+@pytest.mark.parametrize("layout", ["the folder itself", "a folder holding only it", "with the scheduler's module"])
+def test_abort_out_of_view_is_said_as_such(tmp_path: Path, layout: str) -> None:
+    """Scanned alone, the disaggregation folder does not hold the scheduler, whose abort path may
+    free the request: 'stays until the server restarts' is said only with that condition. The
+    target may be the folder itself (the located package is the target: no folder prefix) or a
+    folder holding only it; the bundled example's `managers/` models the scheduler's module, and
+    nothing there aborts, so there it is said outright."""
+    tree = _tree(tmp_path, scheduler=False)
+    if layout == "the folder itself":
+        target = tree / "disaggregation"
+    elif layout == "a folder holding only it":
+        shutil.rmtree(tree / "managers")
+        target = tree
+    else:
+        target = tree
+    report = scan_path(target)
+    assert scheduler_aborts(report) == []
+    mooncake = next(b for b in report.backends if b.name == "mooncake")
+    texts = [f.text for f in what_frees(report, mooncake)
+             if "abort() would end it" in f.text and "a timeout frees it" not in f.text]
+    assert len(texts) == 2, "mooncake's abort ends WaitingForInput and Transferring, which no timeout covers"
+    for text in texts:
+        if layout == "with the scheduler's module":
+            assert "scheduler's files were not scanned" not in text and "unless" not in text
+            assert text.endswith("no timeout covers it either, so the request stays until the server restarts")
+        else:
+            assert "(the scheduler's files were not scanned: scan the whole srt package to see its abort path)" in text
+            assert text.endswith("no timeout covers it either, so unless code outside the scanned folder aborts it, "
+                                 "the request stays until the server restarts")

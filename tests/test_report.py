@@ -169,6 +169,19 @@ def test_several_packages_is_a_clear_error_whatever_the_hash_seed(two_versions: 
     assert "\n" not in line and "v-new/disaggregation/, v-old/disaggregation/" in line and "--all" in line
 
 
+def test_many_packages_are_counted_not_all_listed(tmp_path: Path) -> None:
+    """A tree of fixtures (kvtrace's own clone holds 25 packages) gives one short line: the
+    first packages in version order, then how many more."""
+    for n in range(1, 9):
+        shutil.copytree(EXAMPLES / "all-clear", tmp_path / f"v{n}")
+    result = kvtrace("scan", str(tmp_path))
+    line = result.stderr.strip()
+    assert result.returncode == 2 and "\n" not in line
+    assert "8 packages found (v1/disaggregation/, v2/disaggregation/, v3/disaggregation/, v4/disaggregation/, " \
+           "v5/disaggregation/ and 3 more); scan one of them, or pass --all" in line
+    assert "v6/" not in line
+
+
 def test_all_scans_each_package_alone_whatever_the_hash_seed(two_versions: Path) -> None:
     outputs = [kvtrace("scan", str(two_versions), "--all", "--format", "json", env={"PYTHONHASHSEED": seed})
                for seed in ("0", "1")]
