@@ -9,8 +9,9 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import cast
 
+from kvtrace import flow
 from kvtrace.effects import SenderEffects
-from kvtrace.flow import COMPANION, Companion, Event, Explorer, Options, PathLimit, PathState
+from kvtrace.flow import COMPANION, Companion, Event, Explorer, Options, PathLimit, PathState, StartedRun, same_facts, touching
 from kvtrace.gaps import Cut
 from kvtrace.index import ClassInfo, FuncRef, Index, functions_given_self
 from kvtrace.managers import (
@@ -27,6 +28,7 @@ from kvtrace.managers import (
 from kvtrace.model import Backend, EventKind, Evidence, PollRef, Problem, ProblemKind, StateVerdict, TimeoutCheck, WayOut
 from kvtrace.packs import Pack, matches
 from kvtrace.parse import parents as _parents
+from kvtrace.parse import walk
 from kvtrace.syntax import dotted, enum_member, self_attr
 from kvtrace.states import ABSENT, NONE, OTHER, Domain, Val
 from kvtrace.status_table import TABLE
@@ -562,7 +564,7 @@ def _attribute_storers(index: Index) -> dict[str, set[int]]:
     if cached is None:
         cached = {}
         for func in index.all_functions():
-            for node in ast.walk(func.node):
+            for node in walk(func.node):
                 if isinstance(node, ast.Attribute) and isinstance(node.ctx, ast.Store) \
                         and not (isinstance(node.value, ast.Name) and node.value.id == "self"):
                     cached.setdefault(node.attr, set()).add(id(func.node))
@@ -934,6 +936,7 @@ class _Runner:
         self.timeout_sites: set[tuple[str, int]] = set()
         self._memo: dict[tuple, list[PathState]] = {}
         self._seeded: dict[tuple, list[PathState]] = {}  # see seed()
+        self._started: dict[tuple, list[tuple[StartedRun, tuple[str, ...], frozenset[str]]]] = {}  # see _run
         self.unborn: Evidence | None = None  # why the room can be missing before any clear
         # What the table can be given by a run other than the sender's __init__ (None: not settled).
         self.stored_by_entries: set[str] | None = None
@@ -1065,15 +1068,27 @@ class _Runner:
         # poll() runs mark their return statements: the chain cites the line a state comes from.
         record_returns = func is self.poll
 
-        def explore() -> tuple[list[PathState], tuple[str, ...], frozenset[str]]:
-            explorer = Explorer(self.options(clock_far, record_writes, record_returns=record_returns))
-            ends, log = explorer.explore_function(func, parsed, self.cls, [PathState(attrs=tuple(sorted(attrs)))])
-            return ends, tuple(log.truncated), frozenset(log.unparsed)
+        # A method runs from many attribute sets that differ only in keys it never reads or
+        # writes (poll() after each of send()'s ends): one run serves them all (StartedRun).
+        start = tuple(sorted(attrs))
+        share = (id(func.node), self.abort_attrs, clock_far, record_writes, record_returns, same_facts(start))
+        held = dict(start)
+        for done, truncated, unparsed in self._started.get(share, ()) if flow.SHARE_STARTED else ():
+            if done.serves(held):
+                ends = done.ends_from(start)
+                break
+        else:
+            def explore() -> tuple[tuple[PathState, ...], tuple[str, ...], frozenset[str], frozenset[str]]:
+                explorer = Explorer(self.options(clock_far, record_writes, record_returns=record_returns))
+                (ends, log), touched = touching(lambda: explorer.explore_function(func, parsed, self.cls, [PathState(attrs=start)]))
+                return tuple(ends), tuple(log.truncated), frozenset(log.unparsed), touched
 
-        kind = ("run", self.abort_attrs, clock_far, record_writes, record_returns)
-        key = ("run", id(func.node), self._shared_options(), tuple(attrs), clock_far, record_writes, record_returns)
-        ends, truncated, unparsed = cast(tuple[list[PathState], tuple[str, ...], frozenset[str]],
-                                         self.shared_run(key, kind, explore))
+            kind = ("run", self.abort_attrs, clock_far, record_writes, record_returns)
+            key = ("run", id(func.node), self._shared_options(), start, clock_far, record_writes, record_returns)
+            found, truncated, unparsed, touched = cast(
+                tuple[tuple[PathState, ...], tuple[str, ...], frozenset[str], frozenset[str]], self.shared_run(key, kind, explore))
+            self._started.setdefault(share, []).append((StartedRun(start, touched, found), truncated, unparsed))
+            ends = list(found)
         self.truncated.extend(truncated)
         self.unparsed |= unparsed
         self._note_timeouts(ends)

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ast
 import bisect
 import re
+import threading
 from dataclasses import dataclass, field, fields, is_dataclass
 from functools import lru_cache
 from operator import attrgetter
@@ -228,10 +229,17 @@ class Event:
 Bindings = tuple[tuple[str, Val], ...]
 
 
-# The attribute keys each helper run in progress read or wrote (PathState.attr, set_attr), the
-# innermost last: what a run's result can depend on besides the facts it may forget (see
-# Explorer.call_function). A run that ends adds its own to its caller's.
-_TOUCHED: list[set[str]] = []
+class _Touched(threading.local):
+    """The attribute keys each run in progress read or wrote (PathState.attr, set_attr), the
+    innermost last: what a run's result can depend on besides the facts it may forget (see
+    Explorer.call_function). A run that ends adds its own to its caller's. One stack per thread:
+    scans that threads of one process run at once never add to each other's runs."""
+
+    def __init__(self) -> None:
+        self.runs: list[set[str]] = []
+
+
+_TOUCHED = _Touched()
 
 
 def _lookup(bindings: Bindings, name: str) -> Val | None:
@@ -271,13 +279,15 @@ class PathState:
         return _path(_with(self.env, name, value), self.attrs, self.events, self.term, self.ret, self)
 
     def attr(self, name: str) -> Val | None:
-        if _TOUCHED:
-            _TOUCHED[-1].add(name)
+        runs = _TOUCHED.runs
+        if runs:
+            runs[-1].add(name)
         return _lookup(self.attrs, name)
 
     def set_attr(self, name: str, value: Val) -> "PathState":
-        if _TOUCHED:
-            _TOUCHED[-1].add(name)
+        runs = _TOUCHED.runs
+        if runs:
+            runs[-1].add(name)
         return _path(self.env, _with(self.attrs, name, value), self.events, self.term, self.ret, self)
 
     def emit(self, event: Event) -> "PathState":
@@ -622,6 +632,7 @@ def _first_by(paths: list[PathState], key: Callable[[PathState], tuple]) -> Iter
 
 PARK_ENDED = True  # False: every statement forgets, merges and widens the ended paths too (the tests' reference)
 SHARE_RUNS = True  # False: a helper's run serves only paths with all the same attributes (the tests' reference)
+SHARE_STARTED = True  # False: a sender method's run serves only the attributes it started from (StartedRun; the tests' reference)
 
 
 class _Parked:
@@ -859,21 +870,36 @@ class Explorer:
         key = ("later functions", id(frame.func.node), id(stmt), len(self.stack) == 1)
         found = self.c.index.derived.get(key)
         if found is None:
-            index, cls, func = self.c.index, frame.cls, frame.func
+            # The union of what each name reaches: the statements of one function share most
+            # names, so each name's reach is found once per function (and class).
             seen: dict[int, FuncRef] = {}
-            todo = [f for name in {t.rsplit(".", 1)[-1] for t in after} for f in self._named(name, cls, func.path)]
+            for name in {t.rsplit(".", 1)[-1] for t in after}:
+                seen.update(self._reach(name, frame))
             if len(self.stack) == 1:  # the drain loop: its callers' loops run after it
-                todo += [caller for caller, _ in index.callers(func.name)]
+                seen.update(self._reach(None, frame))
+            found = self.c.index.derived[key] = list(seen.values())
+        return found
+
+    def _reach(self, name: str | None, frame: Frame) -> dict[int, FuncRef]:
+        """The functions a call of `name` can enter, with those they call in turn (by name, in
+        the frame's class), never through the frame's own function; `name` None: the callers of
+        the frame's function, with theirs."""
+        index, cls, func = self.c.index, frame.cls, frame.func
+        key = ("reach", id(func.node), id(cls), name)
+        found = index.derived.get(key)
+        if found is None:
+            seen: dict[int, FuncRef] = {}
+            todo = self._named(name, cls, func.path) if name is not None else [caller for caller, _ in index.callers(func.name)]
             while todo:
                 f = todo.pop()
                 if id(f.node) in seen or f.node is func.node:
                     continue
                 seen[id(f.node)] = f
                 for call in index.calls_in(f):
-                    name = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", None)
-                    if name:
-                        todo.extend(self._named(name, cls, f.path))
-            found = self.c.index.derived[key] = list(seen.values())
+                    callee = call.func.attr if isinstance(call.func, ast.Attribute) else getattr(call.func, "id", None)
+                    if callee:
+                        todo.extend(self._named(callee, cls, f.path))
+            found = index.derived[key] = seen
         return found
 
     def _named(self, name: str, cls: ClassInfo | None, near: str) -> list[FuncRef]:
@@ -939,8 +965,8 @@ class Explorer:
         if known.clears_discarded:
             self._discarded = None
         self._read_state = self._read_state or known.read_state
-        if _TOUCHED:
-            _TOUCHED[-1].update(known.touched)
+        if _TOUCHED.runs:
+            _TOUCHED.runs[-1].update(known.touched)
         return self._call_results(path, known)
 
     @staticmethod
@@ -965,13 +991,13 @@ class Explorer:
         self.stack.append(id(func.node))
         self._calls += 1
         touched: set[str] = set()
-        _TOUCHED.append(touched)
+        _TOUCHED.runs.append(touched)
         try:
             ends = self.run_block(function_body(cst_func.node), [start], frame)
         finally:
-            _TOUCHED.pop()
-            if _TOUCHED:
-                _TOUCHED[-1].update(touched)
+            _TOUCHED.runs.pop()
+            if _TOUCHED.runs:
+                _TOUCHED.runs[-1].update(touched)
             self._calls -= 1
             self.stack.pop()
             cleared = self._discarded is None
@@ -2096,6 +2122,51 @@ class _CallRun:
         """Whether a run from `attrs` (with the same facts, see Explorer.call_function) is this
         run: every key it touched holds the same value there."""
         return all(_lookup(attrs, name) == value for name, value in self.touched_at_start)
+
+
+def touching(run: Callable[[], _Result]) -> tuple[_Result, frozenset[str]]:
+    """run() (an exploration), with the attribute keys it or a helper run inside it read or wrote."""
+    touched: set[str] = set()
+    _TOUCHED.runs.append(touched)
+    try:
+        result = run()
+    finally:
+        _TOUCHED.runs.pop()
+        if _TOUCHED.runs:
+            _TOUCHED.runs[-1].update(touched)
+    return result, frozenset(touched)
+
+
+@dataclass(frozen=True)
+class StartedRun:
+    """An exploration of a function from a path with attributes `start` alone, as Explorer.call_function
+    shares a helper's run: it is the run from any attributes that hold the same facts
+    (same_facts) and the same value (or none) at every key it touched; its ends then carry the
+    other keys as the new start holds them."""
+
+    start: Bindings
+    touched: frozenset[str]
+    ends: tuple[PathState, ...]
+    touched_at_start: tuple[tuple[str, Val | None], ...] = field(init=False)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "touched_at_start",
+                           tuple((name, _lookup(self.start, name)) for name in sorted(self.touched)))
+
+    def serves(self, held: dict[str, Val]) -> bool:
+        """Whether it is the run from attributes `held` (as a dict: one start is asked of many runs)."""
+        return all(held.get(name) == value for name, value in self.touched_at_start)
+
+    def ends_from(self, attrs: Bindings) -> list[PathState]:
+        rebased = _rebaser(self.start, attrs, self.touched)
+        if rebased is _same:
+            return list(self.ends)
+        return [_path(end.env, rebased(end.attrs), end.events, end.term, end.ret, end) for end in self.ends]
+
+
+def same_facts(attrs: Bindings) -> frozenset:
+    """What runs from `attrs` must share to be served by one StartedRun: their facts' keys."""
+    return _fact_keys(attrs)
 
 
 def _fact_keys(attrs: Bindings) -> frozenset:

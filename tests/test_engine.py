@@ -876,3 +876,46 @@ def test_a_name_is_searched_for_as_the_parser_reads_it() -> None:
     assert index._mentions(drain, "disagg_queue")
     assert not index._mentions(other, "disagg_queue")
     assert not index._mentions(drain, "prefill_queue")
+
+
+def test_a_run_records_only_its_own_threads_attribute_reads() -> None:
+    """What a run touched decides which other starts it serves (StartedRun, the helper-run
+    memo): a read made meanwhile by another thread's scan must not count for it, nor its
+    bookkeeping pop another thread's run."""
+    import threading
+
+    path = PathState(attrs=(("mine", frozenset({"x"})), ("theirs", frozenset({"y"}))))
+    inside, read = threading.Event(), threading.Event()
+    other_touched: list[frozenset[str]] = []
+
+    def other_thread() -> None:
+        inside.wait()
+        _, touched = flow.touching(lambda: path.attr("theirs"))
+        other_touched.append(touched)
+        read.set()
+
+    def my_run() -> frozenset[str] | None:
+        inside.set()
+        assert read.wait(10)
+        return path.attr("mine")
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    value, touched = flow.touching(my_run)
+    thread.join()
+    assert value == frozenset({"x"})
+    assert touched == frozenset({"mine"})
+    assert other_touched == [frozenset({"theirs"})]
+
+
+def test_a_started_run_serves_a_start_that_differs_only_in_untouched_keys() -> None:
+    start = (("a", frozenset({"1"})), ("b", frozenset({"2"})))
+    end = PathState(attrs=(("a", frozenset({"3"})), ("b", frozenset({"2"}))), term="return", ret=frozenset({"Success"}))
+    run = flow.StartedRun(start, frozenset({"a"}), (end,))
+    other = (("a", frozenset({"1"})), ("b", frozenset({"9"})), ("c", frozenset({"4"})))
+    assert run.serves(dict(other))
+    assert not run.serves(dict((("a", frozenset({"5"})), ("b", frozenset({"2"})))))
+    assert not run.serves({"b": frozenset({"2"})})  # `a` absent: another start
+    [moved] = run.ends_from(other)
+    assert moved.attrs == (("a", frozenset({"3"})), ("b", frozenset({"9"})), ("c", frozenset({"4"})))
+    assert (moved.term, moved.ret, moved.events) == (end.term, end.ret, end.events)

@@ -4,7 +4,9 @@ releases' drains, scanned with and without each give the same JSON, byte for byt
 - PARK_ENDED: ended paths are set aside while a block runs on (flow.run_block); a decode drain
   ends thousands of paths by a helper's raise.
 - SHARE_RUNS: a helper's run serves every path that agrees with it on the attribute keys it
-  touched, the rest of the caller's attributes taken as they are (Explorer.call_function)."""
+  touched, the rest of the caller's attributes taken as they are (Explorer.call_function).
+- SHARE_STARTED: a sender method's run serves every start that agrees with it on the keys it
+  touched (flow.StartedRun, backends._Runner._run): poll() after each of send()'s ends."""
 
 from __future__ import annotations
 
@@ -42,10 +44,20 @@ def test_a_shared_run_keeps_each_callers_facts(program) -> None:
     assert fast == reference
 
 
+@gen.budget(ci=60, slow=600)
+@given(tree=gen.sender_trees(gen.SENDER_FEATURES))
+def test_a_shared_sender_run_changes_no_report(tree) -> None:
+    with tempfile.TemporaryDirectory() as d:
+        fast, reference = reports_with_and_without("SHARE_STARTED", gen.write_files(Path(d), gen.render_tree(senders=tree)))
+    assert fast == reference
+
+
 @pytest.mark.parametrize(("shortcut", "version", "pack"), [
     ("PARK_ENDED", "0.5.14", "sglang-decode"), ("PARK_ENDED", "0.5.23", "sglang-decode"),
     ("SHARE_RUNS", "0.5.2", "sglang-decode"), ("SHARE_RUNS", "0.5.23", "sglang-decode"),
     ("SHARE_RUNS", "0.5.23", "sglang-prefill"),
+    # 0.5.21's Nixl sender: poll() after each of send()'s 869 ends, most served by one run.
+    ("SHARE_STARTED", "0.5.21", "sglang-prefill"), ("SHARE_STARTED", "0.5.23", "sglang-decode"),
 ])
 def test_a_shortcut_changes_no_report_on_a_real_release(shortcut: str, version: str, pack: str) -> None:
     fast, reference = reports_with_and_without(shortcut, sglang_tree(version) / "sglang" / "srt", pack)
