@@ -15,7 +15,7 @@ import sys
 import traceback
 from enum import Enum
 from pathlib import Path
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Annotated, Any, NamedTuple, Optional, TextIO
 
 import typer
@@ -1089,6 +1089,8 @@ def main(argv: list[str] | None = None) -> None:
         typer.echo(exc.ctx.get_help() if exc.ctx else "", err=True)
         code = EXIT_INPUT
     except exceptions.UsageError as exc:
+        if isinstance(exc, exceptions.NoSuchOption):
+            exc.possibilities = _close_options(exc.option_name, exc.possibilities or [])
         hint = f" (see 'kvtrace {exc.ctx.info_name} --help')" if exc.ctx and exc.ctx.parent else " (see 'kvtrace --help')"
         message = _usage_message(exc) or " ".join(exc.format_message().split())
         typer.echo(f"kvtrace: error: {message}{hint}", err=True)
@@ -1167,6 +1169,15 @@ _USAGE_WORDING = [
     (r".* is not in the range x<(?P<n>\S+?)\.?", "must be less than {n}"),
     (r".* is not in the range (?P<low>\S+?)<=x<=(?P<high>\S+?)\.?", "must be from {low} to {high}"),
 ]
+
+
+def _close_options(typed: str, offered: Sequence[str]) -> list[str]:
+    """The options worth suggesting for a mistyped one: click offers any of difflib's matches
+    above 0.6, and `--foo` then gets `--format` (0.62); a typo, a missing letter or a near
+    name stays above 0.75 (`--formt`, `--rule` for `--rules` and `--role`)."""
+    import difflib
+
+    return [name for name in offered if difflib.SequenceMatcher(None, typed, name).ratio() >= 0.75]
 
 
 def _usage_message(exc: Exception) -> str | None:

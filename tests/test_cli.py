@@ -152,6 +152,21 @@ def test_unknown_rules_pack_is_exit_2() -> None:
     assert_one_line_error(kvtrace("scan", "examples/healthy", "--rules", "nope"), "unknown rules pack")
 
 
+@pytest.mark.parametrize(("typed", "suggested"), [
+    ("--formt", "(Possible options: --format)"),
+    ("--no-cach", "(Possible options: --no-cache)"),
+    ("--rule", "(Possible options: --role, --rules)"),
+    ("--foo", None),  # click alone offers --format (difflib 0.62): nothing like what was typed
+])
+def test_a_mistyped_option_suggests_only_near_names(typed: str, suggested: str | None) -> None:
+    result = kvtrace("scan", "examples/healthy", typed)
+    assert_one_line_error(result, f"No such option: {typed}")
+    if suggested is None:
+        assert "Possible options" not in result.stderr
+    else:
+        assert suggested in result.stderr
+
+
 def test_fail_on_threshold() -> None:
     # dropped-else has errors (pinned-state) and a warning (dropped-state).
     assert kvtrace("scan", "examples/dropped-else", "--fail-on", "error").returncode == 1
