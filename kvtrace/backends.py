@@ -11,7 +11,7 @@ from typing import cast
 
 from kvtrace import flow
 from kvtrace.effects import SenderEffects
-from kvtrace.flow import COMPANION, Companion, Event, Explorer, Options, PathLimit, PathState, StartedRun, same_facts, touching
+from kvtrace.flow import COMPANION, Companion, Event, Explorer, Options, PathLimit, PathState, StartedRun, fact_keys, recording_touched
 from kvtrace.gaps import Cut
 from kvtrace.index import ClassInfo, FuncRef, Index, functions_given_self
 from kvtrace.managers import (
@@ -1071,7 +1071,7 @@ class _Runner:
         # A method runs from many attribute sets that differ only in keys it never reads or
         # writes (poll() after each of send()'s ends): one run serves them all (StartedRun).
         start = tuple(sorted(attrs))
-        share = (id(func.node), self.abort_attrs, clock_far, record_writes, record_returns, same_facts(start))
+        share = (id(func.node), self.abort_attrs, clock_far, record_writes, record_returns, fact_keys(start))
         held = dict(start)
         for done, truncated, unparsed in self._started.get(share, ()) if flow.SHARE_STARTED else ():
             if done.serves(held):
@@ -1080,8 +1080,9 @@ class _Runner:
         else:
             def explore() -> tuple[tuple[PathState, ...], tuple[str, ...], frozenset[str], frozenset[str]]:
                 explorer = Explorer(self.options(clock_far, record_writes, record_returns=record_returns))
-                (ends, log), touched = touching(lambda: explorer.explore_function(func, parsed, self.cls, [PathState(attrs=start)]))
-                return tuple(ends), tuple(log.truncated), frozenset(log.unparsed), touched
+                with recording_touched() as touched:
+                    ends, log = explorer.explore_function(func, parsed, self.cls, [PathState(attrs=start)])
+                return tuple(ends), tuple(log.truncated), frozenset(log.unparsed), frozenset(touched)
 
             kind = ("run", self.abort_attrs, clock_far, record_writes, record_returns)
             key = ("run", id(func.node), self._shared_options(), start, clock_far, record_writes, record_returns)

@@ -14,6 +14,7 @@ import ast
 import bisect
 import re
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, is_dataclass
 from functools import lru_cache
 from operator import attrgetter
@@ -950,7 +951,7 @@ class Explorer:
         states = (None, self.c.state) if self.c.state is not None else (None,)
         known = next((found for s in states if (found := memo.get((static, path.attrs, s))) is not None), None)
         if known is None:
-            lookup = (static, _fact_keys(path.attrs))
+            lookup = (static, fact_keys(path.attrs))
             known = next((run for s in states for run in memo.get((lookup, s), ()) if run.serves(path.attrs)), None) \
                 if SHARE_RUNS else None
             if known is None:
@@ -990,14 +991,10 @@ class Explorer:
         outer, self._discarded = self._discarded, _OUTER
         self.stack.append(id(func.node))
         self._calls += 1
-        touched: set[str] = set()
-        _TOUCHED.runs.append(touched)
         try:
-            ends = self.run_block(function_body(cst_func.node), [start], frame)
+            with recording_touched() as touched:
+                ends = self.run_block(function_body(cst_func.node), [start], frame)
         finally:
-            _TOUCHED.runs.pop()
-            if _TOUCHED.runs:
-                _TOUCHED.runs[-1].update(touched)
             self._calls -= 1
             self.stack.pop()
             cleared = self._discarded is None
@@ -2115,8 +2112,7 @@ class _CallRun:
     touched_at_start: tuple[tuple[str, Val | None], ...] = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "touched_at_start",
-                           tuple((name, _lookup(self.start, name)) for name in sorted(self.touched)))
+        object.__setattr__(self, "touched_at_start", _values_at(self.start, self.touched))
 
     def serves(self, attrs: Bindings) -> bool:
         """Whether a run from `attrs` (with the same facts, see Explorer.call_function) is this
@@ -2124,24 +2120,30 @@ class _CallRun:
         return all(_lookup(attrs, name) == value for name, value in self.touched_at_start)
 
 
-def touching(run: Callable[[], _Result]) -> tuple[_Result, frozenset[str]]:
-    """run() (an exploration), with the attribute keys it or a helper run inside it read or wrote."""
+@contextmanager
+def recording_touched() -> Iterator[set[str]]:
+    """The attribute keys read or written inside the block (a run, with the helper runs inside
+    it), which are added to the enclosing run's when the block ends."""
     touched: set[str] = set()
     _TOUCHED.runs.append(touched)
     try:
-        result = run()
+        yield touched
     finally:
         _TOUCHED.runs.pop()
         if _TOUCHED.runs:
             _TOUCHED.runs[-1].update(touched)
-    return result, frozenset(touched)
+
+
+def _values_at(start: Bindings, touched: frozenset[str]) -> tuple[tuple[str, Val | None], ...]:
+    """Each touched key's value in `start` (None: absent), so that a lookup need not scan `start`."""
+    return tuple((name, _lookup(start, name)) for name in sorted(touched))
 
 
 @dataclass(frozen=True)
 class StartedRun:
     """An exploration of a function from a path with attributes `start` alone, as Explorer.call_function
     shares a helper's run: it is the run from any attributes that hold the same facts
-    (same_facts) and the same value (or none) at every key it touched; its ends then carry the
+    (fact_keys) and the same value (or none) at every key it touched; its ends then carry the
     other keys as the new start holds them."""
 
     start: Bindings
@@ -2150,8 +2152,7 @@ class StartedRun:
     touched_at_start: tuple[tuple[str, Val | None], ...] = field(init=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "touched_at_start",
-                           tuple((name, _lookup(self.start, name)) for name in sorted(self.touched)))
+        object.__setattr__(self, "touched_at_start", _values_at(self.start, self.touched))
 
     def serves(self, held: dict[str, Val]) -> bool:
         """Whether it is the run from attributes `held` (as a dict: one start is asked of many runs)."""
@@ -2164,13 +2165,9 @@ class StartedRun:
         return [_path(end.env, rebased(end.attrs), end.events, end.term, end.ret, end) for end in self.ends]
 
 
-def same_facts(attrs: Bindings) -> frozenset:
-    """What runs from `attrs` must share to be served by one StartedRun: their facts' keys."""
-    return _fact_keys(attrs)
-
-
-def _fact_keys(attrs: Bindings) -> frozenset:
-    """The facts of `attrs`, without their values: what a run may drop by key alone."""
+def fact_keys(attrs: Bindings) -> frozenset:
+    """The facts of `attrs`, without their values: what a run may drop by key alone, so runs
+    that share one (a helper's _CallRun, a StartedRun) must start from the same."""
     return frozenset((k, k.kind, k.reads, k.sides) for k, _ in attrs if isinstance(k, FactKey))
 
 

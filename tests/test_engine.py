@@ -890,18 +890,17 @@ def test_a_run_records_only_its_own_threads_attribute_reads() -> None:
 
     def other_thread() -> None:
         inside.wait()
-        _, touched = flow.touching(lambda: path.attr("theirs"))
-        other_touched.append(touched)
+        with flow.recording_touched() as touched:
+            path.attr("theirs")
+        other_touched.append(frozenset(touched))
         read.set()
-
-    def my_run() -> frozenset[str] | None:
-        inside.set()
-        assert read.wait(10)
-        return path.attr("mine")
 
     thread = threading.Thread(target=other_thread)
     thread.start()
-    value, touched = flow.touching(my_run)
+    with flow.recording_touched() as touched:
+        inside.set()
+        assert read.wait(10)
+        value = path.attr("mine")
     thread.join()
     assert value == frozenset({"x"})
     assert touched == frozenset({"mine"})
