@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import ast
 
+from kvtrace.parse import walk
 from kvtrace.model import Evidence, Finding
 from kvtrace.rules.base import Rule, Sample, ScanContext
 from kvtrace.syntax import self_attr
@@ -49,7 +50,7 @@ class AbsentRoomDefault(Rule):
         findings = []
         enum, waiting = ctx.pack.enum, set(ctx.domain.non_terminal)
         for m in manager_methods(ctx.index, ctx.pack.check_method, ctx.model.managers):
-            for node in ast.walk(m.func.node):
+            for node in walk(m.func.node):
                 state = line = None
                 if isinstance(node, ast.Return) and isinstance(node.value, ast.Call) \
                         and isinstance(node.value.func, ast.Attribute) and node.value.func.attr == "get" \

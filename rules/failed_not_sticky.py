@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import ast
 
+from kvtrace.parse import walk
 from kvtrace.model import Evidence, Finding
 from kvtrace.rules.base import Rule, Sample, ScanContext
 from kvtrace.syntax import enum_member
@@ -71,7 +72,7 @@ class FailedNotSticky(Rule):
             guarded = any(isinstance(n, ast.Compare) and len(n.ops) == 1
                           and any(reads_slot(side, m.table, m.room, aliases) for side in (n.left, n.comparators[0]))
                           and any(enum_member(side, ctx.pack.enum) == failed for side in (n.left, n.comparators[0]))
-                          for n in ast.walk(m.func.node))
+                          for n in walk(m.func.node))
             if guarded:
                 continue
             for store in stores(m.func.node, m.table, m.room):

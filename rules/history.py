@@ -19,6 +19,7 @@ import ast
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kvtrace.parse import walk
 from kvtrace.model import Evidence
 from kvtrace.rules.base import ScanContext
 from kvtrace.rules.send_flow import append_at, blocks_of, bound_param, function_at, polled_attributes
@@ -118,7 +119,7 @@ def _holder_method_call(ctx: ScanContext, func: FuncRef, line: int) -> bool:
                and node.func.attr in _APPENDS and isinstance(node.func.value, ast.Attribute)
                and node.func.value.attr == ctx.pack.queue
                and ctx.index.find_method(drain.cls, node.func.attr) is not None
-               for node in ast.walk(func.node))
+               for node in walk(func.node))
 
 
 def _untied_appends(ctx: ScanContext, list_attr: str | None) -> bool:
@@ -133,11 +134,14 @@ def _untied_appends(ctx: ScanContext, list_attr: str | None) -> bool:
 
 
 def _appends_through_holder(ctx: ScanContext, wanted: str) -> bool:
+    last = wanted.rsplit(".", 1)[-1]
     for module in ctx.index.modules.values():
         if wanted not in (module.source.text or ""):
             continue
-        for node in ast.walk(module.tree):
+        for node in walk(module.tree):
+            # Only an attribute's text ends in `.<list>`: the test before unparse is the cheap half of it.
             if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr in _APPENDS \
+                    and isinstance(node.func.value, ast.Attribute) and node.func.value.attr == last \
                     and ast.unparse(node.func.value).endswith(wanted):
                 return True
     return False
@@ -147,7 +151,7 @@ def _methods_called(ctx: ScanContext, func: FuncRef, depth: int) -> set[str]:
     """Every `<x>.m(...)` method name called in `func` (any receiver: a call through a local
     alias of the sender counts too), and in the `self.<helper>(...)` it calls."""
     names: set[str] = set()
-    for node in ast.walk(func.node):
+    for node in walk(func.node):
         if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
             names.add(node.func.attr)
             if depth < _HELPER_DEPTH and isinstance(node.func.value, ast.Name) and node.func.value.id == "self" \
@@ -166,7 +170,7 @@ def _calls_in_loops_over_queue(ctx: ScanContext) -> set[str]:
         module = ctx.index.modules.get(func.path)
         if module is None or ctx.pack.queue not in (module.source.text or ""):
             continue
-        for node in ast.walk(func.node):
+        for node in walk(func.node):
             if isinstance(node, (ast.For, ast.AsyncFor)) and ctx.pack.queue in ast.unparse(node.iter):
                 target = node.target.id if isinstance(node.target, ast.Name) else None
                 inside: list[ast.AST] = list(node.body)
@@ -176,7 +180,7 @@ def _calls_in_loops_over_queue(ctx: ScanContext) -> set[str]:
             else:
                 continue
             for stmt in inside:
-                for inner in ast.walk(stmt):
+                for inner in walk(stmt):
                     if not (isinstance(inner, ast.Call) and isinstance(inner.func, ast.Attribute)):
                         continue
                     names.add(inner.func.attr)
@@ -216,7 +220,7 @@ def _closure(ctx: ScanContext, sender: ClassInfo, names: set[str]) -> set[str]:
             func = c.methods.get(name)
             if func is None:
                 continue
-            for node in ast.walk(func.node):
+            for node in walk(func.node):
                 if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) \
                         and node.func.attr in own and node.func.attr not in ran:
                     ran.add(node.func.attr)

@@ -13,6 +13,7 @@ import ast
 from dataclasses import dataclass
 from typing import Sequence
 
+from kvtrace.parse import walk
 from kvtrace.index import ClassInfo, FuncRef, Index
 from kvtrace.managers import ManagerFacts, room_of, table_of
 from kvtrace.syntax import self_attr
@@ -56,7 +57,7 @@ def reads_slot(node: ast.AST, table: str, room: str, aliases: set[str]) -> bool:
 
 def slot_aliases(func: ast.AST, table: str, room: str) -> set[str]:
     aliases: set[str] = set()
-    for node in ast.walk(func):
+    for node in walk(func):
         if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name) \
                 and reads_slot(node.value, table, room, set()):
             aliases.add(node.targets[0].id)
@@ -64,7 +65,7 @@ def slot_aliases(func: ast.AST, table: str, room: str) -> set[str]:
 
 
 def stores(func: ast.AST, table: str, room: str) -> list[ast.Assign]:
-    return [node for node in ast.walk(func) if isinstance(node, ast.Assign) and any(
+    return [node for node in walk(func) if isinstance(node, ast.Assign) and any(
         isinstance(t, ast.Subscript) and self_attr(t.value) == table and isinstance(t.slice, ast.Name)
         and t.slice.id == room for t in node.targets)]
 

@@ -4,6 +4,7 @@ import ast
 
 from typing import TYPE_CHECKING
 
+from kvtrace.parse import walk
 from kvtrace.model import Evidence, Finding, StateVerdict, WayOut
 from kvtrace.rules.history import sender_history
 from kvtrace.rules.premise import absent_room_premise
@@ -119,4 +120,4 @@ def _raise_sites_while_queued(ctx: ScanContext, analysis: SenderAnalysis) -> lis
 def _inside_handled_try(func: ast.AST, line: int) -> bool:
     return any(isinstance(node, ast.Try) and node.handlers and node.body
                and node.body[0].lineno <= line <= (node.body[-1].end_lineno or node.body[-1].lineno)
-               for node in ast.walk(func))
+               for node in walk(func))

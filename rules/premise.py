@@ -13,6 +13,7 @@ import ast
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kvtrace.parse import walk
 from kvtrace.model import Backend, Evidence, PremiseKind, StateVerdict
 from kvtrace.rules.base import ScanContext
 from kvtrace.rules.history import sender_history
@@ -187,13 +188,13 @@ def _part_of_itself(index: Index, func: FuncRef, value: ast.expr, attr: str) -> 
     """`self.x = kept` where `kept` gets only items of loops over `self.x` (or a comprehension over
     it): the item itself, or its unpacked parts packed again."""
     if isinstance(value, ast.ListComp):
-        return all(any(_is_self_attr(n, attr) for n in ast.walk(g.iter)) for g in value.generators)
+        return all(any(_is_self_attr(n, attr) for n in walk(g.iter)) for g in value.generators)
     if not isinstance(value, ast.Name):
         return False
     loop_names: set[str] = set()
     for loop in index.nodes_in(func, (ast.For,)):
-        if any(_is_self_attr(n, attr) for n in ast.walk(loop.iter)):
-            loop_names |= {n.id for n in ast.walk(loop.target) if isinstance(n, ast.Name)}
+        if any(_is_self_attr(n, attr) for n in walk(loop.iter)):
+            loop_names |= {n.id for n in walk(loop.target) if isinstance(n, ast.Name)}
     adds = [c for c in index.calls_in(func) if isinstance(c.func, ast.Attribute) and c.func.attr in ("append", "extend")
             and isinstance(c.func.value, ast.Name) and c.func.value.id == value.id]
     return all(len(c.args) == 1 and _made_of(c.args[0], loop_names) for c in adds)

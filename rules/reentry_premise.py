@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 
+from kvtrace.parse import walk
 from kvtrace.model import EventKind, Evidence, PremiseKind
 from kvtrace.rules.base import ScanContext
 from kvtrace.rules.premise import Premise
@@ -46,9 +47,9 @@ def _what_it_builds(ctx: ScanContext, site) -> str:
     for module in ctx.index.modules.values():
         if module.source.path != site.path:
             continue
-        for node in ast.walk(module.tree):
+        for node in walk(module.tree):
             if isinstance(node, ast.Call) and getattr(node, "lineno", 0) == site.line:
-                built = [k.arg for n in ast.walk(node) if isinstance(n, ast.Call)
+                built = [k.arg for n in walk(node) if isinstance(n, ast.Call)
                          for k in n.keywords if k.arg and "receiver" in k.arg]
                 if built:
                     return "each entry builds a new receiver for the request's room"

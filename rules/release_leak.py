@@ -2,6 +2,7 @@ from __future__ import annotations
 
 import ast
 
+from kvtrace.parse import walk
 from kvtrace.model import EventKind, Finding, Outcome
 from kvtrace.rules.base import Rule, Sample, ScanContext, drain_evidence, path_evidence
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain
@@ -117,5 +118,5 @@ class ReleaseLeak(Rule):
 
 def _returned_names(func: ast.AST) -> set[str]:
     """Names the drain function returns (`return done_reqs`): lists handed to the caller."""
-    return {n.id for node in ast.walk(func) if isinstance(node, ast.Return) and node.value is not None
-            for n in ast.walk(node.value) if isinstance(n, ast.Name)}
+    return {n.id for node in walk(func) if isinstance(node, ast.Return) and node.value is not None
+            for n in walk(node.value) if isinstance(n, ast.Name)}

@@ -9,6 +9,7 @@ import ast
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from kvtrace.parse import walk
 from kvtrace.model import Evidence
 from kvtrace.rules.base import ScanContext
 from kvtrace.syntax import dotted
@@ -24,7 +25,7 @@ def polled_attributes(ctx: ScanContext) -> set[str]:
     if drain is None:
         return set()
     if drain.poll_line is not None:
-        located = [(drain.func, node) for node in ast.walk(drain.func.node) if isinstance(node, ast.stmt)
+        located = [(drain.func, node) for node in walk(drain.func.node) if isinstance(node, ast.stmt)
                    and node.lineno <= drain.poll_line <= (node.end_lineno or node.lineno)
                    and not isinstance(node, (ast.For, ast.While, ast.If, ast.With, ast.Try, ast.FunctionDef))]
     else:
@@ -33,7 +34,7 @@ def polled_attributes(ctx: ScanContext) -> set[str]:
     found: set[str] = set()
     for node in statements:
         # A request's attribute (`req.x`, `self.queue[i].x`), not the drain's own (`self.queue`).
-        found |= {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
+        found |= {n.attr for n in walk(node) if isinstance(n, ast.Attribute)
                   and (isinstance(n.value, ast.Subscript)
                        or isinstance(n.value, ast.Name) and n.value.id != "self")}
     return found - {ctx.pack.queue}
@@ -45,16 +46,16 @@ def _helper_poll_statements(ctx: ScanContext, func: FuncRef, depth: int) -> list
     assignments of the names that call passes (`pollers = [r.receiver for r in self.queue]`),
     in every helper the drain may call for it (each with the function it is in)."""
     found: list[tuple[FuncRef, ast.stmt]] = []
-    for stmt in ast.walk(func.node):
+    for stmt in walk(func.node):
         if not isinstance(stmt, (ast.Assign, ast.Return, ast.Expr)) or not isinstance(stmt.value, ast.Call):
             continue
         call = stmt.value
         if ctx.pack.is_poll_call(dotted(call.func, calls=True) or ""):
             if depth == 0:
                 continue  # the drain's own poll call would have given it a poll line
-            passed = {n.id for n in ast.walk(call) if isinstance(n, ast.Name)}
+            passed = {n.id for n in walk(call) if isinstance(n, ast.Name)}
             found.append((func, stmt))
-            found += [(func, a) for a in ast.walk(func.node) if isinstance(a, ast.Assign)
+            found += [(func, a) for a in walk(func.node) if isinstance(a, ast.Assign)
                       and any(isinstance(t, ast.Name) and t.id in passed for t in a.targets)]
         elif depth < 2 and (depth > 0 or isinstance(stmt, ast.Assign)) and isinstance(call.func, ast.Attribute) \
                 and isinstance(call.func.value, ast.Name) and call.func.value.id == "self" and func.owner is not None:
@@ -76,7 +77,7 @@ def _pollers_from_helpers(ctx: ScanContext, statements: list[tuple[FuncRef, ast.
         func, node, depth = todo.pop()
         if depth >= 2 or func.owner is None:
             continue
-        for call in ast.walk(node):
+        for call in walk(node):
             if not (isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute)
                     and isinstance(call.func.value, ast.Name) and call.func.value.id == "self"):
                 continue
@@ -84,7 +85,7 @@ def _pollers_from_helpers(ctx: ScanContext, statements: list[tuple[FuncRef, ast.
             if helper is None or helper is func or id(helper.node) in seen:
                 continue
             seen.add(id(helper.node))
-            returns = [r for r in ast.walk(helper.node) if isinstance(r, ast.Return) and r.value is not None]
+            returns = [r for r in walk(helper.node) if isinstance(r, ast.Return) and r.value is not None]
             found += returns
             todo += [(helper, r, depth + 1) for r in returns]
     return found
@@ -220,7 +221,7 @@ def sender_flow(ctx: ScanContext, func, stmts: list[ast.stmt], name: str, attrs:
                 flow.calls += inner.calls
                 flow.skips += inner.skips
             continue
-        for node in ast.walk(stmt):
+        for node in walk(stmt):
             if not isinstance(node, ast.Call) or not isinstance(node.func, ast.Attribute):
                 continue
             recv = node.func.value

@@ -9,6 +9,7 @@ import ast
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from kvtrace.parse import walk
 from kvtrace.model import EventKind, Evidence, Finding
 from kvtrace.rules.base import Rule, Sample, ScanContext
 from kvtrace.rules.samples import MANAGED_SENDER, manager
@@ -35,9 +36,9 @@ def skip_guards(func: ast.FunctionDef | ast.AsyncFunctionDef, poll_line: int, li
             break
         if not isinstance(stmt, ast.If) or stmt.orelse or not all(isinstance(s, ast.Return) for s in stmt.body):
             continue
-        if any(isinstance(n, ast.Call) and reads_status(n) for n in ast.walk(stmt.test)):
+        if any(isinstance(n, ast.Call) and reads_status(n) for n in walk(stmt.test)):
             continue
-        for call in (n for n in ast.walk(stmt.test) if isinstance(n, ast.Call)):
+        for call in (n for n in walk(stmt.test) if isinstance(n, ast.Call)):
             if not (isinstance(call.func, ast.Name) and call.func.id == "all" and len(call.args) == 1
                     and isinstance(call.args[0], (ast.GeneratorExp, ast.ListComp))):
                 continue
@@ -47,7 +48,7 @@ def skip_guards(func: ast.FunctionDef | ast.AsyncFunctionDef, poll_line: int, li
             if isinstance(gen.target, ast.Name) and isinstance(gen.iter, ast.Attribute) and gen.iter.attr in lists \
                     and isinstance(elt, ast.Attribute) and isinstance(elt.value, ast.Name) \
                     and elt.value.id == gen.target.id:
-                reads = frozenset(n.attr for n in ast.walk(stmt.test) if isinstance(n, ast.Attribute)) - {elt.attr}
+                reads = frozenset(n.attr for n in walk(stmt.test) if isinstance(n, ast.Attribute)) - {elt.attr}
                 found.append(SkipGuard(stmt, elt.attr, reads))
     return found
 
@@ -55,17 +56,17 @@ def skip_guards(func: ast.FunctionDef | ast.AsyncFunctionDef, poll_line: int, li
 def flag_states(func: ast.AST, flag: str, members: tuple[str, ...]) -> dict[str, int]:
     """The poll states under whose branch `<x>.<flag> = True` is set: state -> line."""
     parents: dict[int, ast.AST] = {}
-    for node in ast.walk(func):
+    for node in walk(func):
         for child in ast.iter_child_nodes(node):
             parents[id(child)] = node
     states: dict[str, int] = {}
-    for node in ast.walk(func):
+    for node in walk(func):
         if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and node.value.value is True \
                 and any(isinstance(t, ast.Attribute) and t.attr == flag for t in node.targets):
             child, up = node, parents.get(id(node))
             while up is not None:
                 if isinstance(up, ast.If) and child in up.body:
-                    named = {n.attr for n in ast.walk(up.test) if isinstance(n, ast.Attribute) and n.attr in members}
+                    named = {n.attr for n in walk(up.test) if isinstance(n, ast.Attribute) and n.attr in members}
                     if named:
                         for state in named:
                             states.setdefault(state, node.lineno)
@@ -85,7 +86,7 @@ def _tested_then_aborted(events) -> bool:
 
 def _self_refs(node: ast.AST) -> set[str]:
     """The `self.<name>` the code refers to (called, or handed to a thread as its target)."""
-    return {n.attr for n in ast.walk(node) if isinstance(n, ast.Attribute)
+    return {n.attr for n in walk(node) if isinstance(n, ast.Attribute)
             and isinstance(n.value, ast.Name) and n.value.id == "self"}
 
 
@@ -101,10 +102,10 @@ def _other_side_methods(owners: list, side: str) -> set[str]:
         init = owner.methods.get("__init__")
         if init is None:
             continue
-        for node in ast.walk(init.node):
+        for node in walk(init.node):
             if not isinstance(node, ast.If):
                 continue
-            modes = {n.attr for n in ast.walk(node.test) if isinstance(n, ast.Attribute) and n.attr.isupper()}
+            modes = {n.attr for n in walk(node.test) if isinstance(n, ast.Attribute) and n.attr.isupper()}
             if not modes:
                 continue
             refs = set().union(*(_self_refs(stmt) for stmt in node.body)) & set(methods)
@@ -126,7 +127,7 @@ def _other_side_methods(owners: list, side: str) -> set[str]:
 
 
 def _function_defs(node: ast.AST):
-    for n in ast.walk(node):
+    for n in walk(node):
         if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)):
             yield n
 
@@ -282,7 +283,7 @@ class PrefillMixin:
             if flag not in (module.source.text or ""):
                 continue
             for func in _function_defs(module.tree):
-                for node in ast.walk(func):
+                for node in walk(func):
                     if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant) and not node.value.value \
                             and any(isinstance(t, ast.Attribute) and t.attr == flag for t in node.targets):
                         return True
@@ -304,7 +305,7 @@ class PrefillMixin:
         update = ctx.pack.update_method
         poll_calls = set()
         if analysis.poll is not None:
-            poll_calls = {dotted(n.func, calls=True).rsplit(".", 1)[-1] for n in ast.walk(analysis.poll.node)
+            poll_calls = {dotted(n.func, calls=True).rsplit(".", 1)[-1] for n in walk(analysis.poll.node)
                           if isinstance(n, ast.Call) and dotted(n.func, calls=True)}
         found: list[Evidence] = []
         owners = list(dict.fromkeys(o for cls in classes for o in ctx.index.mro(cls)))
@@ -316,11 +317,11 @@ class PrefillMixin:
                 for func in _function_defs(method.node):
                     if func is not method.node and func.name in poll_calls:
                         continue
-                    writes = {t.attr for n in ast.walk(func) if isinstance(n, ast.Assign)
+                    writes = {t.attr for n in walk(func) if isinstance(n, ast.Assign)
                               for t in n.targets if isinstance(t, ast.Attribute)}
                     if writes & guard_reads:
                         continue
-                    for call in ast.walk(func):
+                    for call in walk(func):
                         if isinstance(call, ast.Call) and isinstance(call.func, ast.Attribute) \
                                 and call.func.attr == update and len(call.args) >= 2 \
                                 and isinstance(call.args[1], ast.Attribute) and call.args[1].attr == state:

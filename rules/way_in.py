@@ -32,6 +32,7 @@ import ast
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
+from kvtrace.parse import walk
 from kvtrace.model import Backend, EventKind, Evidence
 from kvtrace.rules.base import ScanContext
 from kvtrace.rules.send_flow import (SEND_SKIPPED, SEND_SKIPPED_ON_THE_WAY_IN, SendFlow, append_at, blocks_of, sender_flow,
@@ -207,7 +208,7 @@ def _states_at_store(ctx: ScanContext, func: FuncRef, store: ast.stmt, name: str
         for loop_func, line, initial in loops:
             if loop_func.path != func.path or loop_func.line != func.line or initial.get(name) != "@req":
                 continue
-            loop = next((n for n in ast.walk(func.node) if isinstance(n, (ast.For, ast.AsyncFor)) and n.lineno == line), None)
+            loop = next((n for n in walk(func.node) if isinstance(n, (ast.For, ast.AsyncFor)) and n.lineno == line), None)
             around = _ancestors(loop, store) if loop is not None else None
             if around is None:
                 continue
@@ -223,7 +224,7 @@ def _states_at_store(ctx: ScanContext, func: FuncRef, store: ast.stmt, name: str
 def _ancestors(loop: ast.AST, store: ast.stmt) -> list[tuple[int, str]] | None:
     """The `if` tests between the loop and the store, innermost first, with the branch ("T"/"F")
     that holds it; None when the loop does not hold it, or a `match` does."""
-    def walk(node: ast.AST, tests: list[tuple[int, str]]) -> list[tuple[int, str]] | None:
+    def descend(node: ast.AST, tests: list[tuple[int, str]]) -> list[tuple[int, str]] | None:
         if node is store:
             return tests
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda, ast.Match)):
@@ -231,13 +232,13 @@ def _ancestors(loop: ast.AST, store: ast.stmt) -> list[tuple[int, str]] | None:
         for child in ast.iter_child_nodes(node):
             if isinstance(node, ast.If) and child is not node.test:
                 branch = "T" if child in node.body else "F"
-                found = walk(child, [(node.test.lineno, branch), *tests])
+                found = descend(child, [(node.test.lineno, branch), *tests])
             else:
-                found = walk(child, tests)
+                found = descend(child, tests)
             if found is not None:
                 return found
         return None
-    return walk(loop, [])
+    return descend(loop, [])
 
 
 def send_verdict(ctx: ScanContext, backend: Backend, state: str) -> tuple[str, list[Evidence], str] | None:
@@ -385,7 +386,7 @@ def ways_in(ctx: ScanContext) -> list[WayIn] | None:
 
 
 def _add_call_at(func: FuncRef, line: int) -> ast.Call | None:
-    for node in ast.walk(func.node):
+    for node in walk(func.node):
         if isinstance(node, ast.Call) and node.lineno == line and isinstance(node.func, ast.Attribute) \
                 and node.func.attr in _ADDS:
             return node
@@ -496,7 +497,7 @@ def _only_binding(func: FuncRef, name: str) -> tuple[ast.expr, int | None] | Non
     """The value bound to `name` by the function's only assignment to it (with the name's place
     in a tuple target), None if it is bound otherwise or more than once."""
     found: list[tuple[ast.expr, int | None]] = []
-    for node in ast.walk(func.node):
+    for node in walk(func.node):
         if isinstance(node, ast.Assign) and len(node.targets) == 1:
             target = node.targets[0]
             if isinstance(target, ast.Name) and target.id == name:
@@ -509,7 +510,7 @@ def _only_binding(func: FuncRef, name: str) -> tuple[ast.expr, int | None] | Non
                         found.append((parts[i], None) if parts is not None and len(parts) == len(target.elts)
                                      else (node.value, i))
         elif isinstance(node, (ast.AugAssign, ast.AnnAssign, ast.For, ast.With, ast.NamedExpr)) and any(
-                isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store) for n in ast.walk(node)
+                isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store) for n in walk(node)
                 if n is not getattr(node, "value", None)):
             return None
     if len(found) != 1:
@@ -565,7 +566,7 @@ def _own_nodes(node: ast.AST) -> list[ast.AST]:
 
 
 def _called(root: ast.AST, attribute: ast.Attribute) -> ast.Call | None:
-    for node in ast.walk(root):
+    for node in walk(root):
         if isinstance(node, ast.Call) and node.func is attribute:
             return node
     return None
@@ -587,16 +588,16 @@ def _statement_chain(func: ast.AST, line: int) -> list[tuple[list[ast.stmt], int
 
 
 def _binds(stmt: ast.stmt, name: str) -> bool:
-    return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store) for n in ast.walk(stmt))
+    return any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store) for n in walk(stmt))
 
 
 def _binds_target(target: ast.expr, name: str) -> bool:
-    return any(isinstance(n, ast.Name) and n.id == name for n in ast.walk(target))
+    return any(isinstance(n, ast.Name) and n.id == name for n in walk(target))
 
 
 def _rebinds(stmt: ast.stmt, name: str, attrs: set[str]) -> bool:
     """`name` or `name.<attr>` bound again (the add itself binds neither)."""
-    for n in ast.walk(stmt):
+    for n in walk(stmt):
         if isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store):
             return True
         if isinstance(n, ast.Attribute) and n.attr in attrs and isinstance(n.ctx, ast.Store) \
