@@ -315,6 +315,9 @@ def _undecided_if_unparsed(runner: "_Runner", name: str, verdicts: dict[str, Sta
     if problems is not None:
         problems.extend(Problem(ProblemKind.CUT, f"analysis cut short at {t} (the {name} backend's analysis is incomplete)",
                                 t.where) for t in sorted(set(runner.truncated)) if isinstance(t, Cut))
+        # Paths cut at the limit are paths not followed: a note alone would let the scan look whole.
+        problems.extend(Problem(ProblemKind.PATH_LIMIT, f"path limit reached at {t} (the {name} backend's analysis "
+                                "is incomplete)", t) for t in sorted(set(runner.truncated)) if not isinstance(t, Cut))
     if not runner.unparsed:
         return verdicts
     if problems is not None:

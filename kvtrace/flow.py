@@ -728,7 +728,9 @@ class Explorer:
             # outlive its run (poll() again after abort()), so only a drain run folds them.
             if forget and len(paths) > self.c.max_paths:
                 paths = fold(paths)
-            if forget and len(paths) > self.c.max_paths:
+            # Past the limit any run joins before it cuts, a sender's too: forgetting its facts
+            # there loses precision, cutting loses paths. A quick question gives up instead.
+            if (forget or not self.c.give_up) and len(paths) > self.c.max_paths:
                 paths = self.coarsen(paths)
             if len(paths) > self.c.max_paths:
                 if self.c.give_up:

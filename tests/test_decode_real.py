@@ -793,6 +793,20 @@ def test_releases_read_for_warnings_only_have_no_error_and_no_path_limit(version
     assert not [(f.rule, f.backend, f.state, f.path, f.line) for f in report.findings if f.severity == "error"]
 
 
+@pytest.mark.parametrize("version", ["0.5.6.post2", "0.5.7", "0.5.8.post1", "0.5.9"])
+def test_the_receivers_init_is_followed_whole(version: str) -> None:
+    """CommonKVReceiver.__init__ in these releases splits on a dozen settings (TP and PP sizes,
+    MLA, page sizes) before it stores the room: past 4,096 paths, run from a table without the
+    room. The paths differ in facts and locals the question (can it return with the room still
+    absent?) never reads; they are joined, not cut, so mooncake's and ascend's receivers are
+    judged on every path, with no path limit, and the scan is complete."""
+    report = decode_scan(version)
+    assert not [p for p in report.problems if p.kind in (ProblemKind.PATH_LIMIT, ProblemKind.CUT)], report.problems
+    assert not [(b.name, n) for b in report.backends for n in b.notes if "path limit" in n]
+    assert not report.incomplete, report.gaps
+    assert {b.name for b in report.backends} >= {"ascend", "mooncake"}
+
+
 def test_what_frees_a_state_no_queue_pins_says_so_instead_of_a_restart() -> None:
     """0.5.9: NixlKVReceiver.poll() never ends WaitingForInput on its own (no abort(), its
     timeout not reached on the run that keeps it), yet both decode grids show it `ok` (the

@@ -37,7 +37,7 @@ from kvtrace import scan
 from kvtrace.scan import scan_path
 from kvtrace.states import INT, OTHER, Domain, Val
 from tests.property import _support, gen, oracle
-from tests.trees import write_tree
+from tests.trees import EXAMPLES, write_tree
 
 DOMAIN = Domain("KVPoll", ("Failed", "Bootstrapping", "WaitingForInput", "Transferring", "Success"),
                 (0, 1, 2, 3, 4), ("Failed", "Success"))
@@ -756,6 +756,46 @@ def test_locals_are_joined_past_the_limit_rather_than_cut() -> None:
     ends, log = explore(body, {**REQ, "p": POLL}, max_paths=64)
     assert not log.truncated
     assert returns(ends) == {POLL, frozenset({"Failed"})}
+
+
+def test_a_sender_run_past_the_limit_joins_its_paths_rather_than_cut_them() -> None:
+    """A sender's run (poll(), __init__) keeps its facts below the limit (poll() runs again after
+    abort() on them); past it, paths that differ only in facts and plain locals are joined, as a
+    drain's are, rather than cut: 2**10 paths that only logged differently are one. Paths whose
+    object attributes differ stay apart (the sender's state), and past the limit they are cut."""
+    facts_only = "".join(f"if self.kv_mgr.f{i}:\n    x{i} = 1\nelse:\n    x{i} = 2\n" for i in range(10)) + "return p"
+    ends, log = explore(facts_only, {"self": frozenset({OTHER}), "p": POLL}, state=None, max_paths=64)
+    assert not log.truncated
+    assert returns(ends) == {POLL}
+    stores = "".join(f"if self.kv_mgr.f{i}:\n    self.a{i} = 1\nelse:\n    self.a{i} = 2\n" for i in range(10)) + "return p"
+    _, log = explore(stores, {"self": frozenset({OTHER}), "p": POLL}, state=None, max_paths=64)
+    assert log.truncated
+
+
+def test_a_sender_run_cut_at_the_path_limit_makes_the_scan_incomplete(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A backend whose poll() splits into more paths than the limit, each keeping a different
+    object state: the paths past it are not followed, so the scan says it is incomplete (a
+    path-limit problem naming the line and the backend), never only a note under the backend.
+    The limit is lowered to 64 for the senders' runs, so that passing it is quick."""
+    import functools
+    import shutil
+
+    from kvtrace import backends
+
+    monkeypatch.setattr(backends, "Options", functools.partial(Options, max_paths=64))
+    shutil.copytree(EXAMPLES / "nixl-pin", tmp_path / "tree")
+    conn = tmp_path / "tree" / "disaggregation" / "nixl" / "conn.py"
+    lines = conn.read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.strip().startswith("def poll(")) + 1
+    splits = 8  # 2**8 object states: past the limit
+    lines[at:at] = [text for i in range(splits) for text in (
+        f"        if self.kv_mgr.f{i}:", f"            self.a{i} = 1", "        else:", f"            self.a{i} = 2")]
+    conn.write_text("\n".join(lines) + "\n")
+    report = scan_path(tmp_path / "tree")
+    limits = [p for p in report.problems if p.kind is ProblemKind.PATH_LIMIT]
+    assert limits and all("the nixl backend's analysis is incomplete" in p.text for p in limits), report.problems
+    assert any(p.where and p.where.startswith("disaggregation/nixl/conn.py:") for p in limits)
+    assert report.incomplete
 
 
 def test_the_forked_childs_problems_come_back_typed(monkeypatch: pytest.MonkeyPatch) -> None:
