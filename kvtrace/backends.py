@@ -68,13 +68,15 @@ def is_abstract(func: FuncRef) -> bool:
 
 
 def analyse_backends(index: Index, pack: Pack, domain: Domain, root: str, problems: list[Problem],
-                     take: Callable[[int], bool] | None = None) -> list[SenderAnalysis]:
-    """Each backend's sender, in (path, line) order. `take(i)` says whether this process
-    analyses the i-th sender class (kvtrace.scan shares them with a forked child); None: all."""
+                     take: Callable[[int], bool] | None = None, from_back: bool = False) -> list[SenderAnalysis]:
+    """Each backend's sender, in (path, line) order (`from_back`: the last first). `take(i)` says
+    whether this process analyses the i-th sender class (kvtrace.scan shares them with a forked
+    child); None: all."""
     results = []
     senders = sender_classes(index, pack)
     mappings = class_mappings(index)
-    for position, cls in enumerate(senders):
+    order = list(enumerate(senders))
+    for position, cls in reversed(order) if from_back else order:
         if take is not None and not take(position):
             continue
         # An intermediate class that a sender of the same backend builds on is not a backend

@@ -135,7 +135,9 @@ def graph(parsed: Parsed, indexed: Indexed, pack: Pack, beside: type[Beside] = B
     queue_names = pack.queues or (pack.queue,)
     # The senders are analysed beside the queues (kvtrace.beside) when the work is worth a fork.
     # Work items: the senders (0..n-1), then the queues. The child takes the senders in order,
-    # then any queue not yet taken; the parent the queues in order, then the senders not taken.
+    # then any queue not yet taken; the parent the queues in order, then the senders not taken,
+    # from the last: the two meet once instead of taking turns, so fewer senders pay in both
+    # processes for the runs of the code they share (each process fills its own run memo).
     big = sum(len(f.data) for f in in_scope) >= parallel_min_bytes
     first_queue = len(sender_classes(index, pack))
     claims = Claims(first_queue + len(queue_names))
@@ -149,7 +151,7 @@ def graph(parsed: Parsed, indexed: Indexed, pack: Pack, beside: type[Beside] = B
                 _queue(index, pack.for_queue(name), domain) if take_queue(position) else None
                 for position, name in enumerate(queue_names)]
             sender_problems: list[Problem] = []
-            mine = analyse_backends(index, pack, domain, root, sender_problems, claims.claim) if child.forked else None
+            mine = analyse_backends(index, pack, domain, root, sender_problems, claims.claim, from_back=True) if child.forked else None
             from_child = child.result()
     finally:
         claims.close()

@@ -190,6 +190,46 @@ print(json.dumps({{"waited": waited, "assembled": assembled, "report": to_docume
     assert ("analysis cut short" in json.dumps(together["report"])) == bool(steps)
 
 
+def test_the_parent_takes_the_senders_left_from_the_last(tmp_path: Path) -> None:
+    """The child takes the senders from the first, the parent (its queues done) from the last, so
+    they meet once: each process analyses a run of neighbours. The child is slowed so that the
+    parent has some to take; the report is the one process's."""
+    from tests.sglang_wheels import sglang_tree
+
+    program = f"""
+import json, os, pathlib, time
+import kvtrace.backends as backends
+import kvtrace.scan as scan
+from kvtrace.report.json import to_document
+parent = os.getpid()
+log = pathlib.Path({str(tmp_path)!r})
+analyse = backends.analyse_sender
+def watched(index, pack, domain, cls, *args, **kwargs):
+    if os.getpid() != parent:
+        time.sleep(0.3)
+    with open(log / ("parent" if os.getpid() == parent else "child"), "a") as out:
+        out.write(cls.name + "\\n")
+    return analyse(index, pack, domain, cls, *args, **kwargs)
+backends.analyse_sender = watched
+scan.PARALLEL_MIN_BYTES = 0
+report = scan.scan_path(pathlib.Path({str(sglang_tree("0.5.23"))!r}))
+names = [s.name for s in report.backends]
+print(json.dumps({{"report": to_document([report]), "names": names}}))
+"""
+    together = json.loads(run(program))
+    child = (tmp_path / "child").read_text().split()
+    parent = (tmp_path / "parent").read_text().split()
+    (tmp_path / "child").unlink()
+    (tmp_path / "parent").unlink()
+    alone = json.loads(run(program, {"KVTRACE_NO_FORK": "1"}))
+    order = (tmp_path / "parent").read_text().split()  # one process: every sender, in order
+    assert child and parent, (child, parent)
+    assert child == order[:len(child)] and parent == order[::-1][:len(parent)]
+    assert sorted(child + parent) == sorted(order)
+    _without_run_fields(together, alone)
+    assert together["report"] == alone["report"]
+
+
 def _without_run_fields(*docs: dict) -> None:
     """Drop what depends on the run (when, how long), not on the results."""
     for doc in docs:
