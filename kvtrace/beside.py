@@ -123,6 +123,18 @@ class Claims:
             self._unlock()
         return won
 
+    def claim_unless_last(self, item: int, among: range) -> bool:
+        """claim(item), but only while another item of `among` is unclaimed too: the last one is
+        left to the process that takes them in order (see kvtrace.pipeline.graph)."""
+        self._lock()
+        try:
+            won = self._taken[item] == 0 and sum(self._taken[i] == 0 for i in among) > 1
+            if won:
+                self._taken[item] = 1
+        finally:
+            self._unlock()
+        return won
+
     def _lock(self) -> None:
         if self._file is not None:
             import fcntl  # POSIX only, like the fork it guards against

@@ -18,6 +18,7 @@ with a typed result:
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -137,7 +138,8 @@ def graph(parsed: Parsed, indexed: Indexed, pack: Pack, beside: type[Beside] = B
     # Work items: the senders (0..n-1), then the queues. The child takes the senders in order,
     # then any queue not yet taken; the parent the queues in order, then the senders not taken,
     # from the last: the two meet once instead of taking turns, so fewer senders pay in both
-    # processes for the runs of the code they share (each process fills its own run memo).
+    # processes for the runs of the code they share (each process fills its own run memo). The
+    # last sender left is the child's: it has those runs made, where the parent would start cold.
     big = sum(len(f.data) for f in in_scope) >= parallel_min_bytes
     first_queue = len(sender_classes(index, pack))
     claims = Claims(first_queue + len(queue_names))
@@ -151,7 +153,8 @@ def graph(parsed: Parsed, indexed: Indexed, pack: Pack, beside: type[Beside] = B
                 _queue(index, pack.for_queue(name), domain) if take_queue(position) else None
                 for position, name in enumerate(queue_names)]
             sender_problems: list[Problem] = []
-            mine = analyse_backends(index, pack, domain, root, sender_problems, claims.claim, from_back=True) if child.forked else None
+            senders_left = functools.partial(claims.claim_unless_last, among=range(first_queue))
+            mine = analyse_backends(index, pack, domain, root, sender_problems, senders_left, from_back=True) if child.forked else None
             from_child = child.result()
     finally:
         claims.close()

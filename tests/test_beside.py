@@ -70,6 +70,24 @@ print(len(mine) + len(theirs), len(set(mine) | set(theirs)), 0 in theirs)
     assert out.split() == ["400", "400", "True"]
 
 
+def test_the_last_item_left_is_never_taken_by_claim_unless_last() -> None:
+    """The parent leaves the last unclaimed sender to the child, which takes them in order and
+    has the runs of their shared code already made; the child's claim still takes it."""
+    from kvtrace.beside import Claims
+
+    claims = Claims(6)  # five senders, then a queue
+    try:
+        senders = range(5)
+        assert [claims.claim(i) for i in (0, 1)] == [True, True]
+        assert claims.claim_unless_last(4, senders) and claims.claim_unless_last(3, senders)
+        assert not claims.claim_unless_last(2, senders)  # the last one left
+        assert not claims.claim_unless_last(4, senders)  # taken already
+        assert claims.claim(2) and not claims.claim(2)
+        assert claims.claim(5)  # a queue: not among the senders
+    finally:
+        claims.close()
+
+
 def test_a_child_killed_while_claiming_never_blocks_the_parent() -> None:
     """A child the kernel kills (the OOM killer) between taking the claims' lock and giving it
     back: the parent still claims, at once, what the child had not taken."""
