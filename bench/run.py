@@ -192,7 +192,15 @@ def semgrep_bin() -> Path:
         print(f"installing semgrep from PyPI into {venv} (the bench's own environment) ...", flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "semgrep"], check=True)
+    if not _SEMGREP_SHOWN:
+        # The baseline is whatever PyPI's newest Semgrep was when this bench installed it: say which.
+        found = subprocess.run([str(binary), "--version", "--disable-version-check"], capture_output=True, text=True)
+        print(f"  semgrep {found.stdout.strip() or '(version not printed)'} ({binary})", flush=True)
+        _SEMGREP_SHOWN.append(True)
     return binary
+
+
+_SEMGREP_SHOWN: list[bool] = []
 
 
 def line(label: str, seconds: float, rss_kb: int = 0) -> None:
