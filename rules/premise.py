@@ -117,7 +117,8 @@ def absent_room_premise(ctx: ScanContext, backend: Backend, verdict: StateVerdic
                 return None
             why.append(Evidence(caller.path, call.lineno, f"premise: {qualname}() is called here only on requests the "
                                                           f"drain took out of its queue and put in {handed}"))
-    why.append(Evidence(drain.func.path, drain.func.line,
+    # Cited at the loop that polls the queued request, where "while the request is queued" holds.
+    why.append(Evidence(drain.func.path, drain.body.line(drain.loop),
                         f"premise: while the request is queued, only another request's {ctx.pack.kv_object} for the "
                         "same room takes the room out of the table"))
     return Premise(SHARED_ROOM, PremiseKind.SHARED_ROOM, why)

@@ -1180,3 +1180,22 @@ def test_table_moves_rise_from_the_lowest_state_reached() -> None:
     assert cleared.after(frozenset({"Success"})) == {"Success", "Bootstrapping", ABSENT}
     unread = TableMoves(order, raises=False, set_to=frozenset(), refill=frozenset(), refill_read=False, clears=True)
     assert unread.after(frozenset({"Success"})) is None
+
+
+@pytest.mark.parametrize(("version", "pack"), [("0.5.9", "sglang-prefill"), ("0.5.23", "sglang-decode")])
+def test_the_shared_room_premise_is_cited_at_the_loop_that_polls_the_queued_request(version: str, pack: str) -> None:
+    """"While the request is queued, only another request's sender (receiver) for the same room
+    takes the room out" is said of the loop over the queue that polls it: the line cited opens
+    that `for`, the drain loop the finding also cites, not the `def` of its function."""
+    from kvtrace.packs import load_pack
+
+    root = sglang_tree(version) / "sglang" / "srt"
+    report = scan_path(root, load_pack(pack))
+    cited = [(f, e) for f in report.findings for e in f.evidence
+             if e.note.startswith("premise: while the request is queued, only another request's")]
+    assert cited, "the release has shared-room premises"
+    for finding, evidence in cited:
+        source = (root / evidence.path).read_text().splitlines()[evidence.line - 1]
+        assert source.lstrip().startswith("for "), (evidence.path, evidence.line, source)
+        loops = [e.line for e in finding.evidence if e.note.startswith("drain loop in ")]
+        assert evidence.line in loops, (finding.rule, finding.queue, evidence.line, loops)
