@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import ast
 
-from kvtrace.parse import walk
 from kvtrace.model import Evidence, Finding
+from kvtrace.parse import walk
 from kvtrace.rules.base import Rule, Sample, ScanContext
 from kvtrace.syntax import self_attr
 from kvtrace.syntax import enum_member

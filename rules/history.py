@@ -19,8 +19,8 @@ import ast
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvtrace.parse import walk
 from kvtrace.model import Evidence
+from kvtrace.parse import walk
 from kvtrace.rules.base import ScanContext
 from kvtrace.rules.send_flow import append_at, blocks_of, bound_param, function_at, polled_attributes
 

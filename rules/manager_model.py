@@ -13,9 +13,9 @@ import ast
 from dataclasses import dataclass
 from typing import Sequence
 
-from kvtrace.parse import walk
 from kvtrace.index import ClassInfo, FuncRef, Index
 from kvtrace.managers import ManagerFacts, room_of, table_of
+from kvtrace.parse import walk
 from kvtrace.syntax import self_attr
 
 

@@ -4,8 +4,8 @@ import ast
 
 from typing import TYPE_CHECKING
 
-from kvtrace.parse import walk
 from kvtrace.model import Evidence, Finding, StateVerdict, WayOut
+from kvtrace.parse import walk
 from kvtrace.rules.history import sender_history
 from kvtrace.rules.premise import absent_room_premise
 from kvtrace.rules.base import Rule, Sample, ScanContext, drain_evidence

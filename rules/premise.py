@@ -13,8 +13,8 @@ import ast
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvtrace.parse import walk
 from kvtrace.model import Backend, Evidence, PremiseKind, StateVerdict
+from kvtrace.parse import walk
 from kvtrace.rules.base import ScanContext
 from kvtrace.rules.history import sender_history
 from kvtrace.rules.send_flow import polled_attributes

@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import ast
 
-from kvtrace.parse import walk
 from kvtrace.model import EventKind, Evidence, PremiseKind
+from kvtrace.parse import walk
 from kvtrace.rules.base import ScanContext
 from kvtrace.rules.premise import Premise
 

@@ -2,8 +2,8 @@ from __future__ import annotations
 
 import ast
 
-from kvtrace.parse import walk
 from kvtrace.model import EventKind, Finding, Outcome
+from kvtrace.parse import walk
 from kvtrace.rules.base import Rule, Sample, ScanContext, drain_evidence, path_evidence
 from kvtrace.rules.samples import STANDARD_BRANCHES, drain
 

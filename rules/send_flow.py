@@ -9,8 +9,8 @@ import ast
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from kvtrace.parse import walk
 from kvtrace.model import Evidence
+from kvtrace.parse import walk
 from kvtrace.rules.base import ScanContext
 from kvtrace.syntax import dotted
 

@@ -9,12 +9,12 @@ import ast
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from kvtrace.parse import walk
 from kvtrace.model import EventKind, Evidence, Finding
 from kvtrace.rules.base import Rule, Sample, ScanContext
 from kvtrace.rules.samples import MANAGED_SENDER, manager
 from kvtrace.syntax import dotted
 from kvtrace.packs import matches
+from kvtrace.parse import walk
 
 
 @dataclass(frozen=True)

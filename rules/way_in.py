@@ -32,8 +32,8 @@ import ast
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, cast
 
-from kvtrace.parse import walk
 from kvtrace.model import Backend, EventKind, Evidence
+from kvtrace.parse import walk
 from kvtrace.rules.base import ScanContext
 from kvtrace.rules.send_flow import (SEND_SKIPPED, SEND_SKIPPED_ON_THE_WAY_IN, SendFlow, append_at, blocks_of, sender_flow,
                                      function_at, polled_attributes, sender_flows_after_entry)
