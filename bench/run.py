@@ -42,6 +42,7 @@ into the project's. sshd comes from .ci/install-sshd.sh, as for the tests.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import platform
 import shutil
@@ -185,6 +186,7 @@ def against_semgrep(cli: list[str], rules: Path, tree: Path, env: dict[str, str]
     return ratio
 
 
+@functools.cache  # once per run: the version is printed with the first row that uses it
 def semgrep_bin() -> Path:
     venv = BENCH_HOME / "semgrep-venv"
     binary = venv / "bin" / "semgrep"
@@ -192,15 +194,10 @@ def semgrep_bin() -> Path:
         print(f"installing semgrep from PyPI into {venv} (the bench's own environment) ...", flush=True)
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "semgrep"], check=True)
-    if not _SEMGREP_SHOWN:
-        # The baseline is whatever PyPI's newest Semgrep was when this bench installed it: say which.
-        found = subprocess.run([str(binary), "--version", "--disable-version-check"], capture_output=True, text=True)
-        print(f"  semgrep {found.stdout.strip() or '(version not printed)'} ({binary})", flush=True)
-        _SEMGREP_SHOWN.append(True)
+    # The baseline is whatever PyPI's newest Semgrep was when this bench installed it: say which.
+    found = subprocess.run([str(binary), "--version", "--disable-version-check"], capture_output=True, text=True)
+    print(f"  semgrep {found.stdout.strip() or '(version not printed)'} ({binary})", flush=True)
     return binary
-
-
-_SEMGREP_SHOWN: list[bool] = []
 
 
 def line(label: str, seconds: float, rss_kb: int = 0) -> None:
